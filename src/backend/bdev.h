@@ -1,0 +1,112 @@
+/*
+ * bdev_: the block backend.  A struct bdev is the opened disk (file or
+ * block device) plus the ops table of the I/O engine chosen with
+ * --backend; each iothread creates its own struct bdev_ctx from it, so
+ * nothing on the I/O path is shared between threads.
+ *
+ * Threading: bdev_open/bdev_close on the main thread before/after
+ * iothreads run; a bdev_ctx and every bdev_io submitted to it belong to the
+ * iothread that created the ctx.  Completion callbacks run on that thread,
+ * possibly inline from bdev_submit() (errors, null backend).
+ */
+#ifndef VBLK_BDEV_H
+#define VBLK_BDEV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+struct loop;
+
+enum bdev_cache {
+	BDEV_CACHE_AUTO,	/* O_DIRECT where the file supports it */
+	BDEV_CACHE_NONE,	/* O_DIRECT, or fail */
+	BDEV_CACHE_WRITEBACK,	/* page cache */
+};
+
+struct bdev_opts {
+	const char *path;
+	const char *engine;	/* "io_uring" (default) */
+	bool read_only;
+	enum bdev_cache cache;
+	unsigned block_size;	/* 0: the device's logical size, else 512 */
+};
+
+enum bdev_op { BDEV_READ, BDEV_WRITE, BDEV_FLUSH };
+
+struct bdev_io;
+typedef void (*bdev_cb)(struct bdev_io *io, int res);
+
+/* One I/O.  Owned by the submitter until cb runs; the iovec array must
+ * stay valid until then (engines may consume it in place). */
+struct bdev_io {
+	enum bdev_op op;
+	bool fua;		/* write: durable before completion (RWF_DSYNC) */
+	uint64_t offset;
+	struct iovec *iov;
+	unsigned iovcnt;
+	bdev_cb cb;		/* res: 0 or -errno */
+
+	/* Engine-private. */
+	size_t len;
+	void *bounce;		/* aligned copy for misaligned O_DIRECT buffers */
+	struct iovec bounce_iov;
+	struct iovec *user_iov;
+	unsigned user_iovcnt;
+};
+
+struct bdev;
+struct bdev_ctx;
+
+struct bdev_engine {
+	const char *name;
+	/* Per-iothread instance; depth bounds I/Os in flight.  -errno. */
+	int (*ctx_new)(struct bdev *b, struct loop *l, unsigned depth,
+		       struct bdev_ctx **out);
+	void (*ctx_free)(struct bdev_ctx *c);
+	/* Queue an I/O; it may complete inline. */
+	void (*submit)(struct bdev_ctx *c, struct bdev_io *io);
+	/* Push queued I/Os to the kernel: one syscall per batch. */
+	void (*kick)(struct bdev_ctx *c);
+	/* Block until every submitted I/O has completed and called back. */
+	void (*drain)(struct bdev_ctx *c);
+};
+
+struct bdev {
+	char *path;
+	int fd;
+	uint64_t size;		/* bytes, a multiple of block_size */
+	unsigned block_size;	/* logical block exported to the guest */
+	unsigned phys_block_size;
+	bool read_only;
+	bool direct;		/* opened O_DIRECT */
+	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
+	const struct bdev_engine *engine;
+};
+
+/*
+ * Open the disk.  On failure returns -errno and writes one line for the
+ * user into err (what is wrong and what to do); nothing is left open.
+ * Main thread.
+ */
+int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen);
+void bdev_close(struct bdev *b);
+
+/* Engines. */
+extern const struct bdev_engine bdev_uring_engine;
+const struct bdev_engine *bdev_engine_find(const char *name);
+
+static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
+			       struct bdev_ctx **out)
+{
+	return b->engine->ctx_new(b, l, depth, out);
+}
+
+/* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */
+void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io);
+
+/* Called by engines when an I/O finished: undoes the bounce, then cb. */
+void bdev_complete(struct bdev_io *io, int res);
+
+#endif

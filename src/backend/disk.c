@@ -1,0 +1,184 @@
+/* Opening the disk: regular file or block device, size and block sizes,
+ * O_DIRECT where possible.  Errors are one line for the user. */
+#include "backend/bdev.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util/log.h"
+
+/* Buffer and offset alignment O_DIRECT needs on this file (statx
+ * STATX_DIOALIGN, Linux 6.1+), falling back to 512/block size. */
+static void dio_alignment(int fd, unsigned *mem_align, unsigned *off_align)
+{
+	struct statx stx;
+
+	*mem_align = 512;
+	*off_align = 512;
+	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+	    (stx.stx_mask & STATX_DIOALIGN) && stx.stx_dio_mem_align) {
+		*mem_align = stx.stx_dio_mem_align;
+		*off_align = stx.stx_dio_offset_align;
+	}
+}
+
+int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen)
+{
+	int flags = (o->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
+	unsigned mem_align = 512, off_align = 512;
+	bool want_direct = o->cache != BDEV_CACHE_WRITEBACK;
+	struct stat st;
+	uint64_t size;
+	int fd, r;
+
+	memset(b, 0, sizeof(*b));
+	b->fd = -1;
+	b->engine = bdev_engine_find(o->engine);
+	if (!b->engine) {
+		snprintf(err, errlen, "unknown backend '%s': use --backend io_uring",
+			 o->engine);
+		return -EINVAL;
+	}
+	if (stat(o->path, &st) < 0) {
+		r = -errno;
+		if (r == -ENOENT)
+			snprintf(err, errlen, "disk '%s' does not exist: create it "
+				 "(e.g. qemu-img create -f raw %s 1G) or fix --disk",
+				 o->path, o->path);
+		else
+			snprintf(err, errlen, "cannot access disk '%s': %s", o->path,
+				 strerror(-r));
+		return r;
+	}
+	if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+		snprintf(err, errlen, "disk '%s' is not a regular file or block "
+			 "device: pass an image file or a /dev/ block device", o->path);
+		return -EINVAL;
+	}
+
+	fd = -1;
+	if (want_direct) {
+		fd = open(o->path, flags | O_DIRECT);
+		if (fd < 0 && errno == EINVAL && o->cache == BDEV_CACHE_NONE) {
+			snprintf(err, errlen, "disk '%s' does not support O_DIRECT "
+				 "(--cache=none): use --cache=writeback", o->path);
+			return -EINVAL;
+		}
+		if (fd < 0 && errno != EINVAL)
+			goto open_err;
+	}
+	if (fd >= 0) {
+		b->direct = true;
+	} else {
+		fd = open(o->path, flags);
+		if (fd < 0)
+			goto open_err;
+	}
+
+	if (S_ISBLK(st.st_mode)) {
+		int lbs = 512, pbs = 512;
+
+		if (ioctl(fd, BLKGETSIZE64, &size) < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot read the size of '%s': %s",
+				 o->path, strerror(-r));
+			goto err_close;
+		}
+		(void)ioctl(fd, BLKSSZGET, &lbs);
+		(void)ioctl(fd, BLKPBSZGET, &pbs);
+		b->block_size = o->block_size ? o->block_size : (unsigned)lbs;
+		b->phys_block_size = (unsigned)pbs;
+		mem_align = off_align = (unsigned)lbs;
+		if (b->block_size < (unsigned)lbs) {
+			snprintf(err, errlen, "--block-size %u is smaller than the "
+				 "device's logical block size %d: use --block-size %d",
+				 b->block_size, lbs, lbs);
+			r = -EINVAL;
+			goto err_close;
+		}
+	} else {
+		size = (uint64_t)st.st_size;
+		b->block_size = o->block_size ? o->block_size : 512;
+		b->phys_block_size = b->block_size;
+		if (b->direct)
+			dio_alignment(fd, &mem_align, &off_align);
+	}
+
+	if (b->direct && off_align > b->block_size) {
+		if (o->cache == BDEV_CACHE_NONE) {
+			snprintf(err, errlen, "disk '%s' needs %u-byte aligned O_DIRECT "
+				 "I/O but the block size is %u: use --block-size %u or "
+				 "--cache=writeback", o->path, off_align, b->block_size,
+				 off_align);
+			r = -EINVAL;
+			goto err_close;
+		}
+		/* Auto mode: page cache instead of unaligned O_DIRECT. */
+		close(fd);
+		b->direct = false;
+		fd = open(o->path, flags);
+		if (fd < 0)
+			goto open_err;
+	}
+	if (want_direct && !b->direct)
+		log_info("disk %s: O_DIRECT not usable here, using the page cache "
+			 "(--cache=writeback)", o->path);
+
+	if (size % b->block_size) {
+		log_warn("disk %s: size %llu is not a multiple of %u; the last "
+			 "%llu bytes are not exported", o->path,
+			 (unsigned long long)size, b->block_size,
+			 (unsigned long long)(size % b->block_size));
+		size -= size % b->block_size;
+	}
+	if (size == 0) {
+		snprintf(err, errlen, "disk '%s' is empty (size < %u bytes): "
+			 "resize it (e.g. truncate -s 1G %s)", o->path,
+			 b->block_size, o->path);
+		r = -EINVAL;
+		goto err_close;
+	}
+	b->path = strdup(o->path);
+	if (!b->path) {
+		r = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto err_close;
+	}
+	b->fd = fd;
+	b->size = size;
+	b->read_only = o->read_only;
+	b->dio_mem_align = mem_align < 1 ? 1 : mem_align;
+	return 0;
+
+open_err:
+	r = -errno;
+	if (o->read_only && (r == -EACCES || r == -EPERM))
+		snprintf(err, errlen, "disk '%s' is not readable (%s): fix its "
+			 "permissions", o->path, strerror(-r));
+	else if (r == -EACCES || r == -EROFS || r == -EPERM)
+		snprintf(err, errlen, "disk '%s' is not writable (%s): fix its "
+			 "permissions or pass --read-only", o->path, strerror(-r));
+	else
+		snprintf(err, errlen, "cannot open disk '%s': %s", o->path,
+			 strerror(-r));
+	return r;
+err_close:
+	close(fd);
+	return r;
+}
+
+void bdev_close(struct bdev *b)
+{
+	if (b->fd >= 0)
+		close(b->fd);
+	b->fd = -1;
+	free(b->path);
+	b->path = NULL;
+}

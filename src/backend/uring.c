@@ -1,0 +1,213 @@
+/*
+ * io_uring engine: one ring per iothread, reads/writes straight from the
+ * guest's iovecs, FLUSH as fdatasync, completions signalled on an eventfd
+ * watched by the iothread's loop and reaped there.
+ */
+#include <errno.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/bdev.h"
+#include "loop/loop.h"
+#include "util/compiler.h"
+#include "util/iov.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+struct bdev_ctx {
+	struct bdev *b;
+	struct loop *loop;
+	struct io_uring ring;
+	int efd;
+	struct loop_fd *efd_h;
+	unsigned inflight;	/* submitted (queued or in kernel), not completed */
+	unsigned queued;	/* SQEs prepared since the last io_uring_submit */
+};
+
+static void uring_kick(struct bdev_ctx *c)
+{
+	int r;
+
+	if (!c->queued)
+		return;
+	r = io_uring_submit(&c->ring);
+	if (r < 0)
+		log_err("io_uring_submit: %s", strerror(-r));
+	else
+		c->queued = 0;
+}
+
+static void uring_prep(struct bdev_ctx *c, struct bdev_io *io, struct io_uring_sqe *sqe)
+{
+	int fd = c->b->fd;
+
+	switch (io->op) {
+	case BDEV_READ:
+		io_uring_prep_readv(sqe, fd, io->iov, io->iovcnt, io->offset);
+		break;
+	case BDEV_WRITE:
+		io_uring_prep_writev(sqe, fd, io->iov, io->iovcnt, io->offset);
+		if (io->fua)
+			sqe->rw_flags = RWF_DSYNC;
+		break;
+	case BDEV_FLUSH:
+		io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
+		break;
+	}
+	io_uring_sqe_set_data(sqe, io);
+}
+
+static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
+
+	if (unlikely(!sqe)) {
+		/* SQ full: push what we have and take a fresh slot. */
+		uring_kick(c);
+		sqe = io_uring_get_sqe(&c->ring);
+		if (!sqe) {
+			c->inflight--;
+			bdev_complete(io, -EBUSY);
+			return;
+		}
+	}
+	uring_prep(c, io, sqe);
+	c->queued++;
+}
+
+static void uring_submit(struct bdev_ctx *c, struct bdev_io *io)
+{
+	c->inflight++;
+	uring_queue(c, io);
+}
+
+/* One CQE: finish the I/O, or resubmit the rest of a short transfer. */
+static void uring_cqe(struct bdev_ctx *c, struct bdev_io *io, int res)
+{
+	if (res == -EAGAIN || res == -EINTR) {
+		uring_queue(c, io);
+		return;
+	}
+	if (io->op != BDEV_FLUSH && res >= 0) {
+		size_t done = (size_t)res;
+
+		if (done < io->len) {
+			if (done == 0) {	/* EOF: cannot happen below size */
+				res = -EIO;
+				goto complete;
+			}
+			/* Short transfer: go on from where it stopped.  The
+			 * iovec array is the submitter's own copy. */
+			iov_discard_front(&io->iov, &io->iovcnt, done);
+			io->offset += done;
+			io->len -= done;
+			uring_queue(c, io);
+			return;
+		}
+		res = 0;
+	}
+complete:
+	c->inflight--;
+	bdev_complete(io, res < 0 ? res : 0);
+}
+
+static unsigned uring_reap(struct bdev_ctx *c)
+{
+	struct io_uring_cqe *cqe;
+	unsigned n = 0;
+
+	while (io_uring_peek_cqe(&c->ring, &cqe) == 0) {
+		struct bdev_io *io = io_uring_cqe_get_data(cqe);
+		int res = cqe->res;
+
+		io_uring_cqe_seen(&c->ring, cqe);
+		uring_cqe(c, io, res);
+		n++;
+	}
+	/* Resubmissions from short transfers. */
+	uring_kick(c);
+	return n;
+}
+
+static void uring_efd_cb(void *opaque, uint32_t events)
+{
+	struct bdev_ctx *c = opaque;
+
+	(void)sys_eventfd_drain(c->efd);
+	uring_reap(c);
+}
+
+static void uring_drain(struct bdev_ctx *c)
+{
+	uring_kick(c);
+	while (c->inflight) {
+		struct io_uring_cqe *cqe;
+		int r = io_uring_wait_cqe(&c->ring, &cqe);
+
+		if (r < 0 && r != -EINTR) {
+			log_err("io_uring_wait_cqe: %s", strerror(-r));
+			break;
+		}
+		uring_reap(c);
+	}
+}
+
+static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
+			 struct bdev_ctx **out)
+{
+	struct bdev_ctx *c = calloc(1, sizeof(*c));
+	unsigned entries = 64;
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	while (entries < depth && entries < 4096)
+		entries *= 2;
+	c->b = b;
+	c->loop = l;
+	r = io_uring_queue_init(entries, &c->ring, 0);
+	if (r < 0)
+		goto err_free;
+	c->efd = sys_eventfd();
+	if (c->efd < 0) {
+		r = c->efd;
+		goto err_ring;
+	}
+	r = io_uring_register_eventfd(&c->ring, c->efd);
+	if (r < 0)
+		goto err_efd;
+	r = loop_fd_add(l, c->efd, EPOLLIN, uring_efd_cb, c, &c->efd_h);
+	if (r < 0)
+		goto err_efd;
+	*out = c;
+	return 0;
+
+err_efd:
+	close(c->efd);
+err_ring:
+	io_uring_queue_exit(&c->ring);
+err_free:
+	free(c);
+	return r;
+}
+
+static void uring_ctx_free(struct bdev_ctx *c)
+{
+	if (!c)
+		return;
+	uring_drain(c);
+	loop_fd_del(c->loop, c->efd_h);
+	close(c->efd);
+	io_uring_queue_exit(&c->ring);
+	free(c);
+}
+
+const struct bdev_engine bdev_uring_engine = {
+	.name = "io_uring",
+	.ctx_new = uring_ctx_new,
+	.ctx_free = uring_ctx_free,
+	.submit = uring_submit,
+	.kick = uring_kick,
+	.drain = uring_drain,
+};

@@ -1,0 +1,657 @@
+#include "blk/blk.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blk/virtio_blk.h"
+#include "loop/defer.h"
+#include "loop/loop.h"
+#include "util/compiler.h"
+#include "util/iov.h"
+#include "util/log.h"
+#include "util/sys.h"
+#include "vhost/vhost_user.h"
+
+struct blk_queue;
+
+struct blk_req {
+	struct blk_queue *q;
+	struct bdev_io io;
+	uint16_t head;
+	uint8_t *status;	/* last byte of the last writable buffer */
+	uint32_t used_len;	/* bytes written on success */
+	struct iovec *iov;	/* VQ_MAX_SEGS entries */
+};
+
+struct blk_queue {
+	struct blk_dev *dev;
+	unsigned idx;
+
+	/* Owned by the iothread; changed only through loop_call_sync. */
+	bool started, enabled;
+	struct vq vq;
+	int kick_fd, call_fd, err_fd;	/* borrowed from vu */
+	struct loop_fd *kick_h;
+	struct loop_bh *resume_bh;	/* continue after a full budget */
+	struct blk_req *reqs;		/* vq.num entries */
+	struct iovec *iovs;
+	uint16_t *free_reqs;		/* stack of free request indices */
+	unsigned nfree;
+	unsigned inflight;
+	bool logged_no_status;
+
+	/* Counters: written by the iothread, read by anyone. */
+	_Atomic uint64_t requests, kicks, calls, calls_suppressed, bad_requests;
+};
+
+struct blk_dev {
+	struct bdev *b;
+	unsigned num_queues;
+	char serial[VIRTIO_BLK_ID_BYTES];
+	uint64_t acked;			/* main thread */
+	atomic_bool writeback;		/* main writes, iothread reads */
+	uint8_t wce;			/* config byte as the guest set it */
+
+	struct loop *loop;		/* the iothread */
+	struct bdev_ctx *bctx;		/* iothread-owned */
+	struct blk_queue q[];
+};
+
+/* Requests taken from one queue per pass before yielding to others. */
+#define BLK_BUDGET 256
+
+static inline void stat_inc(_Atomic uint64_t *c)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
+}
+
+/* ---- Completion and notification (iothread) ---- */
+
+/* Deferred to the end of the batch: one used->idx publish and at most one
+ * call-eventfd write per queue per batch. */
+static void blk_queue_notify(void *opaque)
+{
+	struct blk_queue *q = opaque;
+
+	if (!q->started)
+		return;
+	vq_flush(&q->vq);
+	if (!vq_should_notify(&q->vq)) {
+		stat_inc(&q->calls_suppressed);
+		return;
+	}
+	if (q->call_fd >= 0) {
+		stat_inc(&q->calls);
+		(void)sys_eventfd_signal(q->call_fd);
+	}
+}
+
+static void blk_req_put(struct blk_queue *q, struct blk_req *r)
+{
+	q->free_reqs[q->nfree++] = (uint16_t)(r - q->reqs);
+}
+
+static void blk_req_complete(struct blk_req *r, uint8_t status)
+{
+	struct blk_queue *q = r->q;
+
+	/* The status byte is guest memory validated at pop time. */
+	*r->status = status;
+	vq_push(&q->vq, r->head, status == VIRTIO_BLK_S_OK ? r->used_len : 1);
+	q->inflight--;
+	blk_req_put(q, r);
+	defer_call(blk_queue_notify, q);
+}
+
+static void blk_io_done(struct bdev_io *io, int res)
+{
+	struct blk_req *r = container_of(io, struct blk_req, io);
+
+	if (res < 0)
+		log_debug("queue %u: I/O error on request %u: %s", r->q->idx,
+			  r->head, strerror(-res));
+	blk_req_complete(r, res < 0 ? VIRTIO_BLK_S_IOERR : VIRTIO_BLK_S_OK);
+}
+
+/* ---- Request parsing (iothread) ---- */
+
+/* virtio 1.2, 5.2.6.2 "Device Requirements: Device Operation": a request
+ * is [header][data][status]; header device-readable, status the last
+ * device-writable byte. */
+static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e)
+{
+	struct blk_dev *d = q->dev;
+	struct virtio_blk_outhdr hdr;
+	struct iovec *out = e->iov, *in = e->iov + e->out_num;
+	unsigned out_num = e->out_num, in_num = e->in_num;
+	struct iovec *last = &in[in_num - 1];
+	uint64_t sector, len;
+	uint32_t type;
+
+	r->head = e->head;
+	r->status = (uint8_t *)last->iov_base + last->iov_len - 1;
+	iov_discard_back(in, &in_num, 1);
+	r->used_len = 1;
+	q->inflight++;
+	stat_inc(&q->requests);
+
+	if (iov_to_buf(out, out_num, 0, &hdr, sizeof(hdr)) < sizeof(hdr)) {
+		stat_inc(&q->bad_requests);
+		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
+		return;
+	}
+	iov_discard_front(&out, &out_num, sizeof(hdr));
+	type = hdr.type;
+	sector = hdr.sector;
+
+	switch (type) {
+	case VIRTIO_BLK_T_IN:
+	case VIRTIO_BLK_T_OUT: {
+		bool is_write = type == VIRTIO_BLK_T_OUT;
+		struct iovec *data = is_write ? out : in;
+		unsigned cnt = is_write ? out_num : in_num;
+		uint64_t off;
+
+		if (is_write && d->b->read_only) {
+			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
+			return;
+		}
+		len = iov_size(data, cnt);
+		/* Whole blocks, inside the disk: sector is in 512-byte units
+		 * whatever the block size (5.2.6). */
+		if (sector > (d->b->size >> VIRTIO_BLK_SECTOR_SHIFT)) {
+			stat_inc(&q->bad_requests);
+			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
+			return;
+		}
+		off = sector << VIRTIO_BLK_SECTOR_SHIFT;
+		if ((off | len) % d->b->block_size || len > d->b->size - off) {
+			stat_inc(&q->bad_requests);
+			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
+			return;
+		}
+		if (len == 0) {
+			blk_req_complete(r, VIRTIO_BLK_S_OK);
+			return;
+		}
+		if (!is_write)
+			r->used_len = (uint32_t)len + 1;
+		r->io.op = is_write ? BDEV_WRITE : BDEV_READ;
+		r->io.fua = is_write && !atomic_load_explicit(&d->writeback,
+							      memory_order_relaxed);
+		r->io.offset = off;
+		r->io.iov = data;
+		r->io.iovcnt = cnt;
+		r->io.cb = blk_io_done;
+		bdev_submit(d->b, d->bctx, &r->io);
+		return;
+	}
+	case VIRTIO_BLK_T_FLUSH:
+		if (d->b->read_only) {
+			blk_req_complete(r, VIRTIO_BLK_S_OK);
+			return;
+		}
+		r->io.op = BDEV_FLUSH;
+		r->io.iov = NULL;
+		r->io.iovcnt = 0;
+		r->io.offset = 0;
+		r->io.fua = false;
+		r->io.cb = blk_io_done;
+		bdev_submit(d->b, d->bctx, &r->io);
+		return;
+	case VIRTIO_BLK_T_GET_ID: {
+		size_t n = iov_from_buf(in, in_num, 0, d->serial,
+					MIN(sizeof(d->serial), iov_size(in, in_num)));
+
+		r->used_len = (uint32_t)n + 1;
+		blk_req_complete(r, VIRTIO_BLK_S_OK);
+		return;
+	}
+	default:
+		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
+		return;
+	}
+}
+
+/*
+ * Take up to budget requests.  Returns the number taken, or -1 if the
+ * queue cannot go on (empty handled by returning < budget).
+ */
+static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
+{
+	unsigned n = 0;
+
+	while (n < budget) {
+		struct vq_elem e;
+		struct blk_req *r;
+		int ret;
+
+		if (unlikely(q->nfree == 0)) {
+			/* A driver cannot have more than num requests out;
+			 * one that does is not following 2.7.13. */
+			vq_set_broken(&q->vq, "more requests in flight than the ring size");
+			return -1;
+		}
+		r = &q->reqs[q->free_reqs[q->nfree - 1]];
+		e.iov = r->iov;
+		ret = vq_pop(&q->vq, &e);
+		if (ret == 0)
+			break;
+		if (ret == -EIO)
+			return -1;
+		q->nfree--;
+		n++;
+		if (ret == -EINVAL || e.in_num == 0) {
+			/* Bad chain, or no room for a status byte: fail it
+			 * where we can say so, else hand it back empty. */
+			uint8_t *status = NULL;
+
+			if (ret == -EINVAL)
+				status = e.last_byte;
+			else
+				log_once(q->logged_no_status, LOG_WARN,
+					 "queue %u: request without a writable status "
+					 "byte (not logged again)", q->idx);
+			stat_inc(&q->bad_requests);
+			if (status)
+				*status = VIRTIO_BLK_S_IOERR;
+			vq_push(&q->vq, e.head, status ? 1 : 0);
+			blk_req_put(q, r);
+			defer_call(blk_queue_notify, q);
+			continue;
+		}
+		blk_handle(q, r, &e);
+	}
+	return (int)n;
+}
+
+/*
+ * The race-free drain loop: kicks off while we work, back on before we
+ * stop, and re-check, since the driver may have added requests after our
+ * last look but before it saw kicks enabled.
+ */
+static void blk_queue_process(struct blk_queue *q)
+{
+	unsigned total = 0;
+
+	if (!q->started || !q->enabled || q->vq.broken)
+		return;
+	for (;;) {
+		int n;
+
+		vq_disable_notify(&q->vq);
+		n = blk_queue_drain_avail(q, BLK_BUDGET);
+		/* One io_uring_enter for everything this pass queued. */
+		q->dev->b->engine->kick(q->dev->bctx);
+		if (n < 0)
+			break;
+		total += (unsigned)n;
+		if (total >= BLK_BUDGET && n == BLK_BUDGET) {
+			/* Let other queues and completions run; keep kicks
+			 * off, we come back at the end of this iteration. */
+			loop_bh_schedule(q->resume_bh);
+			return;
+		}
+		if (n == BLK_BUDGET)
+			continue;
+		if (!vq_enable_notify(&q->vq))
+			break;
+	}
+	if (q->vq.broken && q->err_fd >= 0)
+		(void)sys_eventfd_signal(q->err_fd);
+}
+
+static void blk_resume_bh(void *opaque)
+{
+	blk_queue_process(opaque);
+}
+
+static void blk_kick_cb(void *opaque, uint32_t events)
+{
+	struct blk_queue *q = opaque;
+
+	(void)sys_eventfd_drain(q->kick_fd);
+	stat_inc(&q->kicks);
+	blk_queue_process(q);
+}
+
+/* ---- Ring lifecycle, run on the iothread via loop_call_sync ---- */
+
+struct blk_call {
+	struct blk_queue *q;
+	const struct vu_queue_setup *setup;
+	int ret;
+	uint16_t last_avail;
+	int call_fd, err_fd;
+	bool enabled;
+};
+
+static void blk_queue_free_pool(struct blk_queue *q)
+{
+	free(q->reqs);
+	free(q->iovs);
+	free(q->free_reqs);
+	q->reqs = NULL;
+	q->iovs = NULL;
+	q->free_reqs = NULL;
+}
+
+static void do_queue_start(void *opaque)
+{
+	struct blk_call *c = opaque;
+	struct blk_queue *q = c->q;
+	const struct vu_queue_setup *s = c->setup;
+	unsigned num = s->cfg.num;
+	int r;
+
+	r = vq_init(&q->vq, &s->cfg, s->mem);
+	if (r < 0)
+		goto out;
+	r = -ENOMEM;
+	q->reqs = calloc(num, sizeof(*q->reqs));
+	q->iovs = calloc((size_t)num * VQ_MAX_SEGS, sizeof(*q->iovs));
+	q->free_reqs = calloc(num, sizeof(*q->free_reqs));
+	if (!q->reqs || !q->iovs || !q->free_reqs)
+		goto err_pool;
+	for (unsigned i = 0; i < num; i++) {
+		q->reqs[i].q = q;
+		q->reqs[i].iov = q->iovs + (size_t)i * VQ_MAX_SEGS;
+		q->free_reqs[i] = (uint16_t)(num - 1 - i);
+	}
+	q->nfree = num;
+	q->inflight = 0;
+	q->kick_fd = s->kick_fd;
+	q->call_fd = s->call_fd;
+	q->err_fd = s->err_fd;
+	q->enabled = s->enabled;
+	r = loop_fd_add(q->dev->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);
+	if (r < 0)
+		goto err_pool;
+	q->started = true;
+	/* The driver may have queued requests before we watched the kick
+	 * fd (e.g. after a restart): look at the ring once. */
+	blk_queue_process(q);
+	c->ret = 0;
+	return;
+
+err_pool:
+	blk_queue_free_pool(q);
+out:
+	c->ret = r;
+}
+
+static void do_queue_stop(void *opaque)
+{
+	struct blk_call *c = opaque;
+	struct blk_queue *q = c->q;
+
+	c->last_avail = q->vq.last_avail_idx;
+	if (!q->started)
+		return;
+	loop_fd_del(q->dev->loop, q->kick_h);
+	q->kick_h = NULL;
+	/* In-flight requests complete into the ring before we report where
+	 * it stopped: the frontend may hand the ring to someone else. */
+	q->dev->b->engine->drain(q->dev->bctx);
+	if (q->inflight)
+		log_err("queue %u: %u requests still in flight after drain",
+			q->idx, q->inflight);
+	blk_queue_notify(q);
+	q->started = false;
+	q->kick_fd = q->call_fd = q->err_fd = -1;
+	blk_queue_free_pool(q);
+	c->last_avail = q->vq.last_avail_idx;
+}
+
+static void do_queue_set_fds(void *opaque)
+{
+	struct blk_call *c = opaque;
+
+	c->q->call_fd = c->call_fd;
+	c->q->err_fd = c->err_fd;
+}
+
+static void do_queue_set_enable(void *opaque)
+{
+	struct blk_call *c = opaque;
+
+	c->q->enabled = c->enabled;
+	if (c->enabled)
+		blk_queue_process(c->q);
+}
+
+/* ---- vu_dev_ops (main thread) ---- */
+
+static uint64_t blk_features(void *opaque)
+{
+	struct blk_dev *d = opaque;
+	uint64_t f = 1ull << VIRTIO_F_VERSION_1 |
+		     1ull << VIRTIO_RING_F_INDIRECT_DESC |
+		     1ull << VIRTIO_RING_F_EVENT_IDX |
+		     1ull << VIRTIO_BLK_F_SEG_MAX |
+		     1ull << VIRTIO_BLK_F_BLK_SIZE |
+		     1ull << VIRTIO_BLK_F_FLUSH |
+		     1ull << VIRTIO_BLK_F_TOPOLOGY |
+		     1ull << VIRTIO_BLK_F_CONFIG_WCE |
+		     1ull << VIRTIO_BLK_F_MQ;
+
+	if (d->b->read_only)
+		f |= 1ull << VIRTIO_BLK_F_RO;
+	return f;
+}
+
+static unsigned blk_num_queues(void *opaque)
+{
+	return ((struct blk_dev *)opaque)->num_queues;
+}
+
+static void blk_fill_config(struct blk_dev *d, struct virtio_blk_config *c)
+{
+	unsigned exp = 0;
+
+	memset(c, 0, sizeof(*c));
+	c->capacity = d->b->size >> VIRTIO_BLK_SECTOR_SHIFT;
+	c->seg_max = VQ_MAX_SEGS - 2;
+	c->blk_size = d->b->block_size;
+	while ((d->b->block_size << exp) < d->b->phys_block_size && exp < 15)
+		exp++;
+	c->topology.physical_block_exp = (uint8_t)exp;
+	c->topology.min_io_size = (uint16_t)(1u << exp);
+	c->writeback = d->wce;
+	c->num_queues = (uint16_t)d->num_queues;
+}
+
+static void blk_get_config(void *opaque, uint32_t off, uint8_t *buf, uint32_t len)
+{
+	struct virtio_blk_config c;
+
+	blk_fill_config(opaque, &c);
+	memset(buf, 0, len);
+	if (off < sizeof(c))
+		memcpy(buf, (uint8_t *)&c + off, MIN(len, sizeof(c) - off));
+}
+
+/* 5.2.5 "Device Initialization": writethrough unless the driver accepted
+ * FLUSH and (with CONFIG_WCE) left writeback on. */
+static void blk_update_cache_mode(struct blk_dev *d)
+{
+	bool flush = d->acked & (1ull << VIRTIO_BLK_F_FLUSH);
+	bool wce_neg = d->acked & (1ull << VIRTIO_BLK_F_CONFIG_WCE);
+	bool wb = flush && (!wce_neg || d->wce);
+
+	atomic_store(&d->writeback, wb);
+}
+
+static int blk_set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32_t len)
+{
+	struct blk_dev *d = opaque;
+
+	/* Only the writeback byte is writable (5.2.4). */
+	if (off != offsetof(struct virtio_blk_config, writeback) || len != 1)
+		return -EPERM;
+	d->wce = buf[0] ? 1 : 0;
+	blk_update_cache_mode(d);
+	log_info("guest set the write cache to %s",
+		 d->wce ? "writeback" : "writethrough");
+	return 0;
+}
+
+static void blk_set_features(void *opaque, uint64_t features)
+{
+	struct blk_dev *d = opaque;
+
+	d->acked = features;
+	blk_update_cache_mode(d);
+}
+
+static int blk_queue_start(void *opaque, unsigned idx, const struct vu_queue_setup *s)
+{
+	struct blk_dev *d = opaque;
+	struct blk_call c = { .q = &d->q[idx], .setup = s };
+
+	loop_call_sync(d->loop, do_queue_start, &c);
+	return c.ret;
+}
+
+static uint16_t blk_queue_stop(void *opaque, unsigned idx)
+{
+	struct blk_dev *d = opaque;
+	struct blk_call c = { .q = &d->q[idx] };
+
+	loop_call_sync(d->loop, do_queue_stop, &c);
+	return c.last_avail;
+}
+
+static void blk_queue_set_fds(void *opaque, unsigned idx, int call_fd, int err_fd)
+{
+	struct blk_dev *d = opaque;
+	struct blk_call c = { .q = &d->q[idx], .call_fd = call_fd, .err_fd = err_fd };
+
+	loop_call_sync(d->loop, do_queue_set_fds, &c);
+}
+
+static void blk_queue_set_enable(void *opaque, unsigned idx, bool enabled)
+{
+	struct blk_dev *d = opaque;
+	struct blk_call c = { .q = &d->q[idx], .enabled = enabled };
+
+	loop_call_sync(d->loop, do_queue_set_enable, &c);
+}
+
+const struct vu_dev_ops blk_vu_ops = {
+	.features = blk_features,
+	.num_queues = blk_num_queues,
+	.get_config = blk_get_config,
+	.set_config = blk_set_config,
+	.set_features = blk_set_features,
+	.queue_start = blk_queue_start,
+	.queue_stop = blk_queue_stop,
+	.queue_set_fds = blk_queue_set_fds,
+	.queue_set_enable = blk_queue_set_enable,
+};
+
+/* ---- Device lifecycle (main thread) ---- */
+
+struct ctx_call {
+	struct blk_dev *d;
+	int ret;
+};
+
+static void do_ctx_new(void *opaque)
+{
+	struct ctx_call *c = opaque;
+
+	c->ret = bdev_ctx_new(c->d->b, c->d->loop, 1024, &c->d->bctx);
+}
+
+static void do_ctx_free(void *opaque)
+{
+	struct blk_dev *d = opaque;
+
+	for (unsigned i = 0; i < d->num_queues; i++)
+		loop_bh_free(d->q[i].resume_bh);
+	d->b->engine->ctx_free(d->bctx);
+	d->bctx = NULL;
+}
+
+int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
+{
+	struct blk_dev *d;
+	struct ctx_call cc;
+	int r;
+
+	if (o->num_queues < 1 || o->num_queues > BLK_MAX_QUEUES)
+		return -EINVAL;
+	d = calloc(1, sizeof(*d) + o->num_queues * sizeof(d->q[0]));
+	if (!d)
+		return -ENOMEM;
+	d->b = b;
+	d->num_queues = o->num_queues;
+	d->wce = 1;
+	/* Serial: up to 20 bytes, not NUL-terminated when full (5.2.6). */
+	strncpy(d->serial, o->serial ? o->serial : "", sizeof(d->serial));
+	r = loop_new("iothread0", &d->loop);
+	if (r < 0)
+		goto err_free;
+	for (unsigned i = 0; i < d->num_queues; i++) {
+		struct blk_queue *q = &d->q[i];
+
+		q->dev = d;
+		q->idx = i;
+		q->kick_fd = q->call_fd = q->err_fd = -1;
+		r = loop_bh_new(d->loop, blk_resume_bh, q, &q->resume_bh);
+		if (r < 0)
+			goto err_loop;
+	}
+	r = loop_thread_start(d->loop);
+	if (r < 0)
+		goto err_loop;
+	cc.d = d;
+	loop_call_sync(d->loop, do_ctx_new, &cc);
+	if (cc.ret < 0) {
+		r = cc.ret;
+		log_err("cannot set up the %s backend: %s", b->engine->name,
+			strerror(-r));
+		loop_thread_join(d->loop);
+		goto err_loop;
+	}
+	*out = d;
+	return 0;
+
+err_loop:
+	for (unsigned i = 0; i < d->num_queues; i++)
+		loop_bh_free(d->q[i].resume_bh);
+	loop_free(d->loop);
+err_free:
+	free(d);
+	return r;
+}
+
+void blk_dev_free(struct blk_dev *d)
+{
+	if (!d)
+		return;
+	for (unsigned i = 0; i < d->num_queues; i++)
+		blk_queue_stop(d, i);
+	loop_call_sync(d->loop, do_ctx_free, d);
+	loop_thread_join(d->loop);
+	loop_free(d->loop);
+	free(d);
+}
+
+void blk_queue_stats(struct blk_dev *d, unsigned idx, struct blk_queue_stats *out)
+{
+	struct blk_queue *q = &d->q[idx];
+
+	out->requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
+	out->kicks = atomic_load_explicit(&q->kicks, memory_order_relaxed);
+	out->calls = atomic_load_explicit(&q->calls, memory_order_relaxed);
+	out->calls_suppressed = atomic_load_explicit(&q->calls_suppressed,
+						     memory_order_relaxed);
+	out->bad_requests = atomic_load_explicit(&q->bad_requests,
+						 memory_order_relaxed);
+}

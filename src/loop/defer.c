@@ -1,0 +1,62 @@
+#include "loop/defer.h"
+
+#include <stdlib.h>
+
+#include "util/compiler.h"
+#include "util/log.h"
+
+struct defer_entry {
+	defer_fn fn;
+	void *arg;
+};
+
+/* Per-thread state: nothing here is shared between threads. */
+static __thread unsigned defer_depth;
+static __thread struct defer_entry *defer_q;
+static __thread unsigned defer_len, defer_cap;
+
+void defer_begin(void)
+{
+	defer_depth++;
+}
+
+void defer_call(defer_fn fn, void *arg)
+{
+	if (defer_depth == 0) {
+		fn(arg);
+		return;
+	}
+	/* Pending sets are tiny (one entry per queue touched), so a scan
+	 * beats a hash. */
+	for (unsigned i = 0; i < defer_len; i++)
+		if (defer_q[i].fn == fn && defer_q[i].arg == arg)
+			return;
+	if (defer_len == defer_cap) {
+		unsigned cap = defer_cap ? defer_cap * 2 : 16;
+		struct defer_entry *q = realloc(defer_q, cap * sizeof(*q));
+
+		if (unlikely(!q)) {
+			/* Out of memory: never lose a notification, run it now. */
+			fn(arg);
+			return;
+		}
+		defer_q = q;
+		defer_cap = cap;
+	}
+	defer_q[defer_len++] = (struct defer_entry){ fn, arg };
+}
+
+void defer_end(void)
+{
+	if (defer_depth == 0) {
+		log_err("defer_end() without defer_begin()");
+		return;
+	}
+	if (--defer_depth > 0)
+		return;
+	/* A call may queue more calls (it runs outside any section, so those
+	 * run immediately); index-based loop tolerates that. */
+	for (unsigned i = 0; i < defer_len; i++)
+		defer_q[i].fn(defer_q[i].arg);
+	defer_len = 0;
+}

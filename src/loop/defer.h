@@ -1,0 +1,23 @@
+/*
+ * defer_: deferred calls, the batching primitive for notifications.
+ *
+ *   defer_begin();
+ *   ... complete many requests; each calls defer_call(vq_notify_fn, vq) ...
+ *   defer_end();   -> vq_notify_fn(vq) runs once per distinct (fn, arg)
+ *
+ * Sections nest; calls run when the outermost section ends.  Outside any
+ * section defer_call() runs fn at once.  State is per thread, so each
+ * iothread batches its own queues and nothing is shared.
+ */
+#ifndef VBLK_DEFER_H
+#define VBLK_DEFER_H
+
+typedef void (*defer_fn)(void *arg);
+
+void defer_begin(void);
+void defer_end(void);
+/* Queue fn(arg) for the end of the outermost section; duplicates of a
+ * pending (fn, arg) pair are coalesced into one call. */
+void defer_call(defer_fn fn, void *arg);
+
+#endif

@@ -1,0 +1,115 @@
+#include "mem/gm.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "util/log.h"
+
+/* [a, a+alen) and [b, b+blen) intersect; lengths are nonzero and the
+ * ranges were checked not to wrap. */
+static int ranges_overlap(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+	return a < b + blen && b < a + alen;
+}
+
+int gm_region_map(struct gm_region *r, uint64_t gpa, uint64_t size,
+		  uint64_t qva, uint64_t mmap_offset, int fd)
+{
+	struct stat st;
+	uint64_t end;
+	void *p;
+
+	memset(r, 0, sizeof(*r));
+	if (size == 0 || gpa + size < gpa || qva + size < qva ||
+	    __builtin_add_overflow(mmap_offset, size, &end) || end > SIZE_MAX)
+		return -EINVAL;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	/* A mapping past the end of a regular file faults with SIGBUS on
+	 * access: refuse it up front.  (Block/char devices report 0.) */
+	if (S_ISREG(st.st_mode) && (uint64_t)st.st_size < end)
+		return -EINVAL;
+	p = mmap(NULL, (size_t)end, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	r->gpa = gpa;
+	r->size = size;
+	r->qva = qva;
+	r->mmap_offset = mmap_offset;
+	r->mmap_addr = p;
+	r->mmap_size = (size_t)end;
+	r->host = (uint8_t *)p + mmap_offset;
+	return 0;
+}
+
+void gm_region_unmap(struct gm_region *r)
+{
+	if (r->mmap_addr)
+		munmap(r->mmap_addr, r->mmap_size);
+	memset(r, 0, sizeof(*r));
+}
+
+int gm_table_add(struct gm_table *t, const struct gm_region *r)
+{
+	if (t->nregions >= GM_MAX_REGIONS)
+		return -ENOSPC;
+	for (unsigned i = 0; i < t->nregions; i++) {
+		const struct gm_region *o = &t->r[i];
+
+		if (ranges_overlap(o->gpa, o->size, r->gpa, r->size) ||
+		    ranges_overlap(o->qva, o->size, r->qva, r->size))
+			return -EEXIST;
+	}
+	t->r[t->nregions++] = *r;
+	return 0;
+}
+
+void gm_table_clear(struct gm_table *t)
+{
+	for (unsigned i = 0; i < t->nregions; i++)
+		gm_region_unmap(&t->r[i]);
+	t->nregions = 0;
+}
+
+void *gm_gpa_to_host(const struct gm_table *t, uint64_t gpa, uint64_t len)
+{
+	if (len == 0)
+		len = 1;
+	for (unsigned i = 0; i < t->nregions; i++) {
+		const struct gm_region *r = &t->r[i];
+		uint64_t off;
+
+		if (gpa < r->gpa)
+			continue;
+		off = gpa - r->gpa;
+		if (off >= r->size)
+			continue;
+		/* Written as a subtraction so gpa + len cannot overflow. */
+		if (len > r->size - off)
+			return NULL;
+		return r->host + off;
+	}
+	return NULL;
+}
+
+void *gm_qva_to_host(const struct gm_table *t, uint64_t qva, uint64_t len)
+{
+	if (len == 0)
+		len = 1;
+	for (unsigned i = 0; i < t->nregions; i++) {
+		const struct gm_region *r = &t->r[i];
+		uint64_t off;
+
+		if (qva < r->qva)
+			continue;
+		off = qva - r->qva;
+		if (off >= r->size)
+			continue;
+		if (len > r->size - off)
+			return NULL;
+		return r->host + off;
+	}
+	return NULL;
+}

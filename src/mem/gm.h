@@ -1,0 +1,58 @@
+/*
+ * gm_: guest memory.  An immutable table of regions shared by the frontend
+ * (SET_MEM_TABLE / ADD_MEM_REG), each mmap'ed once.  Every guest address we
+ * touch goes through gm_gpa_to_host()/gm_qva_to_host(), which check the
+ * whole range [addr, addr+len) against one region, overflow included.
+ *
+ * Threading: a table is built and unmapped by the main thread and never
+ * changed while published; iothreads get a pointer to it through a
+ * loop_call_sync() handoff and only read it.
+ */
+#ifndef VBLK_GM_H
+#define VBLK_GM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* As many as QEMU may ask for (its VHOST_USER_MAX_RAM_SLOTS is 512 and it
+ * refuses a backend whose limit is below the slots in use). */
+#define GM_MAX_REGIONS 509
+
+struct gm_region {
+	uint64_t gpa;		/* guest physical start */
+	uint64_t size;
+	uint64_t qva;		/* frontend's virtual address of gpa */
+	uint64_t mmap_offset;	/* offset of gpa's page in the fd */
+	void *mmap_addr;	/* our mapping, from fd offset 0 */
+	size_t mmap_size;
+	uint8_t *host;		/* mmap_addr + mmap_offset */
+};
+
+struct gm_table {
+	unsigned nregions;
+	struct gm_region r[GM_MAX_REGIONS];
+};
+
+/*
+ * Map a region described by the frontend.  Validates sizes and offsets
+ * (no overflow, fd large enough so access can never SIGBUS on a short file)
+ * and mmaps fd shared read/write.  Does not take ownership of fd.
+ * Returns 0 or -errno (-EINVAL for a malformed description).
+ */
+int gm_region_map(struct gm_region *r, uint64_t gpa, uint64_t size,
+		  uint64_t qva, uint64_t mmap_offset, int fd);
+void gm_region_unmap(struct gm_region *r);
+
+/* Add a mapped region to a table, rejecting overlaps in guest physical or
+ * frontend virtual space and a full table.  Returns 0 or -errno. */
+int gm_table_add(struct gm_table *t, const struct gm_region *r);
+/* Unmap every region and empty the table. */
+void gm_table_clear(struct gm_table *t);
+
+/* Host pointer for guest-physical [gpa, gpa+len) if it lies wholly inside
+ * one region, else NULL.  len 0 is treated as 1.  Any thread. */
+void *gm_gpa_to_host(const struct gm_table *t, uint64_t gpa, uint64_t len);
+/* Same for a frontend virtual address (vring addresses are given so). */
+void *gm_qva_to_host(const struct gm_table *t, uint64_t qva, uint64_t len);
+
+#endif

@@ -1,0 +1,33 @@
+/*
+ * Scatter-gather helpers over struct iovec arrays.  Pure functions, no
+ * guest-memory knowledge: callers pass iovecs that already point into
+ * validated host mappings.  Callable from any thread.
+ */
+#ifndef VBLK_IOV_H
+#define VBLK_IOV_H
+
+#include <stddef.h>
+#include <sys/uio.h>
+
+/* Total bytes described by iov[0..cnt). */
+size_t iov_size(const struct iovec *iov, unsigned cnt);
+
+/* Copy up to len bytes starting at byte offset off of the iovecs into buf.
+ * Returns the number of bytes copied. */
+size_t iov_to_buf(const struct iovec *iov, unsigned cnt, size_t off,
+		  void *buf, size_t len);
+
+/* Copy up to len bytes from buf into the iovecs starting at byte offset off.
+ * Returns the number of bytes copied. */
+size_t iov_from_buf(const struct iovec *iov, unsigned cnt, size_t off,
+		    const void *buf, size_t len);
+
+/* Drop len bytes from the front of the array, in place (entries that become
+ * empty are removed).  Returns the bytes actually dropped. */
+size_t iov_discard_front(struct iovec **iov, unsigned *cnt, size_t len);
+
+/* Drop len bytes from the back of the array, in place.  Returns the bytes
+ * actually dropped. */
+size_t iov_discard_back(struct iovec *iov, unsigned *cnt, size_t len);
+
+#endif

@@ -1,0 +1,60 @@
+#include "util/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static enum log_level log_threshold = LOG_INFO;
+static __thread char log_thread[16] = "main";
+
+static const char *const level_names[] = {
+	[LOG_ERR] = "error", [LOG_WARN] = "warn",
+	[LOG_INFO] = "info", [LOG_DEBUG] = "debug",
+};
+
+void log_set_level(enum log_level level)
+{
+	log_threshold = level;
+}
+
+int log_parse_level(const char *s)
+{
+	for (unsigned i = 0; i < sizeof(level_names) / sizeof(level_names[0]); i++)
+		if (strcasecmp(s, level_names[i]) == 0)
+			return (int)i;
+	return -EINVAL;
+}
+
+void log_set_thread_name(const char *name)
+{
+	snprintf(log_thread, sizeof(log_thread), "%s", name);
+}
+
+void log_msg(enum log_level level, const char *fmt, ...)
+{
+	char line[1024];
+	struct timespec ts;
+	va_list ap;
+	int n, m;
+
+	if (level > log_threshold)
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	n = snprintf(line, sizeof(line), "vblkd[%s] %ld.%03ld %s: ", log_thread,
+		     (long)ts.tv_sec, ts.tv_nsec / 1000000, level_names[level]);
+	va_start(ap, fmt);
+	m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	if (m < 0)
+		return;
+	n += m;
+	if (n > (int)sizeof(line) - 2)
+		n = (int)sizeof(line) - 2;
+	line[n++] = '\n';
+	/* One write per line so lines from different threads never interleave. */
+	(void)!write(STDERR_FILENO, line, (size_t)n);
+}

@@ -1,0 +1,71 @@
+#include "util/sys.h"
+
+#include <errno.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+ssize_t sys_read(int fd, void *buf, size_t len)
+{
+	ssize_t r;
+
+	do
+		r = read(fd, buf, len);
+	while (r < 0 && errno == EINTR);
+	return r < 0 ? -errno : r;
+}
+
+ssize_t sys_write(int fd, const void *buf, size_t len)
+{
+	ssize_t r;
+
+	do
+		r = write(fd, buf, len);
+	while (r < 0 && errno == EINTR);
+	return r < 0 ? -errno : r;
+}
+
+int sys_eventfd(void)
+{
+	int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+
+	return fd < 0 ? -errno : fd;
+}
+
+int sys_eventfd_signal(int fd)
+{
+	uint64_t one = 1;
+	ssize_t r = sys_write(fd, &one, sizeof(one));
+
+	/* EAGAIN means the counter is saturated: the reader will wake anyway. */
+	if (r == -EAGAIN)
+		return 0;
+	return r < 0 ? (int)r : 0;
+}
+
+int64_t sys_eventfd_drain(int fd)
+{
+	uint64_t v;
+	ssize_t r = sys_read(fd, &v, sizeof(v));
+
+	if (r == -EAGAIN)
+		return 0;
+	if (r < 0)
+		return r;
+	return (int64_t)(v & INT64_MAX);
+}
+
+void sys_close(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+uint64_t sys_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}

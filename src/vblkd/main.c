@@ -1,0 +1,262 @@
+/*
+ * vblkd: serve a disk to virtual machines over vhost-user-blk.
+ * The main thread owns the socket, control messages and signals; the
+ * device's iothread does all I/O (see docs/architecture.md).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "backend/bdev.h"
+#include "blk/blk.h"
+#include "loop/loop.h"
+#include "util/log.h"
+#include "vhost/vu.h"
+
+struct vblkd {
+	struct loop *loop;
+	struct blk_dev *dev;
+	unsigned num_queues;
+	int sfd;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+"Usage: vblkd --socket PATH --disk FILE [options]\n"
+"Serve FILE (an image file or block device) as a virtio-blk disk over the\n"
+"vhost-user protocol on the unix socket PATH.\n"
+"\n"
+"  --socket PATH        unix socket to listen on (a stale one is replaced)\n"
+"  --disk FILE          image file or block device to serve\n"
+"  --queues N           number of virtqueues offered, 1-%d (default 1)\n"
+"  --read-only          export read-only: the guest cannot write\n"
+"  --cache MODE         none (O_DIRECT), writeback (page cache), or auto:\n"
+"                       O_DIRECT where the file supports it (default)\n"
+"  --block-size N       logical block size shown to the guest: 512 or 4096\n"
+"                       (default: the device's, 512 for files)\n"
+"  --serial S           serial number (GET_ID), up to 20 bytes\n"
+"                       (default derived from the disk path)\n"
+"  --backend NAME       I/O engine: io_uring (default)\n"
+"  --log-level L        error, warn, info (default) or debug\n"
+"  --help               show this help\n"
+"  --version            show the version\n"
+"\n"
+"Signals: SIGTERM/SIGINT finish in-flight I/O and exit 0; SIGUSR1 logs\n"
+"per-queue counters.\n", BLK_MAX_QUEUES);
+}
+
+/* One line on stderr, exit 1: for every user mistake. */
+static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("vblkd: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static unsigned parse_uint(const char *opt, const char *s, unsigned lo, unsigned hi)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi)
+		die("%s '%s' is not a number from %u to %u", opt, s, lo, hi);
+	return (unsigned)v;
+}
+
+/* Default serial: stable for a given disk path, distinct across paths. */
+static void default_serial(const char *path, char *out, size_t len)
+{
+	char abs[PATH_MAX];
+	uint32_t h = 2166136261u;	/* FNV-1a */
+
+	if (!realpath(path, abs))
+		snprintf(abs, sizeof(abs), "%s", path);
+	for (const char *p = abs; *p; p++)
+		h = (h ^ (uint8_t)*p) * 16777619u;
+	snprintf(out, len, "vblk-%08x", h);
+}
+
+static void log_stats(struct vblkd *v)
+{
+	for (unsigned i = 0; i < v->num_queues; i++) {
+		struct blk_queue_stats st;
+
+		blk_queue_stats(v->dev, i, &st);
+		log_info("queue %u: requests %llu kicks %llu calls %llu "
+			 "calls_suppressed %llu bad_requests %llu", i,
+			 (unsigned long long)st.requests, (unsigned long long)st.kicks,
+			 (unsigned long long)st.calls,
+			 (unsigned long long)st.calls_suppressed,
+			 (unsigned long long)st.bad_requests);
+	}
+}
+
+static void signal_cb(void *opaque, uint32_t events)
+{
+	struct vblkd *v = opaque;
+	struct signalfd_siginfo si;
+
+	while (read(v->sfd, &si, sizeof(si)) == sizeof(si)) {
+		if (si.ssi_signo == SIGUSR1) {
+			log_stats(v);
+			continue;
+		}
+		log_info("%s: finishing in-flight I/O and exiting",
+			 strsignal((int)si.ssi_signo));
+		loop_stop(v->loop);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "disk", required_argument, NULL, 'd' },
+		{ "queues", required_argument, NULL, 'q' },
+		{ "read-only", no_argument, NULL, 'r' },
+		{ "cache", required_argument, NULL, 'c' },
+		{ "block-size", required_argument, NULL, 'b' },
+		{ "serial", required_argument, NULL, 'S' },
+		{ "backend", required_argument, NULL, 'B' },
+		{ "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
+	struct blk_opts ko = { .num_queues = 1 };
+	const char *sock = NULL;
+	char serial[32], err[512];
+	struct vblkd v = { .sfd = -1 };
+	struct vu_server *srv = NULL;
+	struct bdev b;
+	sigset_t mask;
+	int c, r;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 's': sock = optarg; break;
+		case 'd': bo.path = optarg; break;
+		case 'q':
+			ko.num_queues = parse_uint("--queues", optarg, 1, BLK_MAX_QUEUES);
+			break;
+		case 'r': bo.read_only = true; break;
+		case 'c':
+			if (!strcmp(optarg, "none"))
+				bo.cache = BDEV_CACHE_NONE;
+			else if (!strcmp(optarg, "writeback"))
+				bo.cache = BDEV_CACHE_WRITEBACK;
+			else if (!strcmp(optarg, "auto"))
+				bo.cache = BDEV_CACHE_AUTO;
+			else
+				die("--cache '%s' is not one of none, writeback, auto", optarg);
+			break;
+		case 'b':
+			bo.block_size = parse_uint("--block-size", optarg, 512, 4096);
+			if (bo.block_size != 512 && bo.block_size != 4096)
+				die("--block-size must be 512 or 4096, not %s", optarg);
+			break;
+		case 'S':
+			if (strlen(optarg) > 20)
+				die("--serial '%s' is longer than 20 bytes", optarg);
+			ko.serial = optarg;
+			break;
+		case 'B': bo.engine = optarg; break;
+		case 'l':
+			r = log_parse_level(optarg);
+			if (r < 0)
+				die("--log-level '%s' is not one of error, warn, info, debug",
+				    optarg);
+			log_set_level((enum log_level)r);
+			break;
+		case 'h': usage(stdout); return 0;
+		case 'V': printf("vblkd %s\n", VBLKD_VERSION); return 0;
+		default:
+			die("unknown or incomplete option; see vblkd --help");
+		}
+	}
+	if (optind < argc)
+		die("unexpected argument '%s'; see vblkd --help", argv[optind]);
+	if (!sock)
+		die("missing --socket PATH: the unix socket QEMU connects to");
+	if (!bo.path)
+		die("missing --disk FILE: the image file or block device to serve");
+	if (!ko.serial) {
+		default_serial(bo.path, serial, sizeof(serial));
+		ko.serial = serial;
+	}
+
+	/* Signals go to the main loop only: block them before any thread
+	 * starts so iothreads inherit the mask. */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGUSR1);
+	pthread_sigmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	r = bdev_open(&bo, &b, err, sizeof(err));
+	if (r < 0)
+		die("%s", err);
+	r = blk_dev_new(&b, &ko, &v.dev);
+	if (r < 0) {
+		bdev_close(&b);
+		die("cannot start the device: %s", strerror(-r));
+	}
+	v.num_queues = ko.num_queues;
+	r = loop_new("main", &v.loop);
+	if (r < 0)
+		goto err_dev;
+	v.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (v.sfd < 0 || loop_fd_add(v.loop, v.sfd, EPOLLIN, signal_cb, &v, NULL) < 0) {
+		snprintf(err, sizeof(err), "cannot set up signal handling: %s",
+			 strerror(errno));
+		goto err_loop;
+	}
+	r = vu_server_new(sock, v.loop, &blk_vu_ops, v.dev, &srv, err, sizeof(err));
+	if (r < 0)
+		goto err_loop;
+
+	log_info("serving %s (%llu bytes, %u-byte blocks, %s%s, %u queue%s) on %s",
+		 b.path, (unsigned long long)b.size, b.block_size,
+		 b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
+		 ko.num_queues, ko.num_queues > 1 ? "s" : "", sock);
+
+	r = loop_run(v.loop);
+
+	vu_server_free(srv);
+	log_stats(&v);
+	blk_dev_free(v.dev);
+	if (!b.read_only && fdatasync(b.fd) < 0)
+		log_err("final fdatasync of %s failed: %s", b.path, strerror(errno));
+	bdev_close(&b);
+	loop_free(v.loop);
+	close(v.sfd);
+	log_info("exited cleanly");
+	return r < 0 ? 1 : 0;
+
+err_loop:
+	if (v.sfd >= 0)
+		close(v.sfd);
+	loop_free(v.loop);
+err_dev:
+	blk_dev_free(v.dev);
+	bdev_close(&b);
+	die("%s", err);
+}

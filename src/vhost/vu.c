@@ -1,0 +1,1002 @@
+/*
+ * vhost-user backend, written from qemu docs/interop/vhost-user.rst.
+ * Every message is checked for size, fd count and field ranges before it
+ * changes anything; a malformed one disconnects the frontend (logged) and
+ * we go back to accepting the next one.
+ */
+#include "vhost/vu.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "loop/loop.h"
+#include "util/compiler.h"
+#include "util/log.h"
+#include "util/sys.h"
+#include "vhost/vhost_user.h"
+
+/* Handler results besides 0 (done, ack if asked) and -errno (failed,
+ * nack if asked): */
+#define VU_REPLY 1		/* m->p holds a reply of m->hdr.size bytes */
+#define VU_MALFORMED (-EBADMSG)	/* protocol violation: disconnect */
+
+/* A frontend that starts a message must finish it within this time. */
+#define VU_RECV_TIMEOUT_S 5
+
+struct vu_msg {
+	struct vhost_user_hdr hdr;
+	union vhost_user_payload p;
+	int fds[VHOST_USER_MAX_FDS];
+	unsigned nfds;
+};
+
+/* Control-plane view of one ring (main thread only). */
+struct vu_vring {
+	unsigned num;
+	uint64_t desc, avail, used;
+	bool addr_set;
+	uint16_t base;
+	int kick_fd, call_fd, err_fd;
+	bool started;
+	bool enabled;
+};
+
+struct vu_server {
+	char *path;
+	int listen_fd;
+	struct loop *loop;
+	struct loop_fd *listen_h;
+	const struct vu_dev_ops *ops;
+	void *dev;
+
+	int conn_fd;
+	struct loop_fd *conn_h;
+	unsigned nconn;
+
+	uint64_t features;		/* offered virtio features */
+	uint64_t acked;
+	uint64_t proto_acked;
+	struct gm_table *mem;		/* published to iothreads via ring start */
+	unsigned nqueues;
+	struct vu_vring *vr;
+};
+
+static const uint64_t vu_proto_features =
+	1ull << VHOST_USER_PROTOCOL_F_MQ |
+	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
+	1ull << VHOST_USER_PROTOCOL_F_CONFIG |
+	1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS;
+
+static const char *vu_req_name(uint32_t req)
+{
+	switch (req) {
+	case VHOST_USER_GET_FEATURES: return "GET_FEATURES";
+	case VHOST_USER_SET_FEATURES: return "SET_FEATURES";
+	case VHOST_USER_SET_OWNER: return "SET_OWNER";
+	case VHOST_USER_RESET_OWNER: return "RESET_OWNER";
+	case VHOST_USER_SET_MEM_TABLE: return "SET_MEM_TABLE";
+	case VHOST_USER_SET_VRING_NUM: return "SET_VRING_NUM";
+	case VHOST_USER_SET_VRING_ADDR: return "SET_VRING_ADDR";
+	case VHOST_USER_SET_VRING_BASE: return "SET_VRING_BASE";
+	case VHOST_USER_GET_VRING_BASE: return "GET_VRING_BASE";
+	case VHOST_USER_SET_VRING_KICK: return "SET_VRING_KICK";
+	case VHOST_USER_SET_VRING_CALL: return "SET_VRING_CALL";
+	case VHOST_USER_SET_VRING_ERR: return "SET_VRING_ERR";
+	case VHOST_USER_GET_PROTOCOL_FEATURES: return "GET_PROTOCOL_FEATURES";
+	case VHOST_USER_SET_PROTOCOL_FEATURES: return "SET_PROTOCOL_FEATURES";
+	case VHOST_USER_GET_QUEUE_NUM: return "GET_QUEUE_NUM";
+	case VHOST_USER_SET_VRING_ENABLE: return "SET_VRING_ENABLE";
+	case VHOST_USER_GET_CONFIG: return "GET_CONFIG";
+	case VHOST_USER_SET_CONFIG: return "SET_CONFIG";
+	case VHOST_USER_GET_MAX_MEM_SLOTS: return "GET_MAX_MEM_SLOTS";
+	case VHOST_USER_ADD_MEM_REG: return "ADD_MEM_REG";
+	case VHOST_USER_REM_MEM_REG: return "REM_MEM_REG";
+	default: return "unknown";
+	}
+}
+
+static bool vu_has_proto(const struct vu_server *s, unsigned bit)
+{
+	return s->proto_acked & (1ull << bit);
+}
+
+/* Take ownership of the message's i-th fd. */
+static int vu_take_fd(struct vu_msg *m, unsigned i)
+{
+	int fd = m->fds[i];
+
+	m->fds[i] = -1;
+	return fd;
+}
+
+/* ---- Rings ---- */
+
+static void vu_vring_reset(struct vu_vring *vr)
+{
+	sys_close(&vr->kick_fd);
+	sys_close(&vr->call_fd);
+	sys_close(&vr->err_fd);
+	memset(vr, 0, sizeof(*vr));
+	vr->kick_fd = vr->call_fd = vr->err_fd = -1;
+}
+
+/* Ring parts must lie in guest memory (checked again by vq_init on the
+ * iothread; checking here lets us reject the message that set them). */
+static bool vu_vring_addr_ok(const struct vu_server *s, const struct vu_vring *vr)
+{
+	return s->mem && gm_qva_to_host(s->mem, vr->desc, vring_desc_bytes(vr->num)) &&
+	       gm_qva_to_host(s->mem, vr->avail, vring_avail_bytes(vr->num)) &&
+	       gm_qva_to_host(s->mem, vr->used, vring_used_bytes(vr->num));
+}
+
+/* Start ring idx if it has everything it needs (spec "Ring states": a
+ * ring starts on SET_VRING_KICK).  Returns 0 or VU_MALFORMED. */
+static int vu_vring_start(struct vu_server *s, unsigned idx)
+{
+	struct vu_vring *vr = &s->vr[idx];
+	struct vu_queue_setup su;
+	int r;
+
+	if (vr->started || vr->kick_fd < 0)
+		return 0;
+	if (!vr->num || !vr->addr_set || !s->mem) {
+		log_err("frontend started ring %u before setting its size, "
+			"addresses and the memory table", idx);
+		return VU_MALFORMED;
+	}
+	memset(&su, 0, sizeof(su));
+	su.cfg.index = idx;
+	su.cfg.num = vr->num;
+	su.cfg.desc_qva = vr->desc;
+	su.cfg.avail_qva = vr->avail;
+	su.cfg.used_qva = vr->used;
+	su.cfg.last_avail_idx = vr->base;
+	su.cfg.event_idx = s->acked & (1ull << VIRTIO_RING_F_EVENT_IDX);
+	su.cfg.indirect = s->acked & (1ull << VIRTIO_RING_F_INDIRECT_DESC);
+	su.mem = s->mem;
+	su.kick_fd = vr->kick_fd;
+	su.call_fd = vr->call_fd;
+	su.err_fd = vr->err_fd;
+	/* Without protocol features rings are enabled from the start. */
+	su.enabled = (s->acked & (1ull << VHOST_USER_F_PROTOCOL_FEATURES)) ?
+		     vr->enabled : true;
+	su.features = s->acked;
+	r = s->ops->queue_start(s->dev, idx, &su);
+	if (r < 0) {
+		log_err("ring %u: cannot start (%s): its addresses are not in "
+			"guest memory or not aligned", idx, strerror(-r));
+		return VU_MALFORMED;
+	}
+	vr->started = true;
+	log_debug("ring %u started: num %u base %u", idx, vr->num, vr->base);
+	return 0;
+}
+
+static void vu_vring_stop(struct vu_server *s, unsigned idx)
+{
+	struct vu_vring *vr = &s->vr[idx];
+
+	if (!vr->started)
+		return;
+	vr->base = s->ops->queue_stop(s->dev, idx);
+	vr->started = false;
+	log_debug("ring %u stopped at %u", idx, vr->base);
+}
+
+/*
+ * Publish a new memory table: rings that are running stop (draining their
+ * I/O), switch and restart, so no request ever sees a half-changed table.
+ * Old regions that are not in the new table are unmapped afterwards.
+ */
+static int vu_mem_replace(struct vu_server *s, struct gm_table *nt)
+{
+	struct gm_table *old = s->mem;
+	bool restart[VU_MAX_QUEUES];
+	int r = 0;
+
+	for (unsigned i = 0; i < s->nqueues; i++) {
+		restart[i] = s->vr[i].started;
+		vu_vring_stop(s, i);
+	}
+	s->mem = nt;
+	if (old) {
+		/* Unmap regions the new table does not carry over. */
+		for (unsigned i = 0; i < old->nregions; i++) {
+			bool kept = false;
+
+			for (unsigned j = 0; nt && j < nt->nregions; j++)
+				kept |= nt->r[j].mmap_addr == old->r[i].mmap_addr;
+			if (!kept)
+				gm_region_unmap(&old->r[i]);
+		}
+		free(old);
+	}
+	for (unsigned i = 0; i < s->nqueues; i++)
+		if (restart[i] && (r = vu_vring_start(s, i)) < 0)
+			break;
+	return r;
+}
+
+/* ---- Message handlers ---- */
+
+static int vu_get_features(struct vu_server *s, struct vu_msg *m)
+{
+	m->p.u64 = s->features | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	m->hdr.size = sizeof(m->p.u64);
+	return VU_REPLY;
+}
+
+static int vu_set_features(struct vu_server *s, struct vu_msg *m)
+{
+	uint64_t f = m->p.u64;
+	uint64_t offered = s->features | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+
+	if (f & ~offered) {
+		log_err("frontend acked features we did not offer: 0x%llx",
+			(unsigned long long)(f & ~offered));
+		return VU_MALFORMED;
+	}
+	s->acked = f;
+	s->ops->set_features(s->dev, f & s->features);
+	/* Spec "Ring states": without VHOST_USER_F_PROTOCOL_FEATURES every
+	 * ring is enabled. */
+	if (!(f & (1ull << VHOST_USER_F_PROTOCOL_FEATURES)))
+		for (unsigned i = 0; i < s->nqueues; i++) {
+			s->vr[i].enabled = true;
+			if (s->vr[i].started)
+				s->ops->queue_set_enable(s->dev, i, true);
+		}
+	log_info("features acked: 0x%llx", (unsigned long long)f);
+	return 0;
+}
+
+static int vu_get_protocol_features(struct vu_server *s, struct vu_msg *m)
+{
+	m->p.u64 = vu_proto_features;
+	m->hdr.size = sizeof(m->p.u64);
+	return VU_REPLY;
+}
+
+static int vu_set_protocol_features(struct vu_server *s, struct vu_msg *m)
+{
+	if (m->p.u64 & ~vu_proto_features) {
+		log_err("frontend acked protocol features we did not offer: 0x%llx",
+			(unsigned long long)(m->p.u64 & ~vu_proto_features));
+		return VU_MALFORMED;
+	}
+	s->proto_acked = m->p.u64;
+	return 0;
+}
+
+static int vu_set_owner(struct vu_server *s, struct vu_msg *m)
+{
+	return 0;
+}
+
+static int vu_reset_owner(struct vu_server *s, struct vu_msg *m)
+{
+	for (unsigned i = 0; i < s->nqueues; i++) {
+		vu_vring_stop(s, i);
+		vu_vring_reset(&s->vr[i]);
+	}
+	s->acked = 0;
+	return 0;
+}
+
+static int vu_get_queue_num(struct vu_server *s, struct vu_msg *m)
+{
+	m->p.u64 = s->nqueues;
+	m->hdr.size = sizeof(m->p.u64);
+	return VU_REPLY;
+}
+
+static int vu_get_max_mem_slots(struct vu_server *s, struct vu_msg *m)
+{
+	m->p.u64 = GM_MAX_REGIONS;
+	m->hdr.size = sizeof(m->p.u64);
+	return VU_REPLY;
+}
+
+static int vu_map_region(const struct vhost_user_mem_region *d, int fd,
+			 struct gm_region *r)
+{
+	int ret = gm_region_map(r, d->guest_phys_addr, d->memory_size,
+				d->userspace_addr, d->mmap_offset, fd);
+
+	if (ret < 0)
+		log_err("cannot map guest memory region gpa 0x%llx size 0x%llx "
+			"offset 0x%llx: %s", (unsigned long long)d->guest_phys_addr,
+			(unsigned long long)d->memory_size,
+			(unsigned long long)d->mmap_offset, strerror(-ret));
+	return ret;
+}
+
+static int vu_set_mem_table(struct vu_server *s, struct vu_msg *m)
+{
+	const struct vhost_user_memory *mem = &m->p.memory;
+	struct gm_table *nt;
+	uint32_t n;
+
+	if (m->hdr.size < offsetof(struct vhost_user_memory, regions))
+		return VU_MALFORMED;
+	n = mem->nregions;
+	if (n == 0 || n > VHOST_USER_MEMORY_BASELINE_NREGIONS ||
+	    m->hdr.size != offsetof(struct vhost_user_memory, regions) +
+			   n * sizeof(struct vhost_user_mem_region) ||
+	    m->nfds != n) {
+		log_err("SET_MEM_TABLE: %u regions, %u bytes, %u fds do not match",
+			n, m->hdr.size, m->nfds);
+		return VU_MALFORMED;
+	}
+	nt = calloc(1, sizeof(*nt));
+	if (!nt)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		struct gm_region r;
+		int ret = vu_map_region(&mem->regions[i], m->fds[i], &r);
+
+		if (ret == 0 && (ret = gm_table_add(nt, &r)) < 0) {
+			log_err("SET_MEM_TABLE: region %u overlaps another", i);
+			gm_region_unmap(&r);
+		}
+		if (ret < 0) {
+			gm_table_clear(nt);
+			free(nt);
+			return VU_MALFORMED;
+		}
+	}
+	log_info("memory table: %u regions", n);
+	return vu_mem_replace(s, nt);
+}
+
+static int vu_add_mem_reg(struct vu_server *s, struct vu_msg *m)
+{
+	struct gm_table *nt = calloc(1, sizeof(*nt));
+	struct gm_region r;
+	int ret;
+
+	if (!nt)
+		return -ENOMEM;
+	if (s->mem)
+		*nt = *s->mem;
+	if (vu_map_region(&m->p.mem_reg.region, m->fds[0], &r) < 0) {
+		free(nt);
+		return VU_MALFORMED;
+	}
+	ret = gm_table_add(nt, &r);
+	if (ret < 0) {
+		log_err("ADD_MEM_REG: %s", ret == -ENOSPC ? "no free memory slot" :
+			"region overlaps an existing one");
+		gm_region_unmap(&r);
+		free(nt);
+		return VU_MALFORMED;
+	}
+	return vu_mem_replace(s, nt);
+}
+
+static int vu_rem_mem_reg(struct vu_server *s, struct vu_msg *m)
+{
+	const struct vhost_user_mem_region *d = &m->p.mem_reg.region;
+	struct gm_table *nt;
+	bool found = false;
+
+	/* Identified by guest address, user address and size; the offset
+	 * is ignored (spec, REM_MEM_REG). */
+	if (!s->mem)
+		return VU_MALFORMED;
+	nt = calloc(1, sizeof(*nt));
+	if (!nt)
+		return -ENOMEM;
+	for (unsigned i = 0; i < s->mem->nregions; i++) {
+		const struct gm_region *o = &s->mem->r[i];
+
+		if (!found && o->gpa == d->guest_phys_addr && o->qva == d->userspace_addr &&
+		    o->size == d->memory_size)
+			found = true;
+		else
+			nt->r[nt->nregions++] = *o;
+	}
+	if (!found) {
+		log_err("REM_MEM_REG: no region at gpa 0x%llx",
+			(unsigned long long)d->guest_phys_addr);
+		free(nt);
+		return VU_MALFORMED;
+	}
+	return vu_mem_replace(s, nt);
+}
+
+/* Index of a ring named by a message, or -1 (logged). */
+static int vu_ring_index(struct vu_server *s, uint32_t idx, const char *what)
+{
+	if (idx >= s->nqueues) {
+		log_err("%s: ring %u does not exist (we have %u)", what, idx, s->nqueues);
+		return -1;
+	}
+	return (int)idx;
+}
+
+static int vu_set_vring_num(struct vu_server *s, struct vu_msg *m)
+{
+	int i = vu_ring_index(s, m->p.state.index, "SET_VRING_NUM");
+	uint32_t num = m->p.state.num;
+
+	if (i < 0)
+		return VU_MALFORMED;
+	if (num == 0 || num > VRING_MAX_NUM || (num & (num - 1))) {
+		log_err("SET_VRING_NUM: ring size %u is not a power of two <= %u",
+			num, VRING_MAX_NUM);
+		return VU_MALFORMED;
+	}
+	if (s->vr[i].started) {
+		log_err("SET_VRING_NUM: ring %d is running", i);
+		return VU_MALFORMED;
+	}
+	s->vr[i].num = num;
+	return 0;
+}
+
+static int vu_set_vring_addr(struct vu_server *s, struct vu_msg *m)
+{
+	const struct vhost_vring_addr *a = &m->p.addr;
+	int i = vu_ring_index(s, a->index, "SET_VRING_ADDR");
+	struct vu_vring *vr;
+
+	if (i < 0)
+		return VU_MALFORMED;
+	vr = &s->vr[i];
+	if (vr->started) {
+		log_err("SET_VRING_ADDR: ring %d is running (dirty logging is "
+			"not supported)", i);
+		return VU_MALFORMED;
+	}
+	vr->desc = a->desc_user_addr;
+	vr->avail = a->avail_user_addr;
+	vr->used = a->used_user_addr;
+	vr->addr_set = true;
+	if (vr->num && !vu_vring_addr_ok(s, vr)) {
+		log_err("SET_VRING_ADDR: ring %d lies outside guest memory", i);
+		vr->addr_set = false;
+		return VU_MALFORMED;
+	}
+	return 0;
+}
+
+static int vu_set_vring_base(struct vu_server *s, struct vu_msg *m)
+{
+	int i = vu_ring_index(s, m->p.state.index, "SET_VRING_BASE");
+
+	if (i < 0 || m->p.state.num > 0xffff)
+		return VU_MALFORMED;
+	if (s->vr[i].started) {
+		log_err("SET_VRING_BASE: ring %d is running", i);
+		return VU_MALFORMED;
+	}
+	s->vr[i].base = (uint16_t)m->p.state.num;
+	return 0;
+}
+
+static int vu_get_vring_base(struct vu_server *s, struct vu_msg *m)
+{
+	int i = vu_ring_index(s, m->p.state.index, "GET_VRING_BASE");
+
+	if (i < 0)
+		return VU_MALFORMED;
+	vu_vring_stop(s, (unsigned)i);
+	/* A stopped ring waits for a new kick fd to start again. */
+	sys_close(&s->vr[i].kick_fd);
+	m->p.state.num = s->vr[i].base;
+	m->hdr.size = sizeof(m->p.state);
+	return VU_REPLY;
+}
+
+/* Common decoding of SET_VRING_KICK/CALL/ERR.  Returns the ring index and
+ * the fd (-1 with the NOFD bit), or VU_MALFORMED. */
+static int vu_vring_fd(struct vu_server *s, struct vu_msg *m, int *fd)
+{
+	uint64_t v = m->p.u64;
+	bool nofd = v & VHOST_USER_VRING_NOFD_MASK;
+	int i;
+
+	if (v & ~(VHOST_USER_VRING_IDX_MASK | VHOST_USER_VRING_NOFD_MASK) ||
+	    m->nfds != (nofd ? 0u : 1u)) {
+		log_err("%s: bad payload 0x%llx with %u fds", vu_req_name(m->hdr.request),
+			(unsigned long long)v, m->nfds);
+		return VU_MALFORMED;
+	}
+	i = vu_ring_index(s, (uint32_t)(v & VHOST_USER_VRING_IDX_MASK),
+			  vu_req_name(m->hdr.request));
+	if (i < 0)
+		return VU_MALFORMED;
+	*fd = nofd ? -1 : vu_take_fd(m, 0);
+	return i;
+}
+
+static int vu_set_vring_kick(struct vu_server *s, struct vu_msg *m)
+{
+	int fd, i = vu_vring_fd(s, m, &fd);
+	struct vu_vring *vr;
+
+	if (i < 0)
+		return i;
+	if (fd < 0) {
+		log_err("SET_VRING_KICK without an fd (polling frontend) is not "
+			"supported");
+		return -ENOTSUP;
+	}
+	vr = &s->vr[i];
+	/* A new kick fd on a running ring: restart it on the new fd. */
+	vu_vring_stop(s, (unsigned)i);
+	sys_close(&vr->kick_fd);
+	vr->kick_fd = fd;
+	return vu_vring_start(s, (unsigned)i);
+}
+
+static int vu_set_vring_call_err(struct vu_server *s, struct vu_msg *m)
+{
+	int fd, i = vu_vring_fd(s, m, &fd), old;
+	struct vu_vring *vr;
+
+	if (i < 0)
+		return i;
+	vr = &s->vr[i];
+	if (m->hdr.request == VHOST_USER_SET_VRING_CALL) {
+		old = vr->call_fd;
+		vr->call_fd = fd;
+	} else {
+		old = vr->err_fd;
+		vr->err_fd = fd;
+	}
+	/* The iothread stops using the old fd before we close it. */
+	if (vr->started)
+		s->ops->queue_set_fds(s->dev, (unsigned)i, vr->call_fd, vr->err_fd);
+	sys_close(&old);
+	return 0;
+}
+
+static int vu_set_vring_enable(struct vu_server *s, struct vu_msg *m)
+{
+	int i = vu_ring_index(s, m->p.state.index, "SET_VRING_ENABLE");
+
+	if (i < 0 || m->p.state.num > 1)
+		return VU_MALFORMED;
+	s->vr[i].enabled = m->p.state.num;
+	if (s->vr[i].started)
+		s->ops->queue_set_enable(s->dev, (unsigned)i, s->vr[i].enabled);
+	return 0;
+}
+
+/* GET_CONFIG / SET_CONFIG payload: header + size bytes, within 256. */
+static bool vu_config_ok(const struct vu_msg *m)
+{
+	const struct vhost_user_config *c = &m->p.config;
+
+	return m->hdr.size >= VHOST_USER_CONFIG_HDR_SIZE &&
+	       c->size <= VHOST_USER_MAX_CONFIG_SIZE &&
+	       c->offset <= VHOST_USER_MAX_CONFIG_SIZE - c->size &&
+	       m->hdr.size == VHOST_USER_CONFIG_HDR_SIZE + c->size;
+}
+
+static int vu_get_config(struct vu_server *s, struct vu_msg *m)
+{
+	struct vhost_user_config *c = &m->p.config;
+
+	if (!vu_config_ok(m)) {
+		log_err("GET_CONFIG: bad range offset %u size %u (%u bytes)",
+			c->offset, c->size, m->hdr.size);
+		return VU_MALFORMED;
+	}
+	s->ops->get_config(s->dev, c->offset, c->region, c->size);
+	return VU_REPLY;	/* same size as the request */
+}
+
+static int vu_set_config(struct vu_server *s, struct vu_msg *m)
+{
+	struct vhost_user_config *c = &m->p.config;
+
+	if (!vu_config_ok(m)) {
+		log_err("SET_CONFIG: bad range offset %u size %u (%u bytes)",
+			c->offset, c->size, m->hdr.size);
+		return VU_MALFORMED;
+	}
+	return s->ops->set_config(s->dev, c->offset, c->region, c->size);
+}
+
+/* ---- Dispatch ---- */
+
+#define VU_SIZE_ANY UINT32_MAX
+#define VU_FDS_ANY  (-1)
+
+struct vu_handler {
+	int (*fn)(struct vu_server *s, struct vu_msg *m);
+	uint32_t size;		/* exact payload size, or VU_SIZE_ANY */
+	int nfds;		/* exact fd count, or VU_FDS_ANY (handler checks) */
+};
+
+static const struct vu_handler vu_handlers[] = {
+	[VHOST_USER_GET_FEATURES] = { vu_get_features, 0, 0 },
+	[VHOST_USER_SET_FEATURES] = { vu_set_features, 8, 0 },
+	[VHOST_USER_SET_OWNER] = { vu_set_owner, 0, 0 },
+	[VHOST_USER_RESET_OWNER] = { vu_reset_owner, 0, 0 },
+	[VHOST_USER_SET_MEM_TABLE] = { vu_set_mem_table, VU_SIZE_ANY, VU_FDS_ANY },
+	[VHOST_USER_SET_VRING_NUM] = { vu_set_vring_num, 8, 0 },
+	[VHOST_USER_SET_VRING_ADDR] = { vu_set_vring_addr, 40, 0 },
+	[VHOST_USER_SET_VRING_BASE] = { vu_set_vring_base, 8, 0 },
+	[VHOST_USER_GET_VRING_BASE] = { vu_get_vring_base, 8, 0 },
+	[VHOST_USER_SET_VRING_KICK] = { vu_set_vring_kick, 8, VU_FDS_ANY },
+	[VHOST_USER_SET_VRING_CALL] = { vu_set_vring_call_err, 8, VU_FDS_ANY },
+	[VHOST_USER_SET_VRING_ERR] = { vu_set_vring_call_err, 8, VU_FDS_ANY },
+	[VHOST_USER_GET_PROTOCOL_FEATURES] = { vu_get_protocol_features, 0, 0 },
+	[VHOST_USER_SET_PROTOCOL_FEATURES] = { vu_set_protocol_features, 8, 0 },
+	[VHOST_USER_GET_QUEUE_NUM] = { vu_get_queue_num, 0, 0 },
+	[VHOST_USER_SET_VRING_ENABLE] = { vu_set_vring_enable, 8, 0 },
+	[VHOST_USER_GET_CONFIG] = { vu_get_config, VU_SIZE_ANY, 0 },
+	[VHOST_USER_SET_CONFIG] = { vu_set_config, VU_SIZE_ANY, 0 },
+	[VHOST_USER_GET_MAX_MEM_SLOTS] = { vu_get_max_mem_slots, 0, 0 },
+	[VHOST_USER_ADD_MEM_REG] = { vu_add_mem_reg, 40, 1 },
+	[VHOST_USER_REM_MEM_REG] = { vu_rem_mem_reg, 40, VU_FDS_ANY },
+};
+
+static int vu_send(struct vu_server *s, struct vu_msg *m)
+{
+	/* Header and payload are separate in struct vu_msg (the union is
+	 * 8-byte aligned), so send them as two pieces of one message. */
+	struct iovec iov[2] = {
+		{ &m->hdr, sizeof(m->hdr) },
+		{ &m->p, m->hdr.size },
+	};
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
+	size_t len = sizeof(m->hdr) + m->hdr.size;
+	ssize_t n;
+
+	m->hdr.flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK;
+	do
+		n = sendmsg(s->conn_fd, &mh, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n != (ssize_t)len) {
+		log_err("sending %s reply failed: %s", vu_req_name(m->hdr.request),
+			n < 0 ? strerror(errno) : "short write");
+		return -EPIPE;
+	}
+	return 0;
+}
+
+/*
+ * Read one message: header (with any fds), then the payload.  Returns 0,
+ * -ECONNRESET on orderly close, VU_MALFORMED, or -errno.
+ */
+static int vu_recv(int fd, struct vu_msg *m)
+{
+	char cbuf[CMSG_SPACE(VHOST_USER_MAX_FDS * sizeof(int))];
+	struct iovec iov = { &m->hdr, sizeof(m->hdr) };
+	struct msghdr mh = {
+		.msg_iov = &iov, .msg_iovlen = 1,
+		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
+	};
+	struct cmsghdr *cm;
+	ssize_t n;
+	size_t got;
+
+	m->nfds = 0;
+	do
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n == 0)
+		return -ECONNRESET;
+	if (n < 0)
+		return -errno;
+	for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+		size_t nfd;
+
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < nfd; i++) {
+			int f;
+
+			memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			if (m->nfds < VHOST_USER_MAX_FDS)
+				m->fds[m->nfds++] = f;
+			else
+				close(f);
+		}
+	}
+	if (mh.msg_flags & MSG_CTRUNC) {
+		log_err("message carried more than %d fds", VHOST_USER_MAX_FDS);
+		return VU_MALFORMED;
+	}
+	got = (size_t)n;
+	if (got < sizeof(m->hdr)) {
+		n = recv(fd, (char *)&m->hdr + got, sizeof(m->hdr) - got, MSG_WAITALL);
+		if (n != (ssize_t)(sizeof(m->hdr) - got))
+			return VU_MALFORMED;
+	}
+	if ((m->hdr.flags & VHOST_USER_VERSION_MASK) != VHOST_USER_VERSION) {
+		log_err("message with protocol version %u (want %u)",
+			m->hdr.flags & VHOST_USER_VERSION_MASK, VHOST_USER_VERSION);
+		return VU_MALFORMED;
+	}
+	if (m->hdr.size > sizeof(m->p)) {
+		log_err("%s: payload of %u bytes is larger than any message",
+			vu_req_name(m->hdr.request), m->hdr.size);
+		return VU_MALFORMED;
+	}
+	if (m->hdr.size) {
+		n = recv(fd, &m->p, m->hdr.size, MSG_WAITALL);
+		if (n != (ssize_t)m->hdr.size) {
+			log_err("%s: payload truncated (%zd of %u bytes)",
+				vu_req_name(m->hdr.request), n, m->hdr.size);
+			return VU_MALFORMED;
+		}
+	}
+	return 0;
+}
+
+static void vu_close_fds(struct vu_msg *m)
+{
+	for (unsigned i = 0; i < m->nfds; i++)
+		if (m->fds[i] >= 0)
+			close(m->fds[i]);
+	m->nfds = 0;
+}
+
+/* Handle one message.  Returns 0, or < 0 to disconnect. */
+static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
+{
+	uint32_t req = m->hdr.request;
+	bool need_reply = (m->hdr.flags & VHOST_USER_NEED_REPLY_MASK) &&
+			  vu_has_proto(s, VHOST_USER_PROTOCOL_F_REPLY_ACK);
+	const struct vu_handler *h = NULL;
+	int r;
+
+	if (req < ARRAY_SIZE(vu_handlers) && vu_handlers[req].fn)
+		h = &vu_handlers[req];
+	log_debug("message %s (%u), %u bytes, %u fds", vu_req_name(req), req,
+		  m->hdr.size, m->nfds);
+
+	if (!h) {
+		log_warn("unsupported request %u ignored%s", req,
+			 need_reply ? " (error reply sent)" : "");
+		r = -ENOTSUP;
+	} else if ((h->size != VU_SIZE_ANY && m->hdr.size != h->size) ||
+		   (h->nfds != VU_FDS_ANY && m->nfds != (unsigned)h->nfds)) {
+		log_err("%s: malformed (%u bytes, %u fds)", vu_req_name(req),
+			m->hdr.size, m->nfds);
+		r = VU_MALFORMED;
+	} else {
+		r = h->fn(s, m);
+	}
+	vu_close_fds(m);
+
+	if (r == VU_MALFORMED)
+		return r;
+	if (r == VU_REPLY)
+		return vu_send(s, m);
+	if (r < 0 && h)
+		log_warn("%s failed: %s", vu_req_name(req), strerror(-r));
+	if (need_reply) {
+		m->hdr.size = sizeof(m->p.u64);
+		m->p.u64 = r < 0 ? 1 : 0;
+		return vu_send(s, m);
+	}
+	return 0;
+}
+
+/* ---- Connections ---- */
+
+static void vu_listen_cb(void *opaque, uint32_t events);
+
+static void vu_disconnect(struct vu_server *s)
+{
+	if (s->conn_fd < 0)
+		return;
+	for (unsigned i = 0; i < s->nqueues; i++) {
+		vu_vring_stop(s, i);
+		vu_vring_reset(&s->vr[i]);
+	}
+	vu_mem_replace(s, NULL);
+	s->acked = 0;
+	s->proto_acked = 0;
+	s->ops->set_features(s->dev, 0);
+	loop_fd_del(s->loop, s->conn_h);
+	s->conn_h = NULL;
+	sys_close(&s->conn_fd);
+	log_info("frontend disconnected");
+	if (s->listen_fd >= 0 &&
+	    loop_fd_add(s->loop, s->listen_fd, EPOLLIN, vu_listen_cb, s, &s->listen_h) < 0)
+		log_err("cannot watch the listening socket again");
+}
+
+static void vu_conn_cb(void *opaque, uint32_t events)
+{
+	struct vu_server *s = opaque;
+	struct vu_msg m;
+	int r;
+
+	r = vu_recv(s->conn_fd, &m);
+	if (r == 0)
+		r = vu_dispatch(s, &m);
+	else
+		vu_close_fds(&m);
+	if (r == -ECONNRESET) {
+		vu_disconnect(s);
+	} else if (r < 0) {
+		log_err("dropping the frontend after a %s message%s",
+			r == VU_MALFORMED ? "malformed" : "failed",
+			r == VU_MALFORMED ? "" : " exchange");
+		vu_disconnect(s);
+	}
+}
+
+static void vu_listen_cb(void *opaque, uint32_t events)
+{
+	struct vu_server *s = opaque;
+	struct timeval tv = { .tv_sec = VU_RECV_TIMEOUT_S };
+	int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+
+	if (fd < 0) {
+		if (errno != EAGAIN && errno != EINTR)
+			log_err("accept: %s", strerror(errno));
+		return;
+	}
+	/* A frontend that stalls mid-message must not hang the main thread. */
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (loop_fd_add(s->loop, fd, EPOLLIN, vu_conn_cb, s, &s->conn_h) < 0) {
+		close(fd);
+		return;
+	}
+	s->conn_fd = fd;
+	s->nconn++;
+	/* One frontend at a time: the next waits in the backlog. */
+	loop_fd_del(s->loop, s->listen_h);
+	s->listen_h = NULL;
+	log_info("frontend connected");
+}
+
+static int vu_bind(struct vu_server *s, const char *path, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat st;
+	int fd, r;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		snprintf(err, errlen, "socket path '%s' is longer than %zu bytes: "
+			 "choose a shorter --socket", path, sizeof(sa.sun_path) - 1);
+		return -ENAMETOOLONG;
+	}
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot create a unix socket: %s", strerror(-r));
+		return r;
+	}
+	if (lstat(path, &st) == 0) {
+		int probe;
+
+		if (!S_ISSOCK(st.st_mode)) {
+			snprintf(err, errlen, "'%s' exists and is not a socket: remove "
+				 "it or choose another --socket", path);
+			r = -EEXIST;
+			goto err_close;
+		}
+		probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+			close(probe);
+			snprintf(err, errlen, "socket '%s' is in use by a running "
+				 "process: stop it or choose another --socket", path);
+			r = -EADDRINUSE;
+			goto err_close;
+		}
+		if (probe >= 0)
+			close(probe);
+		/* Nobody listens: a stale file from a dead daemon. */
+		log_info("replacing stale socket %s", path);
+		unlink(path);
+	}
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot bind socket '%s': %s%s", path,
+			 strerror(-r), r == -ENOENT ? " (does its directory exist?)" : "");
+		goto err_close;
+	}
+	if (listen(fd, 4) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot listen on '%s': %s", path, strerror(-r));
+		unlink(path);
+		goto err_close;
+	}
+	s->listen_fd = fd;
+	return 0;
+
+err_close:
+	close(fd);
+	return r;
+}
+
+int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops,
+		  void *dev, struct vu_server **out, char *err, size_t errlen)
+{
+	struct vu_server *s = calloc(1, sizeof(*s));
+	int r;
+
+	if (!s) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	s->loop = l;
+	s->ops = ops;
+	s->dev = dev;
+	s->conn_fd = -1;
+	s->listen_fd = -1;
+	s->features = ops->features(dev);
+	s->nqueues = ops->num_queues(dev);
+	if (s->nqueues > VU_MAX_QUEUES) {
+		snprintf(err, errlen, "too many queues (%u, at most %d)", s->nqueues,
+			 VU_MAX_QUEUES);
+		r = -EINVAL;
+		goto err_free;
+	}
+	s->vr = calloc(s->nqueues, sizeof(*s->vr));
+	s->path = strdup(path);
+	if (!s->vr || !s->path) {
+		snprintf(err, errlen, "out of memory");
+		r = -ENOMEM;
+		goto err_free;
+	}
+	for (unsigned i = 0; i < s->nqueues; i++)
+		vu_vring_reset(&s->vr[i]);
+	r = vu_bind(s, path, err, errlen);
+	if (r < 0)
+		goto err_free;
+	r = loop_fd_add(l, s->listen_fd, EPOLLIN, vu_listen_cb, s, &s->listen_h);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot watch socket '%s': %s", path, strerror(-r));
+		goto err_unbind;
+	}
+	*out = s;
+	return 0;
+
+err_unbind:
+	unlink(path);
+	close(s->listen_fd);
+err_free:
+	free(s->vr);
+	free(s->path);
+	free(s);
+	return r;
+}
+
+void vu_server_free(struct vu_server *s)
+{
+	if (!s)
+		return;
+	/* Stop accepting first, so the disconnect below does not re-arm. */
+	loop_fd_del(s->loop, s->listen_h);
+	s->listen_h = NULL;
+	if (s->listen_fd >= 0) {
+		close(s->listen_fd);
+		s->listen_fd = -1;
+		unlink(s->path);
+	}
+	vu_disconnect(s);
+	free(s->vr);
+	free(s->path);
+	free(s);
+}
+
+unsigned vu_server_connections(const struct vu_server *s)
+{
+	return s->nconn;
+}
+
+bool vu_server_connected(const struct vu_server *s)
+{
+	return s->conn_fd >= 0;
+}

@@ -1,0 +1,77 @@
+/*
+ * vu_: the vhost-user backend (server side).  Listens on a unix socket,
+ * serves one frontend at a time, validates every message, owns the
+ * control-plane state (features, memory table, per-ring configuration and
+ * fds) and tells the device, through struct vu_dev_ops, when a ring
+ * starts, stops or changes.
+ *
+ * Threading: all of vu runs on the main thread (the loop given to
+ * vu_server_new).  Device ops are called on the main thread; a device
+ * hands ring changes to the iothread that owns the ring (loop_call_sync),
+ * so the data path never races the control plane.
+ */
+#ifndef VBLK_VU_H
+#define VBLK_VU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mem/gm.h"
+#include "virtio/vq.h"
+
+/* Rings one server can track. */
+#define VU_MAX_QUEUES 64
+
+struct loop;
+
+/* Everything a device needs to run one ring.  The fds stay owned by vu
+ * and valid until queue_stop() or until replaced by queue_set_fds(). */
+struct vu_queue_setup {
+	struct vq_config cfg;
+	const struct gm_table *mem;
+	int kick_fd, call_fd, err_fd;	/* call/err may be -1 */
+	bool enabled;
+	uint64_t features;		/* acked virtio features */
+};
+
+struct vu_dev_ops {
+	/* Virtio features the device offers (VERSION_1, ring, device bits). */
+	uint64_t (*features)(void *dev);
+	unsigned (*num_queues)(void *dev);
+	/* Copy config space bytes [off, off+len) into buf; bytes past the
+	 * device's config read as zero.  off+len <= 256 is checked by vu. */
+	void (*get_config)(void *dev, uint32_t off, uint8_t *buf, uint32_t len);
+	/* Guest config write.  Returns 0 or -errno (read-only field). */
+	int (*set_config)(void *dev, uint32_t off, const uint8_t *buf, uint32_t len);
+	/* Features acked by the driver (SET_FEATURES). */
+	void (*set_features)(void *dev, uint64_t features);
+	/* Start processing ring idx.  Returns 0 or -errno. */
+	int (*queue_start)(void *dev, unsigned idx, const struct vu_queue_setup *s);
+	/* Stop ring idx: no new requests; wait for in-flight ones to complete
+	 * (and be returned to the driver).  Returns the next avail index. */
+	uint16_t (*queue_stop)(void *dev, unsigned idx);
+	/* Replace the call/err fds of a started ring. */
+	void (*queue_set_fds)(void *dev, unsigned idx, int call_fd, int err_fd);
+	void (*queue_set_enable)(void *dev, unsigned idx, bool enabled);
+};
+
+struct vu_server;
+
+/*
+ * Bind and listen on path.  A live listener already there is an error; a
+ * stale socket file (nobody accepts) is replaced.  On failure returns
+ * -errno, writes one line for the user into err, and leaves nothing
+ * behind.  Main thread.
+ */
+int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops,
+		  void *dev, struct vu_server **out, char *err, size_t errlen);
+/* Disconnect the frontend (draining in-flight I/O), close the listener
+ * and remove the socket file. */
+void vu_server_free(struct vu_server *s);
+
+/* Number of frontends served so far and whether one is connected. */
+unsigned vu_server_connections(const struct vu_server *s);
+bool vu_server_connected(const struct vu_server *s);
+
+#endif

@@ -1,0 +1,83 @@
+/*
+ * Split virtqueue wire layout, written from virtio 1.2 section 2.7
+ * "Split Virtqueues".  All fields little-endian (we build only for
+ * little-endian hosts, see util/compiler.h).  Sizes pinned below.
+ */
+#ifndef VBLK_VIRTIO_RING_H
+#define VBLK_VIRTIO_RING_H
+
+#include <stdint.h>
+
+#include "util/compiler.h"
+
+/* Feature bits (virtio 1.2, 6 "Reserved Feature Bits"). */
+#define VIRTIO_RING_F_INDIRECT_DESC 28
+#define VIRTIO_RING_F_EVENT_IDX     29
+#define VIRTIO_F_VERSION_1          32
+
+/* 2.7.5 "The Virtqueue Descriptor Table" */
+#define VRING_DESC_F_NEXT     1
+#define VRING_DESC_F_WRITE    2
+#define VRING_DESC_F_INDIRECT 4
+
+struct vring_desc {
+	uint64_t addr;
+	uint32_t len;
+	uint16_t flags;
+	uint16_t next;
+};
+
+/* 2.7.6 "The Virtqueue Available Ring"; used_event follows ring[num]. */
+#define VRING_AVAIL_F_NO_INTERRUPT 1
+struct vring_avail {
+	uint16_t flags;
+	uint16_t idx;
+	uint16_t ring[];
+};
+
+/* 2.7.8 "The Virtqueue Used Ring"; avail_event follows ring[num]. */
+#define VRING_USED_F_NO_NOTIFY 1
+struct vring_used_elem {
+	uint32_t id;
+	uint32_t len;
+};
+struct vring_used {
+	uint16_t flags;
+	uint16_t idx;
+	struct vring_used_elem ring[];
+};
+
+STATIC_ASSERT(sizeof(struct vring_desc) == 16, "vring_desc is 16 bytes");
+STATIC_ASSERT(offsetof(struct vring_desc, next) == 14, "vring_desc.next");
+STATIC_ASSERT(sizeof(struct vring_avail) == 4, "vring_avail header");
+STATIC_ASSERT(sizeof(struct vring_used_elem) == 8, "vring_used_elem");
+STATIC_ASSERT(sizeof(struct vring_used) == 4, "vring_used header");
+
+/* 2.7 "Split Virtqueues": queue size is a power of 2, at most 32768. */
+#define VRING_MAX_NUM 32768u
+
+static inline uint64_t vring_desc_bytes(unsigned num)
+{
+	return 16ull * num;
+}
+static inline uint64_t vring_avail_bytes(unsigned num)
+{
+	return 4 + 2ull * num + 2;	/* + used_event */
+}
+static inline uint64_t vring_used_bytes(unsigned num)
+{
+	return 4 + 8ull * num + 2;	/* + avail_event */
+}
+
+/*
+ * virtio 1.2, 2.7.7.2 / 2.7.10: "notify if the event index lies in
+ * (old, new]", with 16-bit wrap-around.  Same predicate both ways
+ * (used_event for interrupts, avail_event for kicks).
+ */
+static inline int vring_need_event(uint16_t event_idx, uint16_t new_idx,
+				   uint16_t old_idx)
+{
+	return (uint16_t)(new_idx - event_idx - 1) < (uint16_t)(new_idx - old_idx);
+}
+
+#endif

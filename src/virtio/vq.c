@@ -1,0 +1,284 @@
+#include "virtio/vq.h"
+
+#include <errno.h>
+#include <string.h>
+
+#include "util/barrier.h"
+#include "util/compiler.h"
+#include "util/log.h"
+
+int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem)
+{
+	unsigned num = cfg->num;
+
+	memset(vq, 0, sizeof(*vq));
+	vq->index = cfg->index;
+	if (num == 0 || num > VRING_MAX_NUM || (num & (num - 1)))
+		return -EINVAL;
+	/* virtio 1.2, 2.7 table "Virtqueue Part Alignment": desc 16,
+	 * avail 2, used 4. */
+	if ((cfg->desc_qva & 15) || (cfg->avail_qva & 1) || (cfg->used_qva & 3))
+		return -EINVAL;
+	vq->desc = gm_qva_to_host(mem, cfg->desc_qva, vring_desc_bytes(num));
+	vq->avail = gm_qva_to_host(mem, cfg->avail_qva, vring_avail_bytes(num));
+	vq->used = gm_qva_to_host(mem, cfg->used_qva, vring_used_bytes(num));
+	if (!vq->desc || !vq->avail || !vq->used)
+		return -EINVAL;
+	vq->num = num;
+	vq->mem = mem;
+	vq->event_idx = cfg->event_idx;
+	vq->indirect = cfg->indirect;
+	vq->used_event = &vq->avail->ring[num];
+	vq->avail_event = (uint16_t *)&vq->used->ring[num];
+	vq->last_avail_idx = cfg->last_avail_idx;
+	vq->shadow_avail_idx = cfg->last_avail_idx;
+	/* Continue from where the driver saw us stop; all requests taken
+	 * before a stop were completed (stop drains), so used catches up. */
+	vq->used_idx = READ_ONCE(vq->used->idx);
+	return 0;
+}
+
+void vq_set_broken(struct vq *vq, const char *why)
+{
+	if (!vq->broken)
+		log_err("queue %u: %s; queue stopped until the driver resets it",
+			vq->index, why);
+	vq->broken = true;
+}
+
+static void bad_chain(struct vq *vq, const char *why, uint16_t head)
+{
+	vq->bad_chains++;
+	log_once(vq->logged_bad_chain, LOG_WARN,
+		 "queue %u: request %u failed: %s (further bad requests on "
+		 "this queue are not logged)", vq->index, head, why);
+}
+
+/* Copy a descriptor out of guest memory: each field read exactly once. */
+static inline void desc_read(const struct vring_desc *src, struct vring_desc *d)
+{
+	d->addr = READ_ONCE(src->addr);
+	d->len = READ_ONCE(src->len);
+	d->flags = READ_ONCE(src->flags);
+	d->next = READ_ONCE(src->next);
+}
+
+bool vq_avail_pending(struct vq *vq)
+{
+	if (vq->shadow_avail_idx != vq->last_avail_idx)
+		return true;
+	return READ_ONCE(vq->avail->idx) != vq->last_avail_idx;
+}
+
+/*
+ * Walk one chain (virtio 1.2, 2.7.5 "The Virtqueue Descriptor Table" and
+ * 2.7.5.3 "Indirect Descriptors").  Structural errors (loop, index out of
+ * range, nested indirect) stop the walk; address errors are remembered and
+ * the walk goes on so we still find the final descriptor (last_byte).
+ */
+static int walk_chain(struct vq *vq, struct vq_elem *e)
+{
+	const struct vring_desc *table = vq->desc;
+	unsigned max = vq->num, hops = 0, i = e->head;
+	bool in_indirect = false, seen_write = false;
+	const char *err = NULL;
+	unsigned niov = 0;
+	struct vring_desc d;
+
+	e->out_num = e->in_num = 0;
+	e->out_len = e->in_len = 0;
+	e->last_byte = NULL;
+
+	for (;;) {
+		void *host = NULL;
+
+		if (unlikely(++hops > max)) {
+			bad_chain(vq, "descriptor loop", e->head);
+			return -EINVAL;
+		}
+		desc_read(&table[i], &d);
+
+		if (d.flags & VRING_DESC_F_INDIRECT) {
+			uint64_t n;
+
+			if (unlikely(!vq->indirect || in_indirect)) {
+				bad_chain(vq, in_indirect ? "nested indirect table" :
+					  "indirect descriptor not negotiated", e->head);
+				return -EINVAL;
+			}
+			/* 2.7.5.3.1: the driver MUST NOT set NEXT with INDIRECT. */
+			if (unlikely(d.flags & VRING_DESC_F_NEXT)) {
+				bad_chain(vq, "indirect descriptor with NEXT", e->head);
+				return -EINVAL;
+			}
+			if (unlikely(d.len == 0 || (d.len % sizeof(struct vring_desc)))) {
+				bad_chain(vq, "indirect table size not a multiple of 16",
+					  e->head);
+				return -EINVAL;
+			}
+			n = d.len / sizeof(struct vring_desc);
+			table = gm_gpa_to_host(vq->mem, d.addr, d.len);
+			if (unlikely(!table || ((uintptr_t)table & 7))) {
+				bad_chain(vq, "indirect table outside guest memory",
+					  e->head);
+				return -EINVAL;
+			}
+			in_indirect = true;
+			max = n > VQ_MAX_SEGS ? VQ_MAX_SEGS + 1 : (unsigned)n;
+			hops = 0;
+			i = 0;
+			continue;
+		}
+
+		if (d.len) {
+			host = gm_gpa_to_host(vq->mem, d.addr, d.len);
+			if (unlikely(!host) && !err)
+				err = "buffer outside guest memory";
+		}
+		if (d.flags & VRING_DESC_F_WRITE) {
+			seen_write = true;
+			e->in_len += d.len;
+		} else {
+			if (unlikely(seen_write) && !err)
+				err = "device-readable buffer after a writable one";
+			e->out_len += d.len;
+		}
+		if (host && !err) {
+			if (unlikely(niov == VQ_MAX_SEGS)) {
+				err = "too many descriptors in one request";
+			} else {
+				e->iov[niov].iov_base = host;
+				e->iov[niov].iov_len = d.len;
+				niov++;
+				if (d.flags & VRING_DESC_F_WRITE)
+					e->in_num++;
+				else
+					e->out_num++;
+			}
+		}
+		if (!(d.flags & VRING_DESC_F_NEXT))
+			break;
+		if (unlikely(d.next >= max)) {
+			bad_chain(vq, "next index out of range", e->head);
+			return -EINVAL;
+		}
+		i = d.next;
+	}
+
+	/* The used ring reports bytes written in 32 bits. */
+	if (!err && unlikely(e->in_len > UINT32_MAX))
+		err = "request larger than 4 GiB";
+	if (unlikely(err)) {
+		if ((d.flags & VRING_DESC_F_WRITE) && d.len) {
+			uint8_t *p = gm_gpa_to_host(vq->mem, d.addr, d.len);
+
+			if (p)
+				e->last_byte = p + d.len - 1;
+		}
+		bad_chain(vq, err, e->head);
+		return -EINVAL;
+	}
+	return 1;
+}
+
+int vq_pop(struct vq *vq, struct vq_elem *e)
+{
+	uint16_t avail_idx, head;
+
+	if (unlikely(vq->broken))
+		return -EIO;
+
+	if (vq->last_avail_idx == vq->shadow_avail_idx) {
+		avail_idx = READ_ONCE(vq->avail->idx);
+		/* 2.7.13.3: the driver adds at most num entries beyond what
+		 * the device took; more means a corrupt (or hostile) index. */
+		if (unlikely((uint16_t)(avail_idx - vq->last_avail_idx) > vq->num)) {
+			vq_set_broken(vq, "avail index moved by more than the ring size");
+			return -EIO;
+		}
+		vq->shadow_avail_idx = avail_idx;
+		if (avail_idx == vq->last_avail_idx)
+			return 0;
+		/* Pairs with the driver's write barrier between filling
+		 * ring[] and bumping avail->idx: read ring entries only after
+		 * seeing the index. */
+		smp_rmb();
+	}
+
+	head = READ_ONCE(vq->avail->ring[vq->last_avail_idx & (vq->num - 1)]);
+	if (unlikely(head >= vq->num)) {
+		vq_set_broken(vq, "avail ring entry out of range");
+		return -EIO;
+	}
+	vq->last_avail_idx++;
+	e->head = head;
+	return walk_chain(vq, e);
+}
+
+void vq_push(struct vq *vq, uint16_t head, uint32_t len)
+{
+	struct vring_used_elem *u = &vq->used->ring[vq->used_idx & (vq->num - 1)];
+
+	WRITE_ONCE(u->id, head);
+	WRITE_ONCE(u->len, len);
+	vq->used_idx++;
+}
+
+void vq_flush(struct vq *vq)
+{
+	/* Pairs with the driver's read barrier after it reads used->idx:
+	 * the entries must be visible before the index that covers them. */
+	smp_wmb();
+	WRITE_ONCE(vq->used->idx, vq->used_idx);
+}
+
+/* virtio 1.2, 2.7.7 "Used Buffer Notification Suppression". */
+bool vq_should_notify(struct vq *vq)
+{
+	uint16_t old, new;
+
+	/* Pairs with the driver's full barrier between writing used_event
+	 * (or clearing NO_INTERRUPT) and re-reading used->idx: either we see
+	 * its new event index, or it sees our new used index. */
+	smp_mb();
+	if (!vq->event_idx)
+		return !(READ_ONCE(vq->avail->flags) & VRING_AVAIL_F_NO_INTERRUPT);
+
+	old = vq->signalled_used;
+	new = vq->used_idx;
+	vq->signalled_used = new;
+	if (unlikely(!vq->signalled_used_valid)) {
+		vq->signalled_used_valid = true;
+		return true;
+	}
+	return vring_need_event(READ_ONCE(*vq->used_event), new, old);
+}
+
+/* virtio 1.2, 2.7.10 "Available Buffer Notification Suppression". */
+void vq_disable_notify(struct vq *vq)
+{
+	if (vq->notify_disabled)
+		return;
+	vq->notify_disabled = true;
+	/* With EVENT_IDX the driver kicks only when it crosses avail_event,
+	 * which we simply stop advancing; otherwise set NO_NOTIFY. */
+	if (!vq->event_idx)
+		WRITE_ONCE(vq->used->flags, VRING_USED_F_NO_NOTIFY);
+}
+
+bool vq_enable_notify(struct vq *vq)
+{
+	uint16_t avail_idx;
+
+	vq->notify_disabled = false;
+	if (vq->event_idx)
+		WRITE_ONCE(*vq->avail_event, vq->last_avail_idx);
+	else
+		WRITE_ONCE(vq->used->flags, 0);
+	/* Pairs with the driver's full barrier between publishing avail->idx
+	 * and reading avail_event/flags: either it sees notifications on and
+	 * kicks, or we see its new index here. */
+	smp_mb();
+	avail_idx = READ_ONCE(vq->avail->idx);
+	return avail_idx != vq->last_avail_idx;
+}

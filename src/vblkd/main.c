@@ -149,7 +149,8 @@ int main(int argc, char **argv)
 	sigset_t mask;
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+	opterr = 0;	/* our own one-line messages below */
+	while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
 		switch (c) {
 		case 's': sock = optarg; break;
 		case 'd': bo.path = optarg; break;
@@ -187,8 +188,11 @@ int main(int argc, char **argv)
 			break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("vblkd %s\n", VBLKD_VERSION); return 0;
+		case ':':
+			die("option '%s' needs a value; see vblkd --help",
+			    argv[optind - 1]);
 		default:
-			die("unknown or incomplete option; see vblkd --help");
+			die("unknown option '%s'; see vblkd --help", argv[optind - 1]);
 		}
 	}
 	if (optind < argc)

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Description: user-facing errors and lifecycle of the vblkd command line:
+# one clear line and exit 1 for every mistake, nothing half-created, stale
+# sockets replaced, live ones left alone, SIGTERM exits 0 and cleans up.
+# Prints PASS:/FAIL:/SKIP: lines for tests/run.
+set -uo pipefail
+VBLKD=${1:?usage: test_cli.sh PATH/TO/vblkd}
+tmp=$(mktemp -d /tmp/vblk-cli.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+pass() { echo "PASS: $1"; }
+fail() { echo "FAIL: $1${2:+: $2}"; }
+
+# expect_error NAME PATTERN ARGS...: exit 1, exactly one stderr line
+# matching PATTERN, nothing on stdout.
+expect_error() {
+    local name=$1 pat=$2; shift 2
+    local rc=0 out err
+    out=$("$VBLKD" "$@" 2>"$tmp/err") || rc=$?
+    err=$(cat "$tmp/err")
+    if ((rc != 1)); then fail "$name" "exit status $rc, want 1 (stderr: $err)"; return 1; fi
+    if [[ $(wc -l <"$tmp/err") -ne 1 ]]; then fail "$name" "want one stderr line, got: $err"; return 1; fi
+    if ! grep -qE -- "$pat" "$tmp/err"; then fail "$name" "'$err' does not match /$pat/"; return 1; fi
+    [[ -z $out ]] || { fail "$name" "unexpected stdout: $out"; return 1; }
+    pass "$name"
+}
+
+# start_daemon LOG ARGS...: start vblkd in the background, wait for its
+# socket (the --socket argument must be given as $tmp/*.sock).
+start_daemon() {
+    local log=$1 sock=""; shift
+    local a prev=""
+    for a in "$@"; do [[ $prev == --socket ]] && sock=$a; prev=$a; done
+    "$VBLKD" "$@" >"$log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do
+        grep -q "serving" "$log" 2>/dev/null && return 0
+        kill -0 "${pids[-1]}" 2>/dev/null || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+truncate -s 16M "$tmp/disk.img"
+
+expect_error missing-socket-flag "missing --socket" --disk "$tmp/disk.img"
+expect_error missing-disk-flag "missing --disk" --socket "$tmp/a.sock"
+expect_error disk-does-not-exist "does not exist.*--disk" --socket "$tmp/a.sock" --disk "$tmp/nope.img"
+[[ -e $tmp/a.sock ]] && fail no-socket-left-behind "socket created despite the error" || pass no-socket-left-behind
+expect_error queues-zero "--queues '0' is not a number from 1" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 0
+expect_error queues-garbage "--queues 'x2'" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues x2
+expect_error block-size-odd "--block-size must be 512 or 4096" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --block-size 1024
+expect_error cache-unknown "--cache 'fast' is not one of" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --cache fast
+expect_error log-level-unknown "--log-level 'loud'" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --log-level loud
+expect_error unknown-flag "unknown option .--frobnicate." --socket "$tmp/a.sock" --disk "$tmp/disk.img" --frobnicate
+expect_error flag-without-value "option .--queues. needs a value" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues
+expect_error stray-argument "unexpected argument 'extra'" --socket "$tmp/a.sock" --disk "$tmp/disk.img" extra
+expect_error serial-too-long "longer than 20 bytes" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --serial 012345678901234567890
+expect_error backend-unknown "unknown backend 'spdk'" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --backend spdk
+: >"$tmp/empty.img"
+expect_error disk-empty "is empty" --socket "$tmp/a.sock" --disk "$tmp/empty.img"
+mkdir "$tmp/dir.img"
+expect_error disk-is-directory "not a regular file or block device" --socket "$tmp/a.sock" --disk "$tmp/dir.img"
+echo keep >"$tmp/notasocket"
+expect_error socket-path-is-a-file "exists and is not a socket" --socket "$tmp/notasocket" --disk "$tmp/disk.img"
+[[ $(cat "$tmp/notasocket") == keep ]] && pass file-at-socket-path-untouched || fail file-at-socket-path-untouched
+expect_error socket-dir-missing "does its directory exist" --socket "$tmp/no/such/dir.sock" --disk "$tmp/disk.img"
+expect_error socket-path-too-long "longer than 107 bytes" --socket "$tmp/$(printf 'x%.0s' {1..120}).sock" --disk "$tmp/disk.img"
+
+# Not writable: run as nobody against a root-owned 0644 disk.
+if command -v setpriv >/dev/null && [[ $(id -u) -eq 0 ]]; then
+    chmod 0777 "$tmp"
+    cp "$tmp/disk.img" "$tmp/ro.img"; chmod 0644 "$tmp/ro.img"
+    rc=0
+    setpriv --reuid=65534 --regid=65534 --clear-groups "$VBLKD" --socket "$tmp/n.sock" \
+        --disk "$tmp/ro.img" 2>"$tmp/err" || rc=$?
+    if ((rc == 1)) && grep -q "is not writable.*--read-only" "$tmp/err" &&
+       [[ $(wc -l <"$tmp/err") -eq 1 && ! -e $tmp/n.sock ]]; then
+        pass disk-not-writable
+    else
+        fail disk-not-writable "rc=$rc: $(cat "$tmp/err")"
+    fi
+    # ... and with --read-only the same user may serve it.
+    if start_daemon "$tmp/ro.log" --socket "$tmp/n2.sock" --disk "$tmp/ro.img" --read-only; then
+        pass read-only-serves-unwritable-disk
+    else
+        fail read-only-serves-unwritable-disk "$(cat "$tmp/ro.log")"
+    fi
+    kill "${pids[-1]}" 2>/dev/null
+else
+    echo "SKIP: disk-not-writable (needs root and setpriv)"
+fi
+
+# A live listener is left alone; the second daemon says so.
+if start_daemon "$tmp/live.log" --socket "$tmp/live.sock" --disk "$tmp/disk.img"; then
+    expect_error socket-in-use "is in use by a running process" --socket "$tmp/live.sock" --disk "$tmp/disk.img"
+    if [[ -S $tmp/live.sock ]] && kill -0 "${pids[-1]}" 2>/dev/null; then
+        pass live-daemon-unharmed
+    else
+        fail live-daemon-unharmed
+    fi
+    # SIGTERM: exit 0, socket removed.
+    kill -TERM "${pids[-1]}"
+    rc=0; wait "${pids[-1]}" || rc=$?
+    if ((rc == 0)) && [[ ! -e $tmp/live.sock ]] && grep -q "exited cleanly" "$tmp/live.log"; then
+        pass sigterm-exits-0-and-removes-socket
+    else
+        fail sigterm-exits-0-and-removes-socket "rc=$rc"
+    fi
+else
+    fail socket-in-use "daemon did not start: $(cat "$tmp/live.log")"
+fi
+
+# A stale socket (nobody listening) is replaced.
+python3 - "$tmp/stale.sock" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1])  # bound, never listening, then closed
+PY
+if [[ -S $tmp/stale.sock ]] && start_daemon "$tmp/stale.log" --socket "$tmp/stale.sock" --disk "$tmp/disk.img" &&
+   grep -q "replacing stale socket" "$tmp/stale.log"; then
+    pass stale-socket-replaced
+else
+    fail stale-socket-replaced "$(cat "$tmp/stale.log" 2>/dev/null)"
+fi
+kill "${pids[-1]}" 2>/dev/null
+
+# Odd-sized image: rounded down with a warning, still served.
+truncate -s $((16 * 1024 * 1024 + 100)) "$tmp/odd.img"
+if start_daemon "$tmp/odd.log" --socket "$tmp/odd.sock" --disk "$tmp/odd.img" &&
+   grep -q "not a multiple of 512" "$tmp/odd.log" && grep -q "16777216 bytes" "$tmp/odd.log"; then
+    pass odd-size-rounded-down
+else
+    fail odd-size-rounded-down "$(cat "$tmp/odd.log")"
+fi
+kill "${pids[-1]}" 2>/dev/null
+
+out=$("$VBLKD" --help) && grep -q -- "--socket PATH" <<<"$out" && pass help || fail help
+out=$("$VBLKD" --version) && grep -qE "^vblkd [0-9]" <<<"$out" && pass version || fail version
+exit 0

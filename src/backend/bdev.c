@@ -10,6 +10,7 @@
 
 static const struct bdev_engine *const engines[] = {
 	&bdev_uring_engine,
+	&bdev_null_engine,
 };
 
 const struct bdev_engine *bdev_engine_find(const char *name)

@@ -31,6 +31,7 @@ struct bdev_opts {
 	bool read_only;
 	enum bdev_cache cache;
 	unsigned block_size;	/* 0: the device's logical size, else 512 */
+	uint64_t size;		/* engines without a disk (null): bytes */
 };
 
 enum bdev_op { BDEV_READ, BDEV_WRITE, BDEV_FLUSH };
@@ -61,6 +62,7 @@ struct bdev_ctx;
 
 struct bdev_engine {
 	const char *name;
+	bool no_disk;		/* needs no file: size comes from bdev_opts */
 	/* Per-iothread instance; depth bounds I/Os in flight.  -errno. */
 	int (*ctx_new)(struct bdev *b, struct loop *l, unsigned depth,
 		       struct bdev_ctx **out);
@@ -95,6 +97,7 @@ void bdev_close(struct bdev *b);
 
 /* Engines. */
 extern const struct bdev_engine bdev_uring_engine;
+extern const struct bdev_engine bdev_null_engine;
 const struct bdev_engine *bdev_engine_find(const char *name);
 
 static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,

@@ -42,9 +42,24 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 	b->fd = -1;
 	b->engine = bdev_engine_find(o->engine);
 	if (!b->engine) {
-		snprintf(err, errlen, "unknown backend '%s': use --backend io_uring",
-			 o->engine);
+		snprintf(err, errlen, "unknown backend '%s': use --backend io_uring "
+			 "or null", o->engine);
 		return -EINVAL;
+	}
+	if (b->engine->no_disk && !o->path) {
+		/* No file at all: the size is all there is. */
+		b->block_size = o->block_size ? o->block_size : 512;
+		b->phys_block_size = b->block_size;
+		b->size = o->size - o->size % b->block_size;
+		b->read_only = o->read_only;
+		b->dio_mem_align = 1;
+		b->path = strdup("(null)");
+		if (!b->size || !b->path) {
+			free(b->path);
+			snprintf(err, errlen, "--size must be at least one block");
+			return -EINVAL;
+		}
+		return 0;
 	}
 	if (stat(o->path, &st) < 0) {
 		r = -errno;

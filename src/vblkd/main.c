@@ -45,7 +45,9 @@ static void usage(FILE *f)
 "                       (default: the device's, 512 for files)\n"
 "  --serial S           serial number (GET_ID), up to 20 bytes\n"
 "                       (default derived from the disk path)\n"
-"  --backend NAME       I/O engine: io_uring (default)\n"
+"  --backend NAME       I/O engine: io_uring (default), or null: no disk,\n"
+"                       completes at once, reads zeroes (for benchmarks)\n"
+"  --size SIZE          null backend without --disk: disk size, e.g. 1G\n"
 "  --log-level L        error, warn, info (default) or debug\n"
 "  --help               show this help\n"
 "  --version            show the version\n"
@@ -77,6 +79,26 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned lo, unsigned
 	if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi)
 		die("%s '%s' is not a number from %u to %u", opt, s, lo, hi);
 	return (unsigned)v;
+}
+
+/* "1G", "512M", "4096": bytes, binary units. */
+static uint64_t parse_size(const char *opt, const char *s)
+{
+	char *end;
+	unsigned long long v;
+	int shift = 0;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	switch (*end) {
+	case 'k': case 'K': shift = 10; end++; break;
+	case 'm': case 'M': shift = 20; end++; break;
+	case 'g': case 'G': shift = 30; end++; break;
+	case 't': case 'T': shift = 40; end++; break;
+	}
+	if (errno || end == s || *end != '\0' || v == 0 || v > (UINT64_MAX >> shift))
+		die("%s '%s' is not a size (e.g. 4096, 512M, 1G)", opt, s);
+	return (uint64_t)v << shift;
 }
 
 /* Default serial: stable for a given disk path, distinct across paths. */
@@ -134,6 +156,7 @@ int main(int argc, char **argv)
 		{ "block-size", required_argument, NULL, 'b' },
 		{ "serial", required_argument, NULL, 'S' },
 		{ "backend", required_argument, NULL, 'B' },
+		{ "size", required_argument, NULL, 'z' },
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -179,6 +202,7 @@ int main(int argc, char **argv)
 			ko.serial = optarg;
 			break;
 		case 'B': bo.engine = optarg; break;
+		case 'z': bo.size = parse_size("--size", optarg); break;
 		case 'l':
 			r = log_parse_level(optarg);
 			if (r < 0)
@@ -199,10 +223,14 @@ int main(int argc, char **argv)
 		die("unexpected argument '%s'; see vblkd --help", argv[optind]);
 	if (!sock)
 		die("missing --socket PATH: the unix socket QEMU connects to");
-	if (!bo.path)
+	if (!bo.path && !(bo.engine && !strcmp(bo.engine, "null")))
 		die("missing --disk FILE: the image file or block device to serve");
+	if (bo.size && bo.path)
+		die("--size is for the null backend without --disk; the disk has its own size");
+	if (!bo.path && !bo.size)
+		bo.size = 1ull << 30;
 	if (!ko.serial) {
-		default_serial(bo.path, serial, sizeof(serial));
+		default_serial(bo.path ? bo.path : "null", serial, sizeof(serial));
 		ko.serial = serial;
 	}
 
@@ -237,9 +265,9 @@ int main(int argc, char **argv)
 	if (r < 0)
 		goto err_loop;
 
-	log_info("serving %s (%llu bytes, %u-byte blocks, %s%s, %u queue%s) on %s",
-		 b.path, (unsigned long long)b.size, b.block_size,
-		 b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
+	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s) on %s",
+		 b.path, (unsigned long long)b.size, b.block_size, b.engine->name,
+		 b.fd < 0 ? "no file" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
 		 ko.num_queues, ko.num_queues > 1 ? "s" : "", sock);
 
 	r = loop_run(v.loop);
@@ -247,7 +275,7 @@ int main(int argc, char **argv)
 	vu_server_free(srv);
 	log_stats(&v);
 	blk_dev_free(v.dev);
-	if (!b.read_only && fdatasync(b.fd) < 0)
+	if (!b.read_only && b.fd >= 0 && fdatasync(b.fd) < 0)
 		log_err("final fdatasync of %s failed: %s", b.path, strerror(errno));
 	bdev_close(&b);
 	loop_free(v.loop);

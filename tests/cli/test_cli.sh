@@ -142,4 +142,15 @@ kill "${pids[-1]}" 2>/dev/null
 
 out=$("$VBLKD" --help) && grep -q -- "--socket PATH" <<<"$out" && pass help || fail help
 out=$("$VBLKD" --version) && grep -qE "^vblkd [0-9]" <<<"$out" && pass version || fail version
+
+expect_error size-with-disk "--size is for the null backend" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --size 1G
+expect_error size-garbage "--size .1Q. is not a size" --socket "$tmp/a.sock" --backend null --size 1Q
+if start_daemon "$tmp/null.log" --socket "$tmp/null.sock" --backend null --size 2G &&
+   grep -q "2147483648 bytes.*null" "$tmp/null.log"; then
+    pass null-backend-without-disk
+else
+    fail null-backend-without-disk "$(cat "$tmp/null.log")"
+fi
+kill -TERM "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
+grep -q "error" "$tmp/null.log" && fail null-backend-clean-exit "$(grep error "$tmp/null.log")" || pass null-backend-clean-exit
 exit 0

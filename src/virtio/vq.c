@@ -79,7 +79,9 @@ bool vq_avail_pending(struct vq *vq)
 static int walk_chain(struct vq *vq, struct vq_elem *e)
 {
 	const struct vring_desc *table = vq->desc;
-	unsigned max = vq->num, hops = 0, i = e->head;
+	/* max_hops bounds the walk (loops); limit bounds indices.  They
+	 * differ for indirect tables longer than VQ_MAX_SEGS. */
+	unsigned max_hops = vq->num, limit = vq->num, hops = 0, i = e->head;
 	bool in_indirect = false, seen_write = false;
 	const char *err = NULL;
 	unsigned niov = 0;
@@ -92,7 +94,7 @@ static int walk_chain(struct vq *vq, struct vq_elem *e)
 	for (;;) {
 		void *host = NULL;
 
-		if (unlikely(++hops > max)) {
+		if (unlikely(++hops > max_hops)) {
 			bad_chain(vq, "descriptor loop", e->head);
 			return -EINVAL;
 		}
@@ -118,13 +120,22 @@ static int walk_chain(struct vq *vq, struct vq_elem *e)
 			}
 			n = d.len / sizeof(struct vring_desc);
 			table = gm_gpa_to_host(vq->mem, d.addr, d.len);
-			if (unlikely(!table || ((uintptr_t)table & 7))) {
+			if (unlikely(!table)) {
 				bad_chain(vq, "indirect table outside guest memory",
 					  e->head);
 				return -EINVAL;
 			}
+			/* Descriptors are read with aligned single loads. */
+			if (unlikely((uintptr_t)table & 7)) {
+				bad_chain(vq, "indirect table not 8-byte aligned", e->head);
+				return -EINVAL;
+			}
 			in_indirect = true;
-			max = n > VQ_MAX_SEGS ? VQ_MAX_SEGS + 1 : (unsigned)n;
+			/* A table has at most 65536 reachable entries (next is
+			 * 16 bits); walking more than VQ_MAX_SEGS + 1 of them
+			 * already means failure. */
+			limit = n > 65536 ? 65536 : (unsigned)n;
+			max_hops = MIN(limit, VQ_MAX_SEGS + 1);
 			hops = 0;
 			i = 0;
 			continue;
@@ -158,7 +169,7 @@ static int walk_chain(struct vq *vq, struct vq_elem *e)
 		}
 		if (!(d.flags & VRING_DESC_F_NEXT))
 			break;
-		if (unlikely(d.next >= max)) {
+		if (unlikely(d.next >= limit)) {
 			bad_chain(vq, "next index out of range", e->head);
 			return -EINVAL;
 		}

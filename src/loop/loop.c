@@ -45,7 +45,8 @@ struct loop {
 	int wake_fd;			/* eventfd: stop and cross-thread calls */
 	struct loop_fd *wake_h;
 	atomic_bool stop;
-	pthread_t thread;		/* valid while running */
+	pthread_t thread;		/* set by the loop thread itself in loop_run */
+	pthread_t joiner_tid;		/* loop_thread_start's handle, for join only */
 	atomic_bool running;
 	bool has_thread;		/* started by loop_thread_start */
 	bool accepting;			/* calls are queued, under call_lock */
@@ -335,7 +336,9 @@ int loop_thread_start(struct loop *l)
 	pthread_mutex_lock(&l->call_lock);
 	l->accepting = true;
 	pthread_mutex_unlock(&l->call_lock);
-	r = pthread_create(&l->thread, NULL, loop_thread_main, l);
+	/* Into a field only the starting thread uses: the new thread sets
+	 * l->thread itself, so nobody reads a half-written id. */
+	r = pthread_create(&l->joiner_tid, NULL, loop_thread_main, l);
 	if (r) {
 		l->has_thread = false;
 		pthread_mutex_lock(&l->call_lock);
@@ -343,7 +346,7 @@ int loop_thread_start(struct loop *l)
 		pthread_mutex_unlock(&l->call_lock);
 		return -r;
 	}
-	pthread_setname_np(l->thread, l->name);
+	pthread_setname_np(l->joiner_tid, l->name);
 	return 0;
 }
 
@@ -352,6 +355,6 @@ void loop_thread_join(struct loop *l)
 	if (!l->has_thread)
 		return;
 	loop_stop(l);
-	pthread_join(l->thread, NULL);
+	pthread_join(l->joiner_tid, NULL);
 	l->has_thread = false;
 }

@@ -7,6 +7,7 @@
 #include "vhost/vu.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -656,8 +657,10 @@ static int vu_send(struct vu_server *s, struct vu_msg *m)
 	ssize_t n;
 
 	m->hdr.flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK;
+	/* Never block the main thread on a frontend that does not read its
+	 * replies: a full socket buffer is a protocol failure. */
 	do
-		n = sendmsg(s->conn_fd, &mh, MSG_NOSIGNAL);
+		n = sendmsg(s->conn_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 	while (n < 0 && errno == EINTR);
 	if (n != (ssize_t)len) {
 		log_err("sending %s reply failed: %s", vu_req_name(m->hdr.request),
@@ -667,9 +670,38 @@ static int vu_send(struct vu_server *s, struct vu_msg *m)
 	return 0;
 }
 
+/* Read exactly len bytes before deadline_ns.  Returns 0 or VU_MALFORMED
+ * (timeout, close or error mid-message). */
+static int vu_recv_rest(int fd, void *buf, size_t len, uint64_t deadline_ns)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		uint64_t now = sys_now_ns();
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		ssize_t n;
+
+		if (now >= deadline_ns)
+			return VU_MALFORMED;
+		if (poll(&p, 1, (int)((deadline_ns - now) / 1000000 + 1)) <= 0)
+			continue;
+		n = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
+		if (n == 0)
+			return VU_MALFORMED;
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				continue;
+			return VU_MALFORMED;
+		}
+		got += (size_t)n;
+	}
+	return 0;
+}
+
 /*
- * Read one message: header (with any fds), then the payload.  Returns 0,
- * -ECONNRESET on orderly close, VU_MALFORMED, or -errno.
+ * Read one message: header (with any fds), then the payload, all of it
+ * within VU_RECV_TIMEOUT_S of its first byte.  Returns 0, -ECONNRESET on
+ * orderly close, VU_MALFORMED, or -errno.
  */
 static int vu_recv(int fd, struct vu_msg *m)
 {
@@ -680,17 +712,19 @@ static int vu_recv(int fd, struct vu_msg *m)
 		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
 	};
 	struct cmsghdr *cm;
+	uint64_t deadline;
 	ssize_t n;
 	size_t got;
 
 	m->nfds = 0;
 	do
-		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	while (n < 0 && errno == EINTR);
 	if (n == 0)
 		return -ECONNRESET;
 	if (n < 0)
-		return -errno;
+		return errno == EAGAIN ? -EAGAIN : -errno;
+	deadline = sys_now_ns() + VU_RECV_TIMEOUT_S * 1000000000ull;
 	for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
 		size_t nfd;
 
@@ -712,10 +746,11 @@ static int vu_recv(int fd, struct vu_msg *m)
 		return VU_MALFORMED;
 	}
 	got = (size_t)n;
-	if (got < sizeof(m->hdr)) {
-		n = recv(fd, (char *)&m->hdr + got, sizeof(m->hdr) - got, MSG_WAITALL);
-		if (n != (ssize_t)(sizeof(m->hdr) - got))
-			return VU_MALFORMED;
+	if (got < sizeof(m->hdr) &&
+	    vu_recv_rest(fd, (char *)&m->hdr + got, sizeof(m->hdr) - got, deadline) < 0) {
+		log_err("message header truncated or not finished in %d s",
+			VU_RECV_TIMEOUT_S);
+		return VU_MALFORMED;
 	}
 	if ((m->hdr.flags & VHOST_USER_VERSION_MASK) != VHOST_USER_VERSION) {
 		log_err("message with protocol version %u (want %u)",
@@ -727,13 +762,10 @@ static int vu_recv(int fd, struct vu_msg *m)
 			vu_req_name(m->hdr.request), m->hdr.size);
 		return VU_MALFORMED;
 	}
-	if (m->hdr.size) {
-		n = recv(fd, &m->p, m->hdr.size, MSG_WAITALL);
-		if (n != (ssize_t)m->hdr.size) {
-			log_err("%s: payload truncated (%zd of %u bytes)",
-				vu_req_name(m->hdr.request), n, m->hdr.size);
-			return VU_MALFORMED;
-		}
+	if (m->hdr.size && vu_recv_rest(fd, &m->p, m->hdr.size, deadline) < 0) {
+		log_err("%s: payload of %u bytes truncated or not finished in %d s",
+			vu_req_name(m->hdr.request), m->hdr.size, VU_RECV_TIMEOUT_S);
+		return VU_MALFORMED;
 	}
 	return 0;
 }
@@ -820,6 +852,8 @@ static void vu_conn_cb(void *opaque, uint32_t events)
 	int r;
 
 	r = vu_recv(s->conn_fd, &m);
+	if (r == -EAGAIN)
+		return;
 	if (r == 0)
 		r = vu_dispatch(s, &m);
 	else
@@ -837,7 +871,6 @@ static void vu_conn_cb(void *opaque, uint32_t events)
 static void vu_listen_cb(void *opaque, uint32_t events)
 {
 	struct vu_server *s = opaque;
-	struct timeval tv = { .tv_sec = VU_RECV_TIMEOUT_S };
 	int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
 
 	if (fd < 0) {
@@ -845,8 +878,6 @@ static void vu_listen_cb(void *opaque, uint32_t events)
 			log_err("accept: %s", strerror(errno));
 		return;
 	}
-	/* A frontend that stalls mid-message must not hang the main thread. */
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (loop_fd_add(s->loop, fd, EPOLLIN, vu_conn_cb, s, &s->conn_h) < 0) {
 		close(fd);
 		return;

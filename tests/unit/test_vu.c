@@ -1,0 +1,1018 @@
+/*
+ * Description: the vhost-user server (vu_) against a scripted frontend on a
+ * real unix socket: replies and acks, malformed messages (disconnect, fds
+ * closed, next frontend served), ring start/stop and config space.
+ *
+ * The server runs on a loop thread; this thread is the frontend and talks
+ * to it only over the socket.  The fake device's callbacks run on the loop
+ * thread and record what they saw under fake.lock; a round trip (a reply
+ * or an ack) orders them before the test reads the record.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#include "loop/loop.h"
+#include "mem/gm.h"
+#include "util/log.h"
+#include "vhost/vhost_user.h"
+#include "vhost/vu.h"
+
+/* Longer than the server's own 5 s receive timeout, so the stall case sees
+ * the server give up before we do. */
+#define CLIENT_TIMEOUT_S 10
+
+#define FL	VHOST_USER_VERSION
+#define FL_ACK	(VHOST_USER_VERSION | VHOST_USER_NEED_REPLY_MASK)
+#define FL_REPLY (VHOST_USER_VERSION | VHOST_USER_REPLY_MASK)
+
+#define GUEST_QVA	0x10000000ull
+#define GUEST_SIZE	(1u << 20)
+#define RING_NUM	8
+#define STOP_AVAIL	42
+
+#define DEV_FEATURES	(1ull << VIRTIO_F_VERSION_1 | 1ull << VIRTIO_RING_F_EVENT_IDX | \
+			 1ull << VIRTIO_RING_F_INDIRECT_DESC | 1ull << 9 /* FLUSH */)
+#define ALL_FEATURES	(DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES)
+
+/* ---- Fake device ---- */
+
+struct fake_calls {
+	unsigned nstart, nstop, nenable, nset_features, nset_config, nset_fds;
+	unsigned start_idx, stop_idx, enable_idx;
+	struct vu_queue_setup setup;	/* from the last queue_start */
+	uint64_t kick_value;		/* read from setup.kick_fd in queue_start */
+	bool enabled;
+	uint64_t features;		/* last set_features */
+	uint64_t features_seen;		/* every set_features, ORed */
+	uint32_t config_off, config_len;
+	uint8_t config_byte;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct fake_calls c;		/* loop thread writes, test reads */
+} fake = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static uint8_t config_pattern(uint32_t off)
+{
+	return (uint8_t)(off * 7 + 0x31);
+}
+
+static uint64_t fake_features(void *dev)
+{
+	return DEV_FEATURES;
+}
+
+static unsigned fake_num_queues(void *dev)
+{
+	return 2;
+}
+
+static void fake_get_config(void *dev, uint32_t off, uint8_t *buf, uint32_t len)
+{
+	for (uint32_t i = 0; i < len; i++)
+		buf[i] = config_pattern(off + i);
+}
+
+/* Only one writable byte, at 32 (virtio-blk's writeback). */
+static int fake_set_config(void *dev, uint32_t off, const uint8_t *buf, uint32_t len)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nset_config++;
+	fake.c.config_off = off;
+	fake.c.config_len = len;
+	fake.c.config_byte = len ? buf[0] : 0;
+	pthread_mutex_unlock(&fake.lock);
+	return off == 32 && len == 1 ? 0 : -EPERM;
+}
+
+static void fake_set_features(void *dev, uint64_t features)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nset_features++;
+	fake.c.features = features;
+	fake.c.features_seen |= features;
+	pthread_mutex_unlock(&fake.lock);
+}
+
+static int fake_queue_start(void *dev, unsigned idx, const struct vu_queue_setup *s)
+{
+	uint64_t v = 0;
+
+	/* The test wrote a known value into its kick eventfd: reading it back
+	 * proves we were handed that very fd.  Signal call the same way. */
+	if (read(s->kick_fd, &v, sizeof(v)) != sizeof(v))
+		v = 0;
+	if (s->call_fd >= 0)
+		(void)!write(s->call_fd, &(uint64_t){ 1 }, sizeof(uint64_t));
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nstart++;
+	fake.c.start_idx = idx;
+	fake.c.setup = *s;
+	fake.c.kick_value = v;
+	fake.c.enabled = s->enabled;
+	pthread_mutex_unlock(&fake.lock);
+	return 0;
+}
+
+static uint16_t fake_queue_stop(void *dev, unsigned idx)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nstop++;
+	fake.c.stop_idx = idx;
+	pthread_mutex_unlock(&fake.lock);
+	return STOP_AVAIL;
+}
+
+static void fake_queue_set_fds(void *dev, unsigned idx, int call_fd, int err_fd)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nset_fds++;
+	pthread_mutex_unlock(&fake.lock);
+}
+
+static void fake_queue_set_enable(void *dev, unsigned idx, bool enabled)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nenable++;
+	fake.c.enable_idx = idx;
+	fake.c.enabled = enabled;
+	pthread_mutex_unlock(&fake.lock);
+}
+
+static const struct vu_dev_ops fake_ops = {
+	.features = fake_features,
+	.num_queues = fake_num_queues,
+	.get_config = fake_get_config,
+	.set_config = fake_set_config,
+	.set_features = fake_set_features,
+	.queue_start = fake_queue_start,
+	.queue_stop = fake_queue_stop,
+	.queue_set_fds = fake_queue_set_fds,
+	.queue_set_enable = fake_queue_set_enable,
+};
+
+static struct fake_calls fake_get(void)
+{
+	struct fake_calls c;
+
+	pthread_mutex_lock(&fake.lock);
+	c = fake.c;
+	pthread_mutex_unlock(&fake.lock);
+	return c;
+}
+
+static void fake_reset(void)
+{
+	pthread_mutex_lock(&fake.lock);
+	memset(&fake.c, 0, sizeof(fake.c));
+	pthread_mutex_unlock(&fake.lock);
+}
+
+/* ---- Frontend side ---- */
+
+static char sock_dir[] = "/tmp/test_vu.XXXXXX";
+static char sock_path[108];
+static struct loop *loop;
+static struct vu_server *srv;
+
+/* Send a header and len payload bytes (len may differ from h->size, to
+ * lie about the size) with nfds fds, in one sendmsg. */
+static void send_raw(int c, const struct vhost_user_hdr *h, const void *p, size_t len,
+		     const int *fds, unsigned nfds)
+{
+	char cbuf[CMSG_SPACE(16 * sizeof(int))] = { 0 };
+	struct iovec iov[2] = {
+		{ (void *)h, sizeof(*h) },
+		{ (void *)p, len },
+	};
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = len ? 2 : 1 };
+	ssize_t n;
+
+	if (nfds > 16)
+		T_FAIL("send_raw: %u fds is more than the helper carries", nfds);
+	if (nfds) {
+		struct cmsghdr *cm;
+
+		mh.msg_control = cbuf;
+		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+		cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+	}
+	n = sendmsg(c, &mh, MSG_NOSIGNAL);
+	if (n != (ssize_t)(sizeof(*h) + len))
+		T_FAIL("sendmsg of request %u: %zd (%s)", h->request, n,
+		       n < 0 ? strerror(errno) : "short");
+}
+
+static void send_msg(int c, uint32_t req, uint32_t flags, const void *p, uint32_t size,
+		     const int *fds, unsigned nfds)
+{
+	struct vhost_user_hdr h = { .request = req, .flags = flags, .size = size };
+
+	send_raw(c, &h, p, size, fds, nfds);
+}
+
+static void recv_all(int c, void *buf, size_t len, const char *what)
+{
+	ssize_t n = recv(c, buf, len, MSG_WAITALL);
+
+	if (n < 0)
+		T_FAIL("no %s within %d s: %s", what, CLIENT_TIMEOUT_S, strerror(errno));
+	if (n != (ssize_t)len)
+		T_FAIL("%s: got %zd of %zu bytes (server disconnected?)", what, n, len);
+}
+
+/* Read one reply to req; checks the header and returns the payload size. */
+static uint32_t recv_reply(int c, uint32_t req, void *p, size_t max)
+{
+	struct vhost_user_hdr h;
+
+	recv_all(c, &h, sizeof(h), "reply header");
+	ASSERT_EQ(h.request, req);
+	ASSERT_EQ(h.flags, FL_REPLY);
+	if (h.size > max)
+		T_FAIL("reply to %u has %u bytes, expected at most %zu", req, h.size, max);
+	recv_all(c, p, h.size, "reply payload");
+	return h.size;
+}
+
+static uint64_t get_u64(int c, uint32_t req)
+{
+	uint64_t v = 0;
+
+	send_msg(c, req, FL, NULL, 0, NULL, 0);
+	ASSERT_EQ(recv_reply(c, req, &v, sizeof(v)), sizeof(v));
+	return v;
+}
+
+/* Send with need_reply; returns the ack (0 success). */
+static uint64_t send_acked(int c, uint32_t req, const void *p, uint32_t size,
+			   const int *fds, unsigned nfds)
+{
+	uint64_t ack = 0xdead;
+
+	send_msg(c, req, FL_ACK, p, size, fds, nfds);
+	ASSERT_EQ(recv_reply(c, req, &ack, sizeof(ack)), sizeof(ack));
+	return ack;
+}
+
+static void send_u64(int c, uint32_t req, uint64_t v, const int *fds, unsigned nfds)
+{
+	send_msg(c, req, FL, &v, sizeof(v), fds, nfds);
+}
+
+static void send_state(int c, uint32_t req, uint32_t index, uint32_t num)
+{
+	struct vhost_vring_state st = { index, num };
+
+	send_msg(c, req, FL, &st, sizeof(st), NULL, 0);
+}
+
+/* A GET_FEATURES round trip: everything sent before has been handled. */
+static void barrier(int c)
+{
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_FEATURES), ALL_FEATURES);
+}
+
+/* Connect and wait until we are the frontend being served: the previous
+ * one is then fully disconnected and its device calls are over. */
+static int conn_open(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = CLIENT_TIMEOUT_S };
+	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ASSERT_TRUE(c >= 0);
+	strcpy(sa.sun_path, sock_path);
+	if (connect(c, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		T_FAIL("connect %s: %s", sock_path, strerror(errno));
+	ASSERT_EQ(setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+	ASSERT_EQ(setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)), 0);
+	barrier(c);
+	return c;
+}
+
+/* The server dropped us: EOF, not a reply and not a timeout. */
+static void expect_disconnect(int c)
+{
+	char b;
+	ssize_t n = recv(c, &b, 1, 0);
+
+	if (n < 0)
+		T_FAIL("expected EOF from the server, recv failed: %s", strerror(errno));
+	ASSERT_EQ(n, 0);
+	close(c);
+}
+
+/* The daemon keeps serving: a new frontend gets GET_FEATURES answered. */
+static void expect_next_served(void)
+{
+	close(conn_open());
+}
+
+static void negotiate_reply_ack(int c)
+{
+	send_u64(c, VHOST_USER_SET_PROTOCOL_FEATURES,
+		 1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK, NULL, 0);
+}
+
+static int guest_memfd(size_t size)
+{
+	int fd = memfd_create("guest", MFD_CLOEXEC);
+
+	ASSERT_TRUE(fd >= 0);
+	ASSERT_EQ(ftruncate(fd, (off_t)size), 0);
+	return fd;
+}
+
+static int test_eventfd(uint64_t initial)
+{
+	int fd = eventfd((unsigned)initial, EFD_CLOEXEC | EFD_NONBLOCK);
+
+	ASSERT_TRUE(fd >= 0);
+	return fd;
+}
+
+/* SET_MEM_TABLE with one region: gpa 0, GUEST_SIZE bytes at GUEST_QVA. */
+static void send_mem_table(int c, int memfd, uint64_t mmap_offset, uint32_t flags)
+{
+	struct vhost_user_memory m = {
+		.nregions = 1,
+		.regions[0] = {
+			.guest_phys_addr = 0,
+			.memory_size = GUEST_SIZE,
+			.userspace_addr = GUEST_QVA,
+			.mmap_offset = mmap_offset,
+		},
+	};
+
+	send_msg(c, VHOST_USER_SET_MEM_TABLE, flags, &m,
+		 offsetof(struct vhost_user_memory, regions) + sizeof(m.regions[0]),
+		 &memfd, 1);
+}
+
+static struct vhost_vring_addr ring_addr(unsigned idx, uint64_t base)
+{
+	struct vhost_vring_addr a = {
+		.index = idx,
+		.desc_user_addr = base,
+		.avail_user_addr = base + 0x1000,
+		.used_user_addr = base + 0x2000,
+	};
+
+	return a;
+}
+
+/* Open fds in this process (the server runs in it too).  Counted while
+ * connected, since only then do we know the server's state: once the
+ * server drops us, our socket and its end are gone, nothing else. */
+#define CONN_FDS 2
+static unsigned count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	unsigned n = 0;
+
+	ASSERT_TRUE(d != NULL);
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---- Replies ---- */
+
+/* GET_FEATURES: device bits plus PROTOCOL_FEATURES, reply flags, size 8. */
+static void test_get_features_reply(void)
+{
+	int c = conn_open();
+	uint64_t v = 0;
+
+	send_msg(c, VHOST_USER_GET_FEATURES, FL, NULL, 0, NULL, 0);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_GET_FEATURES, &v, sizeof(v)), 8);
+	ASSERT_EQ(v, DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES);
+	close(c);
+}
+
+/* GET_PROTOCOL_FEATURES, GET_QUEUE_NUM and GET_MAX_MEM_SLOTS values. */
+static void test_get_protocol_features_queue_num_mem_slots(void)
+{
+	int c = conn_open();
+
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_PROTOCOL_FEATURES),
+		  1ull << VHOST_USER_PROTOCOL_F_MQ |
+		  1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
+		  1ull << VHOST_USER_PROTOCOL_F_CONFIG |
+		  1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_QUEUE_NUM), 2);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_MAX_MEM_SLOTS), GM_MAX_REGIONS);
+	close(c);
+}
+
+/* ---- REPLY_ACK ---- */
+
+/* With REPLY_ACK, need_reply on a good message gets ack 0. */
+static void test_reply_ack_success_is_zero(void)
+{
+	int c = conn_open();
+	uint64_t f = DEV_FEATURES;
+
+	negotiate_reply_ack(c);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_OWNER, NULL, 0, NULL, 0), 0);
+	close(c);
+}
+
+/* Unknown request with need_reply: nonzero ack, connection stays up. */
+static void test_unknown_request_nacked_connection_stays(void)
+{
+	int c = conn_open();
+
+	negotiate_reply_ack(c);
+	ASSERT_NE(send_acked(c, 200, NULL, 0, NULL, 0), 0);
+	barrier(c);
+	close(c);
+}
+
+/* Unknown request without need_reply: no reply at all, connection stays
+ * up (the next reply we read is GET_FEATURES'). */
+static void test_unknown_request_ignored_without_need_reply(void)
+{
+	int c = conn_open();
+	uint64_t junk = 0x1234;
+
+	negotiate_reply_ack(c);
+	send_msg(c, 200, FL, &junk, sizeof(junk), NULL, 0);
+	barrier(c);
+	close(c);
+}
+
+/* need_reply before REPLY_ACK is negotiated: no ack is sent. */
+static void test_need_reply_ignored_without_reply_ack(void)
+{
+	int c = conn_open();
+	uint64_t f = DEV_FEATURES;
+
+	send_msg(c, VHOST_USER_SET_FEATURES, FL_ACK, &f, sizeof(f), NULL, 0);
+	send_msg(c, 200, FL_ACK, NULL, 0, NULL, 0);
+	barrier(c);
+	close(c);
+}
+
+/* ---- Malformed messages: disconnect, then serve the next frontend ---- */
+
+/* SET_FEATURES with a 4-byte payload. */
+static void test_set_features_short_payload_disconnects(void)
+{
+	int c = conn_open();
+	uint32_t v = 1;
+
+	send_msg(c, VHOST_USER_SET_FEATURES, FL, &v, sizeof(v), NULL, 0);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* A header announcing 4096 payload bytes (more than any message) is
+ * refused before the payload is read, so we send none. */
+static void test_oversized_payload_disconnects(void)
+{
+	struct vhost_user_hdr h = { VHOST_USER_SET_FEATURES, FL, 4096 };
+	int c = conn_open();
+
+	send_raw(c, &h, NULL, 0, NULL, 0);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* Version bits other than 1 in flags. */
+static void test_bad_version_disconnects(void)
+{
+	static const uint32_t flags[] = { 0, 2, 3, VHOST_USER_REPLY_MASK };
+
+	for (unsigned i = 0; i < ARRAY_SIZE(flags); i++) {
+		int c = conn_open();
+
+		send_msg(c, VHOST_USER_GET_FEATURES, flags[i], NULL, 0, NULL, 0);
+		expect_disconnect(c);
+	}
+	expect_next_served();
+}
+
+/* SET_VRING_NUM with 0, a non-power of two, and more than 32768. */
+static void test_vring_num_out_of_range_disconnects(void)
+{
+	static const uint32_t nums[] = { 0, 3, 65536 };
+
+	for (unsigned i = 0; i < ARRAY_SIZE(nums); i++) {
+		int c = conn_open();
+
+		send_state(c, VHOST_USER_SET_VRING_NUM, 0, nums[i]);
+		expect_disconnect(c);
+	}
+	expect_next_served();
+}
+
+/* SET_VRING_NUM on ring 2 of a 2-ring device (and a huge index). */
+static void test_vring_index_out_of_range_disconnects(void)
+{
+	static const uint32_t idx[] = { 2, 0xffffffff };
+
+	for (unsigned i = 0; i < ARRAY_SIZE(idx); i++) {
+		int c = conn_open();
+
+		send_state(c, VHOST_USER_SET_VRING_NUM, idx[i], RING_NUM);
+		expect_disconnect(c);
+	}
+	expect_next_served();
+}
+
+/* SET_VRING_KICK with an fd and the NOFD bit. */
+static void test_vring_kick_fd_with_nofd_disconnects(void)
+{
+	int c = conn_open();
+	int kick = test_eventfd(0);
+
+	send_u64(c, VHOST_USER_SET_VRING_KICK, VHOST_USER_VRING_NOFD_MASK, &kick, 1);
+	close(kick);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* SET_VRING_KICK with neither an fd nor the NOFD bit. */
+static void test_vring_kick_no_fd_without_nofd_disconnects(void)
+{
+	int c = conn_open();
+
+	send_u64(c, VHOST_USER_SET_VRING_KICK, 0, NULL, 0);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* SET_MEM_TABLE with 2 regions but 1 fd. */
+static void test_mem_table_fd_count_mismatch_disconnects(void)
+{
+	struct vhost_user_memory m = {
+		.nregions = 2,
+		.regions = {
+			{ 0, GUEST_SIZE, GUEST_QVA, 0 },
+			{ GUEST_SIZE, GUEST_SIZE, GUEST_QVA + GUEST_SIZE, GUEST_SIZE },
+		},
+	};
+	int c = conn_open();
+	int fd = guest_memfd(2 * GUEST_SIZE);
+
+	send_msg(c, VHOST_USER_SET_MEM_TABLE, FL, &m,
+		 offsetof(struct vhost_user_memory, regions) + 2 * sizeof(m.regions[0]),
+		 &fd, 1);
+	close(fd);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* SET_MEM_TABLE claiming 9 regions (the limit is 8), with a full 8-region
+ * payload and 8 fds so only the count is wrong. */
+static void test_mem_table_nine_regions_disconnects(void)
+{
+	struct vhost_user_memory m = { .nregions = 9 };
+	int fds[8];
+	int c = conn_open();
+
+	for (unsigned i = 0; i < 8; i++) {
+		m.regions[i] = (struct vhost_user_mem_region){
+			i * GUEST_SIZE, GUEST_SIZE, GUEST_QVA + i * GUEST_SIZE, 0 };
+		fds[i] = guest_memfd(GUEST_SIZE);
+	}
+	send_msg(c, VHOST_USER_SET_MEM_TABLE, FL, &m, sizeof(m), fds, 8);
+	for (unsigned i = 0; i < 8; i++)
+		close(fds[i]);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* A region whose memfd is shorter than mmap_offset + memory_size (a
+ * mapping that would SIGBUS). */
+static void test_mem_table_region_beyond_memfd_disconnects(void)
+{
+	int c = conn_open();
+	int fd = guest_memfd(GUEST_SIZE);
+
+	send_mem_table(c, fd, 4096, FL);
+	close(fd);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* SET_FEATURES acking a bit that was not offered (ACCESS_PLATFORM). */
+static void test_set_features_unoffered_bit_disconnects(void)
+{
+	int c = conn_open();
+
+	fake_reset();
+	send_u64(c, VHOST_USER_SET_FEATURES, DEV_FEATURES | 1ull << 33, NULL, 0);
+	expect_disconnect(c);
+	expect_next_served();
+	/* The bad ack never reached the device. */
+	ASSERT_EQ(fake_get().features_seen, 0);
+}
+
+/* GET_CONFIG with offset + size past 256 (and one that would wrap). */
+static void test_get_config_past_end_disconnects(void)
+{
+	static const uint32_t off[] = { 250, 0xfffffff8 };
+
+	for (unsigned i = 0; i < ARRAY_SIZE(off); i++) {
+		struct vhost_user_config cfg = { .offset = off[i], .size = 10 };
+		int c = conn_open();
+
+		send_msg(c, VHOST_USER_GET_CONFIG, FL, &cfg,
+			 VHOST_USER_CONFIG_HDR_SIZE + cfg.size, NULL, 0);
+		expect_disconnect(c);
+	}
+	expect_next_served();
+}
+
+/* GET_CONFIG whose hdr.size is not 12 + size. */
+static void test_get_config_size_mismatch_disconnects(void)
+{
+	struct vhost_user_config cfg = { .offset = 0, .size = 60 };
+	int c = conn_open();
+
+	send_msg(c, VHOST_USER_GET_CONFIG, FL, &cfg, VHOST_USER_CONFIG_HDR_SIZE + 8,
+		 NULL, 0);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* Valid memory table and ring size, then ring addresses outside it. */
+static void test_vring_addr_outside_memory_disconnects(void)
+{
+	int c = conn_open();
+	int fd = guest_memfd(GUEST_SIZE);
+	struct vhost_vring_addr a = ring_addr(0, GUEST_QVA + 2 * GUEST_SIZE);
+
+	send_mem_table(c, fd, 0, FL);
+	close(fd);
+	send_state(c, VHOST_USER_SET_VRING_NUM, 0, RING_NUM);
+	barrier(c);	/* both accepted: the address is what gets us dropped */
+	send_msg(c, VHOST_USER_SET_VRING_ADDR, FL, &a, sizeof(a), NULL, 0);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* Same, with the descriptor table straddling the end of the region: the
+ * whole range is checked, not just its start. */
+static void test_vring_addr_straddling_region_end_disconnects(void)
+{
+	int c = conn_open();
+	int fd = guest_memfd(GUEST_SIZE);
+	struct vhost_vring_addr a = ring_addr(0, GUEST_QVA);
+
+	a.desc_user_addr = GUEST_QVA + GUEST_SIZE - 64;	/* table is 128 bytes */
+	send_mem_table(c, fd, 0, FL);
+	close(fd);
+	send_state(c, VHOST_USER_SET_VRING_NUM, 0, RING_NUM);
+	barrier(c);	/* both accepted */
+	send_msg(c, VHOST_USER_SET_VRING_ADDR, FL, &a, sizeof(a), NULL, 0);
+	expect_disconnect(c);
+	expect_next_served();
+}
+
+/* ---- Fds on malformed messages are closed by the server ---- */
+
+/* GET_FEATURES carrying an fd: malformed, and the fd does not leak. */
+static void test_extra_fd_closed_on_disconnect(void)
+{
+	int c = conn_open();
+	unsigned before = count_fds();
+	int fd = test_eventfd(0);
+
+	send_msg(c, VHOST_USER_GET_FEATURES, FL, NULL, 0, &fd, 1);
+	close(fd);
+	expect_disconnect(c);
+	ASSERT_EQ(count_fds(), before - CONN_FDS);
+	expect_next_served();
+}
+
+/* An fd on a message refused while reading it (bad version) and more fds
+ * than a message may carry (9 > 8): none leak. */
+static void test_fds_closed_on_recv_errors(void)
+{
+	struct vhost_user_hdr h = { VHOST_USER_GET_FEATURES, 2, 0 };
+	int fds[9];
+	int c = conn_open();
+	unsigned before = count_fds();
+
+	fds[0] = test_eventfd(0);
+	send_raw(c, &h, NULL, 0, fds, 1);
+	close(fds[0]);
+	expect_disconnect(c);
+	ASSERT_EQ(count_fds(), before - CONN_FDS);
+
+	c = conn_open();
+	before = count_fds();
+	for (unsigned i = 0; i < 9; i++)
+		fds[i] = test_eventfd(0);
+	send_msg(c, VHOST_USER_GET_FEATURES, FL, NULL, 0, fds, 9);
+	for (unsigned i = 0; i < 9; i++)
+		close(fds[i]);
+	expect_disconnect(c);
+	ASSERT_EQ(count_fds(), before - CONN_FDS);
+	expect_next_served();
+}
+
+/* ---- Ring start and stop ---- */
+
+/* Full setup starts the ring once with what was sent; ENABLE and
+ * GET_VRING_BASE reach the device; the base comes from queue_stop. */
+static void test_ring_start_enable_stop(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	struct vhost_vring_addr a = ring_addr(0, GUEST_QVA);
+	struct vhost_vring_state st = { 0, 0 };
+	int c = conn_open();
+	int mem = guest_memfd(GUEST_SIZE);
+	int call = test_eventfd(0), kick = test_eventfd(7);
+	uint64_t v = 0, ring0 = 0;
+	struct fake_calls r;
+
+	fake_reset();
+	negotiate_reply_ack(c);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	r = fake_get();
+	ASSERT_EQ(r.nset_features, 1);
+	ASSERT_EQ(r.features, DEV_FEATURES);
+
+	send_mem_table(c, mem, 0, FL_ACK);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_SET_MEM_TABLE, &v, sizeof(v)), 8);
+	ASSERT_EQ(v, 0);
+	st = (struct vhost_vring_state){ 0, RING_NUM };
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), NULL, 0), 0);
+	st = (struct vhost_vring_state){ 0, 5 };
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_BASE, &st, sizeof(st), NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_CALL, &ring0, 8, &call, 1), 0);
+	ASSERT_EQ(fake_get().nstart, 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_KICK, &ring0, 8, &kick, 1), 0);
+
+	r = fake_get();
+	ASSERT_EQ(r.nstart, 1);
+	ASSERT_EQ(r.start_idx, 0);
+	ASSERT_EQ(r.setup.cfg.index, 0);
+	ASSERT_EQ(r.setup.cfg.num, RING_NUM);
+	ASSERT_EQ(r.setup.cfg.last_avail_idx, 5);
+	ASSERT_EQ(r.setup.cfg.desc_qva, a.desc_user_addr);
+	ASSERT_EQ(r.setup.cfg.avail_qva, a.avail_user_addr);
+	ASSERT_EQ(r.setup.cfg.used_qva, a.used_user_addr);
+	ASSERT_TRUE(r.setup.cfg.event_idx);
+	ASSERT_TRUE(r.setup.cfg.indirect);
+	ASSERT_TRUE(r.setup.mem != NULL);
+	ASSERT_TRUE(r.setup.kick_fd >= 0);
+	ASSERT_TRUE(r.setup.call_fd >= 0);
+	ASSERT_EQ(r.setup.err_fd, -1);
+	ASSERT_EQ(r.kick_value, 7);		/* our kick eventfd */
+	ASSERT_EQ(r.setup.enabled, false);	/* no SET_VRING_ENABLE yet */
+	ASSERT_EQ(r.setup.features, f);
+	ASSERT_EQ(read(call, &v, sizeof(v)), sizeof(v));	/* our call eventfd */
+	ASSERT_EQ(v, 1);
+
+	st = (struct vhost_vring_state){ 0, 1 };
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), NULL, 0), 0);
+	r = fake_get();
+	ASSERT_EQ(r.nenable, 1);
+	ASSERT_EQ(r.enable_idx, 0);
+	ASSERT_TRUE(r.enabled);
+	ASSERT_EQ(r.nstop, 0);
+
+	st = (struct vhost_vring_state){ 0, 0 };
+	send_msg(c, VHOST_USER_GET_VRING_BASE, FL, &st, sizeof(st), NULL, 0);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_GET_VRING_BASE, &st, sizeof(st)), sizeof(st));
+	ASSERT_EQ(st.index, 0);
+	ASSERT_EQ(st.num, STOP_AVAIL);
+	r = fake_get();
+	ASSERT_EQ(r.nstop, 1);
+	ASSERT_EQ(r.stop_idx, 0);
+	ASSERT_EQ(r.nstart, 1);
+
+	close(c);
+	close(mem);
+	close(call);
+	close(kick);
+}
+
+/* ---- Config space ---- */
+
+/* GET_CONFIG returns the device's bytes; SET_CONFIG is acked 0 for the
+ * one writable byte and nacked otherwise, keeping the connection. */
+static void test_config_get_and_set(void)
+{
+	struct vhost_user_config cfg = { .offset = 0, .size = 60 };
+	uint8_t want[60];
+	int c = conn_open();
+	struct fake_calls r;
+
+	send_msg(c, VHOST_USER_GET_CONFIG, FL, &cfg, VHOST_USER_CONFIG_HDR_SIZE + 60, NULL, 0);
+	memset(&cfg, 0, sizeof(cfg));
+	ASSERT_EQ(recv_reply(c, VHOST_USER_GET_CONFIG, &cfg, sizeof(cfg)),
+		  VHOST_USER_CONFIG_HDR_SIZE + 60);
+	ASSERT_EQ(cfg.offset, 0);
+	ASSERT_EQ(cfg.size, 60);
+	for (uint32_t i = 0; i < 60; i++)
+		want[i] = config_pattern(i);
+	ASSERT_MEM_EQ(cfg.region, want, 60);
+
+	fake_reset();
+	negotiate_reply_ack(c);
+	cfg = (struct vhost_user_config){ .offset = 32, .size = 1, .region = { 1 } };
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_CONFIG, &cfg, VHOST_USER_CONFIG_HDR_SIZE + 1,
+			     NULL, 0), 0);
+	r = fake_get();
+	ASSERT_EQ(r.nset_config, 1);
+	ASSERT_EQ(r.config_off, 32);
+	ASSERT_EQ(r.config_len, 1);
+	ASSERT_EQ(r.config_byte, 1);
+
+	cfg = (struct vhost_user_config){ .offset = 0, .size = 8 };
+	ASSERT_NE(send_acked(c, VHOST_USER_SET_CONFIG, &cfg, VHOST_USER_CONFIG_HDR_SIZE + 8,
+			     NULL, 0), 0);
+	ASSERT_EQ(fake_get().nset_config, 2);
+	barrier(c);
+	close(c);
+}
+
+/* ---- Stalled frontend ---- */
+
+/* A header promising 8 payload bytes that never come: the server gives up
+ * after its 5 s receive timeout and serves the next frontend. */
+static void test_stalled_payload_times_out(void)
+{
+	struct vhost_user_hdr h = { VHOST_USER_SET_FEATURES, FL, 8 };
+	int c = conn_open();
+	double t0 = now_s(), dt;
+
+	send_raw(c, &h, NULL, 0, NULL, 0);
+	expect_disconnect(c);
+	dt = now_s() - t0;
+	if (dt < 4.0 || dt > 8.0)
+		T_FAIL("server dropped the stalled frontend after %.1f s, want ~5 s", dt);
+	expect_next_served();
+}
+
+/* Regression: the 5 s limit covers the whole message; a header trickled
+ * in over 4 s followed by a stall once bought another 5 s for the payload. */
+static void test_message_deadline_covers_header_and_payload(void)
+{
+	struct vhost_user_hdr h = { VHOST_USER_SET_FEATURES, FL, 8 };
+	int c = conn_open();
+	double t0 = now_s(), dt;
+
+	ASSERT_EQ(send(c, &h, 1, MSG_NOSIGNAL), 1);
+	sleep(4);
+	ASSERT_EQ(send(c, (char *)&h + 1, sizeof(h) - 1, MSG_NOSIGNAL), sizeof(h) - 1);
+	expect_disconnect(c);
+	dt = now_s() - t0;
+	if (dt > 7.0)
+		T_FAIL("server waited %.1f s for one message, want ~5 s", dt);
+	expect_next_served();
+}
+
+/*
+ * Regression: a frontend that sends requests but never reads the replies
+ * must not wedge the loop thread (vu_send() once blocked in sendmsg with no
+ * timeout, so the main loop, and with it SIGTERM handling, stopped until
+ * the frontend went away).
+ */
+struct probe {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+};
+
+static void probe_noop(void *arg)
+{
+}
+
+static void *probe_main(void *arg)
+{
+	struct probe *p = arg;
+
+	loop_call_sync(loop, probe_noop, NULL);
+	pthread_mutex_lock(&p->lock);
+	p->done = true;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+static void test_unread_replies_do_not_block_loop(void)
+{
+	struct probe p = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false };
+	struct vhost_user_hdr h = { VHOST_USER_GET_FEATURES, FL, 0 };
+	struct timeval tv = { .tv_sec = 1 };
+	struct timespec until;
+	pthread_t th;
+	int c = conn_open();
+	bool responsive;
+
+	ASSERT_EQ(setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)), 0);
+	for (unsigned i = 0; i < 100000; i++)
+		if (sendmsg(c, &(struct msghdr){ .msg_iov = &(struct iovec){ &h, sizeof(h) },
+						 .msg_iovlen = 1 }, MSG_NOSIGNAL) < 0)
+			break;	/* both directions full: the server is stuck */
+	ASSERT_EQ(pthread_create(&th, NULL, probe_main, &p), 0);
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 8;
+	pthread_mutex_lock(&p.lock);
+	while (!p.done && pthread_cond_timedwait(&p.cond, &p.lock, &until) == 0)
+		;
+	responsive = p.done;
+	pthread_mutex_unlock(&p.lock);
+	close(c);	/* unblocks the server either way (EPIPE) */
+	pthread_join(th, NULL);
+	ASSERT_TRUE(responsive);
+	expect_next_served();
+}
+
+/* A failed check exits at once: leave no socket directory behind. */
+static void remove_socket_dir(void)
+{
+	unlink(sock_path);
+	rmdir(sock_dir);
+}
+
+int main(void)
+{
+	char err[256];
+	int r;
+
+	log_set_level(LOG_ERR);
+	if (!mkdtemp(sock_dir)) {
+		fprintf(stderr, "mkdtemp: %s\n", strerror(errno));
+		return T_EXIT_SKIP;
+	}
+	snprintf(sock_path, sizeof(sock_path), "%s/vu.sock", sock_dir);
+	atexit(remove_socket_dir);
+	ASSERT_EQ(loop_new("vu-test", &loop), 0);
+	/* Created before the loop thread runs, so this thread owns it until
+	 * loop_thread_start and again after loop_thread_join. */
+	r = vu_server_new(sock_path, loop, &fake_ops, NULL, &srv, err, sizeof(err));
+	if (r < 0)
+		T_FAIL("vu_server_new: %s", err);
+	ASSERT_EQ(loop_thread_start(loop), 0);
+
+	RUN(test_get_features_reply);
+	RUN(test_get_protocol_features_queue_num_mem_slots);
+	RUN(test_reply_ack_success_is_zero);
+	RUN(test_unknown_request_nacked_connection_stays);
+	RUN(test_unknown_request_ignored_without_need_reply);
+	RUN(test_need_reply_ignored_without_reply_ack);
+	RUN(test_set_features_short_payload_disconnects);
+	RUN(test_oversized_payload_disconnects);
+	RUN(test_bad_version_disconnects);
+	RUN(test_vring_num_out_of_range_disconnects);
+	RUN(test_vring_index_out_of_range_disconnects);
+	RUN(test_vring_kick_fd_with_nofd_disconnects);
+	RUN(test_vring_kick_no_fd_without_nofd_disconnects);
+	RUN(test_mem_table_fd_count_mismatch_disconnects);
+	RUN(test_mem_table_nine_regions_disconnects);
+	RUN(test_mem_table_region_beyond_memfd_disconnects);
+	RUN(test_set_features_unoffered_bit_disconnects);
+	RUN(test_get_config_past_end_disconnects);
+	RUN(test_get_config_size_mismatch_disconnects);
+	RUN(test_vring_addr_outside_memory_disconnects);
+	RUN(test_vring_addr_straddling_region_end_disconnects);
+	RUN(test_extra_fd_closed_on_disconnect);
+	RUN(test_fds_closed_on_recv_errors);
+	RUN(test_ring_start_enable_stop);
+	RUN(test_config_get_and_set);
+	RUN(test_stalled_payload_times_out);
+	RUN(test_message_deadline_covers_header_and_payload);
+	RUN(test_unread_replies_do_not_block_loop);
+
+	loop_thread_join(loop);
+	vu_server_free(srv);
+	loop_free(loop);
+	return T_EXIT_PASS;
+}

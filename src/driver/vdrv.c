@@ -1,0 +1,545 @@
+/*
+ * Driver side of vhost-user-blk: the frontend half of
+ * qemu docs/interop/vhost-user.rst and the driver half of virtio 1.2,
+ * 2.7 "Split Virtqueues".  Message order follows what QEMU sends, so any
+ * backend that serves QEMU serves us.
+ */
+#include "driver/vdrv.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "util/barrier.h"
+#include "util/compiler.h"
+#include "util/sys.h"
+#include "vhost/vhost_user.h"
+
+#define VDRV_ALIGN(x, a) (((x) + (a) - 1) & ~((size_t)(a) - 1))
+
+/* Features we can drive (device bits we understand + ring + transport). */
+static const uint64_t vdrv_wanted =
+	1ull << VIRTIO_F_VERSION_1 |
+	1ull << VIRTIO_RING_F_INDIRECT_DESC |
+	1ull << VIRTIO_RING_F_EVENT_IDX |
+	1ull << VHOST_USER_F_PROTOCOL_FEATURES |
+	1ull << VIRTIO_BLK_F_SEG_MAX |
+	1ull << VIRTIO_BLK_F_BLK_SIZE |
+	1ull << VIRTIO_BLK_F_FLUSH |
+	1ull << VIRTIO_BLK_F_TOPOLOGY |
+	1ull << VIRTIO_BLK_F_MQ |
+	1ull << VIRTIO_BLK_F_RO;
+
+static const uint64_t vdrv_wanted_proto =
+	1ull << VHOST_USER_PROTOCOL_F_MQ |
+	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
+	1ull << VHOST_USER_PROTOCOL_F_CONFIG;
+
+/* ---- Messages ---- */
+
+static int vdrv_send(struct vdrv *d, uint32_t req, bool need_reply,
+		     const void *payload, uint32_t size, const int *fds, unsigned nfds)
+{
+	struct vhost_user_hdr h = { .request = req, .flags = VHOST_USER_VERSION,
+				    .size = size };
+	char cbuf[CMSG_SPACE(VHOST_USER_MAX_FDS * sizeof(int))];
+	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)payload, size } };
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = size ? 2 : 1 };
+	ssize_t n;
+
+	if (need_reply)
+		h.flags |= VHOST_USER_NEED_REPLY_MASK;
+	if (nfds) {
+		struct cmsghdr *cm;
+
+		memset(cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf;
+		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+		cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+	}
+	do
+		n = sendmsg(d->sock, &mh, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	return n == (ssize_t)(sizeof(h) + size) ? 0 : -EIO;
+}
+
+/* Read a reply to req into payload (exactly size bytes expected, or any
+ * size up to size when exact is false).  Returns payload bytes or -errno. */
+static int vdrv_recv(struct vdrv *d, uint32_t req, void *payload, uint32_t size)
+{
+	struct vhost_user_hdr h;
+	ssize_t n = recv(d->sock, &h, sizeof(h), MSG_WAITALL);
+
+	if (n != sizeof(h))
+		return n == 0 ? -ECONNRESET : n < 0 ? -errno : -EIO;
+	if (h.request != req || !(h.flags & VHOST_USER_REPLY_MASK) || h.size > size)
+		return -EPROTO;
+	if (h.size && recv(d->sock, payload, h.size, MSG_WAITALL) != (ssize_t)h.size)
+		return -EIO;
+	return (int)h.size;
+}
+
+/* Send, and with REPLY_ACK wait for the ack: every setup step is
+ * confirmed before the next, so a refusal names the step. */
+static int vdrv_call(struct vdrv *d, uint32_t req, const void *payload, uint32_t size,
+		     const int *fds, unsigned nfds)
+{
+	bool ack = d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK);
+	uint64_t v;
+	int r = vdrv_send(d, req, ack, payload, size, fds, nfds);
+
+	if (r < 0 || !ack)
+		return r;
+	r = vdrv_recv(d, req, &v, sizeof(v));
+	if (r < 0)
+		return r;
+	return r == sizeof(v) && v == 0 ? 0 : -EREMOTEIO;
+}
+
+static int vdrv_get_u64(struct vdrv *d, uint32_t req, uint64_t *v)
+{
+	int r = vdrv_send(d, req, false, NULL, 0, NULL, 0);
+
+	if (r < 0)
+		return r;
+	r = vdrv_recv(d, req, v, sizeof(*v));
+	return r < 0 ? r : r == sizeof(*v) ? 0 : -EPROTO;
+}
+
+/* ---- Memory ---- */
+
+void *vdrv_alloc(struct vdrv *d, size_t len, size_t align)
+{
+	size_t off = VDRV_ALIGN(d->mem_used, align);
+
+	if (off > d->mem_size || len > d->mem_size - off)
+		return NULL;
+	d->mem_used = off + len;
+	return d->mem + off;
+}
+
+static inline uint64_t vdrv_gpa(const struct vdrv *d, const void *p)
+{
+	return (uint64_t)((const uint8_t *)p - d->mem);
+}
+
+static inline bool vdrv_in_mem(const struct vdrv *d, const void *p, size_t len)
+{
+	const uint8_t *b = p;
+
+	return b >= d->mem && len <= d->mem_size && (size_t)(b - d->mem) <= d->mem_size - len;
+}
+
+uint64_t vdrv_capacity(const struct vdrv *d)
+{
+	return d->cfg.capacity << VIRTIO_BLK_SECTOR_SHIFT;
+}
+
+unsigned vdrv_block_size(const struct vdrv *d)
+{
+	if (vdrv_has(d, VIRTIO_BLK_F_BLK_SIZE) && d->cfg.blk_size >= 512)
+		return d->cfg.blk_size;
+	return 512;
+}
+
+/* ---- Setup ---- */
+
+static int vdrv_queue_setup(struct vdrv *d, struct vdrv_queue *q, unsigned idx,
+			    unsigned num, char *err, size_t errlen)
+{
+	struct vhost_vring_state st = { .index = idx };
+	struct vhost_vring_addr addr = { .index = idx };
+	uint64_t u;
+	int r;
+
+	q->d = d;
+	q->idx = idx;
+	q->num = num;
+	q->kick_fd = q->call_fd = -1;
+	q->event_idx = vdrv_has(d, VIRTIO_RING_F_EVENT_IDX);
+	/* virtio 1.2, 2.7 alignment: desc 16, avail 2, used 4. */
+	q->desc = vdrv_alloc(d, vring_desc_bytes(num), 4096);
+	q->avail = vdrv_alloc(d, vring_avail_bytes(num), 4096);
+	q->used = vdrv_alloc(d, vring_used_bytes(num), 4096);
+	q->ind = vdrv_alloc(d, (size_t)num * VDRV_MAX_SEGS * sizeof(struct vring_desc), 16);
+	q->free_heads = calloc(num, sizeof(*q->free_heads));
+	q->cookies = calloc(num, sizeof(*q->cookies));
+	if (!q->desc || !q->avail || !q->used || !q->ind || !q->free_heads || !q->cookies) {
+		snprintf(err, errlen, "out of shared memory for queue %u", idx);
+		return -ENOMEM;
+	}
+	q->used_event = &q->avail->ring[num];
+	q->avail_event = (uint16_t *)&q->used->ring[num];
+	/* Each request is one ring descriptor pointing at its own indirect
+	 * table, so a queue of num holds num requests. */
+	for (unsigned i = 0; i < num; i++) {
+		q->desc[i].addr = vdrv_gpa(d, q->ind + (size_t)i * VDRV_MAX_SEGS);
+		q->desc[i].flags = VRING_DESC_F_INDIRECT;
+		q->free_heads[i] = (uint16_t)(num - 1 - i);
+	}
+	q->nfree = num;
+
+	q->kick_fd = sys_eventfd();
+	q->call_fd = sys_eventfd();
+	if (q->kick_fd < 0 || q->call_fd < 0) {
+		snprintf(err, errlen, "cannot create eventfds");
+		return -EMFILE;
+	}
+	st.num = num;
+	r = vdrv_call(d, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), NULL, 0);
+	if (r < 0)
+		goto fail;
+	st.num = 0;
+	r = vdrv_call(d, VHOST_USER_SET_VRING_BASE, &st, sizeof(st), NULL, 0);
+	if (r < 0)
+		goto fail;
+	/* vhost-user ring addresses are in the frontend's address space. */
+	addr.desc_user_addr = (uint64_t)(uintptr_t)q->desc;
+	addr.avail_user_addr = (uint64_t)(uintptr_t)q->avail;
+	addr.used_user_addr = (uint64_t)(uintptr_t)q->used;
+	r = vdrv_call(d, VHOST_USER_SET_VRING_ADDR, &addr, sizeof(addr), NULL, 0);
+	if (r < 0)
+		goto fail;
+	u = idx;
+	r = vdrv_call(d, VHOST_USER_SET_VRING_KICK, &u, sizeof(u), &q->kick_fd, 1);
+	if (r < 0)
+		goto fail;
+	r = vdrv_call(d, VHOST_USER_SET_VRING_CALL, &u, sizeof(u), &q->call_fd, 1);
+	if (r < 0)
+		goto fail;
+	if (vdrv_has(d, VHOST_USER_F_PROTOCOL_FEATURES)) {
+		st.num = 1;
+		r = vdrv_call(d, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), NULL, 0);
+		if (r < 0)
+			goto fail;
+	}
+	return 0;
+fail:
+	snprintf(err, errlen, "the backend refused to set up queue %u: %s", idx,
+		 strerror(-r));
+	return r;
+}
+
+int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = 10 };
+	unsigned num = o->queue_size ? o->queue_size : 256;
+	struct vhost_user_config cfg = { .offset = 0, .size = 40 };
+	struct vhost_user_memory mem = { .nregions = 1 };
+	struct vdrv *d;
+	size_t ring_bytes;
+	uint64_t u;
+	int r;
+
+	if (num > VRING_MAX_NUM || (num & (num - 1))) {
+		snprintf(err, errlen, "queue size %u is not a power of two <= %u", num,
+			 VRING_MAX_NUM);
+		return -EINVAL;
+	}
+	if (strlen(o->socket) >= sizeof(sa.sun_path)) {
+		snprintf(err, errlen, "socket path '%s' is too long", o->socket);
+		return -ENAMETOOLONG;
+	}
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->memfd = -1;
+	d->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	strcpy(sa.sun_path, o->socket);
+	if (d->sock < 0 || connect(d->sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot connect to '%s': %s: is a vhost-user-blk "
+			 "backend (vblkd --socket %s ...) running?", o->socket,
+			 strerror(-r), o->socket);
+		goto err_free;
+	}
+	setsockopt(d->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+
+	r = vdrv_get_u64(d, VHOST_USER_GET_FEATURES, &d->dev_features);
+	if (r < 0)
+		goto proto_err;
+	d->features = d->dev_features & vdrv_wanted;
+	if (o->no_event_idx)
+		d->features &= ~(1ull << VIRTIO_RING_F_EVENT_IDX);
+	if (!vdrv_has(d, VIRTIO_F_VERSION_1) || !vdrv_has(d, VIRTIO_RING_F_INDIRECT_DESC)) {
+		snprintf(err, errlen, "the backend at '%s' lacks VERSION_1 or "
+			 "INDIRECT_DESC (features 0x%llx)", o->socket,
+			 (unsigned long long)d->dev_features);
+		r = -ENOTSUP;
+		goto err_close;
+	}
+	if (vdrv_has(d, VHOST_USER_F_PROTOCOL_FEATURES)) {
+		r = vdrv_get_u64(d, VHOST_USER_GET_PROTOCOL_FEATURES, &u);
+		if (r < 0)
+			goto proto_err;
+		u &= vdrv_wanted_proto;
+		r = vdrv_send(d, VHOST_USER_SET_PROTOCOL_FEATURES, false, &u, sizeof(u),
+			      NULL, 0);
+		if (r < 0)
+			goto proto_err;
+		d->proto_features = u;
+	}
+	d->max_queues = 1;
+	if (d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_MQ)) {
+		r = vdrv_get_u64(d, VHOST_USER_GET_QUEUE_NUM, &u);
+		if (r < 0)
+			goto proto_err;
+		d->max_queues = (unsigned)u;
+	}
+	d->num_queues = o->num_queues ? o->num_queues : 1;
+	if (d->num_queues > d->max_queues) {
+		snprintf(err, errlen, "the backend offers %u queue%s, %u asked: start it "
+			 "with more queues or use fewer jobs", d->max_queues,
+			 d->max_queues == 1 ? "" : "s", d->num_queues);
+		r = -EINVAL;
+		goto err_close;
+	}
+	r = vdrv_call(d, VHOST_USER_SET_OWNER, NULL, 0, NULL, 0);
+	if (r < 0)
+		goto proto_err;
+	if (d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_CONFIG)) {
+		r = vdrv_send(d, VHOST_USER_GET_CONFIG, false, &cfg,
+			      VHOST_USER_CONFIG_HDR_SIZE + cfg.size, NULL, 0);
+		if (r >= 0)
+			r = vdrv_recv(d, VHOST_USER_GET_CONFIG, &cfg, sizeof(cfg));
+		if (r < 0)
+			goto proto_err;
+		memcpy(&d->cfg, cfg.region, MIN(cfg.size, (uint32_t)sizeof(d->cfg)));
+	}
+	if (!d->cfg.capacity) {
+		snprintf(err, errlen, "the backend reports an empty disk");
+		r = -EINVAL;
+		goto err_close;
+	}
+	r = vdrv_call(d, VHOST_USER_SET_FEATURES, &d->features, sizeof(d->features),
+		      NULL, 0);
+	if (r < 0)
+		goto proto_err;
+
+	/* Shared memory: rings and indirect tables first, then buffers. */
+	ring_bytes = d->num_queues * (VDRV_ALIGN(vring_desc_bytes(num), 4096) +
+				      VDRV_ALIGN(vring_avail_bytes(num), 4096) +
+				      VDRV_ALIGN(vring_used_bytes(num), 4096) +
+				      (size_t)num * VDRV_MAX_SEGS * sizeof(struct vring_desc));
+	d->mem_size = VDRV_ALIGN(ring_bytes + o->mem_bytes + 4096, 2 << 20);
+	d->memfd = memfd_create("vdrv-mem", MFD_CLOEXEC);
+	if (d->memfd < 0 || ftruncate(d->memfd, (off_t)d->mem_size) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot create %zu bytes of shared memory: %s",
+			 d->mem_size, strerror(-r));
+		goto err_close;
+	}
+	d->mem = mmap(NULL, d->mem_size, PROT_READ | PROT_WRITE, MAP_SHARED, d->memfd, 0);
+	if (d->mem == MAP_FAILED) {
+		r = -errno;
+		d->mem = NULL;
+		snprintf(err, errlen, "cannot map shared memory: %s", strerror(-r));
+		goto err_close;
+	}
+	mem.regions[0].guest_phys_addr = 0;
+	mem.regions[0].memory_size = d->mem_size;
+	mem.regions[0].userspace_addr = (uint64_t)(uintptr_t)d->mem;
+	mem.regions[0].mmap_offset = 0;
+	r = vdrv_call(d, VHOST_USER_SET_MEM_TABLE, &mem,
+		      offsetof(struct vhost_user_memory, regions) +
+		      sizeof(mem.regions[0]), &d->memfd, 1);
+	if (r < 0)
+		goto proto_err;
+
+	d->q = calloc(d->num_queues, sizeof(*d->q));
+	if (!d->q) {
+		r = -ENOMEM;
+		goto err_close;
+	}
+	for (unsigned i = 0; i < d->num_queues; i++) {
+		r = vdrv_queue_setup(d, &d->q[i], i, num, err, errlen);
+		if (r < 0)
+			goto err_close;
+	}
+	*out = d;
+	return 0;
+
+proto_err:
+	snprintf(err, errlen, "vhost-user setup with '%s' failed: %s", o->socket,
+		 strerror(-r));
+err_close:
+	vdrv_close(d);
+	return r;
+err_free:
+	if (d->sock >= 0)
+		close(d->sock);
+	free(d);
+	return r;
+}
+
+void vdrv_close(struct vdrv *d)
+{
+	if (!d)
+		return;
+	for (unsigned i = 0; d->q && i < d->num_queues; i++) {
+		struct vdrv_queue *q = &d->q[i];
+		struct vhost_vring_state st = { .index = i };
+
+		/* Stop the ring so the backend drains it before we unmap. */
+		if (q->kick_fd >= 0 &&
+		    vdrv_send(d, VHOST_USER_GET_VRING_BASE, false, &st, sizeof(st), NULL, 0) == 0)
+			(void)vdrv_recv(d, VHOST_USER_GET_VRING_BASE, &st, sizeof(st));
+		sys_close(&q->kick_fd);
+		sys_close(&q->call_fd);
+		free(q->free_heads);
+		free(q->cookies);
+	}
+	free(d->q);
+	if (d->sock >= 0)
+		close(d->sock);
+	if (d->mem)
+		munmap(d->mem, d->mem_size);
+	if (d->memfd >= 0)
+		close(d->memfd);
+	free(d);
+}
+
+/* ---- Queue operations (queue's thread) ---- */
+
+int vdrv_add(struct vdrv_queue *q, const struct iovec *out, unsigned nout,
+	     const struct iovec *in, unsigned nin, void *cookie)
+{
+	struct vring_desc *t;
+	unsigned n = 0;
+	uint16_t head;
+
+	if (nout + nin == 0 || nout + nin > VDRV_MAX_SEGS)
+		return -EINVAL;
+	if (!q->nfree)
+		return -ENOSPC;
+	head = q->free_heads[q->nfree - 1];
+	t = q->ind + (size_t)head * VDRV_MAX_SEGS;
+	for (unsigned i = 0; i < nout + nin; i++) {
+		const struct iovec *v = i < nout ? &out[i] : &in[i - nout];
+
+		if (!vdrv_in_mem(q->d, v->iov_base, v->iov_len))
+			return -EINVAL;
+		t[n].addr = vdrv_gpa(q->d, v->iov_base);
+		t[n].len = (uint32_t)v->iov_len;
+		t[n].flags = (i >= nout ? VRING_DESC_F_WRITE : 0) |
+			     (i + 1 < nout + nin ? VRING_DESC_F_NEXT : 0);
+		t[n].next = (uint16_t)(n + 1);
+		n++;
+	}
+	q->nfree--;
+	q->desc[head].len = n * sizeof(struct vring_desc);
+	q->cookies[head] = cookie;
+	q->avail->ring[q->avail_idx & (q->num - 1)] = head;
+	q->avail_idx++;
+	return 0;
+}
+
+void vdrv_kick(struct vdrv_queue *q)
+{
+	uint16_t old = q->kicked_idx, new = q->avail_idx;
+	bool kick;
+
+	if (old == new)
+		return;
+	/* Pairs with the device's read barrier after reading avail->idx:
+	 * descriptors and ring entries are visible before the index. */
+	smp_wmb();
+	WRITE_ONCE(q->avail->idx, new);
+	q->kicked_idx = new;
+	/* Pairs with the device's full barrier in its enable-notify path
+	 * (vq_enable_notify): either it sees our index, or we see its
+	 * request for a kick. */
+	smp_mb();
+	if (q->event_idx)
+		kick = vring_need_event(READ_ONCE(*q->avail_event), new, old);
+	else
+		kick = !(READ_ONCE(q->used->flags) & VRING_USED_F_NO_NOTIFY);
+	if (kick) {
+		q->kicks++;
+		(void)sys_eventfd_signal(q->kick_fd);
+	} else {
+		q->kicks_suppressed++;
+	}
+}
+
+bool vdrv_pending(struct vdrv_queue *q)
+{
+	return READ_ONCE(q->used->idx) != q->last_used;
+}
+
+void *vdrv_get(struct vdrv_queue *q, uint32_t *len)
+{
+	struct vring_used_elem *u;
+	uint32_t id;
+	void *cookie;
+
+	if (READ_ONCE(q->used->idx) == q->last_used)
+		return NULL;
+	/* Pairs with the device's write barrier before it publishes
+	 * used->idx (vq_flush): read the entry only after the index. */
+	smp_rmb();
+	u = &q->used->ring[q->last_used & (q->num - 1)];
+	id = READ_ONCE(u->id);
+	if (len)
+		*len = READ_ONCE(u->len);
+	q->last_used++;
+	/* The device is not trusted either: an id we did not hand out is
+	 * counted and skipped. */
+	if (id >= q->num || !q->cookies[id]) {
+		q->bad_used++;
+		return vdrv_get(q, len);
+	}
+	cookie = q->cookies[id];
+	q->cookies[id] = NULL;
+	q->free_heads[q->nfree++] = (uint16_t)id;
+	return cookie;
+}
+
+void vdrv_disable_cb(struct vdrv_queue *q)
+{
+	/* Without EVENT_IDX the flag is the only way; with it the device
+	 * interrupts at most once when it passes used_event, which we stop
+	 * advancing. */
+	if (!q->event_idx)
+		WRITE_ONCE(q->avail->flags, VRING_AVAIL_F_NO_INTERRUPT);
+}
+
+bool vdrv_enable_cb(struct vdrv_queue *q)
+{
+	if (q->event_idx)
+		WRITE_ONCE(*q->used_event, q->last_used);
+	else
+		WRITE_ONCE(q->avail->flags, 0);
+	/* Pairs with the device's full barrier between publishing used->idx
+	 * and reading used_event (vq_should_notify). */
+	smp_mb();
+	return READ_ONCE(q->used->idx) != q->last_used;
+}
+
+int vdrv_wait(struct vdrv_queue *q, int timeout_ms)
+{
+	struct pollfd p = { .fd = q->call_fd, .events = POLLIN };
+	int r = poll(&p, 1, timeout_ms);
+
+	if (r < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (r == 0)
+		return 0;
+	if (sys_eventfd_drain(q->call_fd) > 0)
+		q->calls++;
+	return 1;
+}

@@ -1,0 +1,130 @@
+/*
+ * vdrv_: a userspace virtio-blk *driver* over vhost-user: the frontend half
+ * of the protocol plus the driver half of the split virtqueue.  Used by
+ * vblk-bench to drive any vhost-user-blk backend (vblkd, qemu-storage-daemon)
+ * the same way, from the host, without a guest in the way.
+ *
+ * Memory: one memfd shared with the backend holds the rings, indirect
+ * tables and every buffer handed out by vdrv_alloc(); guest-physical
+ * address = offset in that memfd.
+ *
+ * Threading: vdrv_connect/vdrv_close on one thread; afterwards each queue
+ * may be driven by its own thread (queues share nothing but the memfd).
+ * vdrv_alloc is not thread-safe: allocate before starting threads.
+ */
+#ifndef VBLK_VDRV_H
+#define VBLK_VDRV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "blk/virtio_blk.h"
+#include "virtio/virtio_ring.h"
+
+/* Descriptors in one request's indirect table. */
+#define VDRV_MAX_SEGS 64
+
+struct vdrv_opts {
+	const char *socket;
+	unsigned num_queues;	/* 1.. backend's GET_QUEUE_NUM */
+	unsigned queue_size;	/* power of two, default 256 */
+	size_t mem_bytes;	/* shared memory for vdrv_alloc, beyond rings */
+	bool no_event_idx;	/* do not negotiate VIRTIO_RING_F_EVENT_IDX */
+};
+
+struct vdrv_queue {
+	struct vdrv *d;
+	unsigned idx, num;
+	struct vring_desc *desc;
+	struct vring_avail *avail;
+	struct vring_used *used;
+	uint16_t *used_event;		/* &avail->ring[num] */
+	uint16_t *avail_event;		/* &used->ring[num] */
+	bool event_idx;
+
+	uint16_t avail_idx;		/* next avail slot (shadow) */
+	uint16_t kicked_idx;		/* avail_idx at our last kick decision */
+	uint16_t last_used;		/* next used slot to read */
+	uint16_t *free_heads;		/* stack */
+	unsigned nfree;
+	void **cookies;			/* per head, NULL when free */
+	struct vring_desc *ind;		/* num * VDRV_MAX_SEGS, in shared memory */
+	int kick_fd, call_fd;
+
+	/* Counters. */
+	uint64_t kicks;			/* kick eventfd writes */
+	uint64_t kicks_suppressed;	/* kick skipped: device asked not to */
+	uint64_t calls;			/* call eventfd wake-ups we consumed */
+	uint64_t bad_used;		/* device returned an id we did not give */
+};
+
+struct vdrv {
+	int sock;
+	uint64_t dev_features, features;
+	uint64_t proto_features;
+	struct virtio_blk_config cfg;
+	unsigned max_queues;
+	int memfd;
+	uint8_t *mem;
+	size_t mem_size, mem_used;
+	unsigned num_queues;
+	struct vdrv_queue *q;
+};
+
+/*
+ * Connect and set everything up (features, memory table, rings, eventfds).
+ * Returns 0, or -errno with one line for the user in err.
+ */
+int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t errlen);
+/* Stop the rings (GET_VRING_BASE) and disconnect. */
+void vdrv_close(struct vdrv *d);
+
+/* Shared memory the backend can access, aligned to align (power of 2).
+ * NULL when exhausted. */
+void *vdrv_alloc(struct vdrv *d, size_t len, size_t align);
+
+static inline bool vdrv_has(const struct vdrv *d, unsigned bit)
+{
+	return d->features & (1ull << bit);
+}
+
+/* Device capacity in bytes and logical block size. */
+uint64_t vdrv_capacity(const struct vdrv *d);
+unsigned vdrv_block_size(const struct vdrv *d);
+
+/*
+ * Queue a request: out[] device-readable, then in[] device-writable, all
+ * inside vdrv_alloc'ed memory.  Visible to the device at vdrv_kick().
+ * Returns 0, -ENOSPC (ring full) or -EINVAL (too many segments / bad
+ * buffer).  Queue's thread only.
+ */
+int vdrv_add(struct vdrv_queue *q, const struct iovec *out, unsigned nout,
+	     const struct iovec *in, unsigned nin, void *cookie);
+
+/* Publish added requests and kick unless the device suppressed it
+ * (virtio 1.2, 2.7.10: avail_event with EVENT_IDX, else NO_NOTIFY). */
+void vdrv_kick(struct vdrv_queue *q);
+
+/* Next completed request's cookie (and bytes written), or NULL. */
+void *vdrv_get(struct vdrv_queue *q, uint32_t *len);
+
+/* Interrupt suppression, as Linux virtio_ring does it (2.7.7). */
+void vdrv_disable_cb(struct vdrv_queue *q);
+/* Re-enable; returns true if completions arrived meanwhile (drain again). */
+bool vdrv_enable_cb(struct vdrv_queue *q);
+/* Completions pending (for polling; no barrier beyond the index read). */
+bool vdrv_pending(struct vdrv_queue *q);
+
+/* Sleep until the device signals the call eventfd or timeout_ms passes.
+ * Returns 1 on a call, 0 on timeout, -errno on error. */
+int vdrv_wait(struct vdrv_queue *q, int timeout_ms);
+
+/* Requests in flight on a queue. */
+static inline unsigned vdrv_inflight(const struct vdrv_queue *q)
+{
+	return q->num - q->nfree;
+}
+
+#endif

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Description: vblk-bench (our userspace virtio-blk driver) against vblkd
+# and qemu-storage-daemon: verified I/O with 1 and 2 jobs, counters that
+# agree between driver and daemon, verification that really catches bad
+# data, and clear errors for bad arguments.
+# Prints PASS:/FAIL:/SKIP: lines for tests/run.
+set -uo pipefail
+BUILD=${1:?usage: test_driver.sh BUILD_DIR}
+VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench
+tmp=$(mktemp -d /tmp/vblk-drv.XXXXXX)
+dpid=""
+cleanup() { [[ -n $dpid ]] && kill "$dpid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass() { echo "PASS: $1"; }
+fail() { echo "FAIL: $1${2:+: $2}"; }
+
+start() {	# start LOG CMD...: background daemon, wait for its socket
+    local log=$1 sock=$tmp/d.sock; shift
+    rm -f "$sock"
+    "$@" >"$log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 100); do [[ -S $sock ]] && return 0; sleep 0.05; done
+    fail "daemon-start" "$(tail -3 "$log")"; return 1
+}
+stop() {	# SIGTERM; the daemon logs its final counters
+    kill -TERM "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; dpid=""
+}
+# check NAME JSON PYTHON-EXPR [env]: evaluate a condition over the JSON result
+check() {
+    local name=$1 json=$2 expr=$3
+    if python3 -c "
+import json, sys
+r = json.loads(sys.argv[1]); daemon = json.loads(sys.argv[2])
+ok = $expr
+if not ok:
+    print({k: r.get(k) for k in ('ios','errors','verify_errors','verified','kicks','calls',
+          'requests_submitted','requests_completed','bad_used')}, daemon)
+sys.exit(0 if ok else 1)" "$json" "${4:-{\}}"; then
+        pass "$name"
+    else
+        fail "$name"
+    fi
+}
+# daemon_requests LOG: JSON list of per-queue request counts from the exit log
+daemon_requests() {
+    python3 -c "
+import re, sys, json
+qs = {}
+for l in open(sys.argv[1]):
+    m = re.search(r'queue (\d+): requests (\d+)', l)
+    if m: qs[int(m.group(1))] = int(m.group(2))
+print(json.dumps({'requests': [qs[k] for k in sorted(qs)]}))" "$1"
+}
+
+truncate -s 64M "$tmp/disk.img"
+
+for jobs in 1 2; do
+    name="vblkd-verify-${jobs}job"
+    start "$tmp/$name.log" "$VBLKD" --socket "$tmp/d.sock" --disk "$tmp/disk.img" --queues 2 || continue
+    out=$("$BENCH" --socket "$tmp/d.sock" --rw randrw --bs 4k --iodepth 8 --numjobs "$jobs" \
+          --runtime 1 --ramp 0 --size 8M --rate-iops 4000 --verify --json 2>"$tmp/$name.err")
+    rc=$?
+    stop
+    d=$(daemon_requests "$tmp/$name.log")
+    if ((rc == 0)); then pass "$name-exit-0"; else fail "$name-exit-0" "rc=$rc $(head -3 "$tmp/$name.err")"; fi
+    [[ -n $out ]] || { fail "$name-json" "no output"; continue; }
+    check "$name-data" "$out" "r['errors'] == 0 and r['verify_errors'] == 0 and r['verified'] >= 1000"
+    check "$name-each-request-seen-once" "$out" \
+        "r['requests_submitted'] == r['requests_completed'] and r['bad_used'] == 0"
+    check "$name-daemon-agrees" "$out" "sum(daemon['requests']) == r['requests_submitted']" "$d"
+    check "$name-kicks-at-most-requests" "$out" "r['kicks'] <= r['ios'] and r['calls'] <= r['ios']"
+    if ((jobs == 2)); then
+        check "$name-both-queues-used" "$out" "len(daemon['requests']) == 2 and min(daemon['requests']) > 0" "$d"
+    fi
+done
+
+# Verification must catch bad data: the null backend drops writes.
+if start "$tmp/null.log" "$VBLKD" --socket "$tmp/d.sock" --backend null --size 64M; then
+    out=$("$BENCH" --socket "$tmp/d.sock" --rw randwrite --iodepth 4 --runtime 0.3 --ramp 0 \
+          --size 1M --verify --json 2>/dev/null)
+    rc=$?
+    stop
+    if ((rc == 1)); then pass verify-catches-lost-writes-exit-1; else fail verify-catches-lost-writes-exit-1 "rc=$rc"; fi
+    check verify-catches-lost-writes "$out" "r['verify_errors'] > 0 and r['errors'] >= r['verify_errors']"
+fi
+
+# The same driver against the peer, on the same kind of image.
+if command -v qemu-storage-daemon >/dev/null; then
+    if start "$tmp/qsd.log" qemu-storage-daemon \
+        --blockdev "driver=file,node-name=f0,filename=$tmp/disk.img,aio=io_uring" \
+        --export "type=vhost-user-blk,id=e0,node-name=f0,addr.type=unix,addr.path=$tmp/d.sock,writable=on,num-queues=2"; then
+        out=$("$BENCH" --socket "$tmp/d.sock" --rw randrw --bs 8k --iodepth 8 --numjobs 2 \
+              --runtime 1 --ramp 0 --size 8M --rate-iops 4000 --verify --json 2>"$tmp/qsd.err")
+        rc=$?
+        stop
+        if ((rc == 0)); then pass qsd-verify-2jobs-exit-0; else fail qsd-verify-2jobs-exit-0 "rc=$rc $(head -3 "$tmp/qsd.err")"; fi
+        check qsd-verify-2jobs-data "$out" "r['errors'] == 0 and r['verified'] >= 1000 and r['requests_submitted'] == r['requests_completed']"
+    fi
+else
+    echo "SKIP: qsd-verify (qemu-storage-daemon not installed)"
+fi
+
+# Clear errors.
+expect_error() {	# NAME PATTERN ARGS...
+    local name=$1 pat=$2 rc=0; shift 2
+    "$BENCH" "$@" >/dev/null 2>"$tmp/err" || rc=$?
+    if ((rc == 1)) && [[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -qE -- "$pat" "$tmp/err"; then
+        pass "$name"
+    else
+        fail "$name" "rc=$rc: $(cat "$tmp/err")"
+    fi
+}
+expect_error bench-nobody-listening "cannot connect to .*is a vhost-user-blk backend" --socket "$tmp/none.sock" --rw read
+expect_error bench-bad-rw "--rw 'sideways' is not one of" --socket "$tmp/d.sock" --rw sideways
+expect_error bench-bad-bs "--bs 1000 must be a multiple of 512" --socket "$tmp/d.sock" --rw read --bs 1000
+expect_error bench-verify-needs-writes "--verify needs a workload that writes" --socket "$tmp/d.sock" --rw read --verify
+expect_error bench-unknown-flag "unknown option '--fast'" --socket "$tmp/d.sock" --rw read --fast
+if start "$tmp/q1.log" "$VBLKD" --socket "$tmp/d.sock" --backend null --size 64M; then
+    expect_error bench-too-many-jobs "offers 1 queue, 2 asked" --socket "$tmp/d.sock" --rw read --numjobs 2
+    stop
+fi
+exit 0

@@ -44,7 +44,7 @@ tr -d '\r' <"$dir/guest.log" | awk '/^=+$/ && !p {p=1} p && !/^\[ *[0-9]/' |
     grep -av 'VBLK-GUEST' || true
 echo "----------------------------"
 kill -USR1 "$dpid"; sleep 0.2
-grep -E "queue [0-9]+: requests" "$dir/vblkd.log" | tail -2 | sed 's/^.*info: /vblkd: /'
+grep -E " stats \{" "$dir/vblkd.log" | tail -1 | sed 's/^.*info: stats /vblkd counters: /'
 if ((rc != 0)) || ! guest_log_result "$dir/guest.log" demo; then
     echo "demo FAILED (guest log: $dir/guest.log, daemon log: $dir/vblkd.log)"
     exit 1

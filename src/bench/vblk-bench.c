@@ -68,6 +68,8 @@ struct job {
 	struct hist lat;
 	uint64_t ios, bytes, errors, verify_errors, verified;
 	uint64_t submitted, completed;	/* every phase: ramp, measure, verify */
+	uint64_t last_progress_ns;	/* last completion (or first submit) */
+	bool stalled;
 	uint64_t kicks0, calls0;
 	uint64_t kicks, calls;
 };
@@ -301,6 +303,8 @@ static unsigned reap(struct job *j)
 			complete_one(j, s);
 			n++;
 		}
+		if (n)
+			j->last_progress_ns = sys_now_ns();
 		if (j->o->poll || !vdrv_enable_cb(j->q))
 			break;
 	}
@@ -337,15 +341,40 @@ static void wait_completion(struct job *j, uint64_t deadline_ns)
 	}
 }
 
+/* A request that never completes is the worst bug a device can have (a
+ * lost kick, a lost interrupt): after BENCH_STALL_NS without progress the
+ * job gives up and reports what is stranded. */
+#define BENCH_STALL_NS 5000000000ull
+
+static bool stalled(struct job *j)
+{
+	if (j->stalled)
+		return true;
+	if (!vdrv_inflight(j->q) || sys_now_ns() - j->last_progress_ns < BENCH_STALL_NS)
+		return false;
+	fprintf(stderr, "vblk-bench: job %u: %u requests got no completion in %llu s "
+		"(stranded: lost kick or lost interrupt?)\n", j->id, vdrv_inflight(j->q),
+		BENCH_STALL_NS / 1000000000ull);
+	j->errors += vdrv_inflight(j->q);
+	j->stalled = true;
+	return true;
+}
+
 static void run_load(struct job *j)
 {
 	uint64_t interval = j->o->rate_iops ? 1000000000ull / j->o->rate_iops : 0;
 	uint64_t next = sys_now_ns();
 
+	j->last_progress_ns = next;
 	if (j->o->poll)
 		vdrv_disable_cb(j->q);
 	while (atomic_load_explicit(&phase, memory_order_relaxed) != 2) {
 		unsigned added = 0;
+
+		if (stalled(j))
+			return;
+		if (!vdrv_inflight(j->q))
+			j->last_progress_ns = sys_now_ns();
 
 		while (j->nfree) {
 			if (interval) {
@@ -367,7 +396,7 @@ static void run_load(struct job *j)
 			wait_completion(j, interval && j->nfree ? next : 0);
 	}
 	/* Let what is in flight finish. */
-	while (vdrv_inflight(j->q)) {
+	while (vdrv_inflight(j->q) && !stalled(j)) {
 		wait_completion(j, sys_now_ns() + 100000000ull);
 		reap(j);
 	}
@@ -380,7 +409,8 @@ static void verify_pass(struct job *j)
 
 	if (j->o->poll)
 		vdrv_disable_cb(j->q);
-	while (b < j->nblocks || vdrv_inflight(j->q)) {
+	j->last_progress_ns = sys_now_ns();
+	while ((b < j->nblocks || vdrv_inflight(j->q)) && !stalled(j)) {
 		unsigned added = 0;
 
 		while (j->nfree && b < j->nblocks) {
@@ -407,7 +437,7 @@ static void *job_main(void *opaque)
 	struct job *j = opaque;
 
 	run_load(j);
-	if (j->gen)
+	if (j->gen && !j->stalled)
 		verify_pass(j);
 	return NULL;
 }

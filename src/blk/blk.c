@@ -36,6 +36,9 @@ struct blk_queue {
 	int kick_fd, call_fd, err_fd;	/* borrowed from vu */
 	struct loop_fd *kick_h;
 	struct loop_bh *resume_bh;	/* continue after a full budget */
+	struct loop_bh *notify_bh;	/* no EVENT_IDX: coalesce notifications */
+	bool polling;			/* the loop polls us: kicks stay off */
+	bool event_idx;
 	struct blk_req *reqs;		/* vq.num entries */
 	struct iovec *iovs;
 	uint16_t *free_reqs;		/* stack of free request indices */
@@ -45,6 +48,8 @@ struct blk_queue {
 
 	/* Counters: written by the iothread, read by anyone. */
 	_Atomic uint64_t requests, kicks, calls, calls_suppressed, bad_requests;
+	/* Poll counters of kick handlers that are gone (ring restarts). */
+	struct loop_poll_stats poll_base;
 };
 
 struct blk_dev {
@@ -54,6 +59,7 @@ struct blk_dev {
 	uint64_t acked;			/* main thread */
 	atomic_bool writeback;		/* main writes, iothread reads */
 	uint8_t wce;			/* config byte as the guest set it */
+	bool no_event_idx;		/* --no-event-idx: do not offer it */
 
 	struct loop *loop;		/* the iothread */
 	struct bdev_ctx *bctx;		/* iothread-owned */
@@ -71,14 +77,10 @@ static inline void stat_inc(_Atomic uint64_t *c)
 
 /* ---- Completion and notification (iothread) ---- */
 
-/* Deferred to the end of the batch: one used->idx publish and at most one
- * call-eventfd write per queue per batch. */
-static void blk_queue_notify(void *opaque)
+/* Publish the batch and decide on one interrupt for it (virtio 1.2, 2.7.7
+ * "Used Buffer Notification Suppression"). */
+static void blk_queue_signal(struct blk_queue *q)
 {
-	struct blk_queue *q = opaque;
-
-	if (!q->started)
-		return;
 	vq_flush(&q->vq);
 	if (!vq_should_notify(&q->vq)) {
 		stat_inc(&q->calls_suppressed);
@@ -88,6 +90,36 @@ static void blk_queue_notify(void *opaque)
 		stat_inc(&q->calls);
 		(void)sys_eventfd_signal(q->call_fd);
 	}
+}
+
+static void blk_notify_bh(void *opaque)
+{
+	struct blk_queue *q = opaque;
+
+	if (q->started)
+		blk_queue_signal(q);
+}
+
+/*
+ * Deferred to the end of the batch: one used->idx publish and at most one
+ * call-eventfd write per queue per batch.  With EVENT_IDX the driver says
+ * exactly when it wants an interrupt, so we decide now and never add
+ * latency.  Without it every batch would interrupt: publish now, but
+ * decide in a bottom half after one more non-blocking look at the fds, so
+ * completions that are already there share the interrupt.
+ */
+static void blk_queue_notify(void *opaque)
+{
+	struct blk_queue *q = opaque;
+
+	if (!q->started)
+		return;
+	if (!q->event_idx && defer_batching()) {
+		vq_flush(&q->vq);
+		loop_bh_schedule(q->notify_bh);
+		return;
+	}
+	blk_queue_signal(q);
 }
 
 static void blk_req_put(struct blk_queue *q, struct blk_req *r)
@@ -280,6 +312,14 @@ static void blk_queue_process(struct blk_queue *q)
 
 	if (!q->started || !q->enabled || q->vq.broken)
 		return;
+	if (q->polling) {
+		/* The loop polls this queue: kicks stay off until it stops
+		 * polling (blk_poll_end re-enables and re-checks). */
+		if (blk_queue_drain_avail(q, BLK_BUDGET) == BLK_BUDGET)
+			loop_bh_schedule(q->resume_bh);
+		q->dev->b->engine->kick(q->dev->bctx);
+		goto out;
+	}
 	for (;;) {
 		int n;
 
@@ -301,6 +341,7 @@ static void blk_queue_process(struct blk_queue *q)
 		if (!vq_enable_notify(&q->vq))
 			break;
 	}
+out:
 	if (q->vq.broken && q->err_fd >= 0)
 		(void)sys_eventfd_signal(q->err_fd);
 }
@@ -313,11 +354,56 @@ static void blk_resume_bh(void *opaque)
 static void blk_kick_cb(void *opaque, uint32_t events)
 {
 	struct blk_queue *q = opaque;
+	int64_t n = sys_eventfd_drain(q->kick_fd);
 
-	(void)sys_eventfd_drain(q->kick_fd);
-	stat_inc(&q->kicks);
+	/* The eventfd counter is the number of kicks since the last read. */
+	if (n > 0)
+		atomic_store_explicit(&q->kicks, atomic_load_explicit(&q->kicks,
+				      memory_order_relaxed) + (uint64_t)n,
+				      memory_order_relaxed);
 	blk_queue_process(q);
 }
+
+/* ---- Poll handler of the kick fd (see loop.h) ---- */
+
+static bool blk_poll(void *opaque)
+{
+	struct blk_queue *q = opaque;
+
+	return q->started && q->enabled && !q->vq.broken && vq_avail_pending(&q->vq);
+}
+
+static void blk_poll_run(void *opaque)
+{
+	blk_queue_process(opaque);
+}
+
+static void blk_poll_begin(void *opaque)
+{
+	struct blk_queue *q = opaque;
+
+	q->polling = true;
+	if (q->started)
+		vq_disable_notify(&q->vq);
+}
+
+static bool blk_poll_end(void *opaque)
+{
+	struct blk_queue *q = opaque;
+
+	q->polling = false;
+	if (!q->started || !q->enabled || q->vq.broken)
+		return false;
+	/* Kicks on, full barrier, re-check: the race-free way to sleep. */
+	return vq_enable_notify(&q->vq);
+}
+
+static const struct loop_poll_ops blk_poll_ops = {
+	.poll = blk_poll,
+	.run = blk_poll_run,
+	.begin = blk_poll_begin,
+	.end = blk_poll_end,
+};
 
 /* ---- Ring lifecycle, run on the iothread via loop_call_sync ---- */
 
@@ -368,10 +454,13 @@ static void do_queue_start(void *opaque)
 	q->call_fd = s->call_fd;
 	q->err_fd = s->err_fd;
 	q->enabled = s->enabled;
+	q->event_idx = s->cfg.event_idx;
+	q->polling = false;
 	r = loop_fd_add(q->dev->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);
 	if (r < 0)
 		goto err_pool;
 	q->started = true;
+	loop_fd_set_poll(q->kick_h, &blk_poll_ops);
 	/* The driver may have queued requests before we watched the kick
 	 * fd (e.g. after a restart): look at the ring once. */
 	blk_queue_process(q);
@@ -392,6 +481,13 @@ static void do_queue_stop(void *opaque)
 	c->last_avail = q->vq.last_avail_idx;
 	if (!q->started)
 		return;
+	{
+		struct loop_poll_stats ps;
+
+		loop_fd_poll_stats(q->kick_h, &ps);
+		q->poll_base.hits += ps.hits;
+		q->poll_base.misses += ps.misses;
+	}
 	loop_fd_del(q->dev->loop, q->kick_h);
 	q->kick_h = NULL;
 	/* In-flight requests complete into the ring before we report where
@@ -400,8 +496,9 @@ static void do_queue_stop(void *opaque)
 	if (q->inflight)
 		log_err("queue %u: %u requests still in flight after drain",
 			q->idx, q->inflight);
-	blk_queue_notify(q);
+	blk_queue_signal(q);
 	q->started = false;
+	q->polling = false;
 	q->kick_fd = q->call_fd = q->err_fd = -1;
 	blk_queue_free_pool(q);
 	c->last_avail = q->vq.last_avail_idx;
@@ -441,6 +538,8 @@ static uint64_t blk_features(void *opaque)
 
 	if (d->b->read_only)
 		f |= 1ull << VIRTIO_BLK_F_RO;
+	if (d->no_event_idx)
+		f &= ~(1ull << VIRTIO_RING_F_EVENT_IDX);
 	return f;
 }
 
@@ -572,8 +671,10 @@ static void do_ctx_free(void *opaque)
 {
 	struct blk_dev *d = opaque;
 
-	for (unsigned i = 0; i < d->num_queues; i++)
+	for (unsigned i = 0; i < d->num_queues; i++) {
 		loop_bh_free(d->q[i].resume_bh);
+		loop_bh_free(d->q[i].notify_bh);
+	}
 	d->b->engine->ctx_free(d->bctx);
 	d->bctx = NULL;
 }
@@ -591,6 +692,7 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 		return -ENOMEM;
 	d->b = b;
 	d->num_queues = o->num_queues;
+	d->no_event_idx = o->no_event_idx;
 	d->wce = 1;
 	/* Serial: up to 20 bytes, not NUL-terminated when full (5.2.6). */
 	strncpy(d->serial, o->serial ? o->serial : "", sizeof(d->serial));
@@ -604,6 +706,8 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 		q->idx = i;
 		q->kick_fd = q->call_fd = q->err_fd = -1;
 		r = loop_bh_new(d->loop, blk_resume_bh, q, &q->resume_bh);
+		if (r == 0)
+			r = loop_bh_new(d->loop, blk_notify_bh, q, &q->notify_bh);
 		if (r < 0)
 			goto err_loop;
 	}
@@ -611,6 +715,8 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	if (r < 0)
 		goto err_loop;
 	cc.d = d;
+	if (o->poll)
+		loop_set_poll_params(d->loop, o->poll);
 	loop_call_sync(d->loop, do_ctx_new, &cc);
 	if (cc.ret < 0) {
 		r = cc.ret;
@@ -623,8 +729,10 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	return 0;
 
 err_loop:
-	for (unsigned i = 0; i < d->num_queues; i++)
+	for (unsigned i = 0; i < d->num_queues; i++) {
 		loop_bh_free(d->q[i].resume_bh);
+		loop_bh_free(d->q[i].notify_bh);
+	}
 	loop_free(d->loop);
 err_free:
 	free(d);
@@ -643,15 +751,62 @@ void blk_dev_free(struct blk_dev *d)
 	free(d);
 }
 
-void blk_queue_stats(struct blk_dev *d, unsigned idx, struct blk_queue_stats *out)
-{
-	struct blk_queue *q = &d->q[idx];
+struct stats_call {
+	struct blk_dev *d;
+	struct blk_queue_stats *qs;
+};
 
-	out->requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
-	out->kicks = atomic_load_explicit(&q->kicks, memory_order_relaxed);
-	out->calls = atomic_load_explicit(&q->calls, memory_order_relaxed);
-	out->calls_suppressed = atomic_load_explicit(&q->calls_suppressed,
-						     memory_order_relaxed);
-	out->bad_requests = atomic_load_explicit(&q->bad_requests,
-						 memory_order_relaxed);
+/* On the iothread: kick handlers come and go with ring restarts, so their
+ * poll counters are read where they live. */
+static void do_stats(void *opaque)
+{
+	struct stats_call *c = opaque;
+
+	for (unsigned i = 0; i < c->d->num_queues; i++) {
+		struct blk_queue *q = &c->d->q[i];
+		struct blk_queue_stats *o = &c->qs[i];
+		struct loop_poll_stats ps = { 0 };
+
+		if (q->kick_h)
+			loop_fd_poll_stats(q->kick_h, &ps);
+		o->requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
+		o->kicks = atomic_load_explicit(&q->kicks, memory_order_relaxed);
+		o->calls = atomic_load_explicit(&q->calls, memory_order_relaxed);
+		o->calls_suppressed = atomic_load_explicit(&q->calls_suppressed,
+							   memory_order_relaxed);
+		o->bad_requests = atomic_load_explicit(&q->bad_requests,
+						       memory_order_relaxed);
+		o->poll_hits = q->poll_base.hits + ps.hits;
+		o->poll_misses = q->poll_base.misses + ps.misses;
+		o->poll_ns = ps.poll_ns;
+	}
+}
+
+void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
+		   struct blk_iothread_stats *ts)
+{
+	struct stats_call c = { d, qs };
+	struct loop_stats ls;
+
+	loop_call_sync(d->loop, do_stats, &c);
+	loop_get_stats(d->loop, &ls);
+	ts->busy_ns = ls.busy_ns;
+	ts->cpu_ns = ls.cpu_ns;
+	ts->poll_ns_total = ls.poll_ns_total;
+	ts->contended = ls.contended;
+}
+
+unsigned blk_dev_num_queues(const struct blk_dev *d)
+{
+	return d->num_queues;
+}
+
+void blk_set_poll_params(struct blk_dev *d, const struct loop_poll_params *p)
+{
+	loop_set_poll_params(d->loop, p);
+}
+
+void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p)
+{
+	loop_get_poll_params(d->loop, p);
 }

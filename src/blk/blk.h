@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "backend/bdev.h"
+#include "loop/loop.h"
 #include "vhost/vu.h"
 
 #define BLK_MAX_QUEUES 64
@@ -21,17 +22,29 @@
 struct blk_opts {
 	unsigned num_queues;		/* 1..BLK_MAX_QUEUES */
 	const char *serial;		/* GET_ID, at most 20 bytes used */
+	bool no_event_idx;		/* do not offer VIRTIO_RING_F_EVENT_IDX */
+	const struct loop_poll_params *poll;	/* NULL: loop defaults */
 };
 
 struct blk_dev;
 
-/* Per-queue counters, read by anyone (relaxed; may lag). */
+/* Per-queue counters (see docs/architecture.md "Counters"). */
 struct blk_queue_stats {
-	uint64_t requests;
-	uint64_t kicks;
-	uint64_t calls;
-	uint64_t calls_suppressed;
-	uint64_t bad_requests;
+	uint64_t requests;		/* requests taken from the ring */
+	uint64_t kicks;			/* guest kicks received */
+	uint64_t calls;			/* call-eventfd writes */
+	uint64_t calls_suppressed;	/* batches the driver did not want signalled */
+	uint64_t bad_requests;		/* failed for a malformed chain or header */
+	uint64_t poll_hits;		/* polling found requests */
+	uint64_t poll_misses;		/* requests came by kick after we slept */
+	uint64_t poll_ns;		/* current polling window of the queue */
+};
+
+struct blk_iothread_stats {
+	uint64_t busy_ns;		/* wall time not asleep */
+	uint64_t cpu_ns;		/* the thread's CPU time */
+	uint64_t poll_ns_total;		/* wall time spent busy-polling */
+	uint64_t contended;		/* polling stopped: CPU was stolen */
 };
 
 /* Create the device and start its iothread.  Returns 0 or -errno.
@@ -40,7 +53,14 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out);
 /* Stop every queue (draining I/O), stop the iothread, free. */
 void blk_dev_free(struct blk_dev *d);
 
-void blk_queue_stats(struct blk_dev *d, unsigned idx, struct blk_queue_stats *out);
+/* Snapshot of every queue's counters (qs: num_queues entries) and the
+ * iothread's.  Main thread (hands off to the iothread). */
+void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
+		   struct blk_iothread_stats *ts);
+unsigned blk_dev_num_queues(const struct blk_dev *d);
+/* Polling knobs, at runtime.  Any thread. */
+void blk_set_poll_params(struct blk_dev *d, const struct loop_poll_params *p);
+void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p);
 
 extern const struct vu_dev_ops blk_vu_ops;
 

@@ -14,6 +14,17 @@ struct defer_entry {
 static __thread unsigned defer_depth;
 static __thread struct defer_entry *defer_q;
 static __thread unsigned defer_len, defer_cap;
+static bool defer_on = true;
+
+void defer_set_batching(bool on)
+{
+	defer_on = on;
+}
+
+bool defer_batching(void)
+{
+	return defer_on;
+}
 
 void defer_begin(void)
 {
@@ -22,7 +33,7 @@ void defer_begin(void)
 
 void defer_call(defer_fn fn, void *arg)
 {
-	if (defer_depth == 0) {
+	if (defer_depth == 0 || !defer_on) {
 		fn(arg);
 		return;
 	}

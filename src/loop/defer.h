@@ -12,6 +12,8 @@
 #ifndef VBLK_DEFER_H
 #define VBLK_DEFER_H
 
+#include <stdbool.h>
+
 typedef void (*defer_fn)(void *arg);
 
 void defer_begin(void);
@@ -19,5 +21,10 @@ void defer_end(void);
 /* Queue fn(arg) for the end of the outermost section; duplicates of a
  * pending (fn, arg) pair are coalesced into one call. */
 void defer_call(defer_fn fn, void *arg);
+
+/* Ablation (--no-batch): when off, defer_call() always runs fn at once.
+ * Process-wide; set before any thread starts. */
+void defer_set_batching(bool on);
+bool defer_batching(void);
 
 #endif

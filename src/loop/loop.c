@@ -1,11 +1,12 @@
 #include "loop/loop.h"
 
 #include <errno.h>
-#include <stdio.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loop/defer.h"
@@ -15,12 +16,32 @@
 
 #define LOOP_MAX_EVENTS 64
 
+/* First window of a handler that starts polling. */
+#define LOOP_POLL_START_NS 4000ull
+/* A handler idle this long stops polling (poll_ns back to 0): an idle
+ * disk must cost no CPU within a second of the load stopping. */
+#define LOOP_POLL_IDLE_NS 1000000000ull
+/* Contention check: every period of polling, compare CPU time with the
+ * time we wanted to run; well below it means the core is shared and our
+ * polling is paid for by someone else: stop polling for a while. */
+#define LOOP_CONTENTION_PERIOD_NS 5000000ull
+#define LOOP_CONTENTION_BACKOFF_NS 100000000ull
+
 struct loop_fd {
 	int fd;
 	bool deleted;		/* set by loop_fd_del; freed after dispatch */
 	loop_fd_cb cb;
 	void *opaque;
+	struct loop *loop;
 	struct loop_fd *next_free;
+
+	/* Polling (loop thread). */
+	const struct loop_poll_ops *pops;
+	struct loop_fd *next_poll;
+	uint64_t poll_ns;
+	uint64_t last_active_ns;
+	/* Mirrors for readers on other threads. */
+	_Atomic uint64_t st_hits, st_misses, st_poll_ns;
 };
 
 struct loop_bh {
@@ -29,6 +50,15 @@ struct loop_bh {
 	void *opaque;
 	bool scheduled;
 	struct loop_bh *next;	/* on loop->bh_list while scheduled */
+};
+
+struct loop_timer {
+	struct loop *loop;
+	loop_cb cb;
+	void *opaque;
+	uint64_t deadline;
+	bool armed;
+	struct loop_timer *next;	/* loop->timers, sorted by deadline */
 };
 
 /* A pending loop_call_sync() request, owned by the calling thread's stack. */
@@ -53,13 +83,47 @@ struct loop {
 
 	/* Loop thread only. */
 	struct loop_bh *bh_list;
+	struct loop_timer *timers;
 	struct loop_fd *free_list;	/* deleted handlers, freed after dispatch */
+	struct loop_fd *polls;		/* handlers with poll ops */
+	bool poll_started;		/* begin() called, end() not yet */
+	uint64_t contended_until;
+	uint64_t cs_wall0, cs_cpu0, cs_blocked0;	/* contention sample */
+	bool polled_in_sample;
+	uint64_t blocked_total;
+
+	/* Knobs (any thread writes) and counters (any thread reads). */
+	_Atomic uint64_t p_max_ns;
+	_Atomic unsigned p_grow, p_shrink;
+	_Atomic uint64_t st_busy_ns, st_poll_ns, st_contended;
+	clockid_t cpu_clock;
+	atomic_bool have_cpu_clock;
 
 	/* Cross-thread calls, protected by call_lock. */
 	pthread_mutex_t call_lock;
 	pthread_cond_t call_done;
 	struct loop_call *calls;
 };
+
+static inline void st_add(_Atomic uint64_t *c, uint64_t v)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+			      memory_order_relaxed);
+}
+
+static inline void st_set(_Atomic uint64_t *c, uint64_t v)
+{
+	atomic_store_explicit(c, v, memory_order_relaxed);
+}
+
+static uint64_t clock_ns(clockid_t id)
+{
+	struct timespec ts;
+
+	if (clock_gettime(id, &ts) < 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static void loop_run_calls(struct loop *l)
 {
@@ -93,6 +157,9 @@ int loop_new(const char *name, struct loop **out)
 	if (!l)
 		return -ENOMEM;
 	snprintf(l->name, sizeof(l->name), "%s", name);
+	l->p_max_ns = 32768;
+	l->p_grow = 2;
+	l->p_shrink = 2;
 	l->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (l->epfd < 0) {
 		r = -errno;
@@ -143,6 +210,8 @@ void loop_free(struct loop *l)
 	free(l);
 }
 
+/* ---- fd handlers ---- */
+
 int loop_fd_add(struct loop *l, int fd, uint32_t events, loop_fd_cb cb,
 		void *opaque, struct loop_fd **out)
 {
@@ -154,6 +223,7 @@ int loop_fd_add(struct loop *l, int fd, uint32_t events, loop_fd_cb cb,
 	h->fd = fd;
 	h->cb = cb;
 	h->opaque = opaque;
+	h->loop = l;
 	ev.data.ptr = h;
 	if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
 		int r = -errno;
@@ -171,12 +241,67 @@ void loop_fd_del(struct loop *l, struct loop_fd *h)
 	if (!h || h->deleted)
 		return;
 	epoll_ctl(l->epfd, EPOLL_CTL_DEL, h->fd, NULL);
+	if (h->pops) {
+		struct loop_fd **p;
+
+		for (p = &l->polls; *p; p = &(*p)->next_poll)
+			if (*p == h) {
+				*p = h->next_poll;
+				break;
+			}
+	}
 	/* Events for h may already sit in this iteration's array: keep the
 	 * memory until dispatch is over and let the deleted flag skip them. */
 	h->deleted = true;
 	h->next_free = l->free_list;
 	l->free_list = h;
 }
+
+void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops)
+{
+	struct loop *l = h->loop;
+
+	h->pops = ops;
+	h->poll_ns = 0;
+	h->last_active_ns = sys_now_ns();
+	h->next_poll = l->polls;
+	l->polls = h;
+	/* Join a polling session in progress so begin/end stay paired. */
+	if (l->poll_started)
+		ops->begin(h->opaque);
+}
+
+void loop_fd_poll_stats(const struct loop_fd *h, struct loop_poll_stats *out)
+{
+	out->hits = atomic_load_explicit(&h->st_hits, memory_order_relaxed);
+	out->misses = atomic_load_explicit(&h->st_misses, memory_order_relaxed);
+	out->poll_ns = atomic_load_explicit(&h->st_poll_ns, memory_order_relaxed);
+}
+
+void loop_set_poll_params(struct loop *l, const struct loop_poll_params *p)
+{
+	atomic_store(&l->p_max_ns, p->max_ns);
+	atomic_store(&l->p_grow, p->grow < 2 ? 2 : p->grow);
+	atomic_store(&l->p_shrink, p->shrink);
+}
+
+void loop_get_poll_params(struct loop *l, struct loop_poll_params *p)
+{
+	p->max_ns = atomic_load(&l->p_max_ns);
+	p->grow = atomic_load(&l->p_grow);
+	p->shrink = atomic_load(&l->p_shrink);
+}
+
+void loop_get_stats(struct loop *l, struct loop_stats *out)
+{
+	out->busy_ns = atomic_load_explicit(&l->st_busy_ns, memory_order_relaxed);
+	out->poll_ns_total = atomic_load_explicit(&l->st_poll_ns, memory_order_relaxed);
+	out->contended = atomic_load_explicit(&l->st_contended, memory_order_relaxed);
+	out->cpu_ns = atomic_load(&l->have_cpu_clock) && atomic_load(&l->running) ?
+		      clock_ns(l->cpu_clock) : 0;
+}
+
+/* ---- Bottom halves and timers ---- */
 
 int loop_bh_new(struct loop *l, loop_cb cb, void *opaque, struct loop_bh **out)
 {
@@ -216,8 +341,9 @@ void loop_bh_free(struct loop_bh *bh)
 
 static void loop_run_bhs(struct loop *l)
 {
-	/* Bottom halves scheduled by bottom halves run in the next iteration:
-	 * take the list first so a self-rescheduling bh cannot starve fds. */
+	/* Bottom halves scheduled by bottom halves (or by the deferred calls
+	 * after this phase) run in the next iteration: take the list first so
+	 * a self-rescheduling bh cannot starve fds. */
 	struct loop_bh *bh = l->bh_list;
 
 	l->bh_list = NULL;
@@ -230,43 +356,273 @@ static void loop_run_bhs(struct loop *l)
 	}
 }
 
+int loop_timer_new(struct loop *l, loop_cb cb, void *opaque, struct loop_timer **out)
+{
+	struct loop_timer *t = calloc(1, sizeof(*t));
+
+	if (!t)
+		return -ENOMEM;
+	t->loop = l;
+	t->cb = cb;
+	t->opaque = opaque;
+	*out = t;
+	return 0;
+}
+
+void loop_timer_del(struct loop_timer *t)
+{
+	struct loop_timer **p;
+
+	if (!t || !t->armed)
+		return;
+	for (p = &t->loop->timers; *p; p = &(*p)->next)
+		if (*p == t) {
+			*p = t->next;
+			break;
+		}
+	t->armed = false;
+}
+
+void loop_timer_mod(struct loop_timer *t, uint64_t deadline_ns)
+{
+	struct loop_timer **p;
+
+	loop_timer_del(t);
+	t->deadline = deadline_ns;
+	for (p = &t->loop->timers; *p && (*p)->deadline <= deadline_ns; p = &(*p)->next)
+		;
+	t->next = *p;
+	*p = t;
+	t->armed = true;
+}
+
+void loop_timer_free(struct loop_timer *t)
+{
+	loop_timer_del(t);
+	free(t);
+}
+
+static void loop_run_timers(struct loop *l, uint64_t now)
+{
+	struct loop_timer *t;
+
+	while ((t = l->timers) != NULL && t->deadline <= now) {
+		l->timers = t->next;
+		t->armed = false;
+		t->cb(t->opaque);
+	}
+}
+
+/* ---- Polling ---- */
+
+/* One pass over the poll handlers; true if any found work. */
+static bool loop_poll_once(struct loop *l, uint64_t now)
+{
+	bool progress = false;
+
+	defer_begin();
+	for (struct loop_fd *h = l->polls, *next; h; h = next) {
+		next = h->next_poll;
+		if (h->pops->poll(h->opaque)) {
+			h->pops->run(h->opaque);
+			h->last_active_ns = now;
+			st_add(&h->st_hits, 1);
+			progress = true;
+		}
+	}
+	/* Completions found while polling are notified now, never later. */
+	defer_end();
+	return progress;
+}
+
+/* Is our polling paid for by another thread's CPU?  Sampled every
+ * LOOP_CONTENTION_PERIOD_NS while polling. */
+static void loop_check_contention(struct loop *l, uint64_t now)
+{
+	uint64_t wall = now - l->cs_wall0, cpu, runnable;
+
+	if (wall < LOOP_CONTENTION_PERIOD_NS)
+		return;
+	cpu = clock_ns(l->cpu_clock);
+	if (l->polled_in_sample && l->cs_wall0) {
+		runnable = wall - MIN(wall, l->blocked_total - l->cs_blocked0);
+		/* Under a quarter of the time we wanted, stolen, is noise
+		 * (interrupts, a stray task); more means a shared core. */
+		if (runnable > wall / 2 && cpu - l->cs_cpu0 < runnable / 4 * 3) {
+			l->contended_until = now + LOOP_CONTENTION_BACKOFF_NS;
+			st_add(&l->st_contended, 1);
+			log_debug("loop %s: CPU contended (%llu of %llu ns runnable), "
+				  "polling off for %llu ms", l->name,
+				  (unsigned long long)(cpu - l->cs_cpu0),
+				  (unsigned long long)runnable,
+				  LOOP_CONTENTION_BACKOFF_NS / 1000000);
+		}
+	}
+	l->cs_wall0 = now;
+	l->cs_cpu0 = cpu;
+	l->cs_blocked0 = l->blocked_total;
+	l->polled_in_sample = false;
+}
+
+/*
+ * Phase 2, the one place that decides between polling and sleeping.
+ * Returns true if work was found (the caller must not block).
+ * timeout_ms is the block time the other phases allow (-1: forever).
+ */
+static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
+{
+	struct loop_poll_params p;
+	uint64_t now, window = 0;
+	bool progress = false;
+
+	if (!l->polls)
+		return false;
+	loop_get_poll_params(l, &p);
+	now = sys_now_ns();
+	if (timeout_ms != 0 && p.max_ns && now >= l->contended_until) {
+		for (struct loop_fd *h = l->polls; h; h = h->next_poll) {
+			if (h->poll_ns && now - h->last_active_ns > LOOP_POLL_IDLE_NS) {
+				h->poll_ns = 0;
+				st_set(&h->st_poll_ns, 0);
+			}
+			window = MAX(window, MIN(h->poll_ns, p.max_ns));
+		}
+		if (timeout_ms > 0)
+			window = MIN(window, (uint64_t)timeout_ms * 1000000ull);
+	}
+	if (window) {
+		uint64_t start = now;
+
+		if (!l->poll_started) {
+			for (struct loop_fd *h = l->polls; h; h = h->next_poll)
+				h->pops->begin(h->opaque);
+			l->poll_started = true;
+		}
+		do {
+			if (loop_poll_once(l, now)) {
+				progress = true;
+				break;
+			}
+			now = sys_now_ns();
+		} while (now - start < window);
+		st_add(&l->st_poll_ns, now - start);
+		l->polled_in_sample = true;
+		loop_check_contention(l, now);
+		if (progress)
+			return true;	/* stay in polling mode, kicks stay off */
+	}
+	if (l->poll_started && timeout_ms != 0) {
+		/* About to sleep: notifications on, then one last look. */
+		l->poll_started = false;
+		defer_begin();
+		for (struct loop_fd *h = l->polls, *next; h; h = next) {
+			next = h->next_poll;
+			if (h->pops->end(h->opaque)) {
+				h->pops->run(h->opaque);
+				h->last_active_ns = now;
+				st_add(&h->st_hits, 1);
+				progress = true;
+			}
+		}
+		defer_end();
+	}
+	return progress;
+}
+
+/* A poll handler's fd fired after we blocked for block_ns: grow its
+ * window if a slightly longer one would have caught this, shrink it if
+ * the wait was beyond any window we would pay for. */
+static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_ns,
+			     uint64_t now)
+{
+	struct loop_poll_params p;
+
+	loop_get_poll_params(l, &p);
+	st_add(&h->st_misses, 1);
+	h->last_active_ns = now;
+	if (block_ns <= h->poll_ns) {
+		/* The window was long enough; it was cut short (timer,
+		 * contention).  Nothing to learn. */
+	} else if (block_ns > p.max_ns) {
+		h->poll_ns = p.shrink ? h->poll_ns / p.shrink : 0;
+	} else if (h->poll_ns < p.max_ns && now >= l->contended_until) {
+		h->poll_ns = h->poll_ns ? h->poll_ns * p.grow : LOOP_POLL_START_NS;
+		if (h->poll_ns > p.max_ns)
+			h->poll_ns = p.max_ns;
+	}
+	st_set(&h->st_poll_ns, h->poll_ns);
+}
+
+/* ---- The loop ---- */
+
+static int loop_timeout_ms(struct loop *l, uint64_t now)
+{
+	uint64_t d;
+
+	if (l->bh_list)
+		return 0;
+	if (!l->timers)
+		return -1;
+	if (l->timers->deadline <= now)
+		return 0;
+	d = (l->timers->deadline - now + 999999) / 1000000;
+	return d > 60000 ? 60000 : (int)d;
+}
+
 int loop_run(struct loop *l)
 {
 	struct epoll_event evs[LOOP_MAX_EVENTS];
+	uint64_t now;
 
 	l->thread = pthread_self();
+	if (pthread_getcpuclockid(l->thread, &l->cpu_clock) == 0)
+		atomic_store(&l->have_cpu_clock, true);
 	pthread_mutex_lock(&l->call_lock);
 	l->accepting = true;
 	pthread_mutex_unlock(&l->call_lock);
 	atomic_store(&l->running, true);
 	/* Calls queued before we started would otherwise wait for a wake-up. */
 	loop_run_calls(l);
+	now = sys_now_ns();
 
 	while (!atomic_load(&l->stop)) {
-		/* Phase 1: block only if nothing is pending. */
-		int timeout = l->bh_list ? 0 : -1;
-		/* Phase 2. */
-		int n = epoll_wait(l->epfd, evs, LOOP_MAX_EVENTS, timeout);
+		uint64_t t0, t1;
+		int timeout, n;
 
+		/* Phase 1. */
+		loop_run_timers(l, now);
+		/* Phase 2. */
+		timeout = loop_timeout_ms(l, now);
+		if (loop_poll_or_sleep(l, timeout))
+			timeout = 0;
+		/* Phase 3. */
+		t0 = sys_now_ns();
+		st_add(&l->st_busy_ns, t0 - now);
+		n = epoll_wait(l->epfd, evs, LOOP_MAX_EVENTS, timeout);
+		t1 = sys_now_ns();
+		l->blocked_total += t1 - t0;
+		now = t1;
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
 			log_err("loop %s: epoll_wait: %s", l->name, strerror(errno));
-			atomic_store(&l->running, false);
-			return -errno;
+			break;
 		}
-		/* Phases 3 and 4 form one batch for deferred calls (phase 5). */
+		/* Phases 4 and 5 form one batch for deferred calls (phase 6). */
 		defer_begin();
 		for (int i = 0; i < n; i++) {
 			struct loop_fd *h = evs[i].data.ptr;
 
 			if (h->deleted)
 				continue;
+			if (h->pops && timeout != 0)
+				loop_adjust_poll(l, h, t1 - t0, now);
 			h->cb(h->opaque, evs[i].events);
 		}
 		loop_run_bhs(l);
 		defer_end();
 		loop_reap_deleted(l);
+		now = sys_now_ns();
 	}
 	atomic_store(&l->stop, false);
 	/* Nobody may be left waiting on a loop that no longer runs: refuse new

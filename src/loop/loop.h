@@ -3,14 +3,24 @@
  * (the main thread and each iothread).  An iteration is a visible list of
  * phases (see loop_run):
  *
- *   1. decide how long to block (0 if bottom halves are pending)
- *   2. epoll_wait
- *   3. dispatch ready fd handlers       -- inside one defer section
- *   4. run scheduled bottom halves      -- inside the same defer section
- *   5. defer_end(): run deferred calls (one call-eventfd write per queue)
+ *   1. timers: run the expired ones
+ *   2. poll or sleep, decided in one place (loop_poll_or_sleep):
+ *      busy-poll the poll handlers for up to the adaptive window, with
+ *      their notifications off; if nothing turned up, turn notifications
+ *      back on, re-check, and only then block
+ *   3. epoll_wait (0 if polling made progress or bottom halves wait)
+ *   4. dispatch ready fd handlers        -- one defer section
+ *   5. run scheduled bottom halves      -- same section
+ *   6. defer_end(): deferred calls (one call-eventfd write per queue)
+ *
+ * Adaptive polling is per handler (each poll handler has its own poll_ns;
+ * the loop polls for the largest): a busy queue keeps polling while an
+ * idle queue on the same thread drops out and costs nothing.  See
+ * docs/architecture.md "Polling".
  *
  * Threading: everything here is loop-thread-only except loop_stop(),
- * loop_call_sync() and loop_in_thread(), which any thread may call.
+ * loop_call_sync(), loop_in_thread(), loop_set_poll_params() and the
+ * stats readers, which any thread may call.
  */
 #ifndef VBLK_LOOP_H
 #define VBLK_LOOP_H
@@ -22,6 +32,7 @@
 struct loop;
 struct loop_fd;
 struct loop_bh;
+struct loop_timer;
 
 typedef void (*loop_fd_cb)(void *opaque, uint32_t events);
 typedef void (*loop_cb)(void *opaque);
@@ -44,11 +55,62 @@ int loop_fd_add(struct loop *l, int fd, uint32_t events, loop_fd_cb cb,
  */
 void loop_fd_del(struct loop *l, struct loop_fd *h);
 
+/*
+ * Poll handler of an fd handler: lets the loop find the fd's work by
+ * busy-polling memory instead of waiting for the fd.
+ *   poll(): is there work?  Cheap, no syscalls, no side effects.
+ *   run():  do the work (notifications stay off while polling).
+ *   begin(): polling starts: ask the other side not to notify.
+ *   end():  polling stops: ask for notifications again, with a full
+ *           barrier, and return true if work arrived meanwhile (the loop
+ *           then calls run() instead of sleeping, so nothing is lost).
+ */
+struct loop_poll_ops {
+	bool (*poll)(void *opaque);
+	void (*run)(void *opaque);
+	void (*begin)(void *opaque);
+	bool (*end)(void *opaque);
+};
+void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops);
+
+/* Per poll handler counters, readable from any thread (relaxed). */
+struct loop_poll_stats {
+	uint64_t hits;		/* polling found work */
+	uint64_t misses;	/* work came by the fd after the loop blocked */
+	uint64_t poll_ns;	/* current window */
+};
+void loop_fd_poll_stats(const struct loop_fd *h, struct loop_poll_stats *out);
+
+/* Polling knobs; any thread, take effect at the next window. */
+struct loop_poll_params {
+	uint64_t max_ns;	/* cap; 0 disables polling */
+	unsigned grow;		/* window multiplier on a near miss (>= 2) */
+	unsigned shrink;	/* divisor when blocking exceeds the cap; 0 resets */
+};
+void loop_set_poll_params(struct loop *l, const struct loop_poll_params *p);
+void loop_get_poll_params(struct loop *l, struct loop_poll_params *p);
+
+/* Per loop counters, readable from any thread (relaxed). */
+struct loop_stats {
+	uint64_t busy_ns;	/* wall time not blocked in epoll_wait */
+	uint64_t cpu_ns;	/* the thread's CPU time */
+	uint64_t poll_ns_total;	/* wall time spent busy-polling */
+	uint64_t contended;	/* polling windows cut because the CPU was stolen */
+};
+void loop_get_stats(struct loop *l, struct loop_stats *out);
+
 /* Bottom halves: callbacks scheduled to run once at the end of the
- * current iteration (phase 4). */
+ * current iteration (phase 5). */
 int loop_bh_new(struct loop *l, loop_cb cb, void *opaque, struct loop_bh **out);
 void loop_bh_schedule(struct loop_bh *bh);
 void loop_bh_free(struct loop_bh *bh);
+
+/* One-shot timers on CLOCK_MONOTONIC (phase 1). */
+int loop_timer_new(struct loop *l, loop_cb cb, void *opaque, struct loop_timer **out);
+/* (Re)arm to fire at deadline_ns (sys_now_ns() clock). */
+void loop_timer_mod(struct loop_timer *t, uint64_t deadline_ns);
+void loop_timer_del(struct loop_timer *t);
+void loop_timer_free(struct loop_timer *t);
 
 /* Run iterations until loop_stop().  Returns 0 or -errno.  Loop thread. */
 int loop_run(struct loop *l);
@@ -60,14 +122,14 @@ void loop_stop(struct loop *l);
  * the control plane (vhost-user messages, main thread) hands state changes
  * to the iothread that owns the state: never raced, always serialized with
  * the data path.  Called on the loop thread itself, runs fn directly.
- * Returns 0, or -errno if the loop is not running.
+ * Returns 0.
  */
 int loop_call_sync(struct loop *l, loop_cb fn, void *arg);
 
 /* True when called on the thread currently running l. */
 bool loop_in_thread(struct loop *l);
 
-/* Start a pthread that names itself `name` and runs loop_run(l).
+/* Start a pthread that names itself after the loop and runs loop_run(l).
  * Returns 0 or -errno.  loop_thread_join() stops it and waits. */
 int loop_thread_start(struct loop *l);
 void loop_thread_join(struct loop *l);

@@ -17,6 +17,8 @@
 #include "config.h"
 #include "backend/bdev.h"
 #include "blk/blk.h"
+#include "ctl/ctl.h"
+#include "loop/defer.h"
 #include "loop/loop.h"
 #include "util/log.h"
 #include "vhost/vu.h"
@@ -49,11 +51,20 @@ static void usage(FILE *f)
 "                       completes at once, reads zeroes (for benchmarks)\n"
 "  --size SIZE          null backend without --disk: disk size, e.g. 1G\n"
 "  --log-level L        error, warn, info (default) or debug\n"
+"  --control PATH       control socket for vblkctl (stats, polling knobs)\n"
+"\n"
+"Notifications (see docs/architecture.md):\n"
+"  --poll-max-ns N      cap of the adaptive polling window (default 32768;\n"
+"                       0 turns polling off)\n"
+"  --poll-grow N        window multiplier on a near miss (default 2)\n"
+"  --poll-shrink N      window divisor after a long sleep; 0 resets (default 2)\n"
+"  --no-batch           one interrupt decision per completion (ablation)\n"
+"  --no-event-idx       do not offer VIRTIO_RING_F_EVENT_IDX (ablation)\n"
 "  --help               show this help\n"
 "  --version            show the version\n"
 "\n"
 "Signals: SIGTERM/SIGINT finish in-flight I/O and exit 0; SIGUSR1 logs\n"
-"per-queue counters.\n", BLK_MAX_QUEUES);
+"the counters (the same JSON as vblkctl stats).\n", BLK_MAX_QUEUES);
 }
 
 /* One line on stderr, exit 1: for every user mistake. */
@@ -116,17 +127,10 @@ static void default_serial(const char *path, char *out, size_t len)
 
 static void log_stats(struct vblkd *v)
 {
-	for (unsigned i = 0; i < v->num_queues; i++) {
-		struct blk_queue_stats st;
+	char buf[16384];
 
-		blk_queue_stats(v->dev, i, &st);
-		log_info("queue %u: requests %llu kicks %llu calls %llu "
-			 "calls_suppressed %llu bad_requests %llu", i,
-			 (unsigned long long)st.requests, (unsigned long long)st.kicks,
-			 (unsigned long long)st.calls,
-			 (unsigned long long)st.calls_suppressed,
-			 (unsigned long long)st.bad_requests);
-	}
+	if (ctl_stats_json(v->dev, buf, sizeof(buf)) > 0)
+		log_info("stats %s", buf);
 }
 
 static void signal_cb(void *opaque, uint32_t events)
@@ -157,15 +161,23 @@ int main(int argc, char **argv)
 		{ "serial", required_argument, NULL, 'S' },
 		{ "backend", required_argument, NULL, 'B' },
 		{ "size", required_argument, NULL, 'z' },
+		{ "control", required_argument, NULL, 'C' },
+		{ "poll-max-ns", required_argument, NULL, 'P' },
+		{ "poll-grow", required_argument, NULL, 'G' },
+		{ "poll-shrink", required_argument, NULL, 'K' },
+		{ "no-batch", no_argument, NULL, 'N' },
+		{ "no-event-idx", no_argument, NULL, 'E' },
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
-	struct blk_opts ko = { .num_queues = 1 };
-	const char *sock = NULL;
-	char serial[32], err[512];
+	struct loop_poll_params poll = { .max_ns = 32768, .grow = 2, .shrink = 2 };
+	struct blk_opts ko = { .num_queues = 1, .poll = &poll };
+	const char *sock = NULL, *ctl_path = NULL;
+	struct ctl_server *ctl = NULL;
+	char serial[32], err[600], msg[512];
 	struct vblkd v = { .sfd = -1 };
 	struct vu_server *srv = NULL;
 	struct bdev b;
@@ -203,6 +215,14 @@ int main(int argc, char **argv)
 			break;
 		case 'B': bo.engine = optarg; break;
 		case 'z': bo.size = parse_size("--size", optarg); break;
+		case 'C': ctl_path = optarg; break;
+		case 'P':
+			poll.max_ns = parse_uint("--poll-max-ns", optarg, 0, 1000000000);
+			break;
+		case 'G': poll.grow = parse_uint("--poll-grow", optarg, 2, 1024); break;
+		case 'K': poll.shrink = parse_uint("--poll-shrink", optarg, 0, 1024); break;
+		case 'N': defer_set_batching(false); break;
+		case 'E': ko.no_event_idx = true; break;
 		case 'l':
 			r = log_parse_level(optarg);
 			if (r < 0)
@@ -261,9 +281,19 @@ int main(int argc, char **argv)
 			 strerror(errno));
 		goto err_loop;
 	}
-	r = vu_server_new(sock, v.loop, &blk_vu_ops, v.dev, &srv, err, sizeof(err));
-	if (r < 0)
+	if (ctl_path) {
+		r = ctl_server_new(ctl_path, v.loop, v.dev, &ctl, msg, sizeof(msg));
+		if (r < 0) {
+			snprintf(err, sizeof(err), "--control: %s", msg);
+			goto err_loop;
+		}
+	}
+	r = vu_server_new(sock, v.loop, &blk_vu_ops, v.dev, &srv, msg, sizeof(msg));
+	if (r < 0) {
+		snprintf(err, sizeof(err), "--socket: %s", msg);
+		ctl_server_free(ctl);
 		goto err_loop;
+	}
 
 	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s) on %s",
 		 b.path, (unsigned long long)b.size, b.block_size, b.engine->name,
@@ -274,6 +304,7 @@ int main(int argc, char **argv)
 
 	vu_server_free(srv);
 	log_stats(&v);
+	ctl_server_free(ctl);
 	blk_dev_free(v.dev);
 	if (!b.read_only && b.fd >= 0 && fdatasync(b.fd) < 0)
 		log_err("final fdatasync of %s failed: %s", b.path, strerror(errno));

@@ -20,6 +20,7 @@
 #include "loop/loop.h"
 #include "util/compiler.h"
 #include "util/log.h"
+#include "util/sock.h"
 #include "util/sys.h"
 #include "vhost/vhost_user.h"
 
@@ -890,67 +891,6 @@ static void vu_listen_cb(void *opaque, uint32_t events)
 	log_info("frontend connected");
 }
 
-static int vu_bind(struct vu_server *s, const char *path, char *err, size_t errlen)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct stat st;
-	int fd, r;
-
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		snprintf(err, errlen, "socket path '%s' is longer than %zu bytes: "
-			 "choose a shorter --socket", path, sizeof(sa.sun_path) - 1);
-		return -ENAMETOOLONG;
-	}
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0) {
-		r = -errno;
-		snprintf(err, errlen, "cannot create a unix socket: %s", strerror(-r));
-		return r;
-	}
-	if (lstat(path, &st) == 0) {
-		int probe;
-
-		if (!S_ISSOCK(st.st_mode)) {
-			snprintf(err, errlen, "'%s' exists and is not a socket: remove "
-				 "it or choose another --socket", path);
-			r = -EEXIST;
-			goto err_close;
-		}
-		probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-			close(probe);
-			snprintf(err, errlen, "socket '%s' is in use by a running "
-				 "process: stop it or choose another --socket", path);
-			r = -EADDRINUSE;
-			goto err_close;
-		}
-		if (probe >= 0)
-			close(probe);
-		/* Nobody listens: a stale file from a dead daemon. */
-		log_info("replacing stale socket %s", path);
-		unlink(path);
-	}
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = -errno;
-		snprintf(err, errlen, "cannot bind socket '%s': %s%s", path,
-			 strerror(-r), r == -ENOENT ? " (does its directory exist?)" : "");
-		goto err_close;
-	}
-	if (listen(fd, 4) < 0) {
-		r = -errno;
-		snprintf(err, errlen, "cannot listen on '%s': %s", path, strerror(-r));
-		unlink(path);
-		goto err_close;
-	}
-	s->listen_fd = fd;
-	return 0;
-
-err_close:
-	close(fd);
-	return r;
-}
-
 int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops,
 		  void *dev, struct vu_server **out, char *err, size_t errlen)
 {
@@ -983,9 +923,10 @@ int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops
 	}
 	for (unsigned i = 0; i < s->nqueues; i++)
 		vu_vring_reset(&s->vr[i]);
-	r = vu_bind(s, path, err, errlen);
+	r = sock_listen_unix(path, err, errlen);
 	if (r < 0)
 		goto err_free;
+	s->listen_fd = r;
 	r = loop_fd_add(l, s->listen_fd, EPOLLIN, vu_listen_cb, s, &s->listen_h);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot watch socket '%s': %s", path, strerror(-r));

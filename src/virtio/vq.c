@@ -271,9 +271,12 @@ void vq_disable_notify(struct vq *vq)
 	if (vq->notify_disabled)
 		return;
 	vq->notify_disabled = true;
-	/* With EVENT_IDX the driver kicks only when it crosses avail_event,
-	 * which we simply stop advancing; otherwise set NO_NOTIFY. */
-	if (!vq->event_idx)
+	/* With EVENT_IDX the driver kicks when its new avail index passes
+	 * avail_event; an event index behind everything we have taken is
+	 * never passed again, so this is a real "off".  Otherwise NO_NOTIFY. */
+	if (vq->event_idx)
+		WRITE_ONCE(*vq->avail_event, (uint16_t)(vq->last_avail_idx - 1));
+	else
 		WRITE_ONCE(vq->used->flags, VRING_USED_F_NO_NOTIFY);
 }
 

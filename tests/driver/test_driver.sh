@@ -41,15 +41,14 @@ sys.exit(0 if ok else 1)" "$json" "${4:-{\}}"; then
         fail "$name"
     fi
 }
-# daemon_requests LOG: JSON list of per-queue request counts from the exit log
+# daemon_requests LOG: {"requests": [per queue]} from the counters the
+# daemon logs as JSON when it exits
 daemon_requests() {
     python3 -c "
-import re, sys, json
-qs = {}
-for l in open(sys.argv[1]):
-    m = re.search(r'queue (\d+): requests (\d+)', l)
-    if m: qs[int(m.group(1))] = int(m.group(2))
-print(json.dumps({'requests': [qs[k] for k in sorted(qs)]}))" "$1"
+import json, sys
+stats = [l.split('stats ', 1)[1] for l in open(sys.argv[1]) if ' stats {' in l]
+q = json.loads(stats[-1])['queues'] if stats else []
+print(json.dumps({'requests': [x['requests'] for x in q]}))" "$1"
 }
 
 truncate -s 64M "$tmp/disk.img"

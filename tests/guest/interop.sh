@@ -56,9 +56,14 @@ daemon_stop() {
     fi
 }
 
-# queue_requests NAME Q: requests served by queue Q (from the exit log).
+# queue_requests NAME Q: requests served by queue Q (the daemon logs its
+# counters as JSON when it exits).
 queue_requests() {
-    sed -n "s/.*queue $2: requests \([0-9]*\).*/\1/p" "$logs/$1.vblkd.log" | tail -1
+    python3 - "$logs/$1.vblkd.log" "$2" <<'PY'
+import json, sys
+stats = [l.split("stats ", 1)[1] for l in open(sys.argv[1]) if " stats {" in l]
+print(json.loads(stats[-1])["queues"][int(sys.argv[2])]["requests"] if stats else "")
+PY
 }
 
 # boot NAME NUMQ SCENARIO: boot the guest against NAME's socket.

@@ -1,0 +1,16 @@
+/* Unix listening sockets with the checks every daemon socket needs. */
+#ifndef VBLK_SOCK_H
+#define VBLK_SOCK_H
+
+#include <stddef.h>
+
+/*
+ * Bind and listen on a unix stream socket at path (non-blocking,
+ * close-on-exec).  A live listener already there is an error; a stale
+ * socket file (nobody accepts) is replaced; any other file is left alone.
+ * Returns the fd, or -errno with one line for the user in err; nothing is
+ * left behind on failure.  Any thread.
+ */
+int sock_listen_unix(const char *path, char *err, size_t errlen);
+
+#endif

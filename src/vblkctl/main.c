@@ -1,0 +1,122 @@
+/*
+ * vblkctl: talk to a running vblkd over its control socket.
+ *
+ *   vblkctl --control PATH stats
+ *   vblkctl --control PATH set-poll [--poll-max-ns N] [--poll-grow N] [--poll-shrink N]
+ *
+ * Prints the daemon's JSON reply; exit 1 on an error reply or no daemon.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("vblkctl: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+static const char *num(const char *opt, const char *s)
+{
+	char *end;
+
+	errno = 0;
+	(void)strtoull(s, &end, 10);
+	if (errno || end == s || *end || *s == '-')
+		die("%s '%s' is not a number", opt, s);
+	return s;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{ "control", required_argument, NULL, 'c' },
+		{ "poll-max-ns", required_argument, NULL, 'm' },
+		{ "poll-grow", required_argument, NULL, 'g' },
+		{ "poll-shrink", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *path = NULL, *max = NULL, *grow = NULL, *shrink = NULL, *cmd;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char req[512], reply[65536];
+	size_t got = 0;
+	int c, fd, n;
+
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
+		switch (c) {
+		case 'c': path = optarg; break;
+		case 'm': max = num("--poll-max-ns", optarg); break;
+		case 'g': grow = num("--poll-grow", optarg); break;
+		case 's': shrink = num("--poll-shrink", optarg); break;
+		case 'h':
+			printf("Usage: vblkctl --control PATH stats\n"
+			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
+			       "[--poll-grow N] [--poll-shrink N]\n");
+			return 0;
+		case ':': die("option '%s' needs a value", argv[optind - 1]);
+		default: die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
+		}
+	}
+	if (!path)
+		die("missing --control PATH: the socket given to vblkd --control");
+	if (optind + 1 != argc)
+		die("give one command: stats or set-poll");
+	cmd = argv[optind];
+	if (!strcmp(cmd, "stats")) {
+		if (max || grow || shrink)
+			die("--poll-* options go with set-poll");
+		snprintf(req, sizeof(req), "{\"cmd\": \"stats\"}\n");
+	} else if (!strcmp(cmd, "set-poll")) {
+		n = snprintf(req, sizeof(req), "{\"cmd\": \"set-poll\"");
+		if (max)
+			n += snprintf(req + n, sizeof(req) - n, ", \"max_ns\": %s", max);
+		if (grow)
+			n += snprintf(req + n, sizeof(req) - n, ", \"grow\": %s", grow);
+		if (shrink)
+			n += snprintf(req + n, sizeof(req) - n, ", \"shrink\": %s", shrink);
+		snprintf(req + n, sizeof(req) - n, "}\n");
+	} else {
+		die("unknown command '%s': use stats or set-poll", cmd);
+	}
+	if (strlen(path) >= sizeof(sa.sun_path))
+		die("control path '%s' is too long", path);
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		die("cannot connect to '%s': %s: is vblkd running with --control %s?", path,
+		    strerror(errno), path);
+	if (send(fd, req, strlen(req), MSG_NOSIGNAL) < 0)
+		die("cannot send to '%s': %s", path, strerror(errno));
+	while (got < sizeof(reply) - 1) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		ssize_t r;
+
+		if (poll(&p, 1, 5000) <= 0)
+			die("no reply from '%s' within 5 s", path);
+		r = recv(fd, reply + got, sizeof(reply) - 1 - got, 0);
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	reply[got] = '\0';
+	close(fd);
+	if (!got)
+		die("empty reply from '%s'", path);
+	fputs(reply, stdout);
+	return strstr(reply, "\"error\"") ? 1 : 0;
+}

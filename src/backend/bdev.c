@@ -1,6 +1,10 @@
 #include "backend/bdev.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/uio.h>
+#include <linux/falloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +15,59 @@
 static const struct bdev_engine *const engines[] = {
 	&bdev_uring_engine,
 	&bdev_null_engine,
+	&bdev_threads_engine,
+#ifdef HAVE_LIBAIO
+	&bdev_aio_engine,
+#endif
 };
+
+const char *bdev_engine_names(void)
+{
+#ifdef HAVE_LIBAIO
+	return "io_uring, aio, threads or null";
+#else
+	return "io_uring, threads or null (aio: built without libaio)";
+#endif
+}
+
+int bdev_io_sync(struct bdev *b, struct bdev_io *io)
+{
+	switch (io->op) {
+	case BDEV_READ:
+	case BDEV_WRITE: {
+		struct iovec *iov = io->iov;
+		unsigned cnt = io->iovcnt;
+		uint64_t off = io->offset;
+		size_t left = io->len;
+
+		while (left) {
+			ssize_t n = io->op == BDEV_READ ?
+				preadv(b->fd, iov, (int)cnt, (off_t)off) :
+				pwritev2(b->fd, iov, (int)cnt, (off_t)off,
+					 io->fua ? RWF_DSYNC : 0);
+
+			if (n < 0) {
+				if (errno == EINTR || errno == EAGAIN)
+					continue;
+				return -errno;
+			}
+			if (n == 0)
+				return -EIO;
+			iov_discard_front(&iov, &cnt, (size_t)n);
+			off += (uint64_t)n;
+			left -= (size_t)n;
+		}
+		return 0;
+	}
+	case BDEV_FLUSH:
+		return fdatasync(b->fd) < 0 ? -errno : 0;
+	case BDEV_DISCARD:
+	case BDEV_WRITE_ZEROES:
+		return fallocate(b->fd, bdev_fallocate_mode(b, io), (off_t)io->offset,
+				 (off_t)io->length) < 0 ? -errno : 0;
+	}
+	return -EINVAL;
+}
 
 const struct bdev_engine *bdev_engine_find(const char *name)
 {
@@ -31,9 +87,28 @@ static bool iov_aligned(const struct iovec *iov, unsigned cnt, unsigned align)
 	return true;
 }
 
+int bdev_fallocate_mode(const struct bdev *b, const struct bdev_io *io)
+{
+	if (io->op == BDEV_DISCARD)
+		/* Block devices: NO_HIDE_STALE makes it a real discard
+		 * (blkdev_fallocate); files: deallocate. */
+		return FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE |
+		       (b->is_blockdev ? FALLOC_FL_NO_HIDE_STALE : 0);
+	if (io->unmap)
+		return FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+	return FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE;
+}
+
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 {
+	io->b = b;
+	io->ctx = c;
 	io->bounce = NULL;
+	if (io->op == BDEV_DISCARD || io->op == BDEV_WRITE_ZEROES) {
+		io->len = io->length;
+		b->engine->submit(c, io);
+		return;
+	}
 	io->len = iov_size(io->iov, io->iovcnt);
 	/* O_DIRECT wants aligned buffers; guests usually give them, a
 	 * hostile or odd one need not.  Bounce those rather than fail. */
@@ -57,6 +132,20 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 
 void bdev_complete(struct bdev_io *io, int res)
 {
+	if (res == -EOPNOTSUPP || res == -EINVAL) {
+		/* Discard is advisory (virtio 1.2, 5.2.6.2 "MAY
+		 * deallocate"): a filesystem that cannot punch holes has
+		 * done all it must.  Write zeroes without unmap on one that
+		 * cannot zero a range (tmpfs): punching a hole reads back as
+		 * zeroes too, which is what the request guarantees. */
+		if (io->op == BDEV_DISCARD) {
+			res = 0;
+		} else if (io->op == BDEV_WRITE_ZEROES && !io->unmap) {
+			io->unmap = true;
+			io->b->engine->submit(io->ctx, io);
+			return;
+		}
+	}
 	if (io->bounce) {
 		if (io->op == BDEV_READ && res == 0)
 			iov_from_buf(io->user_iov, io->user_iovcnt, 0,

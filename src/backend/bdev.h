@@ -34,7 +34,18 @@ struct bdev_opts {
 	uint64_t size;		/* engines without a disk (null): bytes */
 };
 
-enum bdev_op { BDEV_READ, BDEV_WRITE, BDEV_FLUSH };
+enum bdev_op {
+	BDEV_READ,
+	BDEV_WRITE,
+	BDEV_FLUSH,
+	BDEV_DISCARD,		/* offset/len: deallocate (advisory) */
+	BDEV_WRITE_ZEROES,	/* offset/len: reads return zeroes after; unmap allows
+				 * deallocation */
+};
+
+/* What an engine can do beyond read/write/flush. */
+#define BDEV_CAP_DISCARD      (1u << 0)
+#define BDEV_CAP_WRITE_ZEROES (1u << 1)
 
 struct bdev_io;
 typedef void (*bdev_cb)(struct bdev_io *io, int res);
@@ -44,12 +55,18 @@ typedef void (*bdev_cb)(struct bdev_io *io, int res);
 struct bdev_io {
 	enum bdev_op op;
 	bool fua;		/* write: durable before completion (RWF_DSYNC) */
+	bool unmap;		/* write zeroes: may deallocate */
 	uint64_t offset;
+	uint64_t length;	/* discard / write zeroes only */
 	struct iovec *iov;
 	unsigned iovcnt;
 	bdev_cb cb;		/* res: 0 or -errno */
 
 	/* Engine-private. */
+	struct bdev *b;
+	struct bdev_ctx *ctx;
+	struct bdev_io *next;	/* engine queues */
+	int res;
 	size_t len;
 	void *bounce;		/* aligned copy for misaligned O_DIRECT buffers */
 	struct iovec bounce_iov;
@@ -63,6 +80,7 @@ struct bdev_ctx;
 struct bdev_engine {
 	const char *name;
 	bool no_disk;		/* needs no file: size comes from bdev_opts */
+	unsigned caps;		/* BDEV_CAP_* */
 	/* Per-iothread instance; depth bounds I/Os in flight.  -errno. */
 	int (*ctx_new)(struct bdev *b, struct loop *l, unsigned depth,
 		       struct bdev_ctx **out);
@@ -82,6 +100,7 @@ struct bdev {
 	unsigned block_size;	/* logical block exported to the guest */
 	unsigned phys_block_size;
 	bool read_only;
+	bool is_blockdev;
 	bool direct;		/* opened O_DIRECT */
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
 	const struct bdev_engine *engine;
@@ -98,6 +117,16 @@ void bdev_close(struct bdev *b);
 /* Engines. */
 extern const struct bdev_engine bdev_uring_engine;
 extern const struct bdev_engine bdev_null_engine;
+extern const struct bdev_engine bdev_threads_engine;
+extern const struct bdev_engine bdev_aio_engine;	/* only with libaio */
+
+/* Run one I/O synchronously with plain syscalls (preadv/pwritev2/
+ * fdatasync/fallocate), finishing short transfers.  Returns 0 or -errno.
+ * For engines that do the work in their own threads.  Any thread. */
+int bdev_io_sync(struct bdev *b, struct bdev_io *io);
+
+/* Names of the engines built in, for messages ("io_uring, null, ..."). */
+const char *bdev_engine_names(void);
 const struct bdev_engine *bdev_engine_find(const char *name);
 
 static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
@@ -109,7 +138,12 @@ static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 /* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io);
 
-/* Called by engines when an I/O finished: undoes the bounce, then cb. */
+/* Called by engines when an I/O finished: undoes the bounce, applies the
+ * generic fallbacks (see bdev.c), then cb. */
 void bdev_complete(struct bdev_io *io, int res);
+
+/* fallocate(2) mode for a discard / write-zeroes on this disk: files and
+ * block devices take different flag sets for the same meaning. */
+int bdev_fallocate_mode(const struct bdev *b, const struct bdev_io *io);
 
 #endif

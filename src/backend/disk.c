@@ -42,8 +42,8 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 	b->fd = -1;
 	b->engine = bdev_engine_find(o->engine);
 	if (!b->engine) {
-		snprintf(err, errlen, "unknown backend '%s': use --backend io_uring "
-			 "or null", o->engine);
+		snprintf(err, errlen, "unknown backend '%s': use --backend %s",
+			 o->engine, bdev_engine_names());
 		return -EINVAL;
 	}
 	if (b->engine->no_disk && !o->path) {
@@ -97,6 +97,7 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 			goto open_err;
 	}
 
+	b->is_blockdev = S_ISBLK(st.st_mode);
 	if (S_ISBLK(st.st_mode)) {
 		int lbs = 512, pbs = 512;
 

@@ -54,6 +54,11 @@ static void uring_prep(struct bdev_ctx *c, struct bdev_io *io, struct io_uring_s
 	case BDEV_FLUSH:
 		io_uring_prep_fsync(sqe, fd, IORING_FSYNC_DATASYNC);
 		break;
+	case BDEV_DISCARD:
+	case BDEV_WRITE_ZEROES:
+		io_uring_prep_fallocate(sqe, fd, bdev_fallocate_mode(c->b, io), io->offset,
+					io->length);
+		break;
 	}
 	io_uring_sqe_set_data(sqe, io);
 }
@@ -89,7 +94,7 @@ static void uring_cqe(struct bdev_ctx *c, struct bdev_io *io, int res)
 		uring_queue(c, io);
 		return;
 	}
-	if (io->op != BDEV_FLUSH && res >= 0) {
+	if ((io->op == BDEV_READ || io->op == BDEV_WRITE) && res >= 0) {
 		size_t done = (size_t)res;
 
 		if (done < io->len) {
@@ -246,6 +251,7 @@ static void uring_ctx_free(struct bdev_ctx *c)
 
 const struct bdev_engine bdev_uring_engine = {
 	.name = "io_uring",
+	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES,
 	.ctx_new = uring_ctx_new,
 	.ctx_free = uring_ctx_free,
 	.submit = uring_submit,

@@ -1,6 +1,8 @@
 #include "blk/blk.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,10 @@
 
 struct blk_queue;
 
+/* Discard / write-zeroes limits we advertise (5.2.4) and enforce. */
+#define BLK_MAX_DWZ_SEGS 16
+#define BLK_MAX_DWZ_SECTORS (1u << 22)		/* 2 GiB per segment */
+
 struct blk_req {
 	struct blk_queue *q;
 	struct bdev_io io;
@@ -24,10 +30,22 @@ struct blk_req {
 	uint8_t *status;	/* last byte of the last writable buffer */
 	uint32_t used_len;	/* bytes written on success */
 	struct iovec *iov;	/* VQ_MAX_SEGS entries */
+	/* Discard / write zeroes: segments run one after another. */
+	struct virtio_blk_discard_write_zeroes segs[BLK_MAX_DWZ_SEGS];
+	unsigned nsegs, seg;
+};
+
+struct blk_iothread {
+	struct blk_dev *dev;
+	unsigned idx;
+	int cpu;			/* pinned CPU, or -1 */
+	struct loop *loop;
+	struct bdev_ctx *bctx;		/* owned by this iothread */
 };
 
 struct blk_queue {
 	struct blk_dev *dev;
+	struct blk_iothread *t;		/* the iothread that owns this queue */
 	unsigned idx;
 
 	/* Owned by the iothread; changed only through loop_call_sync. */
@@ -61,8 +79,8 @@ struct blk_dev {
 	uint8_t wce;			/* config byte as the guest set it */
 	bool no_event_idx;		/* --no-event-idx: do not offer it */
 
-	struct loop *loop;		/* the iothread */
-	struct bdev_ctx *bctx;		/* iothread-owned */
+	unsigned num_iothreads;
+	struct blk_iothread *iot;
 	struct blk_queue q[];
 };
 
@@ -151,6 +169,96 @@ static void blk_io_done(struct bdev_io *io, int res)
 
 /* ---- Request parsing (iothread) ---- */
 
+static void blk_dwz_next(struct blk_req *r);
+
+static void blk_dwz_done(struct bdev_io *io, int res)
+{
+	struct blk_req *r = container_of(io, struct blk_req, io);
+
+	if (res < 0) {
+		log_debug("queue %u: discard/write-zeroes error on request %u: %s",
+			  r->q->idx, r->head, strerror(-res));
+		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
+		return;
+	}
+	blk_dwz_next(r);
+}
+
+static void blk_dwz_next(struct blk_req *r)
+{
+	const struct virtio_blk_discard_write_zeroes *g;
+
+	/* Zero-length segments are valid and do nothing. */
+	while (r->seg < r->nsegs && r->segs[r->seg].num_sectors == 0)
+		r->seg++;
+	if (r->seg == r->nsegs) {
+		blk_req_complete(r, VIRTIO_BLK_S_OK);
+		return;
+	}
+	g = &r->segs[r->seg++];
+	r->io.offset = g->sector << VIRTIO_BLK_SECTOR_SHIFT;
+	r->io.length = (uint64_t)g->num_sectors << VIRTIO_BLK_SECTOR_SHIFT;
+	r->io.unmap = g->flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP;
+	r->io.iov = NULL;
+	r->io.iovcnt = 0;
+	r->io.fua = false;
+	r->io.cb = blk_dwz_done;
+	bdev_submit(r->q->dev->b, r->q->t->bctx, &r->io);
+}
+
+/*
+ * DISCARD and WRITE_ZEROES (virtio 1.2, 5.2.6.2): every segment is checked
+ * before any of them runs.  Unknown flags, or unmap on a discard: UNSUPP.
+ * A payload that is not whole segments, too many segments, a segment past
+ * the end of the disk, over the advertised size or not block-aligned:
+ * IOERR.
+ */
+static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type,
+			   struct iovec *out, unsigned out_num)
+{
+	struct blk_dev *d = q->dev;
+	uint64_t len = iov_size(out, out_num), cap = d->b->size >> VIRTIO_BLK_SECTOR_SHIFT;
+	uint32_t align = d->b->block_size >> VIRTIO_BLK_SECTOR_SHIFT;
+	bool discard = type == VIRTIO_BLK_T_DISCARD;
+	unsigned cap_bit = discard ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES;
+
+	if (!(d->b->engine->caps & cap_bit)) {
+		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
+		return;
+	}
+	if (d->b->read_only) {
+		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
+		return;
+	}
+	if (len == 0 || len % sizeof(r->segs[0]) || len > sizeof(r->segs)) {
+		stat_inc(&q->bad_requests);
+		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
+		return;
+	}
+	r->nsegs = (unsigned)(len / sizeof(r->segs[0]));
+	r->seg = 0;
+	/* One copy out of guest memory; only the copy is used after this. */
+	iov_to_buf(out, out_num, 0, r->segs, len);
+	for (unsigned i = 0; i < r->nsegs; i++) {
+		const struct virtio_blk_discard_write_zeroes *g = &r->segs[i];
+
+		if ((g->flags & ~VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP) ||
+		    (discard && (g->flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP))) {
+			blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
+			return;
+		}
+		if (g->sector > cap || g->num_sectors > cap - g->sector ||
+		    g->num_sectors > BLK_MAX_DWZ_SECTORS ||
+		    (g->sector | g->num_sectors) % align) {
+			stat_inc(&q->bad_requests);
+			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
+			return;
+		}
+	}
+	r->io.op = discard ? BDEV_DISCARD : BDEV_WRITE_ZEROES;
+	blk_dwz_next(r);
+}
+
 /* virtio 1.2, 5.2.6.2 "Device Requirements: Device Operation": a request
  * is [header][data][status]; header device-readable, status the last
  * device-writable byte. */
@@ -219,7 +327,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		r->io.iov = data;
 		r->io.iovcnt = cnt;
 		r->io.cb = blk_io_done;
-		bdev_submit(d->b, d->bctx, &r->io);
+		bdev_submit(d->b, q->t->bctx, &r->io);
 		return;
 	}
 	case VIRTIO_BLK_T_FLUSH:
@@ -233,7 +341,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		r->io.offset = 0;
 		r->io.fua = false;
 		r->io.cb = blk_io_done;
-		bdev_submit(d->b, d->bctx, &r->io);
+		bdev_submit(d->b, q->t->bctx, &r->io);
 		return;
 	case VIRTIO_BLK_T_GET_ID: {
 		size_t n = iov_from_buf(in, in_num, 0, d->serial,
@@ -243,6 +351,10 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		blk_req_complete(r, VIRTIO_BLK_S_OK);
 		return;
 	}
+	case VIRTIO_BLK_T_DISCARD:
+	case VIRTIO_BLK_T_WRITE_ZEROES:
+		blk_handle_dwz(q, r, type, out, out_num);
+		return;
 	default:
 		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
 		return;
@@ -317,7 +429,7 @@ static void blk_queue_process(struct blk_queue *q)
 		 * polling (blk_poll_end re-enables and re-checks). */
 		if (blk_queue_drain_avail(q, BLK_BUDGET) == BLK_BUDGET)
 			loop_bh_schedule(q->resume_bh);
-		q->dev->b->engine->kick(q->dev->bctx);
+		q->dev->b->engine->kick(q->t->bctx);
 		goto out;
 	}
 	for (;;) {
@@ -326,7 +438,7 @@ static void blk_queue_process(struct blk_queue *q)
 		vq_disable_notify(&q->vq);
 		n = blk_queue_drain_avail(q, BLK_BUDGET);
 		/* One io_uring_enter for everything this pass queued. */
-		q->dev->b->engine->kick(q->dev->bctx);
+		q->dev->b->engine->kick(q->t->bctx);
 		if (n < 0)
 			break;
 		total += (unsigned)n;
@@ -456,7 +568,7 @@ static void do_queue_start(void *opaque)
 	q->enabled = s->enabled;
 	q->event_idx = s->cfg.event_idx;
 	q->polling = false;
-	r = loop_fd_add(q->dev->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);
+	r = loop_fd_add(q->t->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);
 	if (r < 0)
 		goto err_pool;
 	q->started = true;
@@ -488,11 +600,11 @@ static void do_queue_stop(void *opaque)
 		q->poll_base.hits += ps.hits;
 		q->poll_base.misses += ps.misses;
 	}
-	loop_fd_del(q->dev->loop, q->kick_h);
+	loop_fd_del(q->t->loop, q->kick_h);
 	q->kick_h = NULL;
 	/* In-flight requests complete into the ring before we report where
 	 * it stopped: the frontend may hand the ring to someone else. */
-	q->dev->b->engine->drain(q->dev->bctx);
+	q->dev->b->engine->drain(q->t->bctx);
 	if (q->inflight)
 		log_err("queue %u: %u requests still in flight after drain",
 			q->idx, q->inflight);
@@ -538,6 +650,11 @@ static uint64_t blk_features(void *opaque)
 
 	if (d->b->read_only)
 		f |= 1ull << VIRTIO_BLK_F_RO;
+	/* A read-only export cannot deallocate or zero anything. */
+	if (!d->b->read_only && (d->b->engine->caps & BDEV_CAP_DISCARD))
+		f |= 1ull << VIRTIO_BLK_F_DISCARD;
+	if (!d->b->read_only && (d->b->engine->caps & BDEV_CAP_WRITE_ZEROES))
+		f |= 1ull << VIRTIO_BLK_F_WRITE_ZEROES;
 	if (d->no_event_idx)
 		f &= ~(1ull << VIRTIO_RING_F_EVENT_IDX);
 	return f;
@@ -562,6 +679,12 @@ static void blk_fill_config(struct blk_dev *d, struct virtio_blk_config *c)
 	c->topology.min_io_size = (uint16_t)(1u << exp);
 	c->writeback = d->wce;
 	c->num_queues = (uint16_t)d->num_queues;
+	c->max_discard_sectors = BLK_MAX_DWZ_SECTORS;
+	c->max_discard_seg = BLK_MAX_DWZ_SEGS;
+	c->discard_sector_alignment = d->b->block_size >> VIRTIO_BLK_SECTOR_SHIFT;
+	c->max_write_zeroes_sectors = BLK_MAX_DWZ_SECTORS;
+	c->max_write_zeroes_seg = BLK_MAX_DWZ_SEGS;
+	c->write_zeroes_may_unmap = 1;
 }
 
 static void blk_get_config(void *opaque, uint32_t off, uint8_t *buf, uint32_t len)
@@ -612,7 +735,7 @@ static int blk_queue_start(void *opaque, unsigned idx, const struct vu_queue_set
 	struct blk_dev *d = opaque;
 	struct blk_call c = { .q = &d->q[idx], .setup = s };
 
-	loop_call_sync(d->loop, do_queue_start, &c);
+	loop_call_sync(d->q[idx].t->loop, do_queue_start, &c);
 	return c.ret;
 }
 
@@ -621,7 +744,7 @@ static uint16_t blk_queue_stop(void *opaque, unsigned idx)
 	struct blk_dev *d = opaque;
 	struct blk_call c = { .q = &d->q[idx] };
 
-	loop_call_sync(d->loop, do_queue_stop, &c);
+	loop_call_sync(d->q[idx].t->loop, do_queue_stop, &c);
 	return c.last_avail;
 }
 
@@ -630,7 +753,7 @@ static void blk_queue_set_fds(void *opaque, unsigned idx, int call_fd, int err_f
 	struct blk_dev *d = opaque;
 	struct blk_call c = { .q = &d->q[idx], .call_fd = call_fd, .err_fd = err_fd };
 
-	loop_call_sync(d->loop, do_queue_set_fds, &c);
+	loop_call_sync(d->q[idx].t->loop, do_queue_set_fds, &c);
 }
 
 static void blk_queue_set_enable(void *opaque, unsigned idx, bool enabled)
@@ -638,7 +761,7 @@ static void blk_queue_set_enable(void *opaque, unsigned idx, bool enabled)
 	struct blk_dev *d = opaque;
 	struct blk_call c = { .q = &d->q[idx], .enabled = enabled };
 
-	loop_call_sync(d->loop, do_queue_set_enable, &c);
+	loop_call_sync(d->q[idx].t->loop, do_queue_set_enable, &c);
 }
 
 const struct vu_dev_ops blk_vu_ops = {
@@ -655,86 +778,159 @@ const struct vu_dev_ops blk_vu_ops = {
 
 /* ---- Device lifecycle (main thread) ---- */
 
-struct ctx_call {
-	struct blk_dev *d;
-	int ret;
-};
-
 static void do_ctx_new(void *opaque)
 {
-	struct ctx_call *c = opaque;
+	struct blk_iothread *t = opaque;
 
-	c->ret = bdev_ctx_new(c->d->b, c->d->loop, 1024, &c->d->bctx);
+	/* Depth: every request of every ring this thread may own. */
+	if (bdev_ctx_new(t->dev->b, t->loop, 1024, &t->bctx) < 0)
+		t->bctx = NULL;
 }
 
 static void do_ctx_free(void *opaque)
 {
-	struct blk_dev *d = opaque;
+	struct blk_iothread *t = opaque;
 
-	for (unsigned i = 0; i < d->num_queues; i++) {
-		loop_bh_free(d->q[i].resume_bh);
-		loop_bh_free(d->q[i].notify_bh);
+	for (unsigned i = 0; i < t->dev->num_queues; i++) {
+		struct blk_queue *q = &t->dev->q[i];
+
+		if (q->t != t)
+			continue;
+		loop_bh_free(q->resume_bh);
+		loop_bh_free(q->notify_bh);
+		q->resume_bh = q->notify_bh = NULL;
 	}
-	d->b->engine->ctx_free(d->bctx);
-	d->bctx = NULL;
+	if (t->bctx)
+		t->dev->b->engine->ctx_free(t->bctx);
+	t->bctx = NULL;
+}
+
+/* Tear down iothreads [0, n): their queues are stopped already. */
+static void blk_iothreads_free(struct blk_dev *d, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct blk_iothread *t = &d->iot[i];
+
+		loop_call_sync(t->loop, do_ctx_free, t);
+		loop_thread_join(t->loop);
+		loop_free(t->loop);
+	}
+}
+
+static void do_pin(void *opaque)
+{
+	struct blk_iothread *t = opaque;
+	cpu_set_t set;
+	int r;
+
+	CPU_ZERO(&set);
+	CPU_SET(t->cpu, &set);
+	r = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+	if (r)
+		log_warn("iothread%u: cannot pin to CPU %d: %s", t->idx, t->cpu, strerror(r));
+}
+
+static int blk_iothread_start(struct blk_dev *d, unsigned i, const struct blk_opts *o)
+{
+	struct blk_iothread *t = &d->iot[i];
+	char name[16];
+	int r;
+
+	t->dev = d;
+	t->idx = i;
+	t->cpu = o->ncpus ? o->cpus[i % o->ncpus] : -1;
+	snprintf(name, sizeof(name), "iothread%u", i);
+	r = loop_new(name, &t->loop);
+	if (r < 0)
+		return r;
+	if (o->poll)
+		loop_set_poll_params(t->loop, o->poll);
+	for (unsigned qi = 0; qi < d->num_queues; qi++) {
+		struct blk_queue *q = &d->q[qi];
+
+		if (q->t != t)
+			continue;
+		r = loop_bh_new(t->loop, blk_resume_bh, q, &q->resume_bh);
+		if (r == 0)
+			r = loop_bh_new(t->loop, blk_notify_bh, q, &q->notify_bh);
+		if (r < 0)
+			goto err_loop;
+	}
+	r = loop_thread_start(t->loop);
+	if (r < 0)
+		goto err_loop;
+	if (t->cpu >= 0)
+		loop_call_sync(t->loop, do_pin, t);
+	loop_call_sync(t->loop, do_ctx_new, t);
+	if (!t->bctx) {
+		log_err("cannot set up the %s backend on %s", d->b->engine->name, name);
+		loop_call_sync(t->loop, do_ctx_free, t);
+		loop_thread_join(t->loop);
+		loop_free(t->loop);
+		return -EIO;
+	}
+	return 0;
+
+err_loop:
+	for (unsigned qi = 0; qi < d->num_queues; qi++)
+		if (d->q[qi].t == t) {
+			loop_bh_free(d->q[qi].resume_bh);
+			loop_bh_free(d->q[qi].notify_bh);
+			d->q[qi].resume_bh = d->q[qi].notify_bh = NULL;
+		}
+	loop_free(t->loop);
+	return r;
 }
 
 int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 {
+	unsigned nt = o->num_iothreads ? o->num_iothreads : 1;
 	struct blk_dev *d;
-	struct ctx_call cc;
+	unsigned i;
 	int r;
 
-	if (o->num_queues < 1 || o->num_queues > BLK_MAX_QUEUES)
+	if (o->num_queues < 1 || o->num_queues > BLK_MAX_QUEUES || nt > BLK_MAX_QUEUES)
 		return -EINVAL;
 	d = calloc(1, sizeof(*d) + o->num_queues * sizeof(d->q[0]));
 	if (!d)
 		return -ENOMEM;
+	d->iot = calloc(nt, sizeof(*d->iot));
+	if (!d->iot) {
+		free(d);
+		return -ENOMEM;
+	}
 	d->b = b;
 	d->num_queues = o->num_queues;
+	d->num_iothreads = nt;
 	d->no_event_idx = o->no_event_idx;
 	d->wce = 1;
 	/* Serial: up to 20 bytes, not NUL-terminated when full (5.2.6). */
 	strncpy(d->serial, o->serial ? o->serial : "", sizeof(d->serial));
-	r = loop_new("iothread0", &d->loop);
-	if (r < 0)
-		goto err_free;
-	for (unsigned i = 0; i < d->num_queues; i++) {
+	for (i = 0; i < d->num_queues; i++) {
 		struct blk_queue *q = &d->q[i];
+		unsigned ti = o->queue_map ? o->queue_map[i] : i % nt;
 
+		if (ti >= nt) {
+			r = -EINVAL;
+			goto err_free;
+		}
 		q->dev = d;
 		q->idx = i;
+		q->t = &d->iot[ti];
 		q->kick_fd = q->call_fd = q->err_fd = -1;
-		r = loop_bh_new(d->loop, blk_resume_bh, q, &q->resume_bh);
-		if (r == 0)
-			r = loop_bh_new(d->loop, blk_notify_bh, q, &q->notify_bh);
-		if (r < 0)
-			goto err_loop;
 	}
-	r = loop_thread_start(d->loop);
-	if (r < 0)
-		goto err_loop;
-	cc.d = d;
-	if (o->poll)
-		loop_set_poll_params(d->loop, o->poll);
-	loop_call_sync(d->loop, do_ctx_new, &cc);
-	if (cc.ret < 0) {
-		r = cc.ret;
-		log_err("cannot set up the %s backend: %s", b->engine->name,
-			strerror(-r));
-		loop_thread_join(d->loop);
-		goto err_loop;
+	for (i = 0; i < nt; i++) {
+		r = blk_iothread_start(d, i, o);
+		if (r < 0) {
+			blk_iothreads_free(d, i);
+			goto err_free;
+		}
 	}
 	*out = d;
 	return 0;
 
-err_loop:
-	for (unsigned i = 0; i < d->num_queues; i++) {
-		loop_bh_free(d->q[i].resume_bh);
-		loop_bh_free(d->q[i].notify_bh);
-	}
-	loop_free(d->loop);
 err_free:
+	free(d->iot);
 	free(d);
 	return r;
 }
@@ -745,14 +941,13 @@ void blk_dev_free(struct blk_dev *d)
 		return;
 	for (unsigned i = 0; i < d->num_queues; i++)
 		blk_queue_stop(d, i);
-	loop_call_sync(d->loop, do_ctx_free, d);
-	loop_thread_join(d->loop);
-	loop_free(d->loop);
+	blk_iothreads_free(d, d->num_iothreads);
+	free(d->iot);
 	free(d);
 }
 
 struct stats_call {
-	struct blk_dev *d;
+	struct blk_iothread *t;
 	struct blk_queue_stats *qs;
 };
 
@@ -761,14 +956,18 @@ struct stats_call {
 static void do_stats(void *opaque)
 {
 	struct stats_call *c = opaque;
+	struct blk_dev *d = c->t->dev;
 
-	for (unsigned i = 0; i < c->d->num_queues; i++) {
-		struct blk_queue *q = &c->d->q[i];
+	for (unsigned i = 0; i < d->num_queues; i++) {
+		struct blk_queue *q = &d->q[i];
 		struct blk_queue_stats *o = &c->qs[i];
 		struct loop_poll_stats ps = { 0 };
 
+		if (q->t != c->t)
+			continue;
 		if (q->kick_h)
 			loop_fd_poll_stats(q->kick_h, &ps);
+		o->iothread = c->t->idx;
 		o->requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
 		o->kicks = atomic_load_explicit(&q->kicks, memory_order_relaxed);
 		o->calls = atomic_load_explicit(&q->calls, memory_order_relaxed);
@@ -785,15 +984,18 @@ static void do_stats(void *opaque)
 void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		   struct blk_iothread_stats *ts)
 {
-	struct stats_call c = { d, qs };
-	struct loop_stats ls;
+	for (unsigned i = 0; i < d->num_iothreads; i++) {
+		struct stats_call c = { &d->iot[i], qs };
+		struct loop_stats ls;
 
-	loop_call_sync(d->loop, do_stats, &c);
-	loop_get_stats(d->loop, &ls);
-	ts->busy_ns = ls.busy_ns;
-	ts->cpu_ns = ls.cpu_ns;
-	ts->poll_ns_total = ls.poll_ns_total;
-	ts->contended = ls.contended;
+		loop_call_sync(d->iot[i].loop, do_stats, &c);
+		loop_get_stats(d->iot[i].loop, &ls);
+		ts[i].busy_ns = ls.busy_ns;
+		ts[i].cpu_ns = ls.cpu_ns;
+		ts[i].poll_ns_total = ls.poll_ns_total;
+		ts[i].contended = ls.contended;
+		ts[i].cpu = d->iot[i].cpu;
+	}
 }
 
 unsigned blk_dev_num_queues(const struct blk_dev *d)
@@ -801,12 +1003,18 @@ unsigned blk_dev_num_queues(const struct blk_dev *d)
 	return d->num_queues;
 }
 
+unsigned blk_dev_num_iothreads(const struct blk_dev *d)
+{
+	return d->num_iothreads;
+}
+
 void blk_set_poll_params(struct blk_dev *d, const struct loop_poll_params *p)
 {
-	loop_set_poll_params(d->loop, p);
+	for (unsigned i = 0; i < d->num_iothreads; i++)
+		loop_set_poll_params(d->iot[i].loop, p);
 }
 
 void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p)
 {
-	loop_get_poll_params(d->loop, p);
+	loop_get_poll_params(d->iot[0].loop, p);
 }

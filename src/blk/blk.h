@@ -3,9 +3,11 @@
  * them into backend I/O, completes them with a status byte, and decides
  * notifications per batch.  Implements struct vu_dev_ops for vhost-user.
  *
- * Threading: a blk_dev has one iothread (its own loop and backend ctx);
- * every queue runs there: kick eventfds, ring processing, backend
- * completions, call eventfds.  The vu_dev_ops entry points are called on
+ * Threading: a blk_dev has N iothreads, each with its own loop and backend
+ * ctx; each queue belongs to one of them (q mod N, or --queue-map) and
+ * everything of that queue runs there: kick eventfd, ring processing,
+ * backend completions, call eventfd.  Nothing on the I/O path is shared
+ * between iothreads, so no lock is taken per request.  The vu_dev_ops entry points are called on
  * the main thread and hand work to the iothread with loop_call_sync().
  */
 #ifndef VBLK_BLK_H
@@ -24,12 +26,17 @@ struct blk_opts {
 	const char *serial;		/* GET_ID, at most 20 bytes used */
 	bool no_event_idx;		/* do not offer VIRTIO_RING_F_EVENT_IDX */
 	const struct loop_poll_params *poll;	/* NULL: loop defaults */
+	unsigned num_iothreads;		/* 0 or 1: one iothread */
+	const unsigned *queue_map;	/* queue -> iothread; NULL: q mod N */
+	const int *cpus;		/* iothread i pinned to cpus[i % ncpus] */
+	unsigned ncpus;
 };
 
 struct blk_dev;
 
 /* Per-queue counters (see docs/architecture.md "Counters"). */
 struct blk_queue_stats {
+	unsigned iothread;		/* owner */
 	uint64_t requests;		/* requests taken from the ring */
 	uint64_t kicks;			/* guest kicks received */
 	uint64_t calls;			/* call-eventfd writes */
@@ -45,6 +52,7 @@ struct blk_iothread_stats {
 	uint64_t cpu_ns;		/* the thread's CPU time */
 	uint64_t poll_ns_total;		/* wall time spent busy-polling */
 	uint64_t contended;		/* polling stopped: CPU was stolen */
+	int cpu;			/* pinned to, or -1 */
 };
 
 /* Create the device and start its iothread.  Returns 0 or -errno.
@@ -53,11 +61,13 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out);
 /* Stop every queue (draining I/O), stop the iothread, free. */
 void blk_dev_free(struct blk_dev *d);
 
-/* Snapshot of every queue's counters (qs: num_queues entries) and the
- * iothread's.  Main thread (hands off to the iothread). */
+/* Snapshot of every queue's counters (qs: num_queues entries) and every
+ * iothread's (ts: num_iothreads entries).  Main thread (hands off to each
+ * iothread). */
 void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		   struct blk_iothread_stats *ts);
 unsigned blk_dev_num_queues(const struct blk_dev *d);
+unsigned blk_dev_num_iothreads(const struct blk_dev *d);
 /* Polling knobs, at runtime.  Any thread. */
 void blk_set_poll_params(struct blk_dev *d, const struct loop_poll_params *p);
 void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p);

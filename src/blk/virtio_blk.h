@@ -85,4 +85,14 @@ struct virtio_blk_outhdr {
 };
 STATIC_ASSERT(sizeof(struct virtio_blk_outhdr) == 16, "virtio_blk_outhdr");
 
+/* 5.2.6 "Device Operation": payload of DISCARD and WRITE_ZEROES, one per
+ * segment. */
+#define VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP 1u
+struct virtio_blk_discard_write_zeroes {
+	uint64_t sector;
+	uint32_t num_sectors;
+	uint32_t flags;
+};
+STATIC_ASSERT(sizeof(struct virtio_blk_discard_write_zeroes) == 16, "dwz segment");
+
 #endif

@@ -51,29 +51,37 @@ static void put_poll(struct blk_dev *d, char *buf, size_t len, size_t *n)
 
 int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 {
-	unsigned nq = blk_dev_num_queues(d);
+	unsigned nq = blk_dev_num_queues(d), nt = blk_dev_num_iothreads(d);
 	struct blk_queue_stats *qs = calloc(nq, sizeof(*qs));
-	struct blk_iothread_stats ts;
+	struct blk_iothread_stats *ts = calloc(nt, sizeof(*ts));
 	size_t n = 0;
 
-	if (!qs)
+	if (!qs || !ts) {
+		free(qs);
+		free(ts);
 		return -ENOMEM;
-	blk_get_stats(d, qs, &ts);
+	}
+	blk_get_stats(d, qs, ts);
 	put(buf, len, &n, "{\"queues\": [");
 	for (unsigned i = 0; i < nq; i++)
-		put(buf, len, &n, "%s{\"requests\": %" PRIu64 ", \"kicks\": %" PRIu64
+		put(buf, len, &n, "%s{\"iothread\": %u, \"requests\": %" PRIu64 ", \"kicks\": %" PRIu64
 		    ", \"calls\": %" PRIu64 ", \"calls_suppressed\": %" PRIu64
 		    ", \"bad_requests\": %" PRIu64 ", \"poll_hits\": %" PRIu64
 		    ", \"poll_misses\": %" PRIu64 ", \"poll_ns\": %" PRIu64 "}",
-		    i ? ", " : "", qs[i].requests, qs[i].kicks, qs[i].calls,
+		    i ? ", " : "", qs[i].iothread, qs[i].requests, qs[i].kicks, qs[i].calls,
 		    qs[i].calls_suppressed, qs[i].bad_requests, qs[i].poll_hits,
 		    qs[i].poll_misses, qs[i].poll_ns);
-	put(buf, len, &n, "], \"iothreads\": [{\"busy_ns\": %" PRIu64 ", \"cpu_ns\": %" PRIu64
-	    ", \"poll_ns_total\": %" PRIu64 ", \"contended\": %" PRIu64 "}], ",
-	    ts.busy_ns, ts.cpu_ns, ts.poll_ns_total, ts.contended);
+	put(buf, len, &n, "], \"iothreads\": [");
+	for (unsigned i = 0; i < nt; i++)
+		put(buf, len, &n, "%s{\"busy_ns\": %" PRIu64 ", \"cpu_ns\": %" PRIu64
+		    ", \"poll_ns_total\": %" PRIu64 ", \"contended\": %" PRIu64
+		    ", \"cpu\": %d}", i ? ", " : "", ts[i].busy_ns, ts[i].cpu_ns,
+		    ts[i].poll_ns_total, ts[i].contended, ts[i].cpu);
+	put(buf, len, &n, "], ");
 	put_poll(d, buf, len, &n);
 	put(buf, len, &n, "}");
 	free(qs);
+	free(ts);
 	return n < len ? (int)n : -ENOSPC;
 }
 

@@ -3,9 +3,11 @@
  * connection, one JSON line back:
  *
  *   {"cmd": "stats"}
- *     -> {"queues": [{"requests", "kicks", "calls", "calls_suppressed",
- *         "bad_requests", "poll_hits", "poll_misses", "poll_ns"}, ...],
- *         "iothreads": [{"busy_ns", "cpu_ns", "poll_ns_total", "contended"}],
+ *     -> {"queues": [{"iothread", "requests", "kicks", "calls",
+ *         "calls_suppressed", "bad_requests", "poll_hits", "poll_misses",
+ *         "poll_ns"}, ...],
+ *         "iothreads": [{"busy_ns", "cpu_ns", "poll_ns_total", "contended",
+ *         "cpu"}, ...],
  *         "poll": {"max_ns", "grow", "shrink"}}
  *   {"cmd": "set-poll", "max_ns": N, "grow": N, "shrink": N}   (any subset)
  *     -> {"ok": true, "poll": {...}}

@@ -35,7 +35,9 @@ static const uint64_t vdrv_wanted =
 	1ull << VIRTIO_BLK_F_FLUSH |
 	1ull << VIRTIO_BLK_F_TOPOLOGY |
 	1ull << VIRTIO_BLK_F_MQ |
-	1ull << VIRTIO_BLK_F_RO;
+	1ull << VIRTIO_BLK_F_RO |
+	1ull << VIRTIO_BLK_F_DISCARD |
+	1ull << VIRTIO_BLK_F_WRITE_ZEROES;
 
 static const uint64_t vdrv_wanted_proto =
 	1ull << VHOST_USER_PROTOCOL_F_MQ |
@@ -238,7 +240,7 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = 10 };
 	unsigned num = o->queue_size ? o->queue_size : 256;
-	struct vhost_user_config cfg = { .offset = 0, .size = 40 };
+	struct vhost_user_config cfg = { .offset = 0, .size = 60 };
 	struct vhost_user_memory mem = { .nregions = 1 };
 	struct vdrv *d;
 	size_t ring_bytes;

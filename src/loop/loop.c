@@ -572,7 +572,7 @@ static int loop_timeout_ms(struct loop *l, uint64_t now)
 int loop_run(struct loop *l)
 {
 	struct epoll_event evs[LOOP_MAX_EVENTS];
-	uint64_t now;
+	uint64_t now, woke;
 
 	l->thread = pthread_self();
 	if (pthread_getcpuclockid(l->thread, &l->cpu_clock) == 0)
@@ -584,6 +584,7 @@ int loop_run(struct loop *l)
 	/* Calls queued before we started would otherwise wait for a wake-up. */
 	loop_run_calls(l);
 	now = sys_now_ns();
+	woke = now;
 
 	while (!atomic_load(&l->stop)) {
 		uint64_t t0, t1;
@@ -597,11 +598,12 @@ int loop_run(struct loop *l)
 			timeout = 0;
 		/* Phase 3. */
 		t0 = sys_now_ns();
-		st_add(&l->st_busy_ns, t0 - now);
+		/* Busy: everything since we last woke up, polling included. */
+		st_add(&l->st_busy_ns, t0 - woke);
 		n = epoll_wait(l->epfd, evs, LOOP_MAX_EVENTS, timeout);
 		t1 = sys_now_ns();
 		l->blocked_total += t1 - t0;
-		now = t1;
+		now = woke = t1;
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;

@@ -40,6 +40,9 @@ static void usage(FILE *f)
 "  --socket PATH        unix socket to listen on (a stale one is replaced)\n"
 "  --disk FILE          image file or block device to serve\n"
 "  --queues N           number of virtqueues offered, 1-%d (default 1)\n"
+"  --iothreads N        I/O threads (default 1); queue q runs on q mod N\n"
+"  --queue-map MAP      explicit queue -> iothread map, e.g. 0:0,1:1,2:0\n"
+"  --cpu-affinity LIST  pin iothread i to CPU LIST[i mod len], e.g. 2,3\n"
 "  --read-only          export read-only: the guest cannot write\n"
 "  --cache MODE         none (O_DIRECT), writeback (page cache), or auto:\n"
 "                       O_DIRECT where the file supports it (default)\n"
@@ -112,6 +115,69 @@ static uint64_t parse_size(const char *opt, const char *s)
 	return (uint64_t)v << shift;
 }
 
+/* "0,2,3": CPU numbers, each one this machine has. */
+static unsigned parse_cpus(const char *s, int *cpus, unsigned max)
+{
+	long ncpu = sysconf(_SC_NPROCESSORS_CONF);
+	unsigned n = 0;
+	const char *p = s;
+
+	while (*p) {
+		char *end;
+		long v;
+
+		errno = 0;
+		v = strtol(p, &end, 10);
+		if (errno || end == p || v < 0 || (ncpu > 0 && v >= ncpu) || n == max ||
+		    (*end && *end != ','))
+			die("--cpu-affinity '%s' is not a list of CPUs 0-%ld (e.g. 0,1)", s,
+			    ncpu - 1);
+		cpus[n++] = (int)v;
+		p = *end ? end + 1 : end;
+	}
+	if (!n)
+		die("--cpu-affinity '%s' names no CPU", s);
+	return n;
+}
+
+/* "0:0,1:1": every queue exactly once, each to an existing iothread. */
+static void parse_queue_map(const char *s, unsigned *map, unsigned nq, unsigned nt)
+{
+	bool seen[BLK_MAX_QUEUES] = { false };
+	const char *p = s;
+	unsigned n = 0;
+
+	while (*p) {
+		char *end;
+		unsigned long q, t;
+
+		errno = 0;
+		q = strtoul(p, &end, 10);
+		if (errno || end == p || *end != ':')
+			goto bad;
+		p = end + 1;
+		t = strtoul(p, &end, 10);
+		if (errno || end == p || (*end && *end != ','))
+			goto bad;
+		if (q >= nq)
+			die("--queue-map '%s': queue %lu does not exist (--queues %u)", s, q, nq);
+		if (t >= nt)
+			die("--queue-map '%s': iothread %lu does not exist (--iothreads %u)",
+			    s, t, nt);
+		if (seen[q])
+			die("--queue-map '%s': queue %lu is mapped twice", s, q);
+		seen[q] = true;
+		map[q] = (unsigned)t;
+		n++;
+		p = *end ? end + 1 : end;
+	}
+	if (n != nq)
+		die("--queue-map '%s' must map each of the %u queues", s, nq);
+	return;
+bad:
+	die("--queue-map '%s' is not a list of QUEUE:IOTHREAD pairs (e.g. 0:0,1:1)", s);
+}
+
 /* Default serial: stable for a given disk path, distinct across paths. */
 static void default_serial(const char *path, char *out, size_t len)
 {
@@ -162,6 +228,9 @@ int main(int argc, char **argv)
 		{ "backend", required_argument, NULL, 'B' },
 		{ "size", required_argument, NULL, 'z' },
 		{ "control", required_argument, NULL, 'C' },
+		{ "iothreads", required_argument, NULL, 'T' },
+		{ "queue-map", required_argument, NULL, 'M' },
+		{ "cpu-affinity", required_argument, NULL, 'A' },
 		{ "poll-max-ns", required_argument, NULL, 'P' },
 		{ "poll-grow", required_argument, NULL, 'G' },
 		{ "poll-shrink", required_argument, NULL, 'K' },
@@ -175,7 +244,9 @@ int main(int argc, char **argv)
 	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
 	struct loop_poll_params poll = { .max_ns = 32768, .grow = 2, .shrink = 2 };
 	struct blk_opts ko = { .num_queues = 1, .poll = &poll };
-	const char *sock = NULL, *ctl_path = NULL;
+	const char *sock = NULL, *ctl_path = NULL, *map_arg = NULL;
+	unsigned qmap[BLK_MAX_QUEUES];
+	int cpus[BLK_MAX_QUEUES];
 	struct ctl_server *ctl = NULL;
 	char serial[32], err[600], msg[512];
 	struct vblkd v = { .sfd = -1 };
@@ -216,6 +287,14 @@ int main(int argc, char **argv)
 		case 'B': bo.engine = optarg; break;
 		case 'z': bo.size = parse_size("--size", optarg); break;
 		case 'C': ctl_path = optarg; break;
+		case 'T':
+			ko.num_iothreads = parse_uint("--iothreads", optarg, 1, BLK_MAX_QUEUES);
+			break;
+		case 'M': map_arg = optarg; break;
+		case 'A':
+			ko.ncpus = parse_cpus(optarg, cpus, BLK_MAX_QUEUES);
+			ko.cpus = cpus;
+			break;
 		case 'P':
 			poll.max_ns = parse_uint("--poll-max-ns", optarg, 0, 1000000000);
 			break;
@@ -249,6 +328,15 @@ int main(int argc, char **argv)
 		die("--size is for the null backend without --disk; the disk has its own size");
 	if (!bo.path && !bo.size)
 		bo.size = 1ull << 30;
+	if (!ko.num_iothreads)
+		ko.num_iothreads = 1;
+	if (ko.num_iothreads > ko.num_queues)
+		die("--iothreads %u is more than --queues %u: extra iothreads would have "
+		    "no queue", ko.num_iothreads, ko.num_queues);
+	if (map_arg) {
+		parse_queue_map(map_arg, qmap, ko.num_queues, ko.num_iothreads);
+		ko.queue_map = qmap;
+	}
 	if (!ko.serial) {
 		default_serial(bo.path ? bo.path : "null", serial, sizeof(serial));
 		ko.serial = serial;
@@ -295,10 +383,12 @@ int main(int argc, char **argv)
 		goto err_loop;
 	}
 
-	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s) on %s",
+	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s, "
+		 "%u iothread%s) on %s",
 		 b.path, (unsigned long long)b.size, b.block_size, b.engine->name,
 		 b.fd < 0 ? "no file" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
-		 ko.num_queues, ko.num_queues > 1 ? "s" : "", sock);
+		 ko.num_queues, ko.num_queues > 1 ? "s" : "", ko.num_iothreads,
+		 ko.num_iothreads > 1 ? "s" : "", sock);
 
 	r = loop_run(v.loop);
 

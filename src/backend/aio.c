@@ -1,0 +1,231 @@
+/*
+ * aio engine: Linux native AIO through libaio.  Reads and writes go
+ * straight from the guest's iovecs; completions are signalled on an
+ * eventfd (io_set_eventfd) watched by the iothread's loop.  Native AIO has
+ * no discard or zeroing, so this engine does not offer them; FLUSH is
+ * IOCB_CMD_FDSYNC where the filesystem has it, fdatasync otherwise.
+ */
+#include <errno.h>
+#include <libaio.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/bdev.h"
+#include "loop/loop.h"
+#include "util/iov.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+#define AIO_BATCH 256
+
+struct bdev_ctx {
+	struct bdev *b;
+	struct loop *loop;
+	io_context_t ctx;
+	unsigned depth;
+	int efd;
+	struct loop_fd *efd_h;
+	unsigned inflight;		/* in the kernel or queued here */
+	struct iocb **pending;		/* prepared, not yet io_submit'ed */
+	unsigned npending;
+	struct iocb *iocbs;		/* one per slot */
+	struct bdev_io **slot_io;
+	unsigned *free_slots, nfree;
+	bool no_fdsync;			/* the filesystem refused IOCB_CMD_FDSYNC */
+};
+
+static void aio_complete_slot(struct bdev_ctx *c, unsigned slot, int res);
+
+static void aio_kick(struct bdev_ctx *c)
+{
+	unsigned done = 0;
+
+	while (done < c->npending) {
+		int r = io_submit(c->ctx, (long)(c->npending - done), c->pending + done);
+
+		if (r == -EAGAIN || r == -EINTR)
+			continue;
+		if (r <= 0) {
+			/* The kernel took none of the rest: fail them. */
+			for (unsigned i = done; i < c->npending; i++)
+				aio_complete_slot(c, (unsigned)(c->pending[i] - c->iocbs),
+						  r < 0 ? r : -EIO);
+			break;
+		}
+		done += (unsigned)r;
+	}
+	c->npending = 0;
+}
+
+static void aio_submit(struct bdev_ctx *c, struct bdev_io *io)
+{
+	struct iocb *cb;
+	unsigned slot;
+
+	if (!c->nfree) {
+		/* More I/O than the context was sized for: push what we
+		 * have and fail this one rather than overrun. */
+		bdev_complete(io, -EBUSY);
+		return;
+	}
+	slot = c->free_slots[--c->nfree];
+	cb = &c->iocbs[slot];
+	c->slot_io[slot] = io;
+	c->inflight++;
+	switch (io->op) {
+	case BDEV_READ:
+		io_prep_preadv(cb, c->b->fd, io->iov, (int)io->iovcnt, (long long)io->offset);
+		break;
+	case BDEV_WRITE:
+		io_prep_pwritev2(cb, c->b->fd, io->iov, (int)io->iovcnt,
+				 (long long)io->offset, io->fua ? RWF_DSYNC : 0);
+		break;
+	case BDEV_FLUSH:
+		if (c->no_fdsync) {
+			aio_complete_slot(c, slot, fdatasync(c->b->fd) < 0 ? -errno : 0);
+			return;
+		}
+		io_prep_fdsync(cb, c->b->fd);
+		break;
+	default:
+		aio_complete_slot(c, slot, -EOPNOTSUPP);
+		return;
+	}
+	io_set_eventfd(cb, c->efd);
+	c->pending[c->npending++] = cb;
+	if (c->npending == AIO_BATCH)
+		aio_kick(c);
+}
+
+static void aio_complete_slot(struct bdev_ctx *c, unsigned slot, int res)
+{
+	struct bdev_io *io = c->slot_io[slot];
+
+	c->slot_io[slot] = NULL;
+	c->free_slots[c->nfree++] = slot;
+	c->inflight--;
+	if (io->op == BDEV_FLUSH && res == -EINVAL && !c->no_fdsync) {
+		log_info("aio: the filesystem has no async fdatasync; flushing "
+			 "synchronously");
+		c->no_fdsync = true;
+		res = fdatasync(c->b->fd) < 0 ? -errno : 0;
+	}
+	if ((io->op == BDEV_READ || io->op == BDEV_WRITE) && res >= 0) {
+		if ((size_t)res < io->len) {
+			/* Short transfer: finish the rest synchronously (rare:
+			 * end of a file, signals). */
+			iov_discard_front(&io->iov, &io->iovcnt, (size_t)res);
+			io->offset += (uint64_t)res;
+			io->len -= (size_t)res;
+			res = bdev_io_sync(c->b, io);
+		} else {
+			res = 0;
+		}
+	}
+	bdev_complete(io, res);
+}
+
+static void aio_reap(struct bdev_ctx *c)
+{
+	struct io_event ev[64];
+	struct timespec zero = { 0, 0 };
+	int n;
+
+	do {
+		n = io_getevents(c->ctx, 0, 64, ev, &zero);
+		for (int i = 0; i < n; i++)
+			aio_complete_slot(c, (unsigned)(ev[i].obj - c->iocbs), (int)(long)ev[i].res);
+	} while (n == 64);
+	aio_kick(c);
+}
+
+static void aio_efd_cb(void *opaque, uint32_t events)
+{
+	struct bdev_ctx *c = opaque;
+
+	(void)sys_eventfd_drain(c->efd);
+	aio_reap(c);
+}
+
+static void aio_drain(struct bdev_ctx *c)
+{
+	aio_kick(c);
+	while (c->inflight) {
+		struct pollfd p = { .fd = c->efd, .events = POLLIN };
+
+		(void)poll(&p, 1, 100);
+		(void)sys_eventfd_drain(c->efd);
+		aio_reap(c);
+	}
+}
+
+static void aio_ctx_free(struct bdev_ctx *c)
+{
+	if (!c)
+		return;
+	aio_drain(c);
+	if (c->efd_h)
+		loop_fd_del(c->loop, c->efd_h);
+	if (c->efd > 0)
+		close(c->efd);
+	if (c->ctx)
+		io_destroy(c->ctx);
+	free(c->pending);
+	free(c->iocbs);
+	free(c->slot_io);
+	free(c->free_slots);
+	free(c);
+}
+
+static int aio_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
+		       struct bdev_ctx **out)
+{
+	struct bdev_ctx *c = calloc(1, sizeof(*c));
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	c->b = b;
+	c->loop = l;
+	c->depth = depth;
+	c->pending = calloc(depth, sizeof(*c->pending));
+	c->iocbs = calloc(depth, sizeof(*c->iocbs));
+	c->slot_io = calloc(depth, sizeof(*c->slot_io));
+	c->free_slots = calloc(depth, sizeof(*c->free_slots));
+	if (!c->pending || !c->iocbs || !c->slot_io || !c->free_slots) {
+		r = -ENOMEM;
+		goto err;
+	}
+	for (unsigned i = 0; i < depth; i++)
+		c->free_slots[c->nfree++] = depth - 1 - i;
+	r = io_setup((int)depth, &c->ctx);
+	if (r < 0) {
+		c->ctx = 0;
+		goto err;
+	}
+	c->efd = sys_eventfd();
+	if (c->efd < 0) {
+		r = c->efd;
+		goto err;
+	}
+	r = loop_fd_add(l, c->efd, EPOLLIN, aio_efd_cb, c, &c->efd_h);
+	if (r < 0)
+		goto err;
+	*out = c;
+	return 0;
+err:
+	aio_ctx_free(c);
+	return r;
+}
+
+const struct bdev_engine bdev_aio_engine = {
+	.name = "aio",
+	.caps = 0,
+	.ctx_new = aio_ctx_new,
+	.ctx_free = aio_ctx_free,
+	.submit = aio_submit,
+	.kick = aio_kick,
+	.drain = aio_drain,
+};

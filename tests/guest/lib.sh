@@ -43,6 +43,8 @@
 #   VBLK_GUEST_BLK_PROPS  extra vhost-user-blk-pci properties, e.g.
 #                         ",queue-size=256,config-wce=off"
 #   VBLK_GUEST_QEMU       QEMU binary (default qemu-system-x86_64)
+#   VBLK_GUEST_EXTRA_DISKS  more QEMU arguments, split on spaces: further
+#                         -chardev/-device pairs for more vhost-user disks
 
 VBLK_GUEST_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VBLK_REPO_ROOT="$(cd "$VBLK_GUEST_LIB_DIR/../.." && pwd)"
@@ -163,7 +165,10 @@ guest_deps() {
 # Copy executable $1 and every library ldd reports for it into root $2,
 # keeping the absolute paths (so the dynamic loader finds them as on the host).
 _guest_copy_with_libs() {
-    local bin="$1" root="$2" dst="$2$1" lib
+    local bin="$1" root="$2" dst="$2${3:-$1}" lib
+    # Never write through a symlink already there (a busybox applet link
+    # points at /bin/busybox, which outside the chroot is the host's).
+    rm -f "$dst"
     mkdir -p "$(dirname "$dst")" && cp -L "$bin" "$dst" || return 1
     _guest_is_static "$bin" && return 0
     local libs
@@ -332,6 +337,12 @@ guest_build_initramfs() (
     if [[ "$(command -v fio)" != /usr/bin/fio ]]; then
         ln -sf "$(command -v fio)" "$r/usr/bin/fio" 2>/dev/null || true
     fi
+    # util-linux blkdiscard (busybox's has no -z for write zeroes), under
+    # its own name so busybox's applet stays as it is.
+    if [[ -x /usr/sbin/blkdiscard ]]; then
+        _guest_copy_with_libs /usr/sbin/blkdiscard "$r" /usr/sbin/blkdiscard-ul ||
+            { _guest_err "copying blkdiscard failed"; exit 1; }
+    fi
 
     _guest_write_init "$r/init"
 
@@ -407,6 +418,7 @@ guest_boot() {
         -nographic -no-reboot -nic none -vga none \
         -chardev "socket,id=c0,path=$sock" \
         -device "vhost-user-blk-pci,chardev=c0,num-queues=$numq${VBLK_GUEST_BLK_PROPS:-}" \
+        ${VBLK_GUEST_EXTRA_DISKS:-} \
         </dev/null >"$log" 2>&1 &
     # Waiting on a background job (rather than running QEMU in the
     # foreground) lets the caller's INT/TERM traps run immediately; they can

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Description: every I/O engine (io_uring, aio, threads) on a file and on a
+# loop block device, with 512 and 4096-byte logical blocks, as disks of a
+# real Linux guest: fio crc32c verify on each; discard, fio trim and write
+# zeroes on one (the host then finds holes in the image); a read-only export
+# refusing write, discard and write zeroes.  Two boots, six disks each.
+# Prints PASS:/FAIL:/SKIP: lines for tests/run.
+set -uo pipefail
+VBLKD=${1:?usage: backends.sh PATH/TO/vblkd}
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
+set +e
+
+gb="$VBLK_REPO_ROOT/build/guest"
+work=$(mktemp -d /tmp/vblk-backends.XXXXXX)
+logs="$VBLK_REPO_ROOT/build/test-logs/backends"
+mkdir -p "$logs"
+pids=() loops=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+pass() { echo "PASS: $1"; }
+fail() { echo "FAIL: $1${2:+: $2}"; }
+
+guest_deps || { fail guest-deps; exit 1; }
+guest_build_initramfs "$gb" || { fail guest-initramfs; exit 1; }
+guest_initrd "$here/scenarios/multi.sh" "$work/multi.initrd" "$gb" || { fail initrd; exit 1; }
+
+have_loop=1
+if ! losetup -f >/dev/null 2>&1; then
+    have_loop=0
+    echo "SKIP: loop-device disks (losetup -f failed: no loop devices here)"
+fi
+
+# disk NAME KIND(file|loop) ENGINE BS [vblkd args...]: start a daemon for a
+# 128 MiB disk; sets DISK_ARGS for QEMU.
+declare -a qemu_args
+disk() {
+    local name=$1 kind=$2 engine=$3 bs=$4; shift 4
+    local img="$work/$name.img" path sock="$work/$name.sock" idx=${#pids[@]}
+    truncate -s 128M "$img"
+    path=$img
+    if [[ $kind == loop ]]; then
+        ((have_loop)) || return 1
+        path=$(losetup -f --show --direct-io=on -b "$bs" "$img" 2>/dev/null ||
+               losetup -f --show -b "$bs" "$img") || { fail "$name" "losetup"; return 1; }
+        loops+=("$path")
+    fi
+    "$VBLKD" --socket "$sock" --disk "$path" --backend "$engine" --block-size "$bs" \
+        --serial "$name" "$@" >"$logs/$name.vblkd.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.05; done
+    [[ -S $sock ]] || { fail "$name" "vblkd did not start: $(tail -2 "$logs/$name.vblkd.log")"; return 1; }
+    qemu_args+=(-chardev "socket,id=x$idx,path=$sock" -device "vhost-user-blk-pci,chardev=x$idx,num-queues=1")
+    names+=("$name")
+}
+
+# boot NAME: boot with every disk in qemu_args, check each name's result.
+boot() {
+    local boot=$1 first_sock first_args t0=$SECONDS
+    # guest_boot takes the first disk itself; the rest go in EXTRA_DISKS.
+    first_sock=$(sed -n 's/^socket,id=x[0-9]*,path=//p' <<<"${qemu_args[1]}")
+    VBLK_GUEST_EXTRA_DISKS="${qemu_args[*]:4}" \
+        guest_boot "$first_sock" 1 "$work/multi.initrd" "$logs/$boot.console.log" 400
+    echo "  ($boot: guest ran $((SECONDS - t0)) s with ${#names[@]} disks)"
+    for n in "${names[@]}"; do
+        if tr -d '\r' <"$logs/$boot.console.log" | grep -aq "VBLK-RESULT: PASS $n\$"; then
+            pass "guest-$n"
+        else
+            fail "guest-$n" "$(tr -d '\r' <"$logs/$boot.console.log" | grep -a "VBLK-RESULT: FAIL $n" | head -1) (see $logs/$boot.console.log)"
+        fi
+    done
+}
+
+stop_all() {
+    local p rc
+    for p in "${pids[@]}"; do
+        kill -TERM "$p" 2>/dev/null; rc=0; wait "$p" || rc=$?
+        ((rc == 0)) || fail daemon-exit "a vblkd exited with status $rc"
+    done
+    pids=()
+    for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null; done
+    loops=()
+}
+
+# Boot 1: the file disks, plus discard and read-only.
+qemu_args=() names=()
+disk v-uring-file-512 file io_uring 512
+disk v-aio-file-512 file aio 512
+disk v-threads-file-512 file threads 512
+disk v-uring-file-4096 file io_uring 4096
+disk v-aio-file-4096 file aio 4096
+disk v-threads-file-4096 file threads 4096
+disk discard file io_uring 512
+python3 -c "
+import os
+with open('$work/ro-src.img', 'wb') as f: f.write(os.urandom(1 << 20)); f.truncate(128 << 20)"
+cp "$work/ro-src.img" "$work/ro.img.keep"
+disk ro file io_uring 512 --read-only
+# disk() truncated ro.img to an empty 128M file; put the data back.
+cp "$work/ro.img.keep" "$work/ro.img"
+boot boot-files
+stop_all
+# Discard: [1M,5M) and [6M,7M) deallocated, [7M,8M) zeroed, rest is data.
+python3 - "$work/discard.img" <<'PY' && pass discard-made-holes || fail discard-made-holes "no hole where the guest discarded"
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+def hole_at(off):
+    try:
+        return os.lseek(fd, off, os.SEEK_HOLE) == off
+    except OSError:
+        return False
+ok = hole_at(1 << 20) and hole_at(3 << 20) and hole_at(6 << 20) and not hole_at(0)
+data = os.pread(fd, 4 << 20, 1 << 20) + os.pread(fd, 1 << 20, 7 << 20)
+sys.exit(0 if ok and data == bytes(len(data)) else 1)
+PY
+cmp -s "$work/ro.img" "$work/ro.img.keep" && pass read-only-image-untouched ||
+    fail read-only-image-untouched
+
+# Boot 2: loop block devices.
+if ((have_loop)); then
+    qemu_args=() names=()
+    disk v-uring-loop-512 loop io_uring 512
+    disk v-aio-loop-512 loop aio 512
+    disk v-threads-loop-512 loop threads 512
+    disk v-uring-loop-4096 loop io_uring 4096
+    disk v-aio-loop-4096 loop aio 4096
+    disk v-threads-loop-4096 loop threads 4096
+    boot boot-loopdevs
+    stop_all
+fi
+exit 0

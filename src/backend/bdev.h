@@ -32,6 +32,7 @@ struct bdev_opts {
 	enum bdev_cache cache;
 	unsigned block_size;	/* 0: the device's logical size, else 512 */
 	uint64_t size;		/* engines without a disk (null): bytes */
+	bool uring_sqpoll;	/* io_uring: IORING_SETUP_SQPOLL */
 };
 
 enum bdev_op {
@@ -103,6 +104,7 @@ struct bdev {
 	bool is_blockdev;
 	bool direct;		/* opened O_DIRECT */
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
+	bool uring_sqpoll;
 	const struct bdev_engine *engine;
 };
 

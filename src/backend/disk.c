@@ -46,6 +46,11 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 			 o->engine, bdev_engine_names());
 		return -EINVAL;
 	}
+	b->uring_sqpoll = o->uring_sqpoll;
+	if (o->uring_sqpoll && b->engine != &bdev_uring_engine) {
+		snprintf(err, errlen, "--uring-sqpoll needs --backend io_uring");
+		return -EINVAL;
+	}
 	if (b->engine->no_disk && !o->path) {
 		/* No file at all: the size is all there is. */
 		b->block_size = o->block_size ? o->block_size : 512;

@@ -23,6 +23,7 @@ struct bdev_ctx {
 	struct loop_fd *efd_h;
 	unsigned inflight;	/* submitted (queued or in kernel), not completed */
 	unsigned queued;	/* SQEs prepared since the last io_uring_submit */
+	bool fixed_file;	/* the disk is registered file 0 */
 };
 
 static void uring_kick(struct bdev_ctx *c)
@@ -40,7 +41,9 @@ static void uring_kick(struct bdev_ctx *c)
 
 static void uring_prep(struct bdev_ctx *c, struct bdev_io *io, struct io_uring_sqe *sqe)
 {
-	int fd = c->b->fd;
+	/* A registered file saves the kernel an fd lookup and refcount per
+	 * request. */
+	int fd = c->fixed_file ? 0 : c->b->fd;
 
 	switch (io->op) {
 	case BDEV_READ:
@@ -60,6 +63,8 @@ static void uring_prep(struct bdev_ctx *c, struct bdev_io *io, struct io_uring_s
 					io->length);
 		break;
 	}
+	if (c->fixed_file)
+		sqe->flags |= IOSQE_FIXED_FILE;
 	io_uring_sqe_set_data(sqe, io);
 }
 
@@ -211,9 +216,21 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 		entries *= 2;
 	c->b = b;
 	c->loop = l;
-	r = io_uring_queue_init(entries, &c->ring, 0);
+	{
+		struct io_uring_params p = { 0 };
+
+		if (b->uring_sqpoll) {
+			/* A kernel thread polls the SQ: submissions cost no
+			 * syscall while it is awake (it sleeps after 100 ms
+			 * idle). */
+			p.flags |= IORING_SETUP_SQPOLL;
+			p.sq_thread_idle = 100;
+		}
+		r = io_uring_queue_init_params(entries, &c->ring, &p);
+	}
 	if (r < 0)
 		goto err_free;
+	c->fixed_file = io_uring_register_files(&c->ring, &b->fd, 1) == 0;
 	c->efd = sys_eventfd();
 	if (c->efd < 0) {
 		r = c->efd;

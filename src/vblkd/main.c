@@ -53,6 +53,7 @@ static void usage(FILE *f)
 "  --backend NAME       I/O engine: io_uring (default), or null: no disk,\n"
 "                       completes at once, reads zeroes (for benchmarks)\n"
 "  --size SIZE          null backend without --disk: disk size, e.g. 1G\n"
+"  --uring-sqpoll       io_uring: a kernel thread polls submissions\n"
 "  --log-level L        error, warn, info (default) or debug\n"
 "  --control PATH       control socket for vblkctl (stats, polling knobs)\n"
 "\n"
@@ -229,6 +230,7 @@ int main(int argc, char **argv)
 		{ "size", required_argument, NULL, 'z' },
 		{ "control", required_argument, NULL, 'C' },
 		{ "iothreads", required_argument, NULL, 'T' },
+		{ "uring-sqpoll", no_argument, NULL, 'Q' },
 		{ "queue-map", required_argument, NULL, 'M' },
 		{ "cpu-affinity", required_argument, NULL, 'A' },
 		{ "poll-max-ns", required_argument, NULL, 'P' },
@@ -291,6 +293,7 @@ int main(int argc, char **argv)
 			ko.num_iothreads = parse_uint("--iothreads", optarg, 1, BLK_MAX_QUEUES);
 			break;
 		case 'M': map_arg = optarg; break;
+		case 'Q': bo.uring_sqpoll = true; break;
 		case 'A':
 			ko.ncpus = parse_cpus(optarg, cpus, BLK_MAX_QUEUES);
 			ko.cpus = cpus;

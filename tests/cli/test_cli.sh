@@ -153,4 +153,18 @@ else
 fi
 kill -TERM "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
 grep -q "error" "$tmp/null.log" && fail null-backend-clean-exit "$(grep error "$tmp/null.log")" || pass null-backend-clean-exit
+expect_error sqpoll-needs-io-uring "--uring-sqpoll needs --backend io_uring" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --backend threads --uring-sqpoll
+expect_error iothreads-more-than-queues "--iothreads 3 is more than --queues 2" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 2 --iothreads 3
+expect_error queue-map-unknown-iothread "iothread 2 does not exist" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 2 --iothreads 2 --queue-map 0:0,1:2
+expect_error queue-map-incomplete "must map each of the 2 queues" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 2 --iothreads 2 --queue-map 0:1
+expect_error queue-map-twice "queue 0 is mapped twice" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 2 --iothreads 2 --queue-map 0:0,0:1
+expect_error queue-map-garbage "not a list of QUEUE:IOTHREAD pairs" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 2 --queue-map zero
+expect_error cpu-affinity-bad "--cpu-affinity '999' is not a list of CPUs" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --cpu-affinity 999
+if start_daemon "$tmp/iot.log" --socket "$tmp/iot.sock" --disk "$tmp/disk.img" --queues 4 --iothreads 2 --queue-map 0:1,1:0,2:1,3:0 --cpu-affinity 0 &&
+   grep -q "4 queues, 2 iothreads" "$tmp/iot.log"; then
+    pass iothreads-and-queue-map-start
+else
+    fail iothreads-and-queue-map-start "$(cat "$tmp/iot.log")"
+fi
+kill "${pids[-1]}" 2>/dev/null
 exit 0

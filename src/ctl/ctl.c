@@ -126,9 +126,15 @@ static int json_u64(const char *s, const char *key, uint64_t *v)
 	return 1;
 }
 
+/* Returns the bytes written (snprintf's would-be length clamped to what
+ * fit), as ctl_handle promises. */
 static int reply_error(char *out, size_t outlen, const char *msg)
 {
-	return snprintf(out, outlen, "{\"error\": \"%s\"}", msg);
+	int n = snprintf(out, outlen, "{\"error\": \"%s\"}", msg);
+
+	if (n < 0 || outlen == 0)
+		return 0;
+	return (size_t)n < outlen ? n : (int)outlen - 1;
 }
 
 int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
@@ -168,7 +174,7 @@ int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
 		put(out, outlen, &n, "{\"ok\": true, ");
 		put_poll(d, out, outlen, &n);
 		put(out, outlen, &n, "}");
-		return (int)MIN(n, outlen - 1);
+		return outlen ? (int)MIN(n, outlen - 1) : 0;
 	}
 	return reply_error(out, outlen, "unknown cmd: use stats or set-poll");
 }

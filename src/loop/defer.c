@@ -65,9 +65,22 @@ void defer_end(void)
 	}
 	if (--defer_depth > 0)
 		return;
-	/* A call may queue more calls (it runs outside any section, so those
-	 * run immediately); index-based loop tolerates that. */
-	for (unsigned i = 0; i < defer_len; i++)
-		defer_q[i].fn(defer_q[i].arg);
-	defer_len = 0;
+	/* Detach the batch before running it: a deferred fn that opens a
+	 * section of its own must not run (or coalesce with) this batch
+	 * again.  Its calls land in a fresh array and run at its own end. */
+	while (defer_len) {
+		struct defer_entry *q = defer_q;
+		unsigned n = defer_len, cap = defer_cap;
+
+		defer_q = NULL;
+		defer_len = defer_cap = 0;
+		for (unsigned i = 0; i < n; i++)
+			q[i].fn(q[i].arg);
+		if (!defer_q) {		/* reuse the array */
+			defer_q = q;
+			defer_cap = cap;
+		} else {
+			free(q);
+		}
+	}
 }

@@ -83,6 +83,7 @@ struct loop {
 
 	/* Loop thread only. */
 	struct loop_bh *bh_list;
+	struct loop_bh *bh_running;	/* the batch loop_run_bhs is running */
 	struct loop_timer *timers;
 	struct loop_fd *free_list;	/* deleted handlers, freed after dispatch */
 	struct loop_fd *polls;		/* handlers with poll ops */
@@ -325,34 +326,40 @@ void loop_bh_schedule(struct loop_bh *bh)
 	bh->loop->bh_list = bh;
 }
 
-void loop_bh_free(struct loop_bh *bh)
+static void bh_unlink(struct loop_bh **list, struct loop_bh *bh)
 {
-	struct loop_bh **p;
-
-	if (!bh)
-		return;
-	for (p = &bh->loop->bh_list; *p; p = &(*p)->next)
+	for (struct loop_bh **p = list; *p; p = &(*p)->next)
 		if (*p == bh) {
 			*p = bh->next;
-			break;
+			return;
 		}
+}
+
+void loop_bh_free(struct loop_bh *bh)
+{
+	if (!bh)
+		return;
+	/* It may sit in the batch being run right now (freed by another
+	 * bh of the same batch): unlink it from there too. */
+	bh_unlink(&bh->loop->bh_list, bh);
+	bh_unlink(&bh->loop->bh_running, bh);
 	free(bh);
 }
 
 static void loop_run_bhs(struct loop *l)
 {
+	struct loop_bh *bh;
+
 	/* Bottom halves scheduled by bottom halves (or by the deferred calls
 	 * after this phase) run in the next iteration: take the list first so
-	 * a self-rescheduling bh cannot starve fds. */
-	struct loop_bh *bh = l->bh_list;
-
+	 * a self-rescheduling bh cannot starve fds.  The batch is popped from
+	 * the loop, not walked by a saved pointer, so a bh may free another. */
+	l->bh_running = l->bh_list;
 	l->bh_list = NULL;
-	while (bh) {
-		struct loop_bh *next = bh->next;
-
+	while ((bh = l->bh_running) != NULL) {
+		l->bh_running = bh->next;
 		bh->scheduled = false;
 		bh->cb(bh->opaque);
-		bh = next;
 	}
 }
 
@@ -423,6 +430,10 @@ static bool loop_poll_once(struct loop *l, uint64_t now)
 	defer_begin();
 	for (struct loop_fd *h = l->polls, *next; h; h = next) {
 		next = h->next_poll;
+		/* A run() may delete a later handler: its memory lives until
+		 * the end of the iteration, its opaque may not. */
+		if (h->deleted)
+			continue;
 		if (h->pops->poll(h->opaque)) {
 			h->pops->run(h->opaque);
 			h->last_active_ns = now;
@@ -499,12 +510,9 @@ static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
 			l->poll_started = true;
 		}
 		do {
-			if (loop_poll_once(l, now)) {
-				progress = true;
-				break;
-			}
+			progress = loop_poll_once(l, now);
 			now = sys_now_ns();
-		} while (now - start < window);
+		} while (!progress && now - start < window);
 		st_add(&l->st_poll_ns, now - start);
 		l->polled_in_sample = true;
 		loop_check_contention(l, now);
@@ -517,6 +525,8 @@ static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
 		defer_begin();
 		for (struct loop_fd *h = l->polls, *next; h; h = next) {
 			next = h->next_poll;
+			if (h->deleted)
+				continue;
 			if (h->pops->end(h->opaque)) {
 				h->pops->run(h->opaque);
 				h->last_active_ns = now;
@@ -529,9 +539,9 @@ static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
 	return progress;
 }
 
-/* A poll handler's fd fired after we blocked for block_ns: grow its
- * window if a slightly longer one would have caught this, shrink it if
- * the wait was beyond any window we would pay for. */
+/* A poll handler's fd fired block_ns after the loop went idle (polling
+ * included): grow its window if a slightly longer one would have caught
+ * this, shrink it if the wait was beyond any window we would pay for. */
 static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_ns,
 			     uint64_t now)
 {
@@ -540,6 +550,9 @@ static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_n
 	loop_get_poll_params(l, &p);
 	st_add(&h->st_misses, 1);
 	h->last_active_ns = now;
+	/* max_ns may have been lowered at runtime. */
+	if (h->poll_ns > p.max_ns)
+		h->poll_ns = p.max_ns;
 	if (block_ns <= h->poll_ns) {
 		/* The window was long enough; it was cut short (timer,
 		 * contention).  Nothing to learn. */
@@ -587,12 +600,14 @@ int loop_run(struct loop *l)
 	woke = now;
 
 	while (!atomic_load(&l->stop)) {
-		uint64_t t0, t1;
+		uint64_t t0, t1, idle_start;
 		int timeout, n;
 
 		/* Phase 1. */
 		loop_run_timers(l, now);
-		/* Phase 2. */
+		/* Phase 2.  Idle time for adaptation counts from here: a window
+		 * that just missed must see the whole wait, polling included. */
+		idle_start = sys_now_ns();
 		timeout = loop_timeout_ms(l, now);
 		if (loop_poll_or_sleep(l, timeout))
 			timeout = 0;
@@ -618,7 +633,7 @@ int loop_run(struct loop *l)
 			if (h->deleted)
 				continue;
 			if (h->pops && timeout != 0)
-				loop_adjust_poll(l, h, t1 - t0, now);
+				loop_adjust_poll(l, h, t1 - idle_start, now);
 			h->cb(h->opaque, evs[i].events);
 		}
 		loop_run_bhs(l);

@@ -26,6 +26,13 @@ bool defer_batching(void)
 	return defer_on;
 }
 
+void defer_release(void)
+{
+	free(defer_q);
+	defer_q = NULL;
+	defer_len = defer_cap = 0;
+}
+
 void defer_begin(void)
 {
 	defer_depth++;

@@ -22,6 +22,9 @@ void defer_end(void);
  * pending (fn, arg) pair are coalesced into one call. */
 void defer_call(defer_fn fn, void *arg);
 
+/* Free this thread's queue (a thread that ran a loop calls it on exit). */
+void defer_release(void);
+
 /* Ablation (--no-batch): when off, defer_call() always runs fn at once.
  * Process-wide; set before any thread starts. */
 void defer_set_batching(bool on);

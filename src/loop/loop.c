@@ -696,6 +696,7 @@ static void *loop_thread_main(void *opaque)
 
 	log_set_thread_name(l->name);
 	loop_run(l);
+	defer_release();
 	return NULL;
 }
 

@@ -921,8 +921,9 @@ int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops
 		r = -ENOMEM;
 		goto err_free;
 	}
+	/* calloc'ed fds read 0 (stdin): mark them closed, never close them. */
 	for (unsigned i = 0; i < s->nqueues; i++)
-		vu_vring_reset(&s->vr[i]);
+		s->vr[i].kick_fd = s->vr[i].call_fd = s->vr[i].err_fd = -1;
 	r = sock_listen_unix(path, err, errlen);
 	if (r < 0)
 		goto err_free;

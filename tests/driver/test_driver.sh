@@ -118,4 +118,20 @@ if start "$tmp/q1.log" "$VBLKD" --socket "$tmp/d.sock" --backend null --size 64M
     expect_error bench-too-many-jobs "offers 1 queue, 2 asked" --socket "$tmp/d.sock" --rw read --numjobs 2
     stop
 fi
+
+# Regression: started with stdin closed, the daemon opened its disk as fd 0
+# and vu_server_new() closed it (calloc'ed ring fds read as 0).
+rm -f "$tmp/d.sock"
+"$VBLKD" --socket "$tmp/d.sock" --disk "$tmp/disk.img" <&- >"$tmp/fd0.log" 2>&1 &
+dpid=$!
+for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && break; sleep 0.05; done
+out=$("$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 4 --runtime 0.5 --ramp 0 --size 4M \
+      --verify --json 2>/dev/null)
+rc=$?
+stop
+if ((rc == 0)) && ! grep -q "Bad file descriptor" "$tmp/fd0.log"; then
+    pass stdin-closed-daemon-keeps-its-disk
+else
+    fail stdin-closed-daemon-keeps-its-disk "rc=$rc $(grep -m1 error "$tmp/fd0.log")"
+fi
 exit 0

@@ -547,8 +547,10 @@ static void do_queue_start(void *opaque)
 	int r;
 
 	r = vq_init(&q->vq, &s->cfg, s->mem);
-	if (r < 0)
+	if (r < 0) {
+		vq_release(&q->vq);
 		goto out;
+	}
 	r = -ENOMEM;
 	q->reqs = calloc(num, sizeof(*q->reqs));
 	q->iovs = calloc((size_t)num * VQ_MAX_SEGS, sizeof(*q->iovs));
@@ -581,6 +583,7 @@ static void do_queue_start(void *opaque)
 
 err_pool:
 	blk_queue_free_pool(q);
+	vq_release(&q->vq);
 out:
 	c->ret = r;
 }
@@ -613,6 +616,7 @@ static void do_queue_stop(void *opaque)
 	q->polling = false;
 	q->kick_fd = q->call_fd = q->err_fd = -1;
 	blk_queue_free_pool(q);
+	vq_release(&q->vq);
 	c->last_avail = q->vq.last_avail_idx;
 }
 
@@ -1017,4 +1021,35 @@ void blk_set_poll_params(struct blk_dev *d, const struct loop_poll_params *p)
 void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p)
 {
 	loop_get_poll_params(d->iot[0].loop, p);
+}
+
+/* ---- For fuzzing and tests only ---- */
+
+static void do_fuzz_process(void *opaque)
+{
+	struct blk_call *c = opaque;
+
+	do_queue_start(c);
+	if (c->ret < 0)
+		return;
+	blk_queue_process(c->q);
+	do_queue_stop(c);
+}
+
+/*
+ * For fuzzing and tests: start queue idx with s exactly as blk_queue_start
+ * does (which already looks at the ring once), process the ring once more,
+ * then stop it as blk_queue_stop does (draining, publishing used->idx).
+ * All three run in one loop_call_sync on the queue's iothread.  Returns 0
+ * or the -errno of the start.  Main thread; the queue must be stopped.
+ */
+int blk_fuzz_process(struct blk_dev *d, unsigned idx, const struct vu_queue_setup *s)
+{
+	struct blk_call c = { .setup = s };
+
+	if (idx >= d->num_queues)
+		return -EINVAL;
+	c.q = &d->q[idx];
+	loop_call_sync(c.q->t->loop, do_fuzz_process, &c);
+	return c.ret;
 }

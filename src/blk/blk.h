@@ -74,4 +74,13 @@ void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p);
 
 extern const struct vu_dev_ops blk_vu_ops;
 
+/*
+ * For fuzzing and tests only: start queue idx with s (as the vhost-user
+ * queue_start op does), process its ring once, then stop it (as
+ * queue_stop does: in-flight I/O drained, used->idx published), all on the
+ * queue's iothread before returning.  Returns 0 or -errno (the start's, or
+ * -EINVAL for a bad idx).  Main thread, queue stopped.
+ */
+int blk_fuzz_process(struct blk_dev *d, unsigned idx, const struct vu_queue_setup *s);
+
 #endif

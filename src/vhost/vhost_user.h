@@ -32,6 +32,8 @@ enum vhost_user_request {
 	VHOST_USER_SET_VRING_ENABLE = 18,
 	VHOST_USER_GET_CONFIG = 24,
 	VHOST_USER_SET_CONFIG = 25,
+	VHOST_USER_GET_INFLIGHT_FD = 31,
+	VHOST_USER_SET_INFLIGHT_FD = 32,
 	VHOST_USER_GET_MAX_MEM_SLOTS = 36,
 	VHOST_USER_ADD_MEM_REG = 37,
 	VHOST_USER_REM_MEM_REG = 38,
@@ -50,6 +52,7 @@ enum vhost_user_request {
 #define VHOST_USER_PROTOCOL_F_MQ                  0
 #define VHOST_USER_PROTOCOL_F_REPLY_ACK           3
 #define VHOST_USER_PROTOCOL_F_CONFIG              9
+#define VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD      12
 #define VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS 15
 
 /* u64 payload of SET_VRING_KICK/CALL/ERR: index in bits 0-7, bit 8 set
@@ -110,6 +113,15 @@ struct vhost_user_config {
 	uint8_t region[VHOST_USER_MAX_CONFIG_SIZE];
 };
 
+/* GET/SET_INFLIGHT_FD ("inflight description"). */
+struct vhost_user_inflight {
+	uint64_t mmap_size;
+	uint64_t mmap_offset;
+	uint16_t num_queues;
+	uint16_t queue_size;
+	uint32_t padding;	/* the C layout the frontend sends: 24 bytes */
+};
+
 union vhost_user_payload {
 	uint64_t u64;
 	struct vhost_vring_state state;
@@ -117,6 +129,7 @@ union vhost_user_payload {
 	struct vhost_user_memory memory;
 	struct vhost_user_mem_reg mem_reg;
 	struct vhost_user_config config;
+	struct vhost_user_inflight inflight;
 };
 
 STATIC_ASSERT(sizeof(struct vhost_user_hdr) == 12, "vhost-user header");
@@ -127,5 +140,6 @@ STATIC_ASSERT(offsetof(struct vhost_user_memory, regions) == 8, "mem table");
 STATIC_ASSERT(sizeof(struct vhost_user_mem_reg) == 40, "mem reg");
 STATIC_ASSERT(offsetof(struct vhost_user_config, region) == VHOST_USER_CONFIG_HDR_SIZE,
 	      "config header");
+STATIC_ASSERT(sizeof(struct vhost_user_inflight) == 24, "inflight description");
 
 #endif

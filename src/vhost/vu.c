@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -37,6 +39,7 @@ struct vu_msg {
 	union vhost_user_payload p;
 	int fds[VHOST_USER_MAX_FDS];
 	unsigned nfds;
+	int reply_fd;		/* sent with the reply, then closed (-1: none) */
 };
 
 /* Control-plane view of one ring (main thread only). */
@@ -66,6 +69,10 @@ struct vu_server {
 	uint64_t acked;
 	uint64_t proto_acked;
 	struct gm_table *mem;		/* published to iothreads via ring start */
+	/* INFLIGHT_SHMFD: the frontend's region, mapped (NULL if none). */
+	uint8_t *inflight;
+	size_t inflight_size;
+	unsigned inflight_queues, inflight_qsize;
 	unsigned nqueues;
 	struct vu_vring *vr;
 };
@@ -74,7 +81,8 @@ static const uint64_t vu_proto_features =
 	1ull << VHOST_USER_PROTOCOL_F_MQ |
 	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIG |
-	1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS;
+	1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |
+	1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD;
 
 static const char *vu_req_name(uint32_t req)
 {
@@ -98,6 +106,8 @@ static const char *vu_req_name(uint32_t req)
 	case VHOST_USER_GET_CONFIG: return "GET_CONFIG";
 	case VHOST_USER_SET_CONFIG: return "SET_CONFIG";
 	case VHOST_USER_GET_MAX_MEM_SLOTS: return "GET_MAX_MEM_SLOTS";
+	case VHOST_USER_GET_INFLIGHT_FD: return "GET_INFLIGHT_FD";
+	case VHOST_USER_SET_INFLIGHT_FD: return "SET_INFLIGHT_FD";
 	case VHOST_USER_ADD_MEM_REG: return "ADD_MEM_REG";
 	case VHOST_USER_REM_MEM_REG: return "REM_MEM_REG";
 	default: return "unknown";
@@ -162,6 +172,15 @@ static int vu_vring_start(struct vu_server *s, unsigned idx)
 	su.cfg.last_avail_idx = vr->base;
 	su.cfg.event_idx = s->acked & (1ull << VIRTIO_RING_F_EVENT_IDX);
 	su.cfg.indirect = s->acked & (1ull << VIRTIO_RING_F_INDIRECT_DESC);
+	if (s->inflight) {
+		if (idx < s->inflight_queues && vr->num == s->inflight_qsize)
+			su.cfg.inflight = (struct vq_inflight_region *)(s->inflight +
+				idx * vq_inflight_region_size(s->inflight_qsize));
+		else
+			log_warn("ring %u: size %u does not match the in-flight region "
+				 "(%u queues of %u); not tracked", idx, vr->num,
+				 s->inflight_queues, s->inflight_qsize);
+	}
 	su.mem = s->mem;
 	su.kick_fd = vr->kick_fd;
 	su.call_fd = vr->call_fd;
@@ -574,6 +593,107 @@ static int vu_set_vring_enable(struct vu_server *s, struct vu_msg *m)
 	return 0;
 }
 
+/* ---- In-flight tracking (vhost-user.rst "Inflight I/O tracking") ---- */
+
+static void vu_inflight_unmap(struct vu_server *s)
+{
+	if (s->inflight)
+		munmap(s->inflight, s->inflight_size);
+	s->inflight = NULL;
+	s->inflight_size = 0;
+}
+
+static bool vu_inflight_desc_ok(struct vu_server *s, const struct vhost_user_inflight *in)
+{
+	unsigned qs = in->queue_size;
+
+	if (in->num_queues == 0 || in->num_queues > s->nqueues || qs == 0 ||
+	    qs > VRING_MAX_NUM || (qs & (qs - 1))) {
+		log_err("%s: %u queues of %u entries (we have %u queues; sizes are "
+			"powers of two <= %u)", "in-flight region", in->num_queues, qs,
+			s->nqueues, VRING_MAX_NUM);
+		return false;
+	}
+	return true;
+}
+
+static bool vu_rings_running(struct vu_server *s)
+{
+	for (unsigned i = 0; i < s->nqueues; i++)
+		if (s->vr[i].started)
+			return true;
+	return false;
+}
+
+/* The frontend asks us for a fresh region; we create and share it. */
+static int vu_get_inflight_fd(struct vu_server *s, struct vu_msg *m)
+{
+	struct vhost_user_inflight *in = &m->p.inflight;
+	uint64_t size;
+	void *p;
+	int fd;
+
+	if (!vu_inflight_desc_ok(s, in) || vu_rings_running(s))
+		return VU_MALFORMED;
+	size = in->num_queues * vq_inflight_region_size(in->queue_size);
+	fd = memfd_create("vblkd-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0 ||
+	    (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		int r = -errno;
+
+		close(fd);
+		return r;
+	}
+	/* The region's size is ours to keep: no one may shrink it. */
+	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
+	vu_inflight_unmap(s);
+	s->inflight = p;
+	s->inflight_size = size;
+	s->inflight_queues = in->num_queues;
+	s->inflight_qsize = in->queue_size;
+	in->mmap_size = size;
+	in->mmap_offset = 0;
+	m->hdr.size = sizeof(*in);
+	m->reply_fd = fd;
+	log_info("in-flight region: %u queues of %u entries (%llu bytes)",
+		 in->num_queues, in->queue_size, (unsigned long long)size);
+	return VU_REPLY;
+}
+
+/* The frontend hands us the region (after a reconnect: what the previous
+ * backend left in it). */
+static int vu_set_inflight_fd(struct vu_server *s, struct vu_msg *m)
+{
+	const struct vhost_user_inflight *in = &m->p.inflight;
+	uint64_t need, end;
+	struct stat st;
+	void *p;
+
+	if (!vu_inflight_desc_ok(s, in) || vu_rings_running(s))
+		return VU_MALFORMED;
+	need = in->num_queues * vq_inflight_region_size(in->queue_size);
+	if (in->mmap_size < need || __builtin_add_overflow(in->mmap_offset, in->mmap_size, &end) ||
+	    (in->mmap_offset & 4095) || fstat(m->fds[0], &st) < 0 ||
+	    (S_ISREG(st.st_mode) && (uint64_t)st.st_size < end)) {
+		log_err("SET_INFLIGHT_FD: region of %llu bytes at %llu does not fit "
+			"(need %llu)", (unsigned long long)in->mmap_size,
+			(unsigned long long)in->mmap_offset, (unsigned long long)need);
+		return VU_MALFORMED;
+	}
+	p = mmap(NULL, in->mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0],
+		 (off_t)in->mmap_offset);
+	if (p == MAP_FAILED)
+		return -errno;
+	vu_inflight_unmap(s);
+	s->inflight = p;
+	s->inflight_size = in->mmap_size;
+	s->inflight_queues = in->num_queues;
+	s->inflight_qsize = in->queue_size;
+	return 0;
+}
+
 /* GET_CONFIG / SET_CONFIG payload: header + size bytes, within 256. */
 static bool vu_config_ok(const struct vu_msg *m)
 {
@@ -641,6 +761,8 @@ static const struct vu_handler vu_handlers[] = {
 	[VHOST_USER_GET_CONFIG] = { vu_get_config, VU_SIZE_ANY, 0 },
 	[VHOST_USER_SET_CONFIG] = { vu_set_config, VU_SIZE_ANY, 0 },
 	[VHOST_USER_GET_MAX_MEM_SLOTS] = { vu_get_max_mem_slots, 0, 0 },
+	[VHOST_USER_GET_INFLIGHT_FD] = { vu_get_inflight_fd, 24, 0 },
+	[VHOST_USER_SET_INFLIGHT_FD] = { vu_set_inflight_fd, 24, 1 },
 	[VHOST_USER_ADD_MEM_REG] = { vu_add_mem_reg, 40, 1 },
 	[VHOST_USER_REM_MEM_REG] = { vu_rem_mem_reg, 40, VU_FDS_ANY },
 };
@@ -653,16 +775,30 @@ static int vu_send(struct vu_server *s, struct vu_msg *m)
 		{ &m->hdr, sizeof(m->hdr) },
 		{ &m->p, m->hdr.size },
 	};
+	char cbuf[CMSG_SPACE(sizeof(int))];
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
 	size_t len = sizeof(m->hdr) + m->hdr.size;
 	ssize_t n;
 
+	if (m->reply_fd >= 0) {
+		struct cmsghdr *cm;
+
+		memset(cbuf, 0, sizeof(cbuf));
+		mh.msg_control = cbuf;
+		mh.msg_controllen = sizeof(cbuf);
+		cm = CMSG_FIRSTHDR(&mh);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &m->reply_fd, sizeof(int));
+	}
 	m->hdr.flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK;
 	/* Never block the main thread on a frontend that does not read its
 	 * replies: a full socket buffer is a protocol failure. */
 	do
 		n = sendmsg(s->conn_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 	while (n < 0 && errno == EINTR);
+	sys_close(&m->reply_fd);
 	if (n != (ssize_t)len) {
 		log_err("sending %s reply failed: %s", vu_req_name(m->hdr.request),
 			n < 0 ? strerror(errno) : "short write");
@@ -807,8 +943,10 @@ static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
 	}
 	vu_close_fds(m);
 
-	if (r == VU_MALFORMED)
+	if (r == VU_MALFORMED) {
+		sys_close(&m->reply_fd);
 		return r;
+	}
 	if (r == VU_REPLY)
 		return vu_send(s, m);
 	if (r < 0 && h)
@@ -834,6 +972,9 @@ static void vu_disconnect(struct vu_server *s)
 		vu_vring_reset(&s->vr[i]);
 	}
 	vu_mem_replace(s, NULL);
+	/* The frontend keeps its own mapping of the region across our
+	 * restarts; ours goes with the connection. */
+	vu_inflight_unmap(s);
 	s->acked = 0;
 	s->proto_acked = 0;
 	s->ops->set_features(s->dev, 0);
@@ -852,6 +993,7 @@ static void vu_conn_cb(void *opaque, uint32_t events)
 	struct vu_msg m;
 	int r;
 
+	m.reply_fd = -1;
 	r = vu_recv(s->conn_fd, &m);
 	if (r == -EAGAIN)
 		return;
@@ -869,6 +1011,43 @@ static void vu_conn_cb(void *opaque, uint32_t events)
 	}
 }
 
+int vu_server_adopt(struct vu_server *s, int fd)
+{
+	int r;
+
+	if (s->conn_fd >= 0)
+		return -EBUSY;
+	r = loop_fd_add(s->loop, fd, EPOLLIN, vu_conn_cb, s, &s->conn_h);
+	if (r < 0)
+		return r;
+	s->conn_fd = fd;
+	s->nconn++;
+	/* One frontend at a time: the next waits in the backlog. */
+	loop_fd_del(s->loop, s->listen_h);
+	s->listen_h = NULL;
+	log_info("frontend connected");
+	return 0;
+}
+
+/* For fuzzing and tests (see vu.h): what the loop would do on EPOLLIN. */
+int vu_server_process(struct vu_server *s)
+{
+	struct pollfd p = { .fd = s->conn_fd, .events = POLLIN };
+	int n;
+
+	if (s->conn_fd < 0)
+		return -ENOTCONN;
+	do
+		n = poll(&p, 1, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	if (n == 0)
+		return 0;
+	vu_conn_cb(s, EPOLLIN);
+	return s->conn_fd >= 0 ? 1 : -ECONNRESET;
+}
+
 static void vu_listen_cb(void *opaque, uint32_t events)
 {
 	struct vu_server *s = opaque;
@@ -879,16 +1058,8 @@ static void vu_listen_cb(void *opaque, uint32_t events)
 			log_err("accept: %s", strerror(errno));
 		return;
 	}
-	if (loop_fd_add(s->loop, fd, EPOLLIN, vu_conn_cb, s, &s->conn_h) < 0) {
+	if (vu_server_adopt(s, fd) < 0)
 		close(fd);
-		return;
-	}
-	s->conn_fd = fd;
-	s->nconn++;
-	/* One frontend at a time: the next waits in the backlog. */
-	loop_fd_del(s->loop, s->listen_h);
-	s->listen_h = NULL;
-	log_info("frontend connected");
 }
 
 int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops,

@@ -70,6 +70,25 @@ int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops
  * and remove the socket file. */
 void vu_server_free(struct vu_server *s);
 
+/*
+ * Serve fd, a connected stream socket, as if the listener had just
+ * accepted it (the server takes ownership and closes it on disconnect).
+ * Returns 0, -EBUSY if a frontend is connected already, or -errno.
+ * Main thread.  Used by the listener, and directly by fuzzing and tests.
+ */
+int vu_server_adopt(struct vu_server *s, int fd);
+
+/*
+ * For fuzzing and tests: if the connection has something to read, handle
+ * one message (or the peer's close) synchronously, as the loop would on
+ * EPOLLIN, without the loop running.  Returns 1 if a message was handled
+ * and the frontend is still connected, 0 if nothing was waiting,
+ * -ECONNRESET if the connection was dropped (peer closed, or a malformed
+ * or failed message: the server is back to listening), -ENOTCONN if no
+ * frontend is connected.  Main thread.
+ */
+int vu_server_process(struct vu_server *s);
+
 /* Number of frontends served so far and whether one is connected. */
 unsigned vu_server_connections(const struct vu_server *s);
 bool vu_server_connected(const struct vu_server *s);

@@ -1,11 +1,92 @@
 #include "virtio/vq.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util/barrier.h"
 #include "util/compiler.h"
 #include "util/log.h"
+
+static int cmp_counter(const void *a, const void *b, void *arg)
+{
+	const struct vq_inflight_region *r = arg;
+	uint64_t ca = r->desc[*(const uint16_t *)a].counter;
+	uint64_t cb = r->desc[*(const uint16_t *)b].counter;
+
+	return ca < cb ? -1 : ca > cb;
+}
+
+/*
+ * vhost-user.rst "Inflight I/O tracking", "When reconnecting": finish the
+ * bookkeeping of a batch the previous backend published but had not
+ * cleared, then queue every head still marked in flight, oldest first.
+ */
+static int vq_inflight_init(struct vq *vq, struct vq_inflight_region *r)
+{
+	uint16_t used = vq->used_idx, n = 0;
+	uint64_t max_counter = 0;
+
+	vq->inflight = r;
+	vq->batch_n = 0;
+	if (READ_ONCE(r->version) == 0) {
+		/* Fresh region: nothing to recover. */
+		memset(r->desc, 0, sizeof(r->desc[0]) * vq->num);
+		WRITE_ONCE(r->desc_num, (uint16_t)vq->num);
+		WRITE_ONCE(r->used_idx, used);
+		WRITE_ONCE(r->last_batch_head, 0);
+		WRITE_ONCE(r->version, 1);
+		return 0;
+	}
+	if (READ_ONCE(r->version) != 1 || READ_ONCE(r->desc_num) != vq->num) {
+		log_err("queue %u: in-flight region has version %u and %u entries; "
+			"expected version 1 with %u", vq->index, r->version, r->desc_num,
+			vq->num);
+		vq->inflight = NULL;
+		return -EINVAL;
+	}
+	if (READ_ONCE(r->used_idx) != used) {
+		/* The last batch reached the used ring but its entries were
+		 * not cleared: they are done, not in flight. */
+		uint16_t batch = (uint16_t)(used - READ_ONCE(r->used_idx));
+		uint16_t h = READ_ONCE(r->last_batch_head);
+
+		for (unsigned i = 0; i < batch && i < vq->num && h < vq->num; i++) {
+			WRITE_ONCE(r->desc[h].inflight, 0);
+			h = READ_ONCE(r->desc[h].next);
+		}
+		WRITE_ONCE(r->used_idx, used);
+	}
+	vq->resubmit = calloc(vq->num, sizeof(*vq->resubmit));
+	if (!vq->resubmit)
+		return -ENOMEM;
+	for (unsigned i = 0; i < vq->num; i++) {
+		if (READ_ONCE(r->desc[i].inflight) != 1)
+			continue;
+		vq->resubmit[n++] = (uint16_t)i;
+		max_counter = MAX(max_counter, READ_ONCE(r->desc[i].counter));
+	}
+	qsort_r(vq->resubmit, n, sizeof(*vq->resubmit), cmp_counter, r);
+	vq->resubmit_n = n;
+	vq->inflight_counter = max_counter + 1;
+	/* Every head taken is either returned (counted in used->idx) or in
+	 * flight: that is where the avail ring resumes, whatever base the
+	 * frontend (which could not ask a dead backend) sent. */
+	vq->last_avail_idx = vq->shadow_avail_idx = (uint16_t)(used + n);
+	if (n)
+		log_info("queue %u: resubmitting %u requests left in flight, avail "
+			 "resumes at %u", vq->index, n, vq->last_avail_idx);
+	return 0;
+}
+
+/* Mark a head taken (spec: counter, then inflight = 1). */
+static inline void inflight_take(struct vq *vq, uint16_t head)
+{
+	struct vq_inflight_desc *d = &vq->inflight->desc[head];
+
+	WRITE_ONCE(d->counter, vq->inflight_counter++);
+	WRITE_ONCE(d->inflight, 1);
+}
 
 int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem)
 {
@@ -35,7 +116,16 @@ int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *m
 	/* Continue from where the driver saw us stop; all requests taken
 	 * before a stop were completed (stop drains), so used catches up. */
 	vq->used_idx = READ_ONCE(vq->used->idx);
+	if (cfg->inflight)
+		return vq_inflight_init(vq, cfg->inflight);
 	return 0;
+}
+
+void vq_release(struct vq *vq)
+{
+	free(vq->resubmit);
+	vq->resubmit = NULL;
+	vq->resubmit_n = vq->resubmit_i = 0;
 }
 
 void vq_set_broken(struct vq *vq, const char *why)
@@ -65,7 +155,7 @@ static inline void desc_read(const struct vring_desc *src, struct vring_desc *d)
 
 bool vq_avail_pending(struct vq *vq)
 {
-	if (vq->shadow_avail_idx != vq->last_avail_idx)
+	if (vq->resubmit_i < vq->resubmit_n || vq->shadow_avail_idx != vq->last_avail_idx)
 		return true;
 	return READ_ONCE(vq->avail->idx) != vq->last_avail_idx;
 }
@@ -199,6 +289,14 @@ int vq_pop(struct vq *vq, struct vq_elem *e)
 	if (unlikely(vq->broken))
 		return -EIO;
 
+	if (unlikely(vq->resubmit_i < vq->resubmit_n)) {
+		/* Left in flight by a previous backend: these come first. */
+		head = vq->resubmit[vq->resubmit_i++];
+		inflight_take(vq, head);
+		e->head = head;
+		return walk_chain(vq, e);
+	}
+
 	if (vq->last_avail_idx == vq->shadow_avail_idx) {
 		avail_idx = READ_ONCE(vq->avail->idx);
 		/* 2.7.13.3: the driver adds at most num entries beyond what
@@ -222,6 +320,8 @@ int vq_pop(struct vq *vq, struct vq_elem *e)
 		return -EIO;
 	}
 	vq->last_avail_idx++;
+	if (vq->inflight)
+		inflight_take(vq, head);
 	e->head = head;
 	return walk_chain(vq, e);
 }
@@ -233,6 +333,12 @@ void vq_push(struct vq *vq, uint16_t head, uint32_t len)
 	WRITE_ONCE(u->id, head);
 	WRITE_ONCE(u->len, len);
 	vq->used_idx++;
+	if (vq->inflight) {
+		/* Spec "When supplying used buffers": link into the batch. */
+		WRITE_ONCE(vq->inflight->desc[head].next, vq->inflight->last_batch_head);
+		WRITE_ONCE(vq->inflight->last_batch_head, head);
+		vq->batch_n++;
+	}
 }
 
 void vq_flush(struct vq *vq)
@@ -241,6 +347,20 @@ void vq_flush(struct vq *vq)
 	 * the entries must be visible before the index that covers them. */
 	smp_wmb();
 	WRITE_ONCE(vq->used->idx, vq->used_idx);
+	if (vq->inflight && vq->batch_n) {
+		/* Published: the batch is no longer in flight.  A crash
+		 * between the index and here is repaired by the next backend
+		 * (vq_inflight_init sees used_idx behind used->idx). */
+		struct vq_inflight_region *r = vq->inflight;
+		uint16_t h = r->last_batch_head;
+
+		for (unsigned i = 0; i < vq->batch_n && h < vq->num; i++) {
+			WRITE_ONCE(r->desc[h].inflight, 0);
+			h = READ_ONCE(r->desc[h].next);
+		}
+		WRITE_ONCE(r->used_idx, vq->used_idx);
+		vq->batch_n = 0;
+	}
 }
 
 /* virtio 1.2, 2.7.7 "Used Buffer Notification Suppression". */
@@ -294,5 +414,5 @@ bool vq_enable_notify(struct vq *vq)
 	 * kicks, or we see its new index here. */
 	smp_mb();
 	avail_idx = READ_ONCE(vq->avail->idx);
-	return avail_idx != vq->last_avail_idx;
+	return avail_idx != vq->last_avail_idx || vq->resubmit_i < vq->resubmit_n;
 }

@@ -26,6 +26,38 @@
  * the guest as seg_max = VQ_MAX_SEGS - 2 (header and status). */
 #define VQ_MAX_SEGS 256
 
+/*
+ * In-flight tracking region of one queue, shared with the frontend so that
+ * a restarted backend can resubmit what a dead one had taken: qemu
+ * docs/interop/vhost-user.rst "Inflight I/O tracking", split virtqueue
+ * layout.  The frontend keeps the memory across our restarts; it is
+ * hostile like the rings (every index read from it is checked).
+ */
+struct vq_inflight_desc {
+	uint8_t inflight;	/* head taken, not yet returned */
+	uint8_t padding[5];
+	uint16_t next;		/* last batch of used heads */
+	uint64_t counter;	/* order heads were taken in */
+};
+
+struct vq_inflight_region {
+	uint64_t features;
+	uint16_t version;	/* 1; 0 means never initialized */
+	uint16_t desc_num;
+	uint16_t last_batch_head;
+	uint16_t used_idx;	/* used->idx once the last batch was cleared */
+	struct vq_inflight_desc desc[];
+};
+
+STATIC_ASSERT(sizeof(struct vq_inflight_desc) == 16, "inflight desc");
+STATIC_ASSERT(sizeof(struct vq_inflight_region) == 16, "inflight region header");
+
+/* Bytes of one queue's region, as we lay them out (64-byte aligned). */
+static inline uint64_t vq_inflight_region_size(unsigned num)
+{
+	return (16 + 16ull * num + 63) & ~63ull;
+}
+
 /* Ring placement and start state, as given by SET_VRING_NUM/ADDR/BASE. */
 struct vq_config {
 	unsigned index;		/* for log lines */
@@ -34,6 +66,9 @@ struct vq_config {
 	uint16_t last_avail_idx;
 	bool event_idx;		/* VIRTIO_RING_F_EVENT_IDX negotiated */
 	bool indirect;		/* VIRTIO_RING_F_INDIRECT_DESC negotiated */
+	/* INFLIGHT_SHMFD: this queue's region (vq_inflight_region_size(num)
+	 * bytes), or NULL. */
+	struct vq_inflight_region *inflight;
 };
 
 /* One request popped from the ring.  iov[0..out_num) are device-readable,
@@ -72,14 +107,26 @@ struct vq {
 	bool broken;
 	bool logged_bad_chain;
 	uint64_t bad_chains;
+
+	/* In-flight tracking (NULL without INFLIGHT_SHMFD). */
+	struct vq_inflight_region *inflight;
+	uint64_t inflight_counter;
+	unsigned batch_n;		/* heads pushed since the last flush */
+	uint16_t *resubmit;		/* heads a previous backend left in flight */
+	unsigned resubmit_n, resubmit_i;
 };
 
 /*
  * Translate the ring addresses through mem and reset shadow state.
  * num must be a power of two <= VRING_MAX_NUM; each ring part must lie in
- * one region and be aligned as 2.7 requires.  Returns 0 or -EINVAL.
+ * one region and be aligned as 2.7 requires.  With an in-flight region
+ * that a previous backend filled, the requests it left in flight are
+ * queued for resubmission (vq_pop returns them first, in the order they
+ * were taken) and last_avail_idx becomes used->idx + their number.
+ * Returns 0, -EINVAL or -ENOMEM.  vq_release() frees what init allocated.
  */
 int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem);
+void vq_release(struct vq *vq);
 
 /*
  * Take the next available request.

@@ -43,6 +43,9 @@
 #   VBLK_GUEST_BLK_PROPS  extra vhost-user-blk-pci properties, e.g.
 #                         ",queue-size=256,config-wce=off"
 #   VBLK_GUEST_QEMU       QEMU binary (default qemu-system-x86_64)
+#   VBLK_GUEST_CHARDEV_OPTS  extra options of the first disk's chardev,
+#                         e.g. ",reconnect=1" (QEMU reconnects to a restarted
+#                         backend)
 #   VBLK_GUEST_EXTRA_DISKS  more QEMU arguments, split on spaces: further
 #                         -chardev/-device pairs for more vhost-user disks
 
@@ -416,7 +419,7 @@ guest_boot() {
         -kernel "$kernel" -initrd "$initrd" \
         -append "console=ttyS0 panic=-1${VBLK_GUEST_APPEND:+ $VBLK_GUEST_APPEND}" \
         -nographic -no-reboot -nic none -vga none \
-        -chardev "socket,id=c0,path=$sock" \
+        -chardev "socket,id=c0,path=$sock${VBLK_GUEST_CHARDEV_OPTS:-}" \
         -device "vhost-user-blk-pci,chardev=c0,num-queues=$numq${VBLK_GUEST_BLK_PROPS:-}" \
         ${VBLK_GUEST_EXTRA_DISKS:-} \
         </dev/null >"$log" 2>&1 &

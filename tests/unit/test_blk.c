@@ -798,6 +798,115 @@ static void test_server_new_keeps_fd0(void)
 	ASSERT_EQ(after.st_ino, before.st_ino);
 }
 
+
+/* ---- Hostile request shapes (the header and status descriptors) ---- */
+
+/* Submit hand-built iovecs; returns the used length, *status the byte at
+ * st (0xff if the device never wrote it). */
+static uint32_t submit_raw(const struct iovec *out, unsigned nout,
+			   const struct iovec *in, unsigned nin, uint8_t *st)
+{
+	struct vdrv_queue *q = &fx.drv->q[0];
+	uint64_t deadline = sys_now_ns() + TIMEOUT_MS * 1000000ull;
+	void *cookie;
+
+	*st = 0xff;
+	ASSERT_EQ(vdrv_add(q, out, nout, in, nin, &fx), 0);
+	vdrv_kick(q);
+	while (!(cookie = vdrv_get(q, &fx.used_len))) {
+		uint64_t now = sys_now_ns();
+
+		if (vdrv_enable_cb(q))
+			continue;
+		if (now >= deadline)
+			T_FAIL("hand-built request: no completion after %d ms", TIMEOUT_MS);
+		ASSERT_TRUE(vdrv_wait(q, (int)((deadline - now) / 1000000) + 1) >= 0);
+	}
+	ASSERT_PTR_EQ(cookie, &fx);
+	return fx.used_len;
+}
+
+static void set_hdr(uint32_t type, uint64_t sector)
+{
+	fx.hdr->type = type;
+	fx.hdr->reserved = 0;
+	fx.hdr->sector = sector;
+}
+
+/* The header must be device-readable: in a writable descriptor the device
+ * has no header at all, so the request fails (IOERR) and writes nothing. */
+static void test_header_in_writable_descriptor_ioerr(void)
+{
+	struct iovec in[2] = { { fx.hdr, sizeof(*fx.hdr) }, { fx.status, 1 } };
+
+	set_hdr(VIRTIO_BLK_T_OUT, 0);
+	ASSERT_EQ(submit_raw(NULL, 0, in, 2, fx.status), 1);
+	ASSERT_EQ(*fx.status, S_IOERR);
+	expect_file_is_model();
+}
+
+/* A header split over two readable descriptors is legal (5.2.6 fixes no
+ * layout): the device reassembles it. */
+static void test_header_split_across_descriptors_ok(void)
+{
+	struct iovec out[2] = { { fx.hdr, 8 }, { (uint8_t *)fx.hdr + 8, 8 } };
+	struct iovec in[2] = { { fx.in, 4096 }, { fx.status, 1 } };
+
+	set_hdr(VIRTIO_BLK_T_IN, 8);
+	ASSERT_EQ(submit_raw(out, 2, in, 2, fx.status), 4097);
+	ASSERT_EQ(*fx.status, S_OK);
+	ASSERT_MEM_EQ(fx.in, fx.model + 8 * 512, 4096);
+}
+
+/* No device-writable byte at all: there is nowhere to put a status, so the
+ * request comes back with nothing written (used len 0) and no I/O. */
+static void test_status_missing_returns_empty(void)
+{
+	struct iovec out[2] = { { fx.hdr, sizeof(*fx.hdr) }, { fx.out, 4096 } };
+
+	set_hdr(VIRTIO_BLK_T_OUT, 0);
+	memset(fx.out, 0x77, 4096);
+	ASSERT_EQ(submit_raw(out, 2, NULL, 0, fx.status), 0);
+	expect_file_is_model();
+}
+
+/* The status descriptor is device-readable: same as missing. */
+static void test_status_read_only_returns_empty(void)
+{
+	struct iovec out[3] = { { fx.hdr, sizeof(*fx.hdr) }, { fx.out, 4096 },
+				{ fx.status, 1 } };
+
+	set_hdr(VIRTIO_BLK_T_OUT, 0);
+	memset(fx.out, 0x77, 4096);
+	ASSERT_EQ(submit_raw(out, 3, NULL, 0, fx.status), 0);
+	ASSERT_EQ(*fx.status, 0xff);
+	expect_file_is_model();
+}
+
+/* A zero-length writable "status" descriptor holds no byte. */
+static void test_status_zero_length_returns_empty(void)
+{
+	struct iovec out[1] = { { fx.hdr, sizeof(*fx.hdr) } };
+	struct iovec in[1] = { { fx.status, 0 } };
+
+	set_hdr(VIRTIO_BLK_T_FLUSH, 0);
+	ASSERT_EQ(submit_raw(out, 1, in, 1, fx.status), 0);
+	ASSERT_EQ(*fx.status, 0xff);
+}
+
+/* Data and status in one writable descriptor: the status is its last
+ * byte and the data the bytes before it. */
+static void test_status_shares_data_descriptor_ok(void)
+{
+	struct iovec out[1] = { { fx.hdr, sizeof(*fx.hdr) } };
+	struct iovec in[1] = { { fx.in, 4097 } };
+
+	set_hdr(VIRTIO_BLK_T_IN, 16);
+	ASSERT_EQ(submit_raw(out, 1, in, 1, fx.in + 4096), 4097);
+	ASSERT_EQ(fx.in[4096], S_OK);
+	ASSERT_MEM_EQ(fx.in, fx.model + 16 * 512, 4096);
+}
+
 /* ---- Groups ---- */
 
 static const struct group g_uring = {
@@ -844,6 +953,12 @@ static void group_uring(void)
 	RUN(test_get_id_returns_serial);
 	RUN(test_unknown_type_unsupp);
 	RUN(test_server_new_keeps_fd0);
+	RUN(test_header_in_writable_descriptor_ioerr);
+	RUN(test_header_split_across_descriptors_ok);
+	RUN(test_status_missing_returns_empty);
+	RUN(test_status_read_only_returns_empty);
+	RUN(test_status_zero_length_returns_empty);
+	RUN(test_status_shares_data_descriptor_ok);
 	/* Refusals first, on the untouched pattern: nothing may change. */
 	RUN(test_discard_unmap_flag_unsupp);
 	RUN(test_unknown_flag_unsupp);

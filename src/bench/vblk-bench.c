@@ -738,5 +738,12 @@ int main(int argc, char **argv)
 			       verified, verify_errors);
 	}
 	vdrv_close(d);
+	for (unsigned i = 0; i < o.numjobs; i++) {
+		free(jobs[i].slots);
+		free(jobs[i].free_slots);
+		free(jobs[i].gen);
+		free(jobs[i].busy);
+	}
+	free(jobs);
 	return errors ? 1 : 0;
 }

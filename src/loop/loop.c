@@ -26,6 +26,10 @@
  * polling is paid for by someone else: stop polling for a while. */
 #define LOOP_CONTENTION_PERIOD_NS 5000000ull
 #define LOOP_CONTENTION_BACKOFF_NS 100000000ull
+/* Starvation: this many events in a row that came within LOOP_STARVE_NS of
+ * the end of a fruitless polling window. */
+#define LOOP_STARVE_NS 3000ull
+#define LOOP_STARVE_STREAK 16
 
 struct loop_fd {
 	int fd;
@@ -91,6 +95,7 @@ struct loop {
 	uint64_t contended_until;
 	uint64_t cs_wall0, cs_cpu0, cs_blocked0;	/* contention sample */
 	bool polled_in_sample;
+	unsigned starve_streak;
 	uint64_t blocked_total;
 
 	/* Knobs (any thread writes) and counters (any thread reads). */
@@ -543,12 +548,32 @@ static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
  * included): grow its window if a slightly longer one would have caught
  * this, shrink it if the wait was beyond any window we would pay for. */
 static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_ns,
-			     uint64_t now)
+			     uint64_t slept_ns, uint64_t now)
 {
 	struct loop_poll_params p;
 
 	loop_get_poll_params(l, &p);
 	st_add(&h->st_misses, 1);
+	/*
+	 * The other kind of contention: the producer waits for *our* CPU.
+	 * A whole window at the cap polled in vain, then the event arrives
+	 * the moment we sleep, again and again: our spinning is what delays
+	 * it (or the window cannot reach it).  Back off as when our own CPU
+	 * is stolen.
+	 */
+	if (h->poll_ns >= p.max_ns && block_ns > slept_ns + 1000 &&
+	    slept_ns < LOOP_STARVE_NS) {
+		if (++l->starve_streak >= LOOP_STARVE_STREAK) {
+			l->starve_streak = 0;
+			l->contended_until = now + LOOP_CONTENTION_BACKOFF_NS;
+			st_add(&l->st_contended, 1);
+			log_debug("loop %s: events arrive only when we stop polling; "
+				  "polling off for %llu ms", l->name,
+				  LOOP_CONTENTION_BACKOFF_NS / 1000000);
+		}
+	} else {
+		l->starve_streak = 0;
+	}
 	h->last_active_ns = now;
 	/* max_ns may have been lowered at runtime. */
 	if (h->poll_ns > p.max_ns)
@@ -633,7 +658,7 @@ int loop_run(struct loop *l)
 			if (h->deleted)
 				continue;
 			if (h->pops && timeout != 0)
-				loop_adjust_poll(l, h, t1 - idle_start, now);
+				loop_adjust_poll(l, h, t1 - idle_start, t1 - t0, now);
 			h->cb(h->opaque, evs[i].events);
 		}
 		loop_run_bhs(l);

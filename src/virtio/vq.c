@@ -105,6 +105,13 @@ int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *m
 	vq->used = gm_qva_to_host(mem, cfg->used_qva, vring_used_bytes(num));
 	if (!vq->desc || !vq->avail || !vq->used)
 		return -EINVAL;
+	/* The frontend's addresses may be aligned while our mapping of them
+	 * is not (a region whose mmap_offset and userspace address disagree
+	 * modulo 16): the rings are read with aligned loads, so check the
+	 * host side too. */
+	if (((uintptr_t)vq->desc & 15) || ((uintptr_t)vq->avail & 1) ||
+	    ((uintptr_t)vq->used & 3))
+		return -EINVAL;
 	vq->num = num;
 	vq->mem = mem;
 	vq->event_idx = cfg->event_idx;

@@ -1146,8 +1146,36 @@ static void test_event_idx_across_wrap(void)
 	ring_free(r);
 }
 
+
+/*
+ * Regression (found by fuzz_vu): ring addresses aligned in the frontend's
+ * address space but not in our mapping (mmap_offset and the frontend's
+ * address disagree modulo 16) must be refused, not read misaligned.
+ */
+static void test_init_rejects_host_misaligned_rings(void)
+{
+	struct gm_table t = { 0 };
+	struct gm_region r;
+	struct vq_config cfg = { .num = 8 };
+	struct vq vq;
+	int fd = memfd_create("test_vq_misaligned", MFD_CLOEXEC);
+
+	ASSERT_TRUE(fd >= 0);
+	ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+	/* host = mapping + 8 while qva is 4 KiB aligned */
+	ASSERT_EQ(gm_region_map(&r, 0x100000, 65536, 0x7f0000000000ull, 8, fd), 0);
+	ASSERT_EQ(gm_table_add(&t, &r), 0);
+	cfg.desc_qva = 0x7f0000000000ull;
+	cfg.avail_qva = 0x7f0000001000ull;
+	cfg.used_qva = 0x7f0000002000ull;
+	ASSERT_EQ(vq_init(&vq, &cfg, &t), -EINVAL);
+	gm_table_clear(&t);
+	close(fd);
+}
+
 int main(void)
 {
+	RUN(test_init_rejects_host_misaligned_rings);
 	RUN(test_init_rejects_num_zero);
 	RUN(test_init_rejects_num_not_power_of_two);
 	RUN(test_init_rejects_num_above_max);

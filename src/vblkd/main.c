@@ -28,6 +28,7 @@ struct vblkd {
 	struct blk_dev *dev;
 	unsigned num_queues;
 	int sfd;
+	struct loop_fd *sfd_h;
 };
 
 static void usage(FILE *f)
@@ -367,7 +368,7 @@ int main(int argc, char **argv)
 	if (r < 0)
 		goto err_dev;
 	v.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-	if (v.sfd < 0 || loop_fd_add(v.loop, v.sfd, EPOLLIN, signal_cb, &v, NULL) < 0) {
+	if (v.sfd < 0 || loop_fd_add(v.loop, v.sfd, EPOLLIN, signal_cb, &v, &v.sfd_h) < 0) {
 		snprintf(err, sizeof(err), "cannot set up signal handling: %s",
 			 strerror(errno));
 		goto err_loop;
@@ -402,12 +403,15 @@ int main(int argc, char **argv)
 	if (!b.read_only && b.fd >= 0 && fdatasync(b.fd) < 0)
 		log_err("final fdatasync of %s failed: %s", b.path, strerror(errno));
 	bdev_close(&b);
+	loop_fd_del(v.loop, v.sfd_h);
 	loop_free(v.loop);
 	close(v.sfd);
 	log_info("exited cleanly");
 	return r < 0 ? 1 : 0;
 
 err_loop:
+	if (v.sfd_h)
+		loop_fd_del(v.loop, v.sfd_h);
 	if (v.sfd >= 0)
 		close(v.sfd);
 	loop_free(v.loop);

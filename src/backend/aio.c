@@ -153,10 +153,7 @@ static void aio_drain(struct bdev_ctx *c)
 {
 	aio_kick(c);
 	while (c->inflight) {
-		struct pollfd p = { .fd = c->efd, .events = POLLIN };
-
-		(void)poll(&p, 1, 100);
-		(void)sys_eventfd_drain(c->efd);
+		(void)sys_eventfd_wait(c->efd, 100);
 		aio_reap(c);
 	}
 }

@@ -128,10 +128,7 @@ static void threads_drain(struct bdev_ctx *c)
 {
 	threads_kick(c);
 	while (c->inflight) {
-		struct pollfd p = { .fd = c->efd, .events = POLLIN };
-
-		(void)poll(&p, 1, 100);
-		(void)sys_eventfd_drain(c->efd);
+		(void)sys_eventfd_wait(c->efd, 100);
 		threads_reap(c);
 	}
 }

@@ -21,6 +21,7 @@
 #include "bench/hist.h"
 #include "driver/vdrv.h"
 #include "util/compiler.h"
+#include "util/parse.h"
 #include "util/sys.h"
 
 enum rw { RW_READ, RW_WRITE, RW_RANDREAD, RW_RANDWRITE, RW_RANDRW };
@@ -89,22 +90,13 @@ static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt,
 	exit(1);
 }
 
-static uint64_t parse_size(const char *opt, const char *s)
+static uint64_t size_arg(const char *opt, const char *s)
 {
-	char *end;
-	unsigned long long v;
-	int shift = 0;
+	uint64_t v;
 
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	}
-	if (errno || end == s || *end || v > (UINT64_MAX >> shift))
+	if (parse_size(s, &v) < 0)
 		die("%s '%s' is not a size (e.g. 4k, 1M, 2G)", opt, s);
-	return (uint64_t)v << shift;
+	return v;
 }
 
 static uint64_t parse_num(const char *opt, const char *s, uint64_t lo, uint64_t hi)
@@ -544,14 +536,14 @@ static void parse(int argc, char **argv, struct opts *o)
 				    "randrw", optarg);
 			break;
 		case 'm': o->rwmixread = (unsigned)parse_num("--rwmixread", optarg, 0, 100); break;
-		case 'b': o->bs = parse_size("--bs", optarg); break;
+		case 'b': o->bs = size_arg("--bs", optarg); break;
 		case 'q': o->iodepth = (unsigned)parse_num("--iodepth", optarg, 1, 32768); break;
 		case 'j': o->numjobs = (unsigned)parse_num("--numjobs", optarg, 1, 64); break;
 		case 't': o->runtime = parse_secs("--runtime", optarg); break;
 		case 'r': o->ramp = parse_secs("--ramp", optarg); break;
 		case 'R': o->rate_iops = parse_num("--rate-iops", optarg, 1, 100000000); break;
-		case 'z': o->size = parse_size("--size", optarg); break;
-		case 'o': o->offset = parse_size("--offset", optarg); break;
+		case 'z': o->size = size_arg("--size", optarg); break;
+		case 'o': o->offset = size_arg("--offset", optarg); break;
 		case 'v': o->verify = true; break;
 		case 'p': o->poll = true; break;
 		case 'J': o->json = true; break;

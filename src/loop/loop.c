@@ -427,6 +427,14 @@ static void loop_run_timers(struct loop *l, uint64_t now)
 
 /* ---- Polling ---- */
 
+/* Polling found work for h: run it and count the hit. */
+static void loop_poll_hit(struct loop_fd *h, uint64_t now)
+{
+	h->pops->run(h->opaque);
+	h->last_active_ns = now;
+	st_add(&h->st_hits, 1);
+}
+
 /* One pass over the poll handlers; true if any found work. */
 static bool loop_poll_once(struct loop *l, uint64_t now)
 {
@@ -440,9 +448,7 @@ static bool loop_poll_once(struct loop *l, uint64_t now)
 		if (h->deleted)
 			continue;
 		if (h->pops->poll(h->opaque)) {
-			h->pops->run(h->opaque);
-			h->last_active_ns = now;
-			st_add(&h->st_hits, 1);
+			loop_poll_hit(h, now);
 			progress = true;
 		}
 	}
@@ -533,9 +539,7 @@ static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
 			if (h->deleted)
 				continue;
 			if (h->pops->end(h->opaque)) {
-				h->pops->run(h->opaque);
-				h->last_active_ns = now;
-				st_add(&h->st_hits, 1);
+				loop_poll_hit(h, now);
 				progress = true;
 			}
 		}

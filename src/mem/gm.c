@@ -73,20 +73,23 @@ void gm_table_clear(struct gm_table *t)
 	t->nregions = 0;
 }
 
-void *gm_gpa_to_host(const struct gm_table *t, uint64_t gpa, uint64_t len)
+/* The region holding [addr, addr+len) in the address space whose start
+ * field is at byte offset `field` of struct gm_region (gpa or qva). */
+static void *gm_lookup(const struct gm_table *t, uint64_t addr, uint64_t len, size_t field)
 {
 	if (len == 0)
 		len = 1;
 	for (unsigned i = 0; i < t->nregions; i++) {
 		const struct gm_region *r = &t->r[i];
-		uint64_t off;
+		uint64_t start, off;
 
-		if (gpa < r->gpa)
+		memcpy(&start, (const char *)r + field, sizeof(start));
+		if (addr < start)
 			continue;
-		off = gpa - r->gpa;
+		off = addr - start;
 		if (off >= r->size)
 			continue;
-		/* Written as a subtraction so gpa + len cannot overflow. */
+		/* Written as a subtraction so addr + len cannot overflow. */
 		if (len > r->size - off)
 			return NULL;
 		return r->host + off;
@@ -94,22 +97,12 @@ void *gm_gpa_to_host(const struct gm_table *t, uint64_t gpa, uint64_t len)
 	return NULL;
 }
 
+void *gm_gpa_to_host(const struct gm_table *t, uint64_t gpa, uint64_t len)
+{
+	return gm_lookup(t, gpa, len, offsetof(struct gm_region, gpa));
+}
+
 void *gm_qva_to_host(const struct gm_table *t, uint64_t qva, uint64_t len)
 {
-	if (len == 0)
-		len = 1;
-	for (unsigned i = 0; i < t->nregions; i++) {
-		const struct gm_region *r = &t->r[i];
-		uint64_t off;
-
-		if (qva < r->qva)
-			continue;
-		off = qva - r->qva;
-		if (off >= r->size)
-			continue;
-		if (len > r->size - off)
-			return NULL;
-		return r->host + off;
-	}
-	return NULL;
+	return gm_lookup(t, qva, len, offsetof(struct gm_region, qva));
 }

@@ -1,6 +1,7 @@
 #include "util/sys.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,6 +54,15 @@ int64_t sys_eventfd_drain(int fd)
 	if (r < 0)
 		return r;
 	return (int64_t)(v & INT64_MAX);
+}
+
+int64_t sys_eventfd_wait(int fd, int timeout_ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	if (poll(&p, 1, timeout_ms) < 0 && errno != EINTR)
+		return -errno;
+	return sys_eventfd_drain(fd);
 }
 
 void sys_close(int *fd)

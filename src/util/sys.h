@@ -17,6 +17,9 @@ int sys_eventfd(void);
 int sys_eventfd_signal(int fd);
 /* Drain an eventfd; returns the counter value read, 0 if none, or -errno. */
 int64_t sys_eventfd_drain(int fd);
+/* Wait up to timeout_ms for an eventfd to be signalled, then drain it.
+ * Returns the counter read (0 on timeout) or -errno. */
+int64_t sys_eventfd_wait(int fd, int timeout_ms);
 /* close() that ignores fd < 0 and sets *fd to -1. */
 void sys_close(int *fd);
 /* CLOCK_MONOTONIC in ns. */

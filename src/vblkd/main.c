@@ -21,6 +21,7 @@
 #include "loop/defer.h"
 #include "loop/loop.h"
 #include "util/log.h"
+#include "util/parse.h"
 #include "vhost/vu.h"
 
 struct vblkd {
@@ -97,24 +98,14 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned lo, unsigned
 	return (unsigned)v;
 }
 
-/* "1G", "512M", "4096": bytes, binary units. */
-static uint64_t parse_size(const char *opt, const char *s)
+/* A size for option opt, or die with a line saying what is wrong. */
+static uint64_t size_arg(const char *opt, const char *s)
 {
-	char *end;
-	unsigned long long v;
-	int shift = 0;
+	uint64_t v;
 
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
-	}
-	if (errno || end == s || *end != '\0' || v == 0 || v > (UINT64_MAX >> shift))
+	if (parse_size(s, &v) < 0 || v == 0)
 		die("%s '%s' is not a size (e.g. 4096, 512M, 1G)", opt, s);
-	return (uint64_t)v << shift;
+	return v;
 }
 
 /* "0,2,3": CPU numbers, each one this machine has. */
@@ -288,7 +279,7 @@ int main(int argc, char **argv)
 			ko.serial = optarg;
 			break;
 		case 'B': bo.engine = optarg; break;
-		case 'z': bo.size = parse_size("--size", optarg); break;
+		case 'z': bo.size = size_arg("--size", optarg); break;
 		case 'C': ctl_path = optarg; break;
 		case 'T':
 			ko.num_iothreads = parse_uint("--iothreads", optarg, 1, BLK_MAX_QUEUES);

@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""Write the seed corpora fuzz/corpus/vq_blk/ and fuzz/corpus/vu/.
+
+Deterministic: the same files every run (commit them).  The input formats
+are described at the top of fuzz/fuzz_vq_blk.c and fuzz/fuzz_vu.c; the
+constants here must match theirs.
+
+    fuzz/make-seeds.py [OUTDIR]     (default: fuzz/corpus next to this file)
+"""
+import os
+import struct
+import sys
+
+# ---- fuzz_vq_blk ----
+
+GPA_BASE = 0x40000000
+MEM_SIZE = 64 << 10
+
+FZ_EVENT_IDX, FZ_INDIRECT, FZ_INFLIGHT = 1, 2, 4
+FZ_CALL_FD, FZ_ERR_FD, FZ_DISABLED = 8, 16, 32
+FZ_F_FLUSH, FZ_F_WCE, FZ_F_WT = 1, 2, 4
+DEV_RW, DEV_RO, DEV_4K = 0, 1, 2
+
+DESC_F_NEXT, DESC_F_WRITE, DESC_F_INDIRECT = 1, 2, 4
+T_IN, T_OUT, T_FLUSH, T_GET_ID, T_DISCARD, T_WZ = 0, 1, 4, 8, 11, 13
+WZ_UNMAP = 1
+
+# Region layout of every seed (offsets from the region start).
+DESC, AVAIL, USED = 0x000, 0x100, 0x200     # rings for num <= 8
+HDRS = 0x300                                # request headers, 16 bytes each
+TABLES = 0x400                              # indirect tables
+DATA = 0x1000                               # data buffers (read as zeroes)
+STATUS = 0x8000                             # status bytes
+
+
+class Ring:
+    """Guest memory image with a split ring of num entries."""
+
+    def __init__(self, num=8):
+        self.num = num
+        self.img = bytearray(0x500)
+        self.ndesc = 0
+        self.heads = []
+        self.nhdr = 0
+
+    def put(self, off, data):
+        end = off + len(data)
+        if end > len(self.img):
+            self.img.extend(bytes(end - len(self.img)))
+        self.img[off:end] = data
+
+    def desc(self, addr, length, flags, nxt=0, table=None, index=None):
+        """Write a descriptor (into table at index if given); return index."""
+        if table is None:
+            index, self.ndesc = self.ndesc, self.ndesc + 1
+            base = DESC
+        else:
+            base = table
+        self.put(base + 16 * index, struct.pack('<QIHH', addr, length, flags, nxt))
+        return index
+
+    def header(self, rtype, sector):
+        off = HDRS + 16 * self.nhdr
+        self.nhdr += 1
+        self.put(off, struct.pack('<IIQ', rtype, 0, sector))
+        return off
+
+    def chain(self, bufs):
+        """bufs: (gpa offset, len, writable); returns the head."""
+        first = self.ndesc
+        for i, (off, length, w) in enumerate(bufs):
+            last = i == len(bufs) - 1
+            flags = (DESC_F_WRITE if w else 0) | (0 if last else DESC_F_NEXT)
+            self.desc(GPA_BASE + off, length, flags, 0 if last else first + i + 1)
+        return first
+
+    def request(self, rtype, sector, data=(), status=None):
+        """A request: header, data buffers (off, len, writable), status."""
+        h = self.header(rtype, sector)
+        st = STATUS + len(self.heads) if status is None else status
+        head = self.chain([(h, 16, False)] + list(data) + [(st, 1, True)])
+        self.heads.append(head)
+        return head
+
+    def publish(self, first_idx=0, used_event=0):
+        """Avail ring: every head so far, from avail index first_idx."""
+        for i, h in enumerate(self.heads):
+            slot = (first_idx + i) % self.num
+            self.put(AVAIL + 4 + 2 * slot, struct.pack('<H', h))
+        self.put(AVAIL, struct.pack('<HH', 0, (first_idx + len(self.heads)) & 0xffff))
+        self.put(AVAIL + 4 + 2 * self.num, struct.pack('<H', used_event))
+        self.put(USED, struct.pack('<HH', 0, first_idx & 0xffff))
+
+    def seed(self, flags=0, dev=DEV_RW, feat=0, last_avail=0, inflight=b''):
+        log2 = self.num.bit_length() - 1
+        hdr = struct.pack('<BBBBHHHHiii', log2, flags, dev, feat, 0, last_avail,
+                          len(self.img), 0, DESC, AVAIL, USED)
+        return hdr + bytes(self.img) + inflight
+
+
+def vq_seeds():
+    s = {}
+
+    r = Ring()
+    r.request(T_IN, 0, [(DATA, 512, True)])
+    r.publish()
+    s['read'] = r.seed(FZ_EVENT_IDX | FZ_CALL_FD)
+
+    r = Ring()
+    r.request(T_OUT, 8, [(DATA, 4096, False)])
+    r.publish()
+    s['write'] = r.seed(FZ_CALL_FD, feat=FZ_F_FLUSH | FZ_F_WCE | FZ_F_WT)
+
+    r = Ring()
+    r.request(T_FLUSH, 0)
+    r.publish()
+    s['flush'] = r.seed(FZ_CALL_FD, feat=FZ_F_FLUSH)
+
+    r = Ring()
+    r.request(T_GET_ID, 0, [(DATA, 20, True)])
+    r.publish()
+    s['get-id'] = r.seed(FZ_CALL_FD | FZ_EVENT_IDX)
+
+    # Indirect: one ring descriptor pointing at a 3-entry table.
+    r = Ring()
+    h = r.header(T_IN, 16)
+    for i, (off, length, flags) in enumerate([
+            (h, 16, DESC_F_NEXT), (DATA, 1024, DESC_F_WRITE | DESC_F_NEXT),
+            (STATUS, 1, DESC_F_WRITE)]):
+        r.desc(GPA_BASE + off, length, flags, i + 1 if flags & DESC_F_NEXT else 0,
+               table=TABLES, index=i)
+    r.heads.append(r.desc(GPA_BASE + TABLES, 48, DESC_F_INDIRECT))
+    r.publish()
+    s['indirect-read'] = r.seed(FZ_INDIRECT | FZ_EVENT_IDX | FZ_CALL_FD)
+
+    # Discard and write zeroes, segment payloads in the image.
+    r = Ring()
+    seg = TABLES + 0x80
+    r.put(seg, struct.pack('<QII', 0, 8, 0))
+    r.put(seg + 16, struct.pack('<QII', 64, 16, WZ_UNMAP) + struct.pack('<QII', 128, 8, 0))
+    r.request(T_DISCARD, 0, [(seg, 16, False)])
+    r.request(T_WZ, 0, [(seg + 16, 32, False)])
+    r.publish()
+    s['discard-write-zeroes'] = r.seed(FZ_CALL_FD)
+
+    # A batch across the 16-bit avail index wrap, with EVENT_IDX.
+    r = Ring(16)
+    r.request(T_IN, 0, [(DATA, 512, True), (DATA + 512, 512, True)])
+    r.request(T_OUT, 2, [(DATA + 1024, 512, False)])
+    r.request(T_FLUSH, 0)
+    r.publish(first_idx=0xfffe, used_event=0xffff)
+    s['batch-wrap'] = r.seed(FZ_EVENT_IDX | FZ_CALL_FD, feat=FZ_F_FLUSH,
+                             last_avail=0xfffe)
+
+    # Bad chains: a descriptor loop, and a buffer outside guest memory
+    # whose chain still ends in a writable status byte (IOERR there).
+    r = Ring()
+    h = r.header(T_IN, 0)
+    r.desc(GPA_BASE + h, 16, DESC_F_NEXT, 1)
+    r.desc(GPA_BASE + DATA, 512, DESC_F_WRITE | DESC_F_NEXT, 0)
+    r.heads.append(0)
+    r.request(T_IN, 0, [(MEM_SIZE + 0x1000, 512, True)])
+    r.publish()
+    s['bad-chains'] = r.seed(FZ_CALL_FD | FZ_ERR_FD)
+
+    # Read-only device: a write fails, a read works.
+    r = Ring()
+    r.request(T_OUT, 0, [(DATA, 512, False)])
+    r.request(T_IN, 0, [(DATA, 512, True)])
+    r.publish()
+    s['read-only'] = r.seed(FZ_CALL_FD, dev=DEV_RO)
+
+    # 4 KiB logical blocks: an aligned read and a misaligned write.
+    r = Ring()
+    r.request(T_IN, 8, [(DATA, 4096, True)])
+    r.request(T_OUT, 1, [(DATA, 4096, False)])
+    r.publish()
+    s['4k-blocks'] = r.seed(FZ_CALL_FD | FZ_EVENT_IDX, dev=DEV_4K)
+
+    # In-flight region left by a previous backend: it took the first
+    # request (counter 7) and never returned it, so that one is
+    # resubmitted, then the ring goes on with the second.
+    r = Ring()
+    r.request(T_IN, 0, [(DATA, 512, True)])
+    r.request(T_IN, 1, [(DATA + 512, 512, True)])
+    r.publish()
+    region = bytearray(struct.pack('<QHHHH', 0, 1, r.num, 0, 0))
+    assert r.num == 8
+    for i in range(8):
+        taken = 1 if i == r.heads[0] else 0
+        region += struct.pack('<B5xHQ', taken, 0, 7 if taken else 0)
+    region += bytes((-len(region)) % 64)
+    s['inflight-resubmit'] = r.seed(FZ_INFLIGHT | FZ_CALL_FD, inflight=bytes(region))
+    return s
+
+
+# ---- fuzz_vu ----
+
+GET_FEATURES, SET_FEATURES, SET_OWNER, RESET_OWNER, SET_MEM_TABLE = 1, 2, 3, 4, 5
+SET_VRING_NUM, SET_VRING_ADDR, SET_VRING_BASE, GET_VRING_BASE = 8, 9, 10, 11
+SET_VRING_KICK, SET_VRING_CALL, SET_VRING_ERR = 12, 13, 14
+GET_PROTOCOL_FEATURES, SET_PROTOCOL_FEATURES, GET_QUEUE_NUM = 15, 16, 17
+SET_VRING_ENABLE, GET_CONFIG, SET_CONFIG = 18, 24, 25
+GET_INFLIGHT_FD, SET_INFLIGHT_FD = 31, 32
+GET_MAX_MEM_SLOTS, ADD_MEM_REG, REM_MEM_REG = 36, 37, 38
+
+VERSION, NEED_REPLY = 1, 8
+PROTO = (1 << 0) | (1 << 3) | (1 << 9) | (1 << 12) | (1 << 15)
+FEATURES = (1 << 32) | (1 << 29) | (1 << 28) | (1 << 9) | (1 << 30)
+
+QVA = 0x7f0000000000
+MEMFD_64K = (16, 0)         # fd spec: memfd of 16 pages, zero-filled
+EVENTFD = (0x80, 0)
+
+
+def msg(req, payload=b'', fds=(), flags=VERSION, split=False):
+    ctl = len(fds) | (0x10 if split else 0)
+    out = bytes([ctl]) + b''.join(bytes(f) for f in fds)
+    return out + struct.pack('<III', req, flags, len(payload)) + payload
+
+
+def u64(v):
+    return struct.pack('<Q', v)
+
+
+def state(i, n):
+    return struct.pack('<II', i, n)
+
+
+def region(gpa, size, qva, off):
+    return struct.pack('<QQQQ', gpa, size, qva, off)
+
+
+def handshake():
+    return (msg(GET_FEATURES) + msg(GET_PROTOCOL_FEATURES) +
+            msg(SET_PROTOCOL_FEATURES, u64(PROTO)) + msg(GET_QUEUE_NUM) +
+            msg(GET_MAX_MEM_SLOTS) + msg(SET_OWNER) +
+            msg(GET_CONFIG, struct.pack('<III', 0, 60, 0) + bytes(60)))
+
+
+def ring(i, num=8, base=0, kick=True, enable=True, ack=False):
+    fl = VERSION | (NEED_REPLY if ack else 0)
+    off = 0x4000 * i
+    out = (msg(SET_VRING_NUM, state(i, num), flags=fl) +
+           msg(SET_VRING_BASE, state(i, base), flags=fl) +
+           msg(SET_VRING_ADDR, struct.pack('<IIQQQQ', i, 0, QVA + off,
+                                           QVA + off + 0x2000, QVA + off + 0x1000, 0),
+               flags=fl) +
+           msg(SET_VRING_CALL, u64(i), fds=[EVENTFD], flags=fl))
+    if kick:
+        out += msg(SET_VRING_KICK, u64(i), fds=[EVENTFD], flags=fl)
+    if enable:
+        out += msg(SET_VRING_ENABLE, state(i, 1), flags=fl)
+    return out
+
+
+def mem_table(fl=VERSION):
+    return msg(SET_MEM_TABLE, struct.pack('<II', 1, 0) + region(0, 0x10000, QVA, 0),
+               fds=[MEMFD_64K], flags=fl)
+
+
+def vu_seeds():
+    s = {}
+    s['qemu-one-ring'] = (handshake() + msg(SET_FEATURES, u64(FEATURES)) + mem_table() +
+                          ring(0) + msg(GET_VRING_BASE, state(0, 0)))
+    s['qemu-two-rings-ack'] = (handshake() +
+                               msg(SET_FEATURES, u64(FEATURES), flags=VERSION | NEED_REPLY) +
+                               mem_table(VERSION | NEED_REPLY) +
+                               ring(0, ack=True) + ring(1, num=16, ack=True) +
+                               msg(SET_VRING_ENABLE, state(1, 0)) +
+                               msg(SET_VRING_ERR, u64(0), fds=[EVENTFD]) +
+                               msg(GET_VRING_BASE, state(1, 0)) +
+                               msg(GET_VRING_BASE, state(0, 0)))
+    # No protocol features: rings are enabled from the start.
+    s['legacy-no-protocol'] = (msg(GET_FEATURES) + msg(SET_OWNER) +
+                               msg(SET_FEATURES, u64(FEATURES & ~(1 << 30))) +
+                               mem_table() + ring(0, enable=False) + msg(RESET_OWNER))
+    # In-flight region we create, then ring 0 tracked in it.
+    s['inflight-get'] = (handshake() + msg(SET_FEATURES, u64(FEATURES)) +
+                         msg(GET_INFLIGHT_FD, struct.pack('<QQHHI', 0, 0, 2, 8, 0)) +
+                         mem_table() + ring(0) + msg(GET_VRING_BASE, state(0, 0)))
+    # In-flight region the frontend hands us (one page, zeroed).
+    s['inflight-set'] = (handshake() + msg(SET_FEATURES, u64(FEATURES)) +
+                         msg(SET_INFLIGHT_FD, struct.pack('<QQHHI', 4096, 0, 2, 8, 0),
+                             fds=[(1, 0)]) +
+                         mem_table() + ring(0) + ring(1))
+    # CONFIGURE_MEM_SLOTS: regions one at a time, one removed under a running
+    # ring (it restarts), the other after the ring stopped.
+    s['mem-slots'] = (handshake() + msg(SET_FEATURES, u64(FEATURES)) +
+                      msg(ADD_MEM_REG, u64(0) + region(0, 0x10000, QVA, 0), fds=[MEMFD_64K]) +
+                      msg(ADD_MEM_REG, u64(0) + region(0x100000, 0x4000, QVA + 0x100000, 0x1000),
+                          fds=[(5, 0)]) +
+                      ring(0) +
+                      msg(REM_MEM_REG, u64(0) + region(0x100000, 0x4000, QVA + 0x100000, 0x1000)) +
+                      msg(GET_VRING_BASE, state(0, 0)) +
+                      msg(REM_MEM_REG, u64(0) + region(0, 0x10000, QVA, 0)))
+    # Config space: read all of it, write the writeback byte, a bad write.
+    s['config'] = (handshake() +
+                   msg(GET_CONFIG, struct.pack('<III', 0, 256, 0) + bytes(256)) +
+                   msg(SET_CONFIG, struct.pack('<III', 32, 1, 0) + b'\x01', flags=VERSION | NEED_REPLY) +
+                   msg(SET_CONFIG, struct.pack('<III', 0, 8, 0) + bytes(8), flags=VERSION | NEED_REPLY))
+    # Header and payload in separate writes; a ring restarted on a new kick fd.
+    s['split-restart'] = (handshake() + msg(SET_FEATURES, u64(FEATURES), split=True) +
+                          mem_table() + ring(0) +
+                          msg(SET_VRING_KICK, u64(0), fds=[EVENTFD], split=True) +
+                          mem_table())
+    # Malformed: more fds than vhost-user allows.
+    s['too-many-fds'] = handshake() + msg(SET_MEM_TABLE, struct.pack('<II', 1, 0) +
+                                          region(0, 0x10000, QVA, 0),
+                                          fds=[MEMFD_64K] + [EVENTFD] * 9)
+    return s
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, 'corpus')
+    for name, seeds in (('vq_blk', vq_seeds()), ('vu', vu_seeds())):
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        for f in os.listdir(d):
+            os.unlink(os.path.join(d, f))
+        for k, v in sorted(seeds.items()):
+            assert len(v) < 4096, (name, k, len(v))
+            with open(os.path.join(d, k), 'wb') as f:
+                f.write(v)
+        print(f'{d}: {len(seeds)} seeds')
+
+
+if __name__ == '__main__':
+    main()

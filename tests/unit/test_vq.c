@@ -777,6 +777,19 @@ static void test_indirect_table_outside_memory_is_bad_chain(void)
 	ring_free(r);
 }
 
+/* An indirect table at an address that is not 8-byte aligned is refused
+ * (descriptors are read with aligned loads), the queue keeps working. */
+static void test_misaligned_indirect_table_is_bad_chain(void)
+{
+	struct ring *r = ring_up(8, true, false);
+
+	desc_set(&r->desc[0], indir_gpa() + 4, 3 * 16, VRING_DESC_F_INDIRECT, 0);
+	avail_add(r, 0);
+	expect_bad_chain(r, 0);
+	ASSERT_TRUE(!r->vq.broken);
+	ring_free(r);
+}
+
 /* A loop inside an indirect table ends with -EINVAL, not a hang. */
 static void test_indirect_loop_is_bad_chain(void)
 {
@@ -1176,6 +1189,7 @@ static void test_init_rejects_host_misaligned_rings(void)
 int main(void)
 {
 	RUN(test_init_rejects_host_misaligned_rings);
+	RUN(test_misaligned_indirect_table_is_bad_chain);
 	RUN(test_init_rejects_num_zero);
 	RUN(test_init_rejects_num_not_power_of_two);
 	RUN(test_init_rejects_num_above_max);

@@ -188,8 +188,6 @@ static const struct vu_dev_ops fake_ops = {
 
 /* ---- Server ---- */
 
-static char dir[] = "/tmp/vblk-fuzz-vu.XXXXXX";
-static char path[64];
 static struct loop *loop;
 static struct vu_server *srv;
 static unsigned inputs;
@@ -200,15 +198,25 @@ static void die(const char *what, int err)
 	exit(1);
 }
 
+/*
+ * The server listens on a path nobody connects to (we adopt our own
+ * connections), so its socket file and directory go at once: nothing is
+ * left in /tmp however libFuzzer exits.
+ */
 static void server_new(void)
 {
-	char err[256];
+	char dir[] = "/tmp/vblk-fuzz-vu.XXXXXX", path[64], err[256];
 	int r;
 
 	r = loop_new("main", &loop);
 	if (r < 0)
 		die("loop_new", -r);
+	if (!mkdtemp(dir))
+		die("mkdtemp", errno);
+	snprintf(path, sizeof(path), "%s/sock", dir);
 	r = vu_server_new(path, loop, &fake_ops, NULL, &srv, err, sizeof(err));
+	unlink(path);
+	rmdir(dir);
 	if (r < 0) {
 		dprintf(fuzz_report_fd, "fuzz_vu: vu_server_new: %s\n", err);
 		exit(1);
@@ -223,24 +231,13 @@ static void server_free(void)
 	loop = NULL;
 }
 
-static void cleanup(void)
-{
-	if (srv)
-		server_free();
-	rmdir(dir);
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	fuzz_log_init();
-	if (!mkdtemp(dir))
-		die("mkdtemp", errno);
-	snprintf(path, sizeof(path), "%s/sock", dir);
 	server_new();
-	atexit(cleanup);
 	return 0;
 }
 

@@ -19,7 +19,7 @@ jobs=${FUZZ_JOBS:-1}
 build=build-fuzz
 targets=(vq_blk vu)
 
-[[ $secs =~ ^[0-9]+$ ]] || { echo "usage: fuzz/run.sh [SECONDS]" >&2; exit 2; }
+[[ $secs =~ ^[0-9]+$ && $secs -gt 0 ]] || { echo "usage: fuzz/run.sh [SECONDS]" >&2; exit 2; }
 
 fail_setup() {
     echo "fuzz/run.sh: $*"
@@ -68,7 +68,7 @@ run_one() {
     # Inputs that once crashed (fixed since) must not crash again.
     crashes=(fuzz/crashes/"$t"-*)
     if [[ -e ${crashes[0]} ]] &&
-       ! "$build/fuzz/fuzz_$t" -close_fd_mask=2 "${crashes[@]}" >>"$log" 2>&1; then
+       ! "$build/fuzz/fuzz_$t" -timeout=10 -close_fd_mask=2 "${crashes[@]}" >>"$log" 2>&1; then
         echo "Replayed crash input failed: $(sed -n 's/^Running: //p' "$log" | tail -1)" >>"$log"
         return 1
     fi

@@ -86,6 +86,8 @@ struct blk_dev {
 
 /* Requests taken from one queue per pass before yielding to others. */
 #define BLK_BUDGET 256
+/* Passes of the drain / re-enable / re-check loop before yielding. */
+#define BLK_MAX_PASSES 8
 
 static inline void stat_inc(_Atomic uint64_t *c)
 {
@@ -420,7 +422,7 @@ static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
  */
 static void blk_queue_process(struct blk_queue *q)
 {
-	unsigned total = 0;
+	unsigned total = 0, passes = 0;
 
 	if (!q->started || !q->enabled || q->vq.broken)
 		return;
@@ -452,6 +454,13 @@ static void blk_queue_process(struct blk_queue *q)
 			continue;
 		if (!vq_enable_notify(&q->vq))
 			break;
+		/* Work raced in; go again, but a driver that keeps the ring
+		 * "busy" without giving us requests must not hold the thread:
+		 * after a few passes yield and come back in a bottom half. */
+		if (++passes >= BLK_MAX_PASSES) {
+			loop_bh_schedule(q->resume_bh);
+			return;
+		}
 	}
 out:
 	if (q->vq.broken && q->err_fd >= 0)

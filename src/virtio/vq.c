@@ -421,5 +421,13 @@ bool vq_enable_notify(struct vq *vq)
 	 * kicks, or we see its new index here. */
 	smp_mb();
 	avail_idx = READ_ONCE(vq->avail->idx);
+	/* Same check as vq_pop: an index behind us or more than num ahead is
+	 * corrupt.  Reporting it as "work" would have the caller spin (found
+	 * by fuzz_vq_blk: a used ring overlapping avail->idx, so our own flag
+	 * write moved the index). */
+	if (unlikely((uint16_t)(avail_idx - vq->last_avail_idx) > vq->num)) {
+		vq_set_broken(vq, "avail index moved by more than the ring size");
+		return false;
+	}
 	return avail_idx != vq->last_avail_idx || vq->resubmit_i < vq->resubmit_n;
 }

@@ -790,6 +790,24 @@ static void test_misaligned_indirect_table_is_bad_chain(void)
 	ring_free(r);
 }
 
+/*
+ * Regression (found by fuzz_vq_blk): vq_enable_notify() reported "work" for
+ * an avail index that went backwards, and the caller's drain loop spun
+ * forever.  It must break the queue instead.
+ */
+static void test_enable_notify_index_backwards_breaks_queue(void)
+{
+	struct ring *r = ring_up(8, false, false);
+
+	desc_set(&r->desc[0], buf_gpa(0), 16, VRING_DESC_F_WRITE, 0);
+	avail_add(r, 0);
+	ASSERT_EQ(pop(r), 1);
+	r->avail->idx = 0;		/* the driver (or an overlapping ring) rewinds it */
+	ASSERT_TRUE(!vq_enable_notify(&r->vq));
+	ASSERT_TRUE(r->vq.broken);
+	ring_free(r);
+}
+
 /* A loop inside an indirect table ends with -EINVAL, not a hang. */
 static void test_indirect_loop_is_bad_chain(void)
 {
@@ -1190,6 +1208,7 @@ int main(void)
 {
 	RUN(test_init_rejects_host_misaligned_rings);
 	RUN(test_misaligned_indirect_table_is_bad_chain);
+	RUN(test_enable_notify_index_backwards_breaks_queue);
 	RUN(test_init_rejects_num_zero);
 	RUN(test_init_rejects_num_not_power_of_two);
 	RUN(test_init_rejects_num_above_max);

@@ -57,6 +57,7 @@ struct blk_queue {
 	struct loop_bh *notify_bh;	/* no EVENT_IDX: coalesce notifications */
 	bool polling;			/* the loop polls us: kicks stay off */
 	bool event_idx;
+	bool early_sent;		/* an early call ended a batch in this section */
 	struct blk_req *reqs;		/* vq.num entries */
 	struct iovec *iovs;
 	uint16_t *free_reqs;		/* stack of free request indices */
@@ -65,7 +66,8 @@ struct blk_queue {
 	bool logged_no_status;
 
 	/* Counters: written by the iothread, read by anyone. */
-	_Atomic uint64_t requests, kicks, calls, calls_suppressed, bad_requests;
+	_Atomic uint64_t requests, kicks, calls, calls_early, calls_suppressed;
+	_Atomic uint64_t bad_requests;
 	/* Poll counters of kick handlers that are gone (ring restarts). */
 	struct loop_poll_stats poll_base;
 };
@@ -78,6 +80,7 @@ struct blk_dev {
 	atomic_bool writeback;		/* main writes, iothread reads */
 	uint8_t wce;			/* config byte as the guest set it */
 	bool no_event_idx;		/* --no-event-idx: do not offer it */
+	bool early_notify;		/* not --no-early-notify */
 
 	unsigned num_iothreads;
 	struct blk_iothread *iot;
@@ -99,17 +102,18 @@ static inline void stat_inc(_Atomic uint64_t *c)
 
 /* Publish the batch and decide on one interrupt for it (virtio 1.2, 2.7.7
  * "Used Buffer Notification Suppression"). */
-static void blk_queue_signal(struct blk_queue *q)
+static bool blk_queue_signal(struct blk_queue *q)
 {
 	vq_flush(&q->vq);
 	if (!vq_should_notify(&q->vq)) {
 		stat_inc(&q->calls_suppressed);
-		return;
+		return false;
 	}
-	if (q->call_fd >= 0) {
-		stat_inc(&q->calls);
-		(void)sys_eventfd_signal(q->call_fd);
-	}
+	if (q->call_fd < 0)
+		return false;
+	stat_inc(&q->calls);
+	(void)sys_eventfd_signal(q->call_fd);
+	return true;
 }
 
 static void blk_notify_bh(void *opaque)
@@ -121,17 +125,20 @@ static void blk_notify_bh(void *opaque)
 }
 
 /*
- * Deferred to the end of the batch: one used->idx publish and at most one
- * call-eventfd write per queue per batch.  With EVENT_IDX the driver says
- * exactly when it wants an interrupt, so we decide now and never add
- * latency.  Without it every batch would interrupt: publish now, but
- * decide in a bottom half after one more non-blocking look at the fds, so
- * completions that are already there share the interrupt.
+ * Deferred to the end of the batch (the defer section): at most one
+ * call-eventfd write per queue for everything completed since the last
+ * decision (an early call, see blk_req_complete, ends a batch too).  With
+ * EVENT_IDX the driver says exactly when it wants an interrupt, so we
+ * decide now and never add latency.  Without it every batch would
+ * interrupt: publish now, but decide in a bottom half after one more
+ * non-blocking look at the fds, so completions that are already there
+ * share the interrupt.
  */
 static void blk_queue_notify(void *opaque)
 {
 	struct blk_queue *q = opaque;
 
+	q->early_sent = false;
 	if (!q->started)
 		return;
 	if (!q->event_idx && defer_batching()) {
@@ -156,6 +163,27 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 	vq_push(&q->vq, r->head, status == VIRTIO_BLK_S_OK ? r->used_len : 1);
 	q->inflight--;
 	blk_req_put(q, r);
+	if (q->dev->early_notify && defer_batching()) {
+		/*
+		 * Early notification (see docs/architecture.md).  Publish each
+		 * completion at once: a store, no interrupt, and a driver that
+		 * is awake (draining, or re-checking before it sleeps) takes
+		 * it without waiting for the rest of the batch.  If the driver
+		 * is asleep waiting for exactly this entry (EVENT_IDX: its
+		 * used_event falls here), waking it must not wait for the rest
+		 * of the batch either: notify now, which ends this batch; what
+		 * completes after it is the next batch and shares one call at
+		 * the end.  So with EVENT_IDX no completion waits for a later
+		 * one, and the driver is woken while we still work instead of
+		 * after.
+		 */
+		vq_flush(&q->vq);
+		if (!q->early_sent && vq_notify_wanted(&q->vq)) {
+			q->early_sent = true;
+			if (blk_queue_signal(q))
+				stat_inc(&q->calls_early);
+		}
+	}
 	defer_call(blk_queue_notify, q);
 }
 
@@ -916,6 +944,7 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	d->num_queues = o->num_queues;
 	d->num_iothreads = nt;
 	d->no_event_idx = o->no_event_idx;
+	d->early_notify = !o->no_early_notify;
 	d->wce = 1;
 	/* Serial: up to 20 bytes, not NUL-terminated when full (5.2.6). */
 	strncpy(d->serial, o->serial ? o->serial : "", sizeof(d->serial));
@@ -984,6 +1013,7 @@ static void do_stats(void *opaque)
 		o->requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
 		o->kicks = atomic_load_explicit(&q->kicks, memory_order_relaxed);
 		o->calls = atomic_load_explicit(&q->calls, memory_order_relaxed);
+		o->calls_early = atomic_load_explicit(&q->calls_early, memory_order_relaxed);
 		o->calls_suppressed = atomic_load_explicit(&q->calls_suppressed,
 							   memory_order_relaxed);
 		o->bad_requests = atomic_load_explicit(&q->bad_requests,

@@ -25,6 +25,7 @@ struct blk_opts {
 	unsigned num_queues;		/* 1..BLK_MAX_QUEUES */
 	const char *serial;		/* GET_ID, at most 20 bytes used */
 	bool no_event_idx;		/* do not offer VIRTIO_RING_F_EVENT_IDX */
+	bool no_early_notify;		/* calls only at the end of a section (ablation) */
 	const struct loop_poll_params *poll;	/* NULL: loop defaults */
 	unsigned num_iothreads;		/* 0 or 1: one iothread */
 	const unsigned *queue_map;	/* queue -> iothread; NULL: q mod N */
@@ -40,6 +41,7 @@ struct blk_queue_stats {
 	uint64_t requests;		/* requests taken from the ring */
 	uint64_t kicks;			/* guest kicks received */
 	uint64_t calls;			/* call-eventfd writes */
+	uint64_t calls_early;		/* of which early: a sleeping driver's first completion */
 	uint64_t calls_suppressed;	/* batches the driver did not want signalled */
 	uint64_t bad_requests;		/* failed for a malformed chain or header */
 	uint64_t poll_hits;		/* polling found requests */

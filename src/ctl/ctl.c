@@ -65,11 +65,12 @@ int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 	put(buf, len, &n, "{\"queues\": [");
 	for (unsigned i = 0; i < nq; i++)
 		put(buf, len, &n, "%s{\"iothread\": %u, \"requests\": %" PRIu64 ", \"kicks\": %" PRIu64
-		    ", \"calls\": %" PRIu64 ", \"calls_suppressed\": %" PRIu64
+		    ", \"calls\": %" PRIu64 ", \"calls_early\": %" PRIu64
+		    ", \"calls_suppressed\": %" PRIu64
 		    ", \"bad_requests\": %" PRIu64 ", \"poll_hits\": %" PRIu64
 		    ", \"poll_misses\": %" PRIu64 ", \"poll_ns\": %" PRIu64 "}",
 		    i ? ", " : "", qs[i].iothread, qs[i].requests, qs[i].kicks, qs[i].calls,
-		    qs[i].calls_suppressed, qs[i].bad_requests, qs[i].poll_hits,
+		    qs[i].calls_early, qs[i].calls_suppressed, qs[i].bad_requests, qs[i].poll_hits,
 		    qs[i].poll_misses, qs[i].poll_ns);
 	put(buf, len, &n, "], \"iothreads\": [");
 	for (unsigned i = 0; i < nt; i++)

@@ -66,6 +66,8 @@ static void usage(FILE *f)
 "  --poll-shrink N      window divisor after a long sleep; 0 resets (default 2)\n"
 "  --no-batch           one interrupt decision per completion (ablation)\n"
 "  --no-event-idx       do not offer VIRTIO_RING_F_EVENT_IDX (ablation)\n"
+"  --no-early-notify    interrupt only at the end of a batch, never for the\n"
+"                       first completion a sleeping driver waits for (ablation)\n"
 "  --help               show this help\n"
 "  --version            show the version\n"
 "\n"
@@ -230,6 +232,7 @@ int main(int argc, char **argv)
 		{ "poll-shrink", required_argument, NULL, 'K' },
 		{ "no-batch", no_argument, NULL, 'N' },
 		{ "no-event-idx", no_argument, NULL, 'E' },
+		{ "no-early-notify", no_argument, NULL, 'L' },
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -297,6 +300,7 @@ int main(int argc, char **argv)
 		case 'K': poll.shrink = parse_uint("--poll-shrink", optarg, 0, 1024); break;
 		case 'N': defer_set_batching(false); break;
 		case 'E': ko.no_event_idx = true; break;
+		case 'L': ko.no_early_notify = true; break;
 		case 'l':
 			r = log_parse_level(optarg);
 			if (r < 0)

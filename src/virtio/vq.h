@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "util/barrier.h"
+
 #include "mem/gm.h"
 #include "virtio/virtio_ring.h"
 
@@ -150,6 +152,15 @@ void vq_flush(struct vq *vq);
  * batch; otherwise the driver's NO_INTERRUPT flag.
  */
 bool vq_should_notify(struct vq *vq);
+/* EVENT_IDX only, no barrier, changes nothing: does the driver's used_event
+ * already lie among the entries pushed since the last notification?  A
+ * cheap hint for notifying early; vq_should_notify stays the decision. */
+static inline bool vq_notify_wanted(const struct vq *vq)
+{
+	return vq->event_idx && vq->signalled_used_valid &&
+	       vring_need_event(READ_ONCE(*vq->used_event), vq->used_idx,
+				vq->signalled_used);
+}
 
 /* Ask the driver not to kick (best effort; EVENT_IDX has no "off"). */
 void vq_disable_notify(struct vq *vq);

@@ -254,7 +254,7 @@ static void expect_error(const char *req)
 /* ---- stats ---- */
 
 static const char *const queue_keys[] = {
-	"iothread", "requests", "kicks", "calls", "calls_suppressed", "bad_requests",
+	"iothread", "requests", "kicks", "calls", "calls_early", "calls_suppressed", "bad_requests",
 	"poll_hits", "poll_misses", "poll_ns",
 };
 

@@ -1011,6 +1011,40 @@ static void test_should_notify_uses_used_event(void)
 	ring_free(r);
 }
 
+/* vq_notify_wanted, the hint for early notification: true exactly when
+ * used_event lies among the entries pushed since the last decision, and it
+ * changes nothing (the decision that follows still sees the same range). */
+static void test_notify_wanted_is_a_pure_hint(void)
+{
+	struct ring *r = ring_up(8, false, true);
+	uint16_t *used_event = &r->avail->ring[8];
+
+	vq_push(&r->vq, 0, 0);
+	ASSERT_TRUE(!vq_notify_wanted(&r->vq));	/* no decision yet: leave it to the end */
+	vq_flush(&r->vq);
+	ASSERT_TRUE(vq_should_notify(&r->vq));		/* the first always notifies; range now 1.. */
+	*used_event = 2;
+	vq_push(&r->vq, 1, 0);				/* 1..2: entry 1, driver waits for 2 */
+	ASSERT_TRUE(!vq_notify_wanted(&r->vq));
+	vq_push(&r->vq, 2, 0);				/* 1..3: holds 2 */
+	ASSERT_TRUE(vq_notify_wanted(&r->vq));
+	ASSERT_TRUE(vq_notify_wanted(&r->vq));		/* unchanged by asking */
+	vq_flush(&r->vq);
+	ASSERT_TRUE(vq_should_notify(&r->vq));
+	ASSERT_TRUE(!vq_notify_wanted(&r->vq));	/* decided: range empty */
+	vq_push(&r->vq, 3, 0);
+	ASSERT_TRUE(!vq_notify_wanted(&r->vq));	/* event 2 is behind */
+	ring_free(r);
+
+	r = ring_up(8, false, false);			/* no EVENT_IDX: never a hint */
+	vq_push(&r->vq, 0, 0);
+	vq_flush(&r->vq);
+	ASSERT_TRUE(vq_should_notify(&r->vq));
+	vq_push(&r->vq, 1, 0);
+	ASSERT_TRUE(!vq_notify_wanted(&r->vq));
+	ring_free(r);
+}
+
 /* With EVENT_IDX, vq_enable_notify sets avail_event to last_avail_idx
  * and reports buffers published but not yet taken. */
 static void test_enable_notify_event_idx_sets_avail_event(void)
@@ -1266,6 +1300,7 @@ int main(void)
 	RUN(test_should_notify_follows_no_interrupt);
 	RUN(test_should_notify_first_call_always_notifies);
 	RUN(test_should_notify_uses_used_event);
+	RUN(test_notify_wanted_is_a_pure_hint);
 	RUN(test_enable_notify_event_idx_sets_avail_event);
 	RUN(test_enable_notify_clears_no_notify);
 

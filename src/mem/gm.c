@@ -34,6 +34,11 @@ int gm_region_map(struct gm_region *r, uint64_t gpa, uint64_t size,
 	p = mmap(NULL, (size_t)end, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
 		return -errno;
+	/* The size is checked, but the frontend may shrink the file later. */
+	if (gm_guard_add(p, (size_t)end) < 0) {
+		munmap(p, (size_t)end);
+		return -ENOSPC;
+	}
 	r->gpa = gpa;
 	r->size = size;
 	r->qva = qva;
@@ -46,8 +51,10 @@ int gm_region_map(struct gm_region *r, uint64_t gpa, uint64_t size,
 
 void gm_region_unmap(struct gm_region *r)
 {
-	if (r->mmap_addr)
+	if (r->mmap_addr) {
+		gm_guard_del(r->mmap_addr);
 		munmap(r->mmap_addr, r->mmap_size);
+	}
 	memset(r, 0, sizeof(*r));
 }
 

@@ -55,4 +55,25 @@ void *gm_gpa_to_host(const struct gm_table *t, uint64_t gpa, uint64_t len);
 /* Same for a frontend virtual address (vring addresses are given so). */
 void *gm_qva_to_host(const struct gm_table *t, uint64_t qva, uint64_t len);
 
+/*
+ * SIGBUS guard (guard.c).  The frontend keeps the fds of the memory it
+ * shares with us and may shrink them after we mapped them; touching a page
+ * past the new end raises SIGBUS.  gm_guard_init() installs a handler
+ * (once per process) and returns an eventfd that becomes readable after
+ * such a fault: the page was replaced by a private zero page (the access
+ * completes, reads zeroes, writes go nowhere) and the caller should drop
+ * the frontend.  A SIGBUS outside guarded ranges still kills the process.
+ * Returns the eventfd or -errno.  Main thread, before iothreads touch
+ * guest memory.
+ *
+ * gm_region_map/unmap guard their mappings themselves; other mappings of
+ * frontend fds (the in-flight region) use gm_guard_add/del.  Any thread;
+ * add returns -ENOSPC when the table of ranges is full.
+ */
+int gm_guard_init(void);
+int gm_guard_add(void *addr, size_t len);
+void gm_guard_del(void *addr);
+/* Faults the guard has absorbed since start. */
+uint64_t gm_guard_faults(void);
+
 #endif

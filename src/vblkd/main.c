@@ -22,6 +22,7 @@
 #include "loop/loop.h"
 #include "util/log.h"
 #include "util/parse.h"
+#include "mem/gm.h"
 #include "vhost/vu.h"
 
 struct vblkd {
@@ -30,6 +31,9 @@ struct vblkd {
 	unsigned num_queues;
 	int sfd;
 	struct loop_fd *sfd_h;
+	struct vu_server *srv;
+	int gfd;			/* SIGBUS guard eventfd (gm.h) */
+	struct loop_fd *gfd_h;
 };
 
 static void usage(FILE *f)
@@ -210,6 +214,22 @@ static void signal_cb(void *opaque, uint32_t events)
 	}
 }
 
+/* A page of guest memory vanished under us (the frontend shrank a file it
+ * shares with us): the guard absorbed the fault; drop that frontend. */
+static void guard_cb(void *opaque, uint32_t events)
+{
+	struct vblkd *v = opaque;
+	uint64_t n;
+	char why[128];
+
+	if (read(v->gfd, &n, sizeof(n)) != sizeof(n))
+		return;
+	snprintf(why, sizeof(why), "it shrank memory it shares with us "
+		 "(%llu bus errors absorbed in all)",
+		 (unsigned long long)gm_guard_faults());
+	vu_server_drop(v->srv, why);
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -246,7 +266,7 @@ int main(int argc, char **argv)
 	int cpus[BLK_MAX_QUEUES];
 	struct ctl_server *ctl = NULL;
 	char serial[32], err[600], msg[512];
-	struct vblkd v = { .sfd = -1 };
+	struct vblkd v = { .sfd = -1, .gfd = -1 };
 	struct vu_server *srv = NULL;
 	struct bdev b;
 	sigset_t mask;
@@ -381,6 +401,15 @@ int main(int argc, char **argv)
 		ctl_server_free(ctl);
 		goto err_loop;
 	}
+	v.srv = srv;
+	v.gfd = gm_guard_init();
+	if (v.gfd < 0 || loop_fd_add(v.loop, v.gfd, EPOLLIN, guard_cb, &v, &v.gfd_h) < 0) {
+		snprintf(err, sizeof(err), "cannot set up the SIGBUS guard: %s",
+			 strerror(v.gfd < 0 ? -v.gfd : errno));
+		vu_server_free(srv);
+		ctl_server_free(ctl);
+		goto err_loop;
+	}
 
 	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s, "
 		 "%u iothread%s) on %s",
@@ -391,6 +420,7 @@ int main(int argc, char **argv)
 
 	r = loop_run(v.loop);
 
+	loop_fd_del(v.loop, v.gfd_h);
 	vu_server_free(srv);
 	log_stats(&v);
 	ctl_server_free(ctl);

@@ -597,8 +597,10 @@ static int vu_set_vring_enable(struct vu_server *s, struct vu_msg *m)
 
 static void vu_inflight_unmap(struct vu_server *s)
 {
-	if (s->inflight)
+	if (s->inflight) {
+		gm_guard_del(s->inflight);
 		munmap(s->inflight, s->inflight_size);
+	}
 	s->inflight = NULL;
 	s->inflight_size = 0;
 }
@@ -646,8 +648,10 @@ static int vu_get_inflight_fd(struct vu_server *s, struct vu_msg *m)
 		close(fd);
 		return r;
 	}
-	/* The region's size is ours to keep: no one may shrink it. */
+	/* The region's size is ours to keep: no one may shrink it.  (Guarded
+	 * all the same: a failed seal would leave it shrinkable.) */
 	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
+	(void)gm_guard_add(p, size);
 	vu_inflight_unmap(s);
 	s->inflight = p;
 	s->inflight_size = size;
@@ -686,6 +690,11 @@ static int vu_set_inflight_fd(struct vu_server *s, struct vu_msg *m)
 		 (off_t)in->mmap_offset);
 	if (p == MAP_FAILED)
 		return -errno;
+	/* The frontend owns this fd and may shrink it later. */
+	if (gm_guard_add(p, in->mmap_size) < 0) {
+		munmap(p, in->mmap_size);
+		return -ENOSPC;
+	}
 	vu_inflight_unmap(s);
 	s->inflight = p;
 	s->inflight_size = in->mmap_size;
@@ -1133,6 +1142,14 @@ void vu_server_free(struct vu_server *s)
 	free(s->vr);
 	free(s->path);
 	free(s);
+}
+
+void vu_server_drop(struct vu_server *s, const char *why)
+{
+	if (s->conn_fd < 0)
+		return;
+	log_err("dropping the frontend: %s", why);
+	vu_disconnect(s);
 }
 
 unsigned vu_server_connections(const struct vu_server *s)

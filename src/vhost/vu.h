@@ -89,6 +89,11 @@ int vu_server_adopt(struct vu_server *s, int fd);
  */
 int vu_server_process(struct vu_server *s);
 
+/* Drop the connected frontend, if any, as after a malformed message
+ * (rings stopped with in-flight I/O drained, memory unmapped, back to
+ * listening), logging why.  Loop thread. */
+void vu_server_drop(struct vu_server *s, const char *why);
+
 /* Number of frontends served so far and whether one is connected. */
 unsigned vu_server_connections(const struct vu_server *s);
 bool vu_server_connected(const struct vu_server *s);

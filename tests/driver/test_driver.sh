@@ -164,4 +164,27 @@ if grep -qE "error|ERROR|Sanitizer" "$tmp/die.log"; then
 else
     pass frontend-killed-mid-io-clean
 fi
+
+# A frontend that shrinks the memory file it shares with us after we
+# mapped it: touching the lost pages raises SIGBUS.  The daemon must
+# survive it (the guard in mem/guard.c), drop that frontend with a line
+# saying why, and serve the next one (hostile-shrink checks both ends).
+if [[ -x $BUILD/hostile-shrink ]]; then
+    rm -f "$tmp/d.sock"
+    "$VBLKD" --socket "$tmp/d.sock" --disk "$tmp/disk.img" >"$tmp/shrink.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && break; sleep 0.05; done
+    "$BUILD/hostile-shrink" "$tmp/d.sock" 2>"$tmp/shrink.err"
+    rc=$?
+    if ((rc == 0)) && kill -0 "$dpid" 2>/dev/null &&
+       grep -q "dropping the frontend: it shrank memory it shares with us" "$tmp/shrink.log"; then
+        pass frontend-shrinks-memory-daemon-survives
+    else
+        fail frontend-shrinks-memory-daemon-survives \
+            "rc=$rc $(cat "$tmp/shrink.err") $(tail -3 "$tmp/shrink.log")"
+    fi
+    stop
+else
+    fail frontend-shrinks-memory-daemon-survives "$BUILD/hostile-shrink not built"
+fi
 exit 0

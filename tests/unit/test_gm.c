@@ -2,7 +2,10 @@
  * checks, and whole-range address translation including overflow. */
 #include <errno.h>
 #include <stdint.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "mem/gm.h"
@@ -327,6 +330,84 @@ static void test_table_clear_unmaps(void)
 	ASSERT_EQ(errno, ENOMEM);
 }
 
+/* ---- SIGBUS guard ---- */
+
+/* The frontend shrinks a file we mapped: touching the lost pages must not
+ * kill us.  The page reads zeroes, takes writes privately, the fault is
+ * counted and signalled on the eventfd; the part still backed by the file
+ * is untouched. */
+static void test_guard_absorbs_shrunk_region(void)
+{
+	struct gm_region r;
+	int fd = make_memfd(MIB), gfd = gm_guard_init();
+	uint64_t before = gm_guard_faults(), n = 0;
+	volatile uint8_t *p;
+
+	ASSERT_TRUE(gfd >= 0);
+	ASSERT_EQ(gm_guard_init(), gfd);		/* once per process */
+	ASSERT_EQ(gm_region_map(&r, 0, MIB, 0x10000000, 0, fd), 0);
+	p = r.host;
+	p[0] = 0xa5;
+	p[MIB / 2] = 0x5a;
+	ASSERT_EQ(ftruncate(fd, (off_t)(MIB / 4)), 0);
+	ASSERT_EQ(p[MIB / 2], 0);			/* was 0x5a: the file lost it */
+	ASSERT_EQ(gm_guard_faults(), before + 1);
+	p[MIB / 2 + 8] = 7;				/* same page: no new fault */
+	ASSERT_EQ(p[MIB / 2 + 8], 7);
+	ASSERT_EQ(gm_guard_faults(), before + 1);
+	memset((void *)(p + MIB - 8192), 1, 8192);	/* two more pages */
+	ASSERT_EQ(gm_guard_faults(), before + 3);
+	ASSERT_EQ(read(gfd, &n, sizeof(n)), (ssize_t)sizeof(n));
+	ASSERT_EQ(n, 3);
+	ASSERT_EQ(p[0], 0xa5);				/* still the file's */
+	gm_region_unmap(&r);
+	close(fd);
+}
+
+/* A SIGBUS outside guest memory is a bug of ours and still kills the
+ * process (with the default action, so a core). */
+static void test_guard_unguarded_sigbus_still_kills(void)
+{
+	int status = 0;
+	pid_t pid;
+
+	ASSERT_TRUE(gm_guard_init() >= 0);
+	pid = fork();
+	ASSERT_TRUE(pid >= 0);
+	if (pid == 0) {
+		int fd = memfd_create("unguarded", MFD_CLOEXEC);
+		volatile uint8_t *p;
+		struct rlimit no_core = { 0, 0 };
+
+		setrlimit(RLIMIT_CORE, &no_core);
+		if (fd < 0 || ftruncate(fd, 65536) < 0)
+			_exit(2);
+		p = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED || ftruncate(fd, 0) < 0)
+			_exit(3);
+		p[0] = 1;
+		_exit(0);
+	}
+	ASSERT_EQ(waitpid(pid, &status, 0), pid);
+	ASSERT_TRUE(WIFSIGNALED(status));
+	ASSERT_EQ(WTERMSIG(status), SIGBUS);
+}
+
+/* Unmapping gives the guard's slot back: far more map/unmap cycles than
+ * there are slots all succeed. */
+static void test_guard_slots_recycled(void)
+{
+	int fd = make_memfd(65536);
+
+	for (unsigned i = 0; i < 3000; i++) {
+		struct gm_region r;
+
+		ASSERT_EQ(gm_region_map(&r, 0, 65536, 0, 0, fd), 0);
+		gm_region_unmap(&r);
+	}
+	close(fd);
+}
+
 int main(void)
 {
 	RUN(test_map_host_is_fd_offset);
@@ -346,5 +427,8 @@ int main(void)
 	RUN(test_gpa_outside_every_region);
 	RUN(test_qva_translation);
 	RUN(test_table_clear_unmaps);
+	RUN(test_guard_absorbs_shrunk_region);
+	RUN(test_guard_unguarded_sigbus_still_kills);
+	RUN(test_guard_slots_recycled);
 	return T_EXIT_PASS;
 }

@@ -100,6 +100,11 @@ struct bdev {
 	uint64_t size;		/* bytes, a multiple of block_size */
 	unsigned block_size;	/* logical block exported to the guest */
 	unsigned phys_block_size;
+	/* What the disk deallocates in (bytes, a power of two >= block_size):
+	 * a block device's queue/discard_granularity, a file's st_blksize. */
+	unsigned discard_granularity;
+	uint64_t discard_max_bytes;	/* 0: no limit from the disk */
+	bool no_discard;	/* a block device that cannot discard */
 	bool read_only;
 	bool is_blockdev;
 	bool direct;		/* opened O_DIRECT */

@@ -10,12 +10,63 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "util/log.h"
 
 /* Buffer and offset alignment O_DIRECT needs on this file (statx
  * STATX_DIOALIGN, Linux 6.1+), falling back to 512/block size. */
+/* One unsigned number from a sysfs file; false if there is none. */
+static bool sysfs_u64(const char *path, uint64_t *v)
+{
+	FILE *f = fopen(path, "re");
+	unsigned long long x;
+	bool ok;
+
+	if (!f)
+		return false;
+	ok = fscanf(f, "%llu", &x) == 1;
+	fclose(f);
+	if (ok)
+		*v = x;
+	return ok;
+}
+
+/*
+ * Discard limits of a block device from its request queue in sysfs (a
+ * partition has none of its own: use its disk's).  A device with
+ * discard_max_bytes 0 cannot discard at all: we then do not offer
+ * VIRTIO_BLK_F_DISCARD, rather than fail every discard the guest sends.
+ */
+static void blockdev_discard(struct bdev *b, dev_t rdev)
+{
+	static const char *const dirs[] = { "queue", "../queue" };
+	char path[128];
+	uint64_t max = 0, gran = 0;
+
+	for (unsigned i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/%s/discard_max_bytes",
+			 major(rdev), minor(rdev), dirs[i]);
+		if (!sysfs_u64(path, &max))
+			continue;
+		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/%s/discard_granularity",
+			 major(rdev), minor(rdev), dirs[i]);
+		(void)sysfs_u64(path, &gran);
+		if (max == 0) {
+			b->no_discard = true;
+			log_info("disk %s: the device cannot discard; DISCARD not offered",
+				 b->path);
+		}
+		b->discard_max_bytes = max;
+		if (gran > b->discard_granularity && gran <= (1u << 30) && !(gran & (gran - 1)))
+			b->discard_granularity = (unsigned)gran;
+		return;
+	}
+	log_info("disk %s: no discard limits in sysfs, assuming block-sized discards",
+		 b->path);
+}
+
 static void dio_alignment(int fd, unsigned *mem_align, unsigned *off_align)
 {
 	struct statx stx;
@@ -175,6 +226,12 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 	b->fd = fd;
 	b->size = size;
 	b->read_only = o->read_only;
+	b->discard_granularity = b->block_size;
+	if (S_ISBLK(st.st_mode))
+		blockdev_discard(b, st.st_rdev);
+	else if (st.st_blksize > (blksize_t)b->block_size && st.st_blksize <= (1 << 20) &&
+		 !(st.st_blksize & (st.st_blksize - 1)))
+		b->discard_granularity = (unsigned)st.st_blksize;
 	b->dio_mem_align = mem_align < 1 ? 1 : mem_align;
 	return 0;
 

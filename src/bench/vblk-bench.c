@@ -704,7 +704,8 @@ int main(int argc, char **argv)
 		       "\"kicks_per_io\": %.4f, \"calls_per_io\": %.4f, "
 		       "\"cpu_user_s\": %.3f, \"cpu_sys_s\": %.3f, "
 		       "\"requests_submitted\": %" PRIu64 ", \"requests_completed\": %" PRIu64
-		       ", \"bad_used\": %" PRIu64 "}\n",
+		       ", \"bad_used\": %" PRIu64 ", \"discard\": %s, "
+		       "\"discard_sector_alignment\": %u, \"max_discard_sectors\": %u}\n",
 		       modes[o.rw], o.bs, o.iodepth, o.numjobs, o.poll ? "true" : "false",
 		       vdrv_has(d, VIRTIO_RING_F_EVENT_IDX) ? "true" : "false", secs,
 		       ios / secs, bytes / secs, ios, errors, verify_errors, verified,
@@ -712,7 +713,9 @@ int main(int argc, char **argv)
 		       all.count ? all.min : 0, hist_quantile(&all, 0.5),
 		       hist_quantile(&all, 0.99), hist_quantile(&all, 0.999), all.max,
 		       kicks, calls, ios ? (double)kicks / ios : 0, ios ? (double)calls / ios : 0,
-		       user, sys, submitted, completed, bad_used);
+		       user, sys, submitted, completed, bad_used,
+		       vdrv_has(d, VIRTIO_BLK_F_DISCARD) ? "true" : "false",
+		       d->cfg.discard_sector_alignment, d->cfg.max_discard_sectors);
 	} else {
 		printf("vblk-bench: %s bs=%" PRIu64 " iodepth=%u numjobs=%u %s%s, %.1f s\n",
 		       modes[o.rw], o.bs, o.iodepth, o.numjobs, o.poll ? "polling" : "interrupts",

@@ -692,7 +692,7 @@ static uint64_t blk_features(void *opaque)
 	if (d->b->read_only)
 		f |= 1ull << VIRTIO_BLK_F_RO;
 	/* A read-only export cannot deallocate or zero anything. */
-	if (!d->b->read_only && (d->b->engine->caps & BDEV_CAP_DISCARD))
+	if (!d->b->read_only && (d->b->engine->caps & BDEV_CAP_DISCARD) && !d->b->no_discard)
 		f |= 1ull << VIRTIO_BLK_F_DISCARD;
 	if (!d->b->read_only && (d->b->engine->caps & BDEV_CAP_WRITE_ZEROES))
 		f |= 1ull << VIRTIO_BLK_F_WRITE_ZEROES;
@@ -721,8 +721,16 @@ static void blk_fill_config(struct blk_dev *d, struct virtio_blk_config *c)
 	c->writeback = d->wce;
 	c->num_queues = (uint16_t)d->num_queues;
 	c->max_discard_sectors = BLK_MAX_DWZ_SECTORS;
+	if (d->b->discard_max_bytes &&
+	    d->b->discard_max_bytes >> VIRTIO_BLK_SECTOR_SHIFT < c->max_discard_sectors)
+		c->max_discard_sectors = (uint32_t)(d->b->discard_max_bytes >>
+						    VIRTIO_BLK_SECTOR_SHIFT);
 	c->max_discard_seg = BLK_MAX_DWZ_SEGS;
-	c->discard_sector_alignment = d->b->block_size >> VIRTIO_BLK_SECTOR_SHIFT;
+	/* virtio 1.2, 5.2.4: discard_sector_alignment is the unit the
+	 * device deallocates in; a guest aligns its discards to it (Linux:
+	 * discard_granularity), so they really free space. */
+	c->discard_sector_alignment = MAX(d->b->discard_granularity, d->b->block_size) >>
+				      VIRTIO_BLK_SECTOR_SHIFT;
 	c->max_write_zeroes_sectors = BLK_MAX_DWZ_SECTORS;
 	c->max_write_zeroes_seg = BLK_MAX_DWZ_SEGS;
 	c->write_zeroes_may_unmap = 1;

@@ -2,14 +2,19 @@
 # Description: vblk-bench (our userspace virtio-blk driver) against vblkd
 # and qemu-storage-daemon: verified I/O with 1 and 2 jobs, counters that
 # agree between driver and daemon, verification that really catches bad
-# data, and clear errors for bad arguments.
+# data, clear errors for bad arguments, block-device discard limits, and
+# frontends that die or shrink shared memory under us.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 BUILD=${1:?usage: test_driver.sh BUILD_DIR}
 VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench
 tmp=$(mktemp -d /tmp/vblk-drv.XXXXXX)
 dpid=""
-cleanup() { [[ -n $dpid ]] && kill "$dpid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+cleanup() {
+    [[ -n $dpid ]] && kill "$dpid" 2>/dev/null; wait 2>/dev/null
+    [[ -n ${loopdev:-} ]] && losetup -d "$loopdev" 2>/dev/null
+    rm -rf "$tmp"
+}
 trap cleanup EXIT
 pass() { echo "PASS: $1"; }
 fail() { echo "FAIL: $1${2:+: $2}"; }
@@ -163,6 +168,35 @@ if grep -qE "error|ERROR|Sanitizer" "$tmp/die.log"; then
     fail frontend-killed-mid-io-clean "$(grep -m2 -E "error|Sanitizer" "$tmp/die.log")"
 else
     pass frontend-killed-mid-io-clean
+fi
+
+# A block device exports its own discard limits: the unit it deallocates
+# in becomes discard_sector_alignment, and a device that cannot discard
+# (discard_max_bytes 0) is not offered DISCARD at all, instead of failing
+# every discard the guest sends.  Needs root and loop devices.
+loopdev=""
+if ((EUID == 0)) && command -v losetup >/dev/null && truncate -s 64M "$tmp/loop.img" &&
+   loopdev=$(losetup -f --show "$tmp/loop.img" 2>/dev/null); then
+    q=/sys/block/${loopdev#/dev/}/queue
+    for variant in native no-discard; do
+        name="blockdev-discard-limits ($variant)"
+        if [[ $variant == no-discard ]] && ! echo 0 >"$q/discard_max_bytes" 2>/dev/null; then
+            echo "SKIP: $name (cannot lower discard_max_bytes)"; continue
+        fi
+        gran=$(cat "$q/discard_granularity") max=$(cat "$q/discard_max_bytes")
+        start "$tmp/loop.log" "$VBLKD" --socket "$tmp/d.sock" --disk "$loopdev" || continue
+        out=$("$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 4 --runtime 0.3 --ramp 0 \
+              --size 4M --verify --json 2>&1)
+        stop
+        if [[ $variant == native ]]; then
+            check "$name" "$out" "r['errors'] == 0 and r['verified'] > 0 and (r['discard'] == ($max > 0)) and r['discard_sector_alignment'] == max($gran, 512) // 512"
+        else
+            check "$name" "$out" "r['errors'] == 0 and r['verified'] > 0 and r['discard'] is False and 'cannot discard' in open('$tmp/loop.log').read()"
+        fi
+    done
+    losetup -d "$loopdev"; loopdev=""
+else
+    echo "SKIP: blockdev-discard-limits (needs root and a loop device)"
 fi
 
 # A frontend that shrinks the memory file it shares with us after we

@@ -492,15 +492,21 @@ static void test_discard_and_write_zeroes_offered(void)
 static void test_config_limits(void)
 {
 	const struct virtio_blk_config *c = &fx.drv->cfg;
-	unsigned bs = fx.g->block_size ? fx.g->block_size : 512;
+	unsigned bs = fx.g->block_size ? fx.g->block_size : 512, unit = bs;
+	struct stat st;
 
+	/* Discards are aligned to what the file system deallocates in. */
+	ASSERT_EQ(fstat(fx.fd, &st), 0);
+	if ((unsigned)st.st_blksize > unit && st.st_blksize <= (1 << 20) &&
+	    !(st.st_blksize & (st.st_blksize - 1)))
+		unit = (unsigned)st.st_blksize;
 	ASSERT_EQ(c->capacity, fx.g->disk_bytes / 512);
 	ASSERT_EQ(c->blk_size, bs);
 	ASSERT_EQ(c->seg_max, 254);
 	ASSERT_EQ(c->num_queues, 1);
 	ASSERT_EQ(c->max_discard_seg, MAX_SEGS);
 	ASSERT_EQ(c->max_discard_sectors, MAX_SECTORS);
-	ASSERT_EQ(c->discard_sector_alignment, bs / 512);
+	ASSERT_EQ(c->discard_sector_alignment, unit / 512);
 	ASSERT_EQ(c->max_write_zeroes_seg, MAX_SEGS);
 	ASSERT_EQ(c->max_write_zeroes_sectors, MAX_SECTORS);
 	ASSERT_EQ(c->write_zeroes_may_unmap, 1);

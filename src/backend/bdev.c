@@ -106,6 +106,7 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 	io->bounce = NULL;
 	if (io->op == BDEV_DISCARD || io->op == BDEV_WRITE_ZEROES) {
 		io->len = io->length;
+		io->zero_retried = false;
 		b->engine->submit(c, io);
 		return;
 	}
@@ -133,15 +134,22 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 void bdev_complete(struct bdev_io *io, int res)
 {
 	if (res == -EOPNOTSUPP || res == -EINVAL) {
-		/* Discard is advisory (virtio 1.2, 5.2.6.2 "MAY
+		/*
+		 * Discard is advisory (virtio 1.2, 5.2.6.2 "MAY
 		 * deallocate"): a filesystem that cannot punch holes has
-		 * done all it must.  Write zeroes without unmap on one that
-		 * cannot zero a range (tmpfs): punching a hole reads back as
-		 * zeroes too, which is what the request guarantees. */
+		 * done all it must.  Write zeroes must leave zeroes, by
+		 * either means, so try the other one once: without unmap on
+		 * a file system that cannot zero a range (tmpfs), punching a
+		 * hole reads back as zeroes too; with unmap on a block device
+		 * that cannot zero by deallocating (its PUNCH_HOLE is
+		 * "no fallback"), plain zeroing is what the request needs,
+		 * unmap being only a permission.
+		 */
 		if (io->op == BDEV_DISCARD) {
 			res = 0;
-		} else if (io->op == BDEV_WRITE_ZEROES && !io->unmap) {
-			io->unmap = true;
+		} else if (io->op == BDEV_WRITE_ZEROES && !io->zero_retried) {
+			io->zero_retried = true;
+			io->unmap = !io->unmap;
 			io->b->engine->submit(io->ctx, io);
 			return;
 		}

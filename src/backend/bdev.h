@@ -68,6 +68,7 @@ struct bdev_io {
 	struct bdev_ctx *ctx;
 	struct bdev_io *next;	/* engine queues */
 	int res;
+	bool zero_retried;	/* write zeroes: tried the other way already */
 	size_t len;
 	void *bounce;		/* aligned copy for misaligned O_DIRECT buffers */
 	struct iovec bounce_iov;

@@ -32,7 +32,7 @@ struct opts {
 	unsigned rwmixread;
 	uint64_t bs;
 	unsigned iodepth, numjobs;
-	double runtime, ramp;
+	double runtime, ramp, hold;
 	uint64_t rate_iops;		/* per job, 0 = unlimited */
 	uint64_t size, offset;
 	bool verify, poll, json, no_event_idx;
@@ -489,6 +489,8 @@ static void usage(FILE *f)
 "  --queue-size N       virtqueue size (default 256)\n"
 "  --no-event-idx       do not negotiate VIRTIO_RING_F_EVENT_IDX\n"
 "  --json               print one JSON object\n"
+"  --hold S             after the results, stay connected and idle for S seconds\n"
+"                       (to measure what an idle, connected disk costs)\n"
 "  --help\n");
 }
 
@@ -510,6 +512,7 @@ static void parse(int argc, char **argv, struct opts *o)
 		{ "poll", no_argument, NULL, 'p' },
 		{ "json", no_argument, NULL, 'J' },
 		{ "queue-size", required_argument, NULL, 'Q' },
+		{ "hold", required_argument, NULL, 'H' },
 		{ "no-event-idx", no_argument, NULL, 'E' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -541,6 +544,7 @@ static void parse(int argc, char **argv, struct opts *o)
 		case 'j': o->numjobs = (unsigned)parse_num("--numjobs", optarg, 1, 64); break;
 		case 't': o->runtime = parse_secs("--runtime", optarg); break;
 		case 'r': o->ramp = parse_secs("--ramp", optarg); break;
+		case 'H': o->hold = parse_secs("--hold", optarg); break;
 		case 'R': o->rate_iops = parse_num("--rate-iops", optarg, 1, 100000000); break;
 		case 'z': o->size = size_arg("--size", optarg); break;
 		case 'o': o->offset = size_arg("--offset", optarg); break;
@@ -731,6 +735,10 @@ int main(int argc, char **argv)
 		if (o.verify)
 			printf("  verify: %" PRIu64 " blocks checked, %" PRIu64 " mismatches\n",
 			       verified, verify_errors);
+	}
+	if (o.hold > 0) {
+		fflush(stdout);
+		sleep_s(o.hold);
 	}
 	vdrv_close(d);
 	for (unsigned i = 0; i < o.numjobs; i++) {

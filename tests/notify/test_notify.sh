@@ -107,13 +107,23 @@ start --no-event-idx && {
     check no-event-idx-negotiated-and-batched "r['event_idx'] is False and q['calls'] * 2 < q['requests'] and r['errors'] == 0"
 }
 
-# 5. Idle costs nothing: after the load stops, the iothread's CPU time
-#    stays flat (an idle loop sleeps in epoll_wait with no timer).
+# 5. Idle costs nothing: a frontend stays connected after its load stops
+#    (vblk-bench --hold); from 1 s after the load, over 5 s, the iothread
+#    uses under 1% of a CPU (an idle loop sleeps in epoll_wait with no
+#    timer; the polling window is dropped after 1 s idle) and the whole
+#    daemon too (utime + stime from /proc, in clock ticks).
 start && {
-    R=$(bench --rw randread --iodepth 1 --runtime 1 --poll)
-    sleep 1
-    S0=$(stats); sleep 2; S1=$(stats); stop
-    check idle-daemon-uses-no-cpu "t['cpu_ns'] < 40_000_000 and q['requests'] == 0"
+    "${CPIN[@]}" "$BENCH" --socket "$tmp/d.sock" --bs 4k --ramp 0 --rw randread --iodepth 1 \
+        --runtime 1 --poll --hold 7 >"$tmp/hold.out" 2>&1 &
+    bpid=$!
+    sleep 2
+    ticks0=$(awk '{print $14 + $15}' "/proc/$dpid/stat")
+    S0=$(stats); sleep 5; S1=$(stats)
+    ticks1=$(awk '{print $14 + $15}' "/proc/$dpid/stat")
+    still=$(grep -c "frontend disconnected" "$tmp/vblkd.log")
+    wait "$bpid"; R=""
+    stop
+    check connected-idle-daemon-uses-no-cpu "t['cpu_ns'] < 50_000_000 and q['requests'] == 0 and $((ticks1 - ticks0)) * 1_000_000_000 // $(getconf CLK_TCK) < 50_000_000 and $still == 0"
 }
 
 # 6. Contention: the iothread shares its core with a CPU hog; its

@@ -41,6 +41,7 @@
 
 #include "loop/loop.h"
 #include "util/sys.h"
+#include "util/sock.h"
 #include "vhost/vhost_user.h"
 #include "vhost/vu.h"
 #include "virtio/vq.h"
@@ -283,18 +284,7 @@ static bool send_part(int c, const void *buf, size_t len, const int *fds, unsign
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 	ssize_t n;
 
-	if (nfds) {
-		struct cmsghdr *cm;
-
-		memset(cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf;
-		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-		cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-	}
+	(void)sock_msg_set_fds(&mh, cbuf, sizeof(cbuf), fds, nfds);
 	do
 		n = sendmsg(c, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 	while (n < 0 && errno == EINTR);

@@ -19,6 +19,7 @@
 
 #include "util/barrier.h"
 #include "util/compiler.h"
+#include "util/sock.h"
 #include "util/sys.h"
 #include "vhost/vhost_user.h"
 
@@ -58,18 +59,7 @@ static int vdrv_send(struct vdrv *d, uint32_t req, bool need_reply,
 
 	if (need_reply)
 		h.flags |= VHOST_USER_NEED_REPLY_MASK;
-	if (nfds) {
-		struct cmsghdr *cm;
-
-		memset(cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf;
-		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-		cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-	}
+	(void)sock_msg_set_fds(&mh, cbuf, sizeof(cbuf), fds, nfds);
 	do
 		n = sendmsg(d->sock, &mh, MSG_NOSIGNAL);
 	while (n < 0 && errno == EINTR);

@@ -69,3 +69,24 @@ err_close:
 	close(fd);
 	return r;
 }
+
+int sock_msg_set_fds(struct msghdr *mh, void *cbuf, size_t cbuflen,
+		     const int *fds, unsigned nfds)
+{
+	size_t bytes = nfds * sizeof(int);
+	struct cmsghdr *cm;
+
+	if (nfds == 0)
+		return 0;
+	if (cbuflen < CMSG_SPACE(bytes))
+		return -EINVAL;
+	memset(cbuf, 0, CMSG_SPACE(bytes));
+	mh->msg_control = cbuf;
+	mh->msg_controllen = CMSG_SPACE(bytes);
+	cm = CMSG_FIRSTHDR(mh);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(bytes);
+	memcpy(CMSG_DATA(cm), fds, bytes);
+	return 0;
+}

@@ -3,6 +3,7 @@
 #define VBLK_SOCK_H
 
 #include <stddef.h>
+#include <sys/socket.h>
 
 /*
  * Bind and listen on a unix stream socket at path (non-blocking,
@@ -12,5 +13,14 @@
  * left behind on failure.  Any thread.
  */
 int sock_listen_unix(const char *path, char *err, size_t errlen);
+
+/*
+ * Attach nfds file descriptors to mh as one SCM_RIGHTS control message,
+ * built in cbuf (cbuflen at least CMSG_SPACE(nfds * sizeof(int))).  With
+ * nfds 0 mh is left without control data.  Returns 0, or -EINVAL if cbuf
+ * is too small.  Any thread.
+ */
+int sock_msg_set_fds(struct msghdr *mh, void *cbuf, size_t cbuflen,
+		     const int *fds, unsigned nfds);
 
 #endif

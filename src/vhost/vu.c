@@ -789,18 +789,8 @@ static int vu_send(struct vu_server *s, struct vu_msg *m)
 	size_t len = sizeof(m->hdr) + m->hdr.size;
 	ssize_t n;
 
-	if (m->reply_fd >= 0) {
-		struct cmsghdr *cm;
-
-		memset(cbuf, 0, sizeof(cbuf));
-		mh.msg_control = cbuf;
-		mh.msg_controllen = sizeof(cbuf);
-		cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(cm), &m->reply_fd, sizeof(int));
-	}
+	if (m->reply_fd >= 0)
+		(void)sock_msg_set_fds(&mh, cbuf, sizeof(cbuf), &m->reply_fd, 1);
 	m->hdr.flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK;
 	/* Never block the main thread on a frontend that does not read its
 	 * replies: a full socket buffer is a protocol failure. */

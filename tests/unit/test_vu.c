@@ -26,6 +26,7 @@
 #include "loop/loop.h"
 #include "mem/gm.h"
 #include "util/log.h"
+#include "util/sock.h"
 #include "vhost/vhost_user.h"
 #include "vhost/vu.h"
 
@@ -203,17 +204,7 @@ static void send_raw(int c, const struct vhost_user_hdr *h, const void *p, size_
 
 	if (nfds > 16)
 		T_FAIL("send_raw: %u fds is more than the helper carries", nfds);
-	if (nfds) {
-		struct cmsghdr *cm;
-
-		mh.msg_control = cbuf;
-		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-		cm = CMSG_FIRSTHDR(&mh);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-	}
+	(void)sock_msg_set_fds(&mh, cbuf, sizeof(cbuf), fds, nfds);
 	n = sendmsg(c, &mh, MSG_NOSIGNAL);
 	if (n != (ssize_t)(sizeof(*h) + len))
 		T_FAIL("sendmsg of request %u: %zd (%s)", h->request, n,

@@ -50,10 +50,21 @@ enum vhost_user_request {
 
 /* "Protocol features" */
 #define VHOST_USER_PROTOCOL_F_MQ                  0
+#define VHOST_USER_PROTOCOL_F_LOG_SHMFD           1
 #define VHOST_USER_PROTOCOL_F_REPLY_ACK           3
 #define VHOST_USER_PROTOCOL_F_CONFIG              9
 #define VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD      12
 #define VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS 15
+
+/* "Migration": dirty logging.  VHOST_F_LOG_ALL is a vhost feature bit in
+ * the GET/SET_FEATURES mask (turns logging of every device write to guest
+ * memory on); VHOST_VRING_F_LOG is bit 0 of vhost_vring_addr.flags (log
+ * writes to that ring's used ring at log_guest_addr).  One bit of the log
+ * covers VHOST_LOG_PAGE bytes of guest-physical memory:
+ * log[page / 8] |= 1 << (page % 8). */
+#define VHOST_F_LOG_ALL   26
+#define VHOST_VRING_F_LOG 0
+#define VHOST_LOG_PAGE    0x1000ull
 
 /* u64 payload of SET_VRING_KICK/CALL/ERR: index in bits 0-7, bit 8 set
  * when no fd is passed. */
@@ -113,6 +124,13 @@ struct vhost_user_config {
 	uint8_t region[VHOST_USER_MAX_CONFIG_SIZE];
 };
 
+/* SET_LOG_BASE with LOG_SHMFD ("Log description"): the log starts at
+ * mmap_offset in the fd that comes with the message. */
+struct vhost_user_log {
+	uint64_t mmap_size;
+	uint64_t mmap_offset;
+};
+
 /* GET/SET_INFLIGHT_FD ("inflight description"). */
 struct vhost_user_inflight {
 	uint64_t mmap_size;
@@ -130,6 +148,7 @@ union vhost_user_payload {
 	struct vhost_user_mem_reg mem_reg;
 	struct vhost_user_config config;
 	struct vhost_user_inflight inflight;
+	struct vhost_user_log log;
 };
 
 STATIC_ASSERT(sizeof(struct vhost_user_hdr) == 12, "vhost-user header");
@@ -141,5 +160,6 @@ STATIC_ASSERT(sizeof(struct vhost_user_mem_reg) == 40, "mem reg");
 STATIC_ASSERT(offsetof(struct vhost_user_config, region) == VHOST_USER_CONFIG_HDR_SIZE,
 	      "config header");
 STATIC_ASSERT(sizeof(struct vhost_user_inflight) == 24, "inflight description");
+STATIC_ASSERT(sizeof(struct vhost_user_log) == 16, "log description");
 
 #endif

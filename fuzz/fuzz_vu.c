@@ -15,7 +15,10 @@
  * only when started, its fds are open while it runs, its memory stays
  * mapped until it stops (the fake reads and writes the rings through
  * vq_init/vq_*_notify, so an early unmap faults), and after a disconnect
- * no ring runs.  The harness checks that an input leaks no fd.
+ * no ring runs.  The disk is claimed before the first ring starts and
+ * released only once none runs; a dirty log handed to a ring is marked
+ * through (vq_*_notify log used-ring stores), so one unmapped too early,
+ * or marked outside its bounds, faults.  The harness checks that an input leaks no fd.
  *
  * Input: records until the input ends, each
  *   u8  ctl: bits 0-3 the number of fds (0-15, more than vhost-user's 8
@@ -64,6 +67,7 @@ static struct {
 	struct vq vq[NQUEUES];
 	int kick_fd[NQUEUES], call_fd[NQUEUES], err_fd[NQUEUES];
 	uint64_t features;
+	bool claimed;
 } fake;
 
 static bool fd_open(int fd)
@@ -130,6 +134,7 @@ static int fake_queue_start(void *dev, unsigned idx, const struct vu_queue_setup
 	FUZZ_CHECK(c->index == idx);
 	FUZZ_CHECK(c->num && c->num <= VRING_MAX_NUM && !(c->num & (c->num - 1)));
 	FUZZ_CHECK(s->mem != NULL);
+	FUZZ_CHECK(fake.claimed);
 	fake.kick_fd[idx] = s->kick_fd;
 	fake.call_fd[idx] = s->call_fd;
 	fake.err_fd[idx] = s->err_fd;
@@ -175,6 +180,32 @@ static void fake_queue_set_enable(void *dev, unsigned idx, bool enabled)
 	FUZZ_CHECK(fake.started[idx]);
 }
 
+static void fake_queue_set_log(void *dev, unsigned idx, const struct vq_log *lg)
+{
+	FUZZ_CHECK(idx < NQUEUES);
+	FUZZ_CHECK(fake.started[idx]);
+	FUZZ_CHECK(!lg->used || lg->log);
+	vq_set_log(&fake.vq[idx], lg);
+	fake_touch(&fake.vq[idx]);
+}
+
+static int fake_claim(void *dev)
+{
+	FUZZ_CHECK(!fake.claimed);
+	for (unsigned i = 0; i < NQUEUES; i++)
+		FUZZ_CHECK(!fake.started[i]);
+	fake.claimed = true;
+	return 0;
+}
+
+static void fake_release(void *dev)
+{
+	FUZZ_CHECK(fake.claimed);
+	for (unsigned i = 0; i < NQUEUES; i++)
+		FUZZ_CHECK(!fake.started[i]);
+	fake.claimed = false;
+}
+
 static const struct vu_dev_ops fake_ops = {
 	.features = fake_features,
 	.num_queues = fake_num_queues,
@@ -185,6 +216,9 @@ static const struct vu_dev_ops fake_ops = {
 	.queue_stop = fake_queue_stop,
 	.queue_set_fds = fake_queue_set_fds,
 	.queue_set_enable = fake_queue_set_enable,
+	.queue_set_log = fake_queue_set_log,
+	.claim = fake_claim,
+	.release = fake_release,
 };
 
 /* ---- Server ---- */
@@ -421,6 +455,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (unsigned i = 0; i < NQUEUES; i++)
 		FUZZ_CHECK(!fake.started[i]);
 	FUZZ_CHECK(fake.features == 0);
+	FUZZ_CHECK(!fake.claimed);
 
 	fds_snapshot(after);
 	for (int fd = 0; fd < FD_CHECK; fd++)

@@ -116,10 +116,9 @@ static void aio_complete_slot(struct bdev_ctx *c, unsigned slot, int res)
 		if ((size_t)res < io->len) {
 			/* Short transfer: finish the rest synchronously (rare:
 			 * end of a file, signals). */
-			iov_discard_front(&io->iov, &io->iovcnt, (size_t)res);
-			io->offset += (uint64_t)res;
-			io->len -= (size_t)res;
-			res = bdev_io_sync(c->b, io);
+			res = bdev_io_consume(io, (size_t)res);
+			if (res == 0)
+				res = bdev_io_sync(c->b, io);
 		} else {
 			res = 0;
 		}

@@ -34,17 +34,13 @@ int bdev_io_sync(struct bdev *b, struct bdev_io *io)
 {
 	switch (io->op) {
 	case BDEV_READ:
-	case BDEV_WRITE: {
-		struct iovec *iov = io->iov;
-		unsigned cnt = io->iovcnt;
-		uint64_t off = io->offset;
-		size_t left = io->len;
-
-		while (left) {
+	case BDEV_WRITE:
+		while (io->len) {
 			ssize_t n = io->op == BDEV_READ ?
-				preadv(b->fd, iov, (int)cnt, (off_t)off) :
-				pwritev2(b->fd, iov, (int)cnt, (off_t)off,
+				preadv(b->fd, io->iov, (int)io->iovcnt, (off_t)io->offset) :
+				pwritev2(b->fd, io->iov, (int)io->iovcnt, (off_t)io->offset,
 					 io->fua ? RWF_DSYNC : 0);
+			int r;
 
 			if (n < 0) {
 				if (errno == EINTR || errno == EAGAIN)
@@ -53,12 +49,13 @@ int bdev_io_sync(struct bdev *b, struct bdev_io *io)
 			}
 			if (n == 0)
 				return -EIO;
-			iov_discard_front(&iov, &cnt, (size_t)n);
-			off += (uint64_t)n;
-			left -= (size_t)n;
+			if ((size_t)n == io->len)
+				break;
+			r = bdev_io_consume(io, (size_t)n);
+			if (r < 0)
+				return r;
 		}
 		return 0;
-	}
 	case BDEV_FLUSH:
 		return fdatasync(b->fd) < 0 ? -errno : 0;
 	case BDEV_DISCARD:
@@ -99,11 +96,27 @@ int bdev_fallocate_mode(const struct bdev *b, const struct bdev_io *io)
 	return FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE;
 }
 
+int bdev_io_consume(struct bdev_io *io, size_t done)
+{
+	if (!io->rest) {
+		io->rest = malloc(io->iovcnt * sizeof(*io->rest));
+		if (!io->rest)
+			return -ENOMEM;
+		memcpy(io->rest, io->iov, io->iovcnt * sizeof(*io->rest));
+		io->iov = io->rest;
+	}
+	iov_discard_front(&io->iov, &io->iovcnt, done);
+	io->offset += done;
+	io->len -= done;
+	return 0;
+}
+
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 {
 	io->b = b;
 	io->ctx = c;
 	io->bounce = NULL;
+	io->rest = NULL;
 	if (io->op == BDEV_DISCARD || io->op == BDEV_WRITE_ZEROES) {
 		io->len = io->length;
 		io->zero_retried = false;
@@ -154,10 +167,16 @@ void bdev_complete(struct bdev_io *io, int res)
 			return;
 		}
 	}
+	if (unlikely(io->rest)) {
+		free(io->rest);
+		io->rest = NULL;
+	}
 	if (io->bounce) {
+		/* bounce_iov still describes the whole buffer (consume
+		 * advanced a copy). */
 		if (io->op == BDEV_READ && res == 0)
 			iov_from_buf(io->user_iov, io->user_iovcnt, 0,
-				     io->bounce, io->len);
+				     io->bounce, io->bounce_iov.iov_len);
 		free(io->bounce);
 		io->bounce = NULL;
 		io->iov = io->user_iov;

@@ -52,7 +52,10 @@ struct bdev_io;
 typedef void (*bdev_cb)(struct bdev_io *io, int res);
 
 /* One I/O.  Owned by the submitter until cb runs; the iovec array must
- * stay valid until then (engines may consume it in place). */
+ * stay valid until then, and engines never change it (the submitter may
+ * still need it at completion, e.g. to log what a read stored in guest
+ * memory): a short transfer continues on a private copy
+ * (bdev_io_consume). */
 struct bdev_io {
 	enum bdev_op op;
 	bool fua;		/* write: durable before completion (RWF_DSYNC) */
@@ -74,6 +77,7 @@ struct bdev_io {
 	struct iovec bounce_iov;
 	struct iovec *user_iov;
 	unsigned user_iovcnt;
+	struct iovec *rest;	/* bdev_io_consume's copy (freed at completion) */
 };
 
 struct bdev;
@@ -111,6 +115,7 @@ struct bdev {
 	bool direct;		/* opened O_DIRECT */
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
 	bool uring_sqpoll;
+	bool locked;		/* bdev_lock holds the image lock */
 	const struct bdev_engine *engine;
 };
 
@@ -121,6 +126,20 @@ struct bdev {
  */
 int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen);
 void bdev_close(struct bdev *b);
+
+/*
+ * The image lock (lock.c): while a frontend's rings run, a writable disk
+ * is locked exclusively against other writers, in QEMU's file locking
+ * convention, so another vblkd, QEMU or qemu-storage-daemon writing the
+ * same image conflicts (docs/architecture.md "Migration and the image
+ * lock").  bdev_lock returns 0 (also for read-only and diskless exports,
+ * which take no lock), -EBUSY with one line logged when another process
+ * holds it, or -errno.  bdev_lock_busy tells whether someone else holds
+ * it now (for a note at start-up).  Main thread.
+ */
+int bdev_lock(struct bdev *b);
+void bdev_unlock(struct bdev *b);
+bool bdev_lock_busy(const struct bdev *b);
 
 /* Engines. */
 extern const struct bdev_engine bdev_uring_engine;
@@ -145,6 +164,11 @@ static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 
 /* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io);
+
+/* Engines, after a short read/write of done bytes: advance io (iov,
+ * iovcnt, offset, len) past them, on a private copy of the iovecs made
+ * the first time.  Returns 0 or -ENOMEM.  The I/O's thread. */
+int bdev_io_consume(struct bdev_io *io, size_t done);
 
 /* Called by engines when an I/O finished: undoes the bounce, applies the
  * generic fallbacks (see bdev.c), then cb. */

@@ -107,11 +107,11 @@ static void uring_cqe(struct bdev_ctx *c, struct bdev_io *io, int res)
 				res = -EIO;
 				goto complete;
 			}
-			/* Short transfer: go on from where it stopped.  The
-			 * iovec array is the submitter's own copy. */
-			iov_discard_front(&io->iov, &io->iovcnt, done);
-			io->offset += done;
-			io->len -= done;
+			/* Short transfer: go on from where it stopped. */
+			if (bdev_io_consume(io, done) < 0) {
+				res = -ENOMEM;
+				goto complete;
+			}
 			uring_queue(c, io);
 			return;
 		}

@@ -30,6 +30,9 @@ struct blk_req {
 	uint8_t *status;	/* last byte of the last writable buffer */
 	uint32_t used_len;	/* bytes written on success */
 	struct iovec *iov;	/* VQ_MAX_SEGS entries */
+	/* Device-writable buffers but the status byte: iov[in_off..+in_n),
+	 * never changed after blk_handle (bdev.h), for dirty logging. */
+	unsigned in_off, in_n;
 	/* Discard / write zeroes: segments run one after another. */
 	struct virtio_blk_discard_write_zeroes segs[BLK_MAX_DWZ_SEGS];
 	unsigned nsegs, seg;
@@ -105,6 +108,8 @@ static inline void stat_inc(_Atomic uint64_t *c)
 static bool blk_queue_signal(struct blk_queue *q)
 {
 	vq_flush(&q->vq);
+	if (unlikely(q->vq.log_kick))
+		vq_log_kick(&q->vq);
 	if (!vq_should_notify(&q->vq)) {
 		stat_inc(&q->calls_suppressed);
 		return false;
@@ -154,12 +159,27 @@ static void blk_req_put(struct blk_queue *q, struct blk_req *r)
 	q->free_reqs[q->nfree++] = (uint16_t)(r - q->reqs);
 }
 
+/* Dirty logging is on (migration): every byte this request may have
+ * stored in guest memory, after the stores (vq.h vq_log_write). */
+static void blk_req_log(struct blk_queue *q, struct blk_req *r)
+{
+	/* The status byte and the data (stored by the backend, which
+	 * completed before we got here) visible before the bit tests. */
+	smp_mb();
+	for (unsigned i = 0; i < r->in_n; i++)
+		vq_log_write(&q->vq, r->iov[r->in_off + i].iov_base,
+			     r->iov[r->in_off + i].iov_len);
+	vq_log_write(&q->vq, r->status, 1);
+}
+
 static void blk_req_complete(struct blk_req *r, uint8_t status)
 {
 	struct blk_queue *q = r->q;
 
 	/* The status byte is guest memory validated at pop time. */
 	*r->status = status;
+	if (unlikely(q->vq.log.log))
+		blk_req_log(q, r);
 	vq_push(&q->vq, r->head, status == VIRTIO_BLK_S_OK ? r->used_len : 1);
 	q->inflight--;
 	blk_req_put(q, r);
@@ -305,6 +325,8 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->head = e->head;
 	r->status = (uint8_t *)last->iov_base + last->iov_len - 1;
 	iov_discard_back(in, &in_num, 1);
+	r->in_off = out_num;
+	r->in_n = in_num;
 	r->used_len = 1;
 	q->inflight++;
 	stat_inc(&q->requests);
@@ -431,8 +453,13 @@ static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 					 "queue %u: request without a writable status "
 					 "byte (not logged again)", q->idx);
 			stat_inc(&q->bad_requests);
-			if (status)
+			if (status) {
 				*status = VIRTIO_BLK_S_IOERR;
+				if (unlikely(q->vq.log.log)) {
+					smp_mb();	/* as in blk_req_log */
+					vq_log_write(&q->vq, status, 1);
+				}
+			}
 			vq_push(&q->vq, e.head, status ? 1 : 0);
 			blk_req_put(q, r);
 			defer_call(blk_queue_notify, q);
@@ -559,6 +586,7 @@ static const struct loop_poll_ops blk_poll_ops = {
 struct blk_call {
 	struct blk_queue *q;
 	const struct vu_queue_setup *setup;
+	const struct vq_log *log;
 	int ret;
 	uint16_t last_avail;
 	int call_fd, err_fd;
@@ -663,6 +691,14 @@ static void do_queue_set_fds(void *opaque)
 
 	c->q->call_fd = c->call_fd;
 	c->q->err_fd = c->err_fd;
+}
+
+static void do_queue_set_log(void *opaque)
+{
+	struct blk_call *c = opaque;
+
+	if (c->q->started)
+		vq_set_log(&c->q->vq, c->log);
 }
 
 static void do_queue_set_enable(void *opaque)
@@ -813,6 +849,24 @@ static void blk_queue_set_enable(void *opaque, unsigned idx, bool enabled)
 	loop_call_sync(d->q[idx].t->loop, do_queue_set_enable, &c);
 }
 
+static void blk_queue_set_log(void *opaque, unsigned idx, const struct vq_log *lg)
+{
+	struct blk_dev *d = opaque;
+	struct blk_call c = { .q = &d->q[idx], .log = lg };
+
+	loop_call_sync(d->q[idx].t->loop, do_queue_set_log, &c);
+}
+
+static int blk_claim(void *opaque)
+{
+	return bdev_lock(((struct blk_dev *)opaque)->b);
+}
+
+static void blk_release(void *opaque)
+{
+	bdev_unlock(((struct blk_dev *)opaque)->b);
+}
+
 const struct vu_dev_ops blk_vu_ops = {
 	.features = blk_features,
 	.num_queues = blk_num_queues,
@@ -823,6 +877,9 @@ const struct vu_dev_ops blk_vu_ops = {
 	.queue_stop = blk_queue_stop,
 	.queue_set_fds = blk_queue_set_fds,
 	.queue_set_enable = blk_queue_set_enable,
+	.queue_set_log = blk_queue_set_log,
+	.claim = blk_claim,
+	.release = blk_release,
 };
 
 /* ---- Device lifecycle (main thread) ---- */

@@ -113,3 +113,25 @@ void *gm_qva_to_host(const struct gm_table *t, uint64_t qva, uint64_t len)
 {
 	return gm_lookup(t, qva, len, offsetof(struct gm_region, qva));
 }
+
+uint64_t gm_host_to_gpa(const struct gm_table *t, const void *p, uint64_t len)
+{
+	uintptr_t a = (uintptr_t)p;
+
+	if (len == 0)
+		len = 1;
+	for (unsigned i = 0; i < t->nregions; i++) {
+		const struct gm_region *r = &t->r[i];
+		uintptr_t start = (uintptr_t)r->host, off;
+
+		if (a < start)
+			continue;
+		off = a - start;
+		if (off >= r->size)
+			continue;
+		if (len > r->size - off)
+			return UINT64_MAX;
+		return r->gpa + off;
+	}
+	return UINT64_MAX;
+}

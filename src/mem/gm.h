@@ -54,6 +54,10 @@ void gm_table_clear(struct gm_table *t);
 void *gm_gpa_to_host(const struct gm_table *t, uint64_t gpa, uint64_t len);
 /* Same for a frontend virtual address (vring addresses are given so). */
 void *gm_qva_to_host(const struct gm_table *t, uint64_t qva, uint64_t len);
+/* The reverse, for dirty logging: the guest-physical address of host
+ * [p, p+len) if it lies wholly inside one region's mapping, else
+ * UINT64_MAX.  Any thread. */
+uint64_t gm_host_to_gpa(const struct gm_table *t, const void *p, uint64_t len);
 
 /*
  * SIGBUS guard (guard.c).  The frontend keeps the fds of the memory it

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "loop/loop.h"
+#include "mem/dirty.h"
 #include "util/compiler.h"
 #include "util/log.h"
 #include "util/sock.h"
@@ -30,6 +31,7 @@
  * nack if asked): */
 #define VU_REPLY 1		/* m->p holds a reply of m->hdr.size bytes */
 #define VU_MALFORMED (-EBADMSG)	/* protocol violation: disconnect */
+#define VU_REFUSED (-EBUSY)	/* refused (nack if asked), then disconnect */
 
 /* A frontend that starts a message must finish it within this time. */
 #define VU_RECV_TIMEOUT_S 5
@@ -47,6 +49,8 @@ struct vu_vring {
 	unsigned num;
 	uint64_t desc, avail, used;
 	bool addr_set;
+	bool log_used;		/* VHOST_VRING_F_LOG */
+	uint64_t log_addr;	/* log_guest_addr */
 	uint16_t base;
 	int kick_fd, call_fd, err_fd;
 	bool started;
@@ -75,10 +79,17 @@ struct vu_server {
 	unsigned inflight_queues, inflight_qsize;
 	unsigned nqueues;
 	struct vu_vring *vr;
+	/* The disk is ours while rings run (ops->claim). */
+	bool claimed;
+	/* Dirty logging ("Migration"): SET_LOG_BASE's log, SET_LOG_FD's
+	 * eventfd.  Rings log while LOG_ALL is acked and a log is set. */
+	struct gm_dirty_log *log;
+	int log_call_fd;
 };
 
 static const uint64_t vu_proto_features =
 	1ull << VHOST_USER_PROTOCOL_F_MQ |
+	1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
 	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIG |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |
@@ -92,6 +103,8 @@ static const char *vu_req_name(uint32_t req)
 	case VHOST_USER_SET_OWNER: return "SET_OWNER";
 	case VHOST_USER_RESET_OWNER: return "RESET_OWNER";
 	case VHOST_USER_SET_MEM_TABLE: return "SET_MEM_TABLE";
+	case VHOST_USER_SET_LOG_BASE: return "SET_LOG_BASE";
+	case VHOST_USER_SET_LOG_FD: return "SET_LOG_FD";
 	case VHOST_USER_SET_VRING_NUM: return "SET_VRING_NUM";
 	case VHOST_USER_SET_VRING_ADDR: return "SET_VRING_ADDR";
 	case VHOST_USER_SET_VRING_BASE: return "SET_VRING_BASE";
@@ -148,6 +161,83 @@ static bool vu_vring_addr_ok(const struct vu_server *s, const struct vu_vring *v
 	       gm_qva_to_host(s->mem, vr->used, vring_used_bytes(vr->num));
 }
 
+/* ---- Dirty logging (vhost-user.rst "Migration") ---- */
+
+static bool vu_logging(const struct vu_server *s)
+{
+	return s->log && (s->acked & (1ull << VHOST_F_LOG_ALL));
+}
+
+/* What ring vr logs now. */
+static void vu_vring_log(const struct vu_server *s, const struct vu_vring *vr,
+			 struct vq_log *lg)
+{
+	memset(lg, 0, sizeof(*lg));
+	if (!vu_logging(s))
+		return;
+	lg->log = s->log;
+	lg->used = vr->log_used;
+	lg->used_gpa = vr->log_addr;
+}
+
+/* Hand every running ring its logging state (after any change). */
+static void vu_log_publish(struct vu_server *s)
+{
+	for (unsigned i = 0; i < s->nqueues; i++) {
+		struct vq_log lg;
+
+		if (!s->vr[i].started)
+			continue;
+		vu_vring_log(s, &s->vr[i], &lg);
+		s->ops->queue_set_log(s->dev, i, &lg);
+	}
+}
+
+/*
+ * With logging on, the log must cover every address we may store to: all
+ * guest memory, and each logged used ring at its log address ("the bit
+ * offset of the last byte of the ring must fall within the size supplied
+ * by VhostUserLog").  Logs what does not fit; returns false then.  Marks
+ * outside the log are still never made (dirty.h), only counted.
+ */
+static bool vu_log_covers(struct vu_server *s)
+{
+	bool ok = true;
+
+	if (!vu_logging(s))
+		return true;
+	for (unsigned i = 0; s->mem && i < s->mem->nregions; i++) {
+		const struct gm_region *r = &s->mem->r[i];
+
+		if (!gm_dirty_covers(s->log, r->gpa, r->size)) {
+			log_err("dirty log of %llu bytes does not cover guest memory at "
+				"0x%llx-0x%llx: writes there cannot be logged",
+				(unsigned long long)s->log->size, (unsigned long long)r->gpa,
+				(unsigned long long)(r->gpa + r->size - 1));
+			ok = false;
+		}
+	}
+	for (unsigned i = 0; i < s->nqueues; i++) {
+		const struct vu_vring *vr = &s->vr[i];
+
+		if (vr->log_used && vr->num &&
+		    !gm_dirty_covers(s->log, vr->log_addr, vring_used_bytes(vr->num))) {
+			log_err("dirty log of %llu bytes does not cover ring %u's used ring "
+				"log address 0x%llx", (unsigned long long)s->log->size, i,
+				(unsigned long long)vr->log_addr);
+			ok = false;
+		}
+	}
+	return ok;
+}
+
+static void vu_log_reset(struct vu_server *s)
+{
+	gm_dirty_unmap(s->log);
+	s->log = NULL;
+	sys_close(&s->log_call_fd);
+}
+
 /* Start ring idx if it has everything it needs (spec "Ring states": a
  * ring starts on SET_VRING_KICK).  Returns 0 or VU_MALFORMED. */
 static int vu_vring_start(struct vu_server *s, unsigned idx)
@@ -189,6 +279,16 @@ static int vu_vring_start(struct vu_server *s, unsigned idx)
 	su.enabled = (s->acked & (1ull << VHOST_USER_F_PROTOCOL_FEATURES)) ?
 		     vr->enabled : true;
 	su.features = s->acked;
+	vu_vring_log(s, vr, &su.cfg.log);
+	if (!s->claimed) {
+		r = s->ops->claim(s->dev);
+		if (r < 0) {
+			log_err("ring %u not started: the disk cannot be claimed (%s)", idx,
+				strerror(-r));
+			return VU_REFUSED;
+		}
+		s->claimed = true;
+	}
 	r = s->ops->queue_start(s->dev, idx, &su);
 	if (r < 0) {
 		log_err("ring %u: cannot start (%s): its addresses are not in "
@@ -209,6 +309,19 @@ static void vu_vring_stop(struct vu_server *s, unsigned idx)
 	vr->base = s->ops->queue_stop(s->dev, idx);
 	vr->started = false;
 	log_debug("ring %u stopped at %u", idx, vr->base);
+}
+
+static bool vu_rings_running(struct vu_server *s);
+
+/* After the frontend stopped rings for good (GET_VRING_BASE, reset,
+ * disconnect): with none left running, the disk is free for others, e.g.
+ * the destination of a migration. */
+static void vu_release_if_idle(struct vu_server *s)
+{
+	if (s->claimed && !vu_rings_running(s)) {
+		s->ops->release(s->dev);
+		s->claimed = false;
+	}
 }
 
 /*
@@ -242,29 +355,57 @@ static int vu_mem_replace(struct vu_server *s, struct gm_table *nt)
 	for (unsigned i = 0; i < s->nqueues; i++)
 		if (restart[i] && (r = vu_vring_start(s, i)) < 0)
 			break;
+	if (r == 0 && nt && !vu_log_covers(s))
+		r = -ERANGE;
 	return r;
 }
 
 /* ---- Message handlers ---- */
 
+/* What we offer: the device's virtio features, plus the vhost-user ones
+ * that are ours (protocol features, dirty logging). */
+static uint64_t vu_offered(const struct vu_server *s)
+{
+	return s->features | 1ull << VHOST_USER_F_PROTOCOL_FEATURES |
+	       1ull << VHOST_F_LOG_ALL;
+}
+
 static int vu_get_features(struct vu_server *s, struct vu_msg *m)
 {
-	m->p.u64 = s->features | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	m->p.u64 = vu_offered(s);
 	m->hdr.size = sizeof(m->p.u64);
 	return VU_REPLY;
 }
 
 static int vu_set_features(struct vu_server *s, struct vu_msg *m)
 {
-	uint64_t f = m->p.u64;
-	uint64_t offered = s->features | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	uint64_t f = m->p.u64, changed = f ^ s->acked;
+	uint64_t offered = vu_offered(s);
+	int r = 0;
 
 	if (f & ~offered) {
 		log_err("frontend acked features we did not offer: 0x%llx",
 			(unsigned long long)(f & ~offered));
 		return VU_MALFORMED;
 	}
+	/* Spec "Migration": the frontend turns logging on and off with
+	 * SET_FEATURES while the rings run.  Other features take effect at
+	 * the next ring start. */
+	if (vu_rings_running(s) && (changed & ~(1ull << VHOST_F_LOG_ALL)))
+		log_warn("features changed while rings run (0x%llx): they apply "
+			 "when the rings restart", (unsigned long long)changed);
 	s->acked = f;
+	if (changed & (1ull << VHOST_F_LOG_ALL)) {
+		if ((f & (1ull << VHOST_F_LOG_ALL)) && !s->log) {
+			log_err("frontend turned dirty logging on without a log "
+				"(SET_LOG_BASE): device writes cannot be logged");
+			r = -EINVAL;
+		} else if (!vu_log_covers(s)) {
+			r = -ERANGE;
+		}
+		vu_log_publish(s);
+		log_info("dirty logging %s", vu_logging(s) ? "on" : "off");
+	}
 	s->ops->set_features(s->dev, f & s->features);
 	/* Spec "Ring states": without VHOST_USER_F_PROTOCOL_FEATURES every
 	 * ring is enabled. */
@@ -274,8 +415,9 @@ static int vu_set_features(struct vu_server *s, struct vu_msg *m)
 			if (s->vr[i].started)
 				s->ops->queue_set_enable(s->dev, i, true);
 		}
-	log_info("features acked: 0x%llx", (unsigned long long)f);
-	return 0;
+	if (changed & ~(1ull << VHOST_F_LOG_ALL))
+		log_info("features acked: 0x%llx", (unsigned long long)f);
+	return r;
 }
 
 static int vu_get_protocol_features(struct vu_server *s, struct vu_msg *m)
@@ -307,7 +449,9 @@ static int vu_reset_owner(struct vu_server *s, struct vu_msg *m)
 		vu_vring_stop(s, i);
 		vu_vring_reset(&s->vr[i]);
 	}
+	vu_release_if_idle(s);
 	s->acked = 0;
+	vu_log_reset(s);
 	return 0;
 }
 
@@ -467,26 +611,58 @@ static int vu_set_vring_addr(struct vu_server *s, struct vu_msg *m)
 {
 	const struct vhost_vring_addr *a = &m->p.addr;
 	int i = vu_ring_index(s, a->index, "SET_VRING_ADDR");
+	bool log_used = a->flags & (1u << VHOST_VRING_F_LOG), was_started;
 	struct vu_vring *vr;
+	uint64_t end;
 
 	if (i < 0)
 		return VU_MALFORMED;
 	vr = &s->vr[i];
-	if (vr->started) {
-		log_err("SET_VRING_ADDR: ring %d is running (dirty logging is "
-			"not supported)", i);
+	if (a->flags & ~(1u << VHOST_VRING_F_LOG)) {
+		log_err("SET_VRING_ADDR: ring %d: unknown flags 0x%x", i, a->flags);
+		return -ENOTSUP;
+	}
+	if (log_used && __builtin_add_overflow(a->log_guest_addr, vring_used_bytes(VRING_MAX_NUM),
+					       &end)) {
+		log_err("SET_VRING_ADDR: ring %d: log address 0x%llx wraps", i,
+			(unsigned long long)a->log_guest_addr);
 		return VU_MALFORMED;
 	}
+	if (vr->started && vr->desc == a->desc_user_addr && vr->avail == a->avail_user_addr &&
+	    vr->used == a->used_user_addr) {
+		/* Spec "Migration": logging of the used ring is switched
+		 * with this message while the ring runs.  Same ring: only
+		 * the logging changes, in place, between two batches. */
+		struct vq_log lg;
+
+		vr->log_used = log_used;
+		vr->log_addr = a->log_guest_addr;
+		vu_vring_log(s, vr, &lg);
+		s->ops->queue_set_log(s->dev, (unsigned)i, &lg);
+		return vu_log_covers(s) ? 0 : -ERANGE;
+	}
+	/* A ring that moves while it runs: stop it (draining what it has in
+	 * flight) and start it again where it stopped, at the new place. */
+	was_started = vr->started;
+	vu_vring_stop(s, (unsigned)i);
 	vr->desc = a->desc_user_addr;
 	vr->avail = a->avail_user_addr;
 	vr->used = a->used_user_addr;
+	vr->log_used = log_used;
+	vr->log_addr = a->log_guest_addr;
 	vr->addr_set = true;
 	if (vr->num && !vu_vring_addr_ok(s, vr)) {
 		log_err("SET_VRING_ADDR: ring %d lies outside guest memory", i);
 		vr->addr_set = false;
 		return VU_MALFORMED;
 	}
-	return 0;
+	if (was_started) {
+		int r = vu_vring_start(s, (unsigned)i);
+
+		if (r < 0)
+			return r;
+	}
+	return vu_log_covers(s) ? 0 : -ERANGE;
 }
 
 static int vu_set_vring_base(struct vu_server *s, struct vu_msg *m)
@@ -509,9 +685,13 @@ static int vu_get_vring_base(struct vu_server *s, struct vu_msg *m)
 
 	if (i < 0)
 		return VU_MALFORMED;
+	/* Every request taken from the ring completes (and is logged, if
+	 * logging is on) before we answer: the frontend may hand the ring to
+	 * another backend, e.g. a migration's destination. */
 	vu_vring_stop(s, (unsigned)i);
 	/* A stopped ring waits for a new kick fd to start again. */
 	sys_close(&s->vr[i].kick_fd);
+	vu_release_if_idle(s);
 	m->p.state.num = s->vr[i].base;
 	m->hdr.size = sizeof(m->p.state);
 	return VU_REPLY;
@@ -590,6 +770,63 @@ static int vu_set_vring_enable(struct vu_server *s, struct vu_msg *m)
 	s->vr[i].enabled = m->p.state.num;
 	if (s->vr[i].started)
 		s->ops->queue_set_enable(s->dev, (unsigned)i, s->vr[i].enabled);
+	return 0;
+}
+
+/* SET_LOG_BASE with LOG_SHMFD: the log arrives as an fd with its size
+ * and offset.  A new log replaces the old one: every ring switches over
+ * before we unmap the old one and answer, so once the frontend has our
+ * reply nothing is marked in the old log any more (it may then read it a
+ * last time and free it).  Spec "Communication": this message has a
+ * reply with LOG_SHMFD; u64 0 is success. */
+static int vu_set_log_base(struct vu_server *s, struct vu_msg *m)
+{
+	struct gm_dirty_log *old = s->log, *nl;
+	int r;
+
+	if (!vu_has_proto(s, VHOST_USER_PROTOCOL_F_LOG_SHMFD)) {
+		log_err("SET_LOG_BASE without LOG_SHMFD (a log in the frontend's own "
+			"address space) is not supported");
+		return -ENOTSUP;
+	}
+	if (m->hdr.size != sizeof(m->p.log) || m->nfds != 1) {
+		log_err("SET_LOG_BASE: %u bytes, %u fds (want %zu bytes, 1 fd)",
+			m->hdr.size, m->nfds, sizeof(m->p.log));
+		return VU_MALFORMED;
+	}
+	r = gm_dirty_map(m->fds[0], m->p.log.mmap_size, m->p.log.mmap_offset, &nl);
+	if (r == 0) {
+		atomic_store(&nl->call_fd, s->log_call_fd);
+		s->log = nl;
+		vu_log_publish(s);
+		gm_dirty_unmap(old);
+		log_info("dirty log: %llu bytes (guest memory below %llu MiB)",
+			 (unsigned long long)nl->size,
+			 (unsigned long long)(nl->size * 8 * VHOST_LOG_PAGE >> 20));
+		if (!vu_log_covers(s))
+			r = -ERANGE;
+	}
+	m->p.u64 = r < 0;
+	m->hdr.size = sizeof(m->p.u64);
+	return VU_REPLY;
+}
+
+/* SET_LOG_FD: an eventfd we signal after marking the log (at the end of
+ * a batch).  No fd (the NOFD convention of SET_VRING_CALL) stops it. */
+static int vu_set_log_fd(struct vu_server *s, struct vu_msg *m)
+{
+	int old = s->log_call_fd;
+
+	if (m->nfds > 1)
+		return VU_MALFORMED;
+	s->log_call_fd = m->nfds ? vu_take_fd(m, 0) : -1;
+	if (s->log) {
+		/* Rings read the fd at each kick: republishing waits for every
+		 * ring to be between batches, after which none uses old. */
+		atomic_store(&s->log->call_fd, s->log_call_fd);
+		vu_log_publish(s);
+	}
+	sys_close(&old);
 	return 0;
 }
 
@@ -756,6 +993,8 @@ static const struct vu_handler vu_handlers[] = {
 	[VHOST_USER_SET_OWNER] = { vu_set_owner, 0, 0 },
 	[VHOST_USER_RESET_OWNER] = { vu_reset_owner, 0, 0 },
 	[VHOST_USER_SET_MEM_TABLE] = { vu_set_mem_table, VU_SIZE_ANY, VU_FDS_ANY },
+	[VHOST_USER_SET_LOG_BASE] = { vu_set_log_base, VU_SIZE_ANY, VU_FDS_ANY },
+	[VHOST_USER_SET_LOG_FD] = { vu_set_log_fd, 0, VU_FDS_ANY },
 	[VHOST_USER_SET_VRING_NUM] = { vu_set_vring_num, 8, 0 },
 	[VHOST_USER_SET_VRING_ADDR] = { vu_set_vring_addr, 40, 0 },
 	[VHOST_USER_SET_VRING_BASE] = { vu_set_vring_base, 8, 0 },
@@ -946,6 +1185,14 @@ static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
 		sys_close(&m->reply_fd);
 		return r;
 	}
+	if (r == VU_REFUSED) {
+		if (need_reply) {
+			m->hdr.size = sizeof(m->p.u64);
+			m->p.u64 = 1;
+			(void)vu_send(s, m);
+		}
+		return r;
+	}
 	if (r == VU_REPLY)
 		return vu_send(s, m);
 	if (r < 0 && h)
@@ -970,6 +1217,8 @@ static void vu_disconnect(struct vu_server *s)
 		vu_vring_stop(s, i);
 		vu_vring_reset(&s->vr[i]);
 	}
+	vu_release_if_idle(s);
+	vu_log_reset(s);
 	vu_mem_replace(s, NULL);
 	/* The frontend keeps its own mapping of the region across our
 	 * restarts; ours goes with the connection. */
@@ -1076,6 +1325,7 @@ int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops
 	s->dev = dev;
 	s->conn_fd = -1;
 	s->listen_fd = -1;
+	s->log_call_fd = -1;
 	s->features = ops->features(dev);
 	s->nqueues = ops->num_queues(dev);
 	if (s->nqueues > VU_MAX_QUEUES) {

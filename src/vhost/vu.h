@@ -54,6 +54,20 @@ struct vu_dev_ops {
 	/* Replace the call/err fds of a started ring. */
 	void (*queue_set_fds)(void *dev, unsigned idx, int call_fd, int err_fd);
 	void (*queue_set_enable)(void *dev, unsigned idx, bool enabled);
+	/* Dirty logging of started ring idx changed (LOG_ALL, the log, the
+	 * ring's log flag or address): from its next batch on the ring logs
+	 * as lg says; once this returns it no longer touches the log it had
+	 * before (which vu may then unmap). */
+	void (*queue_set_log)(void *dev, unsigned idx, const struct vq_log *lg);
+	/* A ring is about to start and none runs: the frontend starts using
+	 * the disk.  Claim it against other processes (the image lock, see
+	 * docs/architecture.md "Migration").  Returns 0, or -EBUSY (someone
+	 * else writes the disk; one line logged) or another -errno. */
+	int (*claim)(void *dev);
+	/* No ring runs any more (all stopped by GET_VRING_BASE, a reset or
+	 * a disconnect): give up what claim took.  Not called when rings
+	 * only restart (memory table or kick fd changes). */
+	void (*release)(void *dev);
 };
 
 struct vu_server;

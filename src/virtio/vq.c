@@ -123,6 +123,7 @@ int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *m
 	/* Continue from where the driver saw us stop; all requests taken
 	 * before a stop were completed (stop drains), so used catches up. */
 	vq->used_idx = READ_ONCE(vq->used->idx);
+	vq_set_log(vq, &cfg->log);
 	if (cfg->inflight)
 		return vq_inflight_init(vq, cfg->inflight);
 	return 0;
@@ -333,6 +334,65 @@ int vq_pop(struct vq *vq, struct vq_elem *e)
 	return walk_chain(vq, e);
 }
 
+/* ---- Dirty logging (vhost-user.rst "Migration") ---- */
+
+void vq_set_log(struct vq *vq, const struct vq_log *lg)
+{
+	vq_log_kick(vq);
+	vq->log = *lg;
+	if (!vq->log.log)
+		vq->log.used = false;
+	/* Entries pushed before now were stored before logging began. */
+	vq->log_used_idx = vq->used_idx;
+}
+
+void vq_log_kick(struct vq *vq)
+{
+	if (vq->log_kick && vq->log.log)
+		gm_dirty_kick(vq->log.log);
+	vq->log_kick = false;
+}
+
+/* Log a store into the used ring: the spec logs these at log_guest_addr
+ * plus the offset in the ring, not at the ring's own address.  The caller
+ * has made the store visible (smp_mb). */
+static void log_used(struct vq *vq, uint64_t off, uint64_t len)
+{
+	uint64_t gpa;
+
+	if (unlikely(__builtin_add_overflow(vq->log.used_gpa, off, &gpa))) {
+		__gm_dirty_miss(vq->log.log, UINT64_MAX, len);
+		return;
+	}
+	gm_dirty_mark(vq->log.log, gpa, len);
+	vq->log_kick = true;
+}
+
+#define USED_ELEM_OFF(i) (offsetof(struct vring_used, ring) + \
+			  (uint64_t)(i) * sizeof(struct vring_used_elem))
+
+/* After used->idx is published: the entries since the last time, and the
+ * index. */
+static void log_used_flush(struct vq *vq)
+{
+	unsigned first = vq->log_used_idx & (vq->num - 1);
+	uint16_t n = (uint16_t)(vq->used_idx - vq->log_used_idx);
+
+	/* The entries and the index must be visible before we test bits
+	 * (pairs with the frontend's exchange-then-copy, see dirty.h). */
+	smp_mb();
+	if (n > vq->num)	/* cannot happen: we push at most num */
+		n = (uint16_t)vq->num;
+	if (first + n > vq->num) {	/* wraps: two runs */
+		log_used(vq, USED_ELEM_OFF(first), (uint64_t)(vq->num - first) * 8);
+		log_used(vq, USED_ELEM_OFF(0), (uint64_t)(first + n - vq->num) * 8);
+	} else if (n) {
+		log_used(vq, USED_ELEM_OFF(first), (uint64_t)n * 8);
+	}
+	log_used(vq, offsetof(struct vring_used, idx), sizeof(uint16_t));
+	vq->log_used_idx = vq->used_idx;
+}
+
 void vq_push(struct vq *vq, uint16_t head, uint32_t len)
 {
 	struct vring_used_elem *u = &vq->used->ring[vq->used_idx & (vq->num - 1)];
@@ -354,6 +414,8 @@ void vq_flush(struct vq *vq)
 	 * the entries must be visible before the index that covers them. */
 	smp_wmb();
 	WRITE_ONCE(vq->used->idx, vq->used_idx);
+	if (unlikely(vq->log.used))
+		log_used_flush(vq);
 	if (vq->inflight && vq->batch_n) {
 		/* Published: the batch is no longer in flight.  A crash
 		 * between the index and here is repaired by the next backend
@@ -392,6 +454,16 @@ bool vq_should_notify(struct vq *vq)
 	return vring_need_event(READ_ONCE(*vq->used_event), new, old);
 }
 
+/* Log the field the two functions below store: avail_event (EVENT_IDX)
+ * or used->flags. */
+static void log_notify_field(struct vq *vq)
+{
+	if (vq->event_idx)
+		log_used(vq, USED_ELEM_OFF(vq->num), sizeof(uint16_t));
+	else
+		log_used(vq, offsetof(struct vring_used, flags), sizeof(uint16_t));
+}
+
 /* virtio 1.2, 2.7.10 "Available Buffer Notification Suppression". */
 void vq_disable_notify(struct vq *vq)
 {
@@ -405,6 +477,11 @@ void vq_disable_notify(struct vq *vq)
 		WRITE_ONCE(*vq->avail_event, (uint16_t)(vq->last_avail_idx - 1));
 	else
 		WRITE_ONCE(vq->used->flags, VRING_USED_F_NO_NOTIFY);
+	if (unlikely(vq->log.used)) {
+		/* The store visible before the bit test (dirty.h). */
+		smp_mb();
+		log_notify_field(vq);
+	}
 }
 
 bool vq_enable_notify(struct vq *vq)
@@ -421,6 +498,10 @@ bool vq_enable_notify(struct vq *vq)
 	 * kicks, or we see its new index here. */
 	smp_mb();
 	avail_idx = READ_ONCE(vq->avail->idx);
+	/* After the barrier above, which also orders the store before the
+	 * bit test. */
+	if (unlikely(vq->log.used))
+		log_notify_field(vq);
 	/* Same check as vq_pop: an index behind us or more than num ahead is
 	 * corrupt.  Reporting it as "work" would have the caller spin (found
 	 * by fuzz_vq_blk: a used ring overlapping avail->idx, so our own flag

@@ -21,6 +21,7 @@
 
 #include "util/barrier.h"
 
+#include "mem/dirty.h"
 #include "mem/gm.h"
 #include "virtio/virtio_ring.h"
 
@@ -60,6 +61,20 @@ static inline uint64_t vq_inflight_region_size(unsigned num)
 	return (16 + 16ull * num + 63) & ~63ull;
 }
 
+/*
+ * Dirty logging of one ring (vhost-user.rst "Migration").  With log set,
+ * every store the device makes into guest memory through this queue is
+ * marked in it after the store: request buffers (blk, through
+ * vq_log_write) and, with used set, every used-ring store (elements, idx,
+ * flags, avail_event), logged at used_gpa + its offset in the used ring,
+ * as VHOST_VRING_F_LOG and log_guest_addr of SET_VRING_ADDR ask.
+ */
+struct vq_log {
+	struct gm_dirty_log *log;	/* NULL: logging off */
+	bool used;			/* VHOST_VRING_F_LOG */
+	uint64_t used_gpa;		/* log_guest_addr */
+};
+
 /* Ring placement and start state, as given by SET_VRING_NUM/ADDR/BASE. */
 struct vq_config {
 	unsigned index;		/* for log lines */
@@ -71,6 +86,7 @@ struct vq_config {
 	/* INFLIGHT_SHMFD: this queue's region (vq_inflight_region_size(num)
 	 * bytes), or NULL. */
 	struct vq_inflight_region *inflight;
+	struct vq_log log;
 };
 
 /* One request popped from the ring.  iov[0..out_num) are device-readable,
@@ -116,6 +132,11 @@ struct vq {
 	unsigned batch_n;		/* heads pushed since the last flush */
 	uint16_t *resubmit;		/* heads a previous backend left in flight */
 	unsigned resubmit_n, resubmit_i;
+
+	/* Dirty logging (log.log NULL: off). */
+	struct vq_log log;
+	uint16_t log_used_idx;		/* used entries below this are logged */
+	bool log_kick;			/* marked since the last vq_log_kick */
 };
 
 /*
@@ -175,6 +196,29 @@ bool vq_enable_notify(struct vq *vq);
 /* True if the driver published buffers we have not taken (no barrier;
  * for polling). */
 bool vq_avail_pending(struct vq *vq);
+
+/* Switch dirty logging (see struct vq_log) on, off or to another log,
+ * between two batches.  Stores made before this call are not logged: the
+ * frontend copies every page after it turns logging on. */
+void vq_set_log(struct vq *vq, const struct vq_log *lg);
+
+/*
+ * Log a device store into a request buffer (host [p, p+len), inside
+ * guest memory as every popped buffer is).  No-op with logging off.  The
+ * caller makes its stores visible first: one smp_mb() after the last
+ * store, before a group of vq_log_write calls.
+ */
+static inline void vq_log_write(struct vq *vq, const void *p, uint64_t len)
+{
+	if (vq->log.log) {
+		gm_dirty_mark_host(vq->log.log, vq->mem, p, len);
+		vq->log_kick = true;
+	}
+}
+
+/* End of a batch: tell the frontend the log changed, if it asked to be
+ * told (SET_LOG_FD) and we marked something since the last kick. */
+void vq_log_kick(struct vq *vq);
 
 /* Mark the queue broken and log why, once. */
 void vq_set_broken(struct vq *vq, const char *why);

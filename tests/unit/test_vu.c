@@ -45,12 +45,16 @@
 
 #define DEV_FEATURES	(1ull << VIRTIO_F_VERSION_1 | 1ull << VIRTIO_RING_F_EVENT_IDX | \
 			 1ull << VIRTIO_RING_F_INDIRECT_DESC | 1ull << 9 /* FLUSH */)
-#define ALL_FEATURES	(DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES)
+#define ALL_FEATURES	(DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES | \
+			 1ull << VHOST_F_LOG_ALL)
 
 /* ---- Fake device ---- */
 
 struct fake_calls {
 	unsigned nstart, nstop, nenable, nset_features, nset_config, nset_fds;
+	unsigned nset_log, nclaim, nrelease;
+	struct vq_log log;		/* from the last queue_set_log */
+	bool claimed;
 	unsigned start_idx, stop_idx, enable_idx;
 	struct vu_queue_setup setup;	/* from the last queue_start */
 	uint64_t kick_value;		/* read from setup.kick_fd in queue_start */
@@ -153,6 +157,31 @@ static void fake_queue_set_enable(void *dev, unsigned idx, bool enabled)
 	pthread_mutex_unlock(&fake.lock);
 }
 
+static void fake_queue_set_log(void *dev, unsigned idx, const struct vq_log *lg)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nset_log++;
+	fake.c.log = *lg;
+	pthread_mutex_unlock(&fake.lock);
+}
+
+static int fake_claim(void *dev)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nclaim++;
+	fake.c.claimed = true;
+	pthread_mutex_unlock(&fake.lock);
+	return 0;
+}
+
+static void fake_release(void *dev)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.nrelease++;
+	fake.c.claimed = false;
+	pthread_mutex_unlock(&fake.lock);
+}
+
 static const struct vu_dev_ops fake_ops = {
 	.features = fake_features,
 	.num_queues = fake_num_queues,
@@ -163,6 +192,9 @@ static const struct vu_dev_ops fake_ops = {
 	.queue_stop = fake_queue_stop,
 	.queue_set_fds = fake_queue_set_fds,
 	.queue_set_enable = fake_queue_set_enable,
+	.queue_set_log = fake_queue_set_log,
+	.claim = fake_claim,
+	.release = fake_release,
 };
 
 static struct fake_calls fake_get(void)
@@ -396,7 +428,8 @@ static double now_s(void)
 
 /* ---- Replies ---- */
 
-/* GET_FEATURES: device bits plus PROTOCOL_FEATURES, reply flags, size 8. */
+/* GET_FEATURES: device bits plus PROTOCOL_FEATURES and LOG_ALL, reply
+ * flags, size 8. */
 static void test_get_features_reply(void)
 {
 	int c = conn_open();
@@ -404,7 +437,7 @@ static void test_get_features_reply(void)
 
 	send_msg(c, VHOST_USER_GET_FEATURES, FL, NULL, 0, NULL, 0);
 	ASSERT_EQ(recv_reply(c, VHOST_USER_GET_FEATURES, &v, sizeof(v)), 8);
-	ASSERT_EQ(v, DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES);
+	ASSERT_EQ(v, ALL_FEATURES);
 	close(c);
 }
 
@@ -415,6 +448,7 @@ static void test_get_protocol_features_queue_num_mem_slots(void)
 
 	ASSERT_EQ(get_u64(c, VHOST_USER_GET_PROTOCOL_FEATURES),
 		  1ull << VHOST_USER_PROTOCOL_F_MQ |
+		  1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
 		  1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
 		  1ull << VHOST_USER_PROTOCOL_F_CONFIG |
 		  1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |

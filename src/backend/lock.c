@@ -1,0 +1,107 @@
+/*
+ * The image lock: one writer at a time, across processes, while a
+ * frontend's rings run (docs/architecture.md "Migration and the image
+ * lock").
+ *
+ * We speak QEMU's file locking convention (its block/file-posix.c, byte
+ * 100 + i "this process uses permission i", byte 200 + i "this process
+ * does not let others have permission i"; permission 1 is WRITE) so that
+ * QEMU, qemu-storage-daemon and qemu-img see us and we see them.  QEMU
+ * takes shared locks and tests for conflicts; we take both WRITE bytes
+ * exclusively, which conflicts with any other holder of either byte and
+ * makes two vblkd processes strictly exclusive.  Open file description
+ * locks (F_OFD_*): they belong to our open of the disk, not to a thread,
+ * and go away when the process dies.
+ */
+#include "backend/bdev.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/log.h"
+
+#define LOCK_PERM_WRITE   101	/* QEMU: RAW_LOCK_PERM_BASE + BLK_PERM_WRITE bit */
+#define LOCK_UNSHARE_WRITE 201	/* QEMU: RAW_LOCK_SHARED_BASE + that bit */
+
+static int ofd_lock(int fd, short type, off_t byte, int cmd, struct flock *fl)
+{
+	*fl = (struct flock){ .l_type = type, .l_whence = SEEK_SET, .l_start = byte,
+			      .l_len = 1 };
+	return fcntl(fd, cmd, fl) < 0 ? -errno : 0;
+}
+
+static bool bdev_lockable(const struct bdev *b)
+{
+	return b->fd >= 0 && !b->read_only;
+}
+
+/* Describe who holds a lock that conflicts with ours on byte. */
+static void holder(const struct bdev *b, off_t byte, char *buf, size_t len)
+{
+	struct flock fl;
+
+	if (ofd_lock(b->fd, F_WRLCK, byte, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK &&
+	    fl.l_pid > 0)
+		snprintf(buf, len, " (process %d)", (int)fl.l_pid);
+	else
+		buf[0] = '\0';
+}
+
+int bdev_lock(struct bdev *b)
+{
+	static const off_t bytes[] = { LOCK_PERM_WRITE, LOCK_UNSHARE_WRITE };
+	struct flock fl;
+	char who[32];
+	int r;
+
+	if (!bdev_lockable(b) || b->locked)
+		return 0;
+	for (unsigned i = 0; i < 2; i++) {
+		r = ofd_lock(b->fd, F_WRLCK, bytes[i], F_OFD_SETLK, &fl);
+		if (r == 0)
+			continue;
+		if (i)
+			(void)ofd_lock(b->fd, F_UNLCK, bytes[0], F_OFD_SETLK, &fl);
+		if (r == -EAGAIN || r == -EACCES) {
+			holder(b, bytes[i], who, sizeof(who));
+			log_err("disk %s is in use: another process%s writes it (a vblkd, "
+				"QEMU or qemu-storage-daemon serving it to a running VM); "
+				"two writers would corrupt it, so its rings stay stopped here "
+				"until that process stops writing", b->path, who);
+			return -EBUSY;
+		}
+		log_err("disk %s: cannot lock it against other writers: %s", b->path,
+			strerror(-r));
+		return r;
+	}
+	b->locked = true;
+	log_info("disk %s: locked for writing (rings running)", b->path);
+	return 0;
+}
+
+void bdev_unlock(struct bdev *b)
+{
+	struct flock fl;
+
+	if (!b->locked)
+		return;
+	(void)ofd_lock(b->fd, F_UNLCK, LOCK_UNSHARE_WRITE, F_OFD_SETLK, &fl);
+	(void)ofd_lock(b->fd, F_UNLCK, LOCK_PERM_WRITE, F_OFD_SETLK, &fl);
+	b->locked = false;
+	log_info("disk %s: unlocked (no ring running)", b->path);
+}
+
+bool bdev_lock_busy(const struct bdev *b)
+{
+	struct flock fl;
+
+	if (!bdev_lockable(b))
+		return false;
+	for (off_t byte = LOCK_PERM_WRITE; byte <= LOCK_UNSHARE_WRITE; byte += 100)
+		if (ofd_lock(b->fd, F_WRLCK, byte, F_OFD_GETLK, &fl) == 0 &&
+		    fl.l_type != F_UNLCK)
+			return true;
+	return false;
+}

@@ -68,8 +68,9 @@ int bdev_lock(struct bdev *b)
 			holder(b, bytes[i], who, sizeof(who));
 			log_err("disk %s is in use: another process%s writes it (a vblkd, "
 				"QEMU or qemu-storage-daemon serving it to a running VM); "
-				"two writers would corrupt it, so its rings stay stopped here "
-				"until that process stops writing", b->path, who);
+				"two writers would corrupt it, so this frontend's rings are "
+				"not started: stop the other writer, or migrate its VM here",
+				b->path, who);
 			return -EBUSY;
 		}
 		log_err("disk %s: cannot lock it against other writers: %s", b->path,

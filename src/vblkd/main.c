@@ -417,6 +417,11 @@ int main(int argc, char **argv)
 		 b.fd < 0 ? "no file" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
 		 ko.num_queues, ko.num_queues > 1 ? "s" : "", ko.num_iothreads,
 		 ko.num_iothreads > 1 ? "s" : "", sock);
+	/* Not an error: this may be a migration's destination, started
+	 * while the source still writes (docs/architecture.md "Migration"). */
+	if (bdev_lock_busy(&b))
+		log_info("disk %s is being written by another process now: rings "
+			 "start here once it stops (as at the end of a migration)", b.path);
 
 	r = loop_run(v.loop);
 

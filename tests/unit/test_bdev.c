@@ -1,15 +1,21 @@
 /*
- * Description: backend completion rules shared by every engine (bdev.c):
+ * Description: backend rules shared by every engine (bdev.c, lock.c):
  * discard is advisory, write zeroes is tried the other way once (unmap <->
  * zero range) when the disk cannot do the first, other errors pass
- * through.  A fake engine answers each submission as told.
+ * through; a short transfer never changes the submitter's iovecs; the
+ * image lock excludes a second writer, in QEMU's lock-byte convention.
+ * A fake engine answers each submission as told.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "test.h"
 
 #include "backend/bdev.h"
+#include "util/compiler.h"
 
 static struct {
 	int res_unmap, res_zero, res_other;	/* what the fake engine answers */
@@ -115,6 +121,160 @@ static void test_discard_unsupported_is_success(void)
 	ASSERT_EQ(f.cb_res, -EIO);
 }
 
+/* ---- Short transfers ---- */
+
+/* A fake engine that stores `short_n` bytes, consumes them, then the rest. */
+static void short_submit(struct bdev_ctx *c, struct bdev_io *io)
+{
+	size_t n = 100, left;
+
+	(void)c;
+	f.submits++;
+	for (size_t i = 0, done = 0; done < n; i++) {
+		size_t k = MIN(io->iov[i].iov_len, n - done);
+
+		memset(io->iov[i].iov_base, 0x5a, k);
+		done += k;
+	}
+	ASSERT_EQ(bdev_io_consume(io, n), 0);
+	left = io->len;
+	for (unsigned i = 0; i < io->iovcnt; i++) {
+		memset(io->iov[i].iov_base, 0x5a, io->iov[i].iov_len);
+		left -= io->iov[i].iov_len;
+	}
+	ASSERT_EQ(left, 0);
+	bdev_complete(io, 0);
+}
+
+static const struct bdev_engine short_engine = {
+	.name = "short",
+	.submit = short_submit,
+};
+
+/* What the iovecs describe is what the submitter must find afterwards (to
+ * log what a read stored, for migration): consume works on a copy. */
+static void test_short_read_keeps_submitter_iovecs(void)
+{
+	static uint8_t a[64], b[4096];
+	struct bdev bd = { .fd = -1, .block_size = 512, .size = 1 << 20,
+			   .engine = &short_engine };
+	struct iovec iov[2] = { { a, sizeof(a) }, { b, sizeof(b) } }, orig[2];
+	struct bdev_io io = { .op = BDEV_READ, .iov = iov, .iovcnt = 2, .cb = done };
+
+	memcpy(orig, iov, sizeof(iov));
+	f.cbs = 0;
+	bdev_submit(&bd, NULL, &io);
+	ASSERT_EQ(f.cbs, 1);
+	ASSERT_EQ(f.cb_res, 0);
+	ASSERT_MEM_EQ(iov, orig, sizeof(iov));
+	ASSERT_EQ(a[0], 0x5a);
+	ASSERT_EQ(b[4095], 0x5a);
+}
+
+/* A bounced read (misaligned buffer, O_DIRECT) that came back short:
+ * every byte is copied back, not only the last part's length. */
+static void test_short_bounced_read_copies_all(void)
+{
+	static uint8_t buf[4096 + 1];
+	struct bdev bd = { .fd = -1, .block_size = 512, .size = 1 << 20, .direct = true,
+			   .dio_mem_align = 512, .engine = &short_engine };
+	struct iovec iov = { buf + 1, 4096 };
+	struct bdev_io io = { .op = BDEV_READ, .iov = &iov, .iovcnt = 1, .cb = done };
+
+	memset(buf, 0, sizeof(buf));
+	f.cbs = 0;
+	bdev_submit(&bd, NULL, &io);
+	ASSERT_EQ(f.cbs, 1);
+	ASSERT_EQ(buf[1], 0x5a);
+	ASSERT_EQ(buf[4096], 0x5a);
+	ASSERT_PTR_EQ(io.iov, &iov);
+}
+
+/* ---- The image lock ---- */
+
+static char img[] = "/tmp/test_bdev.XXXXXX";
+
+static void open_disk(struct bdev *b, bool read_only)
+{
+	struct bdev_opts o = { .path = img, .engine = "threads", .read_only = read_only,
+			       .cache = BDEV_CACHE_WRITEBACK };
+	char err[256];
+
+	if (bdev_open(&o, b, err, sizeof(err)) < 0)
+		T_FAIL("bdev_open: %s", err);
+}
+
+/* A lock on one byte of img through a third open, as QEMU takes it. */
+static int qemu_lock(off_t byte, short type)
+{
+	int fd = open(img, O_RDWR | O_CLOEXEC);
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = byte,
+			    .l_len = 1 };
+
+	ASSERT_TRUE(fd >= 0);
+	ASSERT_EQ(fcntl(fd, F_OFD_SETLK, &fl), 0);
+	return fd;
+}
+
+/* Two writers exclude each other; the lock is free again once released. */
+static void test_lock_excludes_second_writer(void)
+{
+	struct bdev a, b;
+
+	open_disk(&a, false);
+	open_disk(&b, false);
+	ASSERT_TRUE(!bdev_lock_busy(&b));
+	ASSERT_EQ(bdev_lock(&a), 0);
+	ASSERT_EQ(bdev_lock(&a), 0);		/* held: nothing to do */
+	ASSERT_TRUE(bdev_lock_busy(&b));
+	ASSERT_EQ(bdev_lock(&b), -EBUSY);
+	ASSERT_TRUE(!b.locked);
+	bdev_unlock(&a);
+	ASSERT_EQ(bdev_lock(&b), 0);
+	ASSERT_EQ(bdev_lock(&a), -EBUSY);
+	bdev_close(&b);				/* closing the disk drops it */
+	ASSERT_EQ(bdev_lock(&a), 0);
+	bdev_unlock(&a);
+	bdev_close(&a);
+}
+
+/* QEMU/qemu-storage-daemon with the image open for writing (a shared lock
+ * on byte 101) or refusing writers (byte 201) conflict; a reader that
+ * lets others write (byte 100 only) does not; a read-only export takes
+ * no lock at all. */
+static void test_lock_follows_qemu_lock_bytes(void)
+{
+	struct bdev a, ro;
+	int q;
+
+	open_disk(&a, false);
+	q = qemu_lock(101, F_RDLCK);
+	ASSERT_EQ(bdev_lock(&a), -EBUSY);
+	close(q);
+	q = qemu_lock(201, F_RDLCK);
+	ASSERT_EQ(bdev_lock(&a), -EBUSY);
+	close(q);
+	q = qemu_lock(100, F_RDLCK);
+	ASSERT_EQ(bdev_lock(&a), 0);
+	close(q);
+	/* And QEMU, coming second, finds our bytes taken. */
+	{
+		int fd = open(img, O_RDWR | O_CLOEXEC);
+		struct flock fl = { .l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 101,
+				    .l_len = 1 };
+
+		ASSERT_TRUE(fd >= 0);
+		ASSERT_TRUE(fcntl(fd, F_OFD_SETLK, &fl) < 0);
+		close(fd);
+	}
+	open_disk(&ro, true);
+	ASSERT_EQ(bdev_lock(&ro), 0);
+	ASSERT_TRUE(!ro.locked);
+	bdev_close(&ro);
+	bdev_unlock(&a);
+	bdev_close(&a);
+}
+
 int main(void)
 {
 	RUN(test_write_zeroes_unmap_falls_back_to_zeroing);
@@ -122,5 +282,17 @@ int main(void)
 	RUN(test_write_zeroes_retries_once);
 	RUN(test_write_zeroes_io_error_not_retried);
 	RUN(test_discard_unsupported_is_success);
+	RUN(test_short_read_keeps_submitter_iovecs);
+	RUN(test_short_bounced_read_copies_all);
+	{
+		int fd = mkstemp(img);
+
+		ASSERT_TRUE(fd >= 0);
+		ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+		close(fd);
+		RUN(test_lock_excludes_second_writer);
+		RUN(test_lock_follows_qemu_lock_bytes);
+		unlink(img);
+	}
 	return T_EXIT_PASS;
 }

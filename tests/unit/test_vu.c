@@ -55,6 +55,7 @@ struct fake_calls {
 	unsigned nset_log, nclaim, nrelease;
 	struct vq_log log;		/* from the last queue_set_log */
 	bool claimed;
+	bool refuse_claim;		/* set by the test: claim fails -EBUSY */
 	unsigned start_idx, stop_idx, enable_idx;
 	struct vu_queue_setup setup;	/* from the last queue_start */
 	uint64_t kick_value;		/* read from setup.kick_fd in queue_start */
@@ -167,11 +168,16 @@ static void fake_queue_set_log(void *dev, unsigned idx, const struct vq_log *lg)
 
 static int fake_claim(void *dev)
 {
+	int r = 0;
+
 	pthread_mutex_lock(&fake.lock);
 	fake.c.nclaim++;
-	fake.c.claimed = true;
+	if (fake.c.refuse_claim)
+		r = -EBUSY;
+	else
+		fake.c.claimed = true;
 	pthread_mutex_unlock(&fake.lock);
-	return 0;
+	return r;
 }
 
 static void fake_release(void *dev)
@@ -848,6 +854,261 @@ static void test_ring_start_enable_stop(void)
 	close(kick);
 }
 
+/* ---- Dirty logging and the disk claim ("Migration") ---- */
+
+#define PROTO_LOG	(1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK | \
+			 1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD)
+#define F_LOG_ALL	(1ull << VHOST_F_LOG_ALL)
+
+/* Features, protocol features (REPLY_ACK + LOG_SHMFD), memory table. */
+static void log_session(int c, int mem, uint64_t f)
+{
+	uint64_t v = 0;
+
+	send_u64(c, VHOST_USER_SET_PROTOCOL_FEATURES, PROTO_LOG, NULL, 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	send_mem_table(c, mem, 0, FL_ACK);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_SET_MEM_TABLE, &v, sizeof(v)), 8);
+	ASSERT_EQ(v, 0);
+}
+
+/* Ring idx at its own 16 KiB of guest memory, started with kick. */
+static void ring_start(int c, unsigned idx, int kick)
+{
+	struct vhost_vring_addr a = ring_addr(idx, GUEST_QVA + idx * 0x4000);
+	struct vhost_vring_state st = { idx, RING_NUM };
+	uint64_t u = idx;
+
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_KICK, &u, 8, &kick, 1), 0);
+}
+
+static uint16_t ring_stop(int c, unsigned idx)
+{
+	struct vhost_vring_state st = { idx, 0 };
+
+	send_msg(c, VHOST_USER_GET_VRING_BASE, FL, &st, sizeof(st), NULL, 0);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_GET_VRING_BASE, &st, sizeof(st)), sizeof(st));
+	return (uint16_t)st.num;
+}
+
+/* SET_LOG_BASE: the spec's mandatory reply with LOG_SHMFD (no
+ * need_reply); returns its u64 (0 success). */
+static uint64_t set_log_base(int c, int fd, uint64_t size, uint64_t offset)
+{
+	struct vhost_user_log l = { size, offset };
+	uint64_t v = 0xdead;
+
+	send_msg(c, VHOST_USER_SET_LOG_BASE, FL, &l, sizeof(l), &fd, 1);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_SET_LOG_BASE, &v, sizeof(v)), sizeof(v));
+	return v;
+}
+
+/*
+ * QEMU's order for a migration: SET_LOG_BASE, SET_FEATURES with LOG_ALL,
+ * SET_VRING_ADDR with VHOST_VRING_F_LOG, all while the ring runs; then
+ * off again.  Each change reaches the running ring in place (never a
+ * stop/start: that would drain it), and the ring's log address is
+ * log_guest_addr.
+ */
+static void test_logging_switches_on_a_running_ring(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	int c = conn_open(), mem = guest_memfd(GUEST_SIZE), kick = test_eventfd(0);
+	int logfd = guest_memfd(4096);
+	struct vhost_vring_addr a = ring_addr(0, GUEST_QVA);
+	struct fake_calls r;
+
+	fake_reset();
+	log_session(c, mem, f);
+	ring_start(c, 0, kick);
+	r = fake_get();
+	ASSERT_EQ(r.nstart, 1);
+	ASSERT_PTR_EQ(r.setup.cfg.log.log, NULL);
+
+	ASSERT_EQ(set_log_base(c, logfd, 4096, 0), 0);
+	r = fake_get();
+	ASSERT_PTR_EQ(r.log.log, NULL);		/* mapped, not yet on */
+
+	f |= F_LOG_ALL;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	r = fake_get();
+	ASSERT_TRUE(r.log.log != NULL);
+	ASSERT_EQ(r.log.log->size, 4096);
+	ASSERT_TRUE(!r.log.used);
+	ASSERT_EQ(r.features, DEV_FEATURES);	/* LOG_ALL is vu's, not the device's */
+
+	a.flags = 1u << VHOST_VRING_F_LOG;
+	a.log_guest_addr = 0x123000;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0), 0);
+	r = fake_get();
+	ASSERT_TRUE(r.log.used);
+	ASSERT_EQ(r.log.used_gpa, 0x123000);
+
+	f &= ~F_LOG_ALL;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	ASSERT_PTR_EQ(fake_get().log.log, NULL);
+	a.flags = 0;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0), 0);
+	r = fake_get();
+	ASSERT_EQ(r.nstart, 1);
+	ASSERT_EQ(r.nstop, 0);
+	ASSERT_EQ(ring_stop(c, 0), STOP_AVAIL);
+	close(c);
+	close(mem);
+	close(kick);
+	close(logfd);
+}
+
+/* A new log replaces the old one on the running ring before the reply;
+ * a ring started while logging is on starts logging. */
+static void test_log_replaced_and_given_to_new_rings(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	int c = conn_open(), mem = guest_memfd(GUEST_SIZE);
+	int kick0 = test_eventfd(0), kick1 = test_eventfd(0);
+	int log1 = guest_memfd(4096), log2 = guest_memfd(8192);
+	struct fake_calls r;
+
+	fake_reset();
+	log_session(c, mem, f);
+	ASSERT_EQ(set_log_base(c, log1, 4096, 0), 0);
+	f |= F_LOG_ALL;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	ring_start(c, 0, kick0);
+	r = fake_get();
+	ASSERT_TRUE(r.setup.cfg.log.log != NULL);
+	ASSERT_EQ(r.setup.cfg.log.log->size, 4096);
+	ASSERT_EQ(set_log_base(c, log2, 8192, 0), 0);
+	r = fake_get();
+	ASSERT_EQ(r.log.log->size, 8192);
+	ring_start(c, 1, kick1);
+	ASSERT_EQ(fake_get().setup.cfg.log.log->size, 8192);
+	ring_stop(c, 0);
+	ring_stop(c, 1);
+	close(c);
+	close(mem);
+	close(kick0);
+	close(kick1);
+	close(log1);
+	close(log2);
+}
+
+/* A log that cannot cover guest memory is refused where the frontend
+ * asks for an answer: turning logging on is nacked (the connection
+ * stays); a log the fd cannot hold is answered 1 and not installed. */
+static void test_log_too_small_or_bad_refused(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	int c = conn_open(), mem = guest_memfd(GUEST_SIZE), logfd = guest_memfd(4096);
+
+	fake_reset();
+	log_session(c, mem, f);
+	/* 1 byte: 8 pages, 32 KiB of the 1 MiB of guest memory. */
+	ASSERT_EQ(set_log_base(c, logfd, 1, 0), 0);
+	f |= F_LOG_ALL;
+	ASSERT_NE(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	/* Beyond the end of its file. */
+	ASSERT_EQ(set_log_base(c, logfd, 4096, 4096), 1);
+	ASSERT_EQ(set_log_base(c, logfd, 0, 0), 1);
+	/* The 1-byte log is still the one in use; a good one fixes it. */
+	ASSERT_EQ(set_log_base(c, logfd, 4096, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	close(c);
+	close(mem);
+	close(logfd);
+	expect_next_served();
+}
+
+/* Without LOG_SHMFD there is no log we could map: nacked, not fatal.
+ * LOG_ALL without any log is nacked too. */
+static void test_log_base_without_shmfd_nacked(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES | F_LOG_ALL;
+	int c = conn_open(), logfd = guest_memfd(4096);
+	struct vhost_user_log l = { 4096, 0 };
+
+	negotiate_reply_ack(c);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_LOG_BASE, &l, sizeof(l), &logfd, 1), 1);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 1);
+	barrier(c);
+	close(c);
+	close(logfd);
+}
+
+/*
+ * The disk is claimed before the first ring starts and released when the
+ * last one stops for good (GET_VRING_BASE); a ring restarted on a new
+ * kick fd or moved keeps the claim.
+ */
+static void test_claim_held_while_rings_run(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	int c = conn_open(), mem = guest_memfd(GUEST_SIZE);
+	int kick0 = test_eventfd(0), kick1 = test_eventfd(0), kick2 = test_eventfd(0);
+	struct vhost_vring_addr moved = ring_addr(1, GUEST_QVA + 0x10000);
+	struct fake_calls r;
+	uint64_t u = 1;
+
+	fake_reset();
+	log_session(c, mem, f);
+	ring_start(c, 0, kick0);
+	ASSERT_EQ(fake_get().nclaim, 1);
+	ASSERT_TRUE(fake_get().claimed);
+	ring_start(c, 1, kick1);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_KICK, &u, 8, &kick2, 1), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_ADDR, &moved, sizeof(moved), NULL, 0), 0);
+	r = fake_get();
+	ASSERT_EQ(r.nstart, 4);
+	ASSERT_EQ(r.nstop, 2);
+	ASSERT_EQ(r.setup.cfg.desc_qva, moved.desc_user_addr);
+	ring_stop(c, 0);
+	ASSERT_EQ(fake_get().nrelease, 0);
+	ring_stop(c, 1);
+	r = fake_get();
+	ASSERT_EQ(r.nrelease, 1);
+	ASSERT_TRUE(!r.claimed);
+	ASSERT_EQ(r.nclaim, 1);
+	/* Started again (a migration that failed and resumed): claimed again. */
+	ring_start(c, 0, kick0);
+	ASSERT_EQ(fake_get().nclaim, 2);
+	close(c);
+	expect_next_served();		/* the disconnect released it */
+	ASSERT_EQ(fake_get().nrelease, 2);
+	close(mem);
+	close(kick0);
+	close(kick1);
+	close(kick2);
+}
+
+/* Someone else writes the disk: the ring is not started, the frontend is
+ * told (nack) and dropped; the next one is served. */
+static void test_claim_refused_drops_frontend(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	int c = conn_open(), mem = guest_memfd(GUEST_SIZE), kick = test_eventfd(0);
+	struct vhost_vring_addr a = ring_addr(0, GUEST_QVA);
+	struct vhost_vring_state st = { 0, RING_NUM };
+	uint64_t u = 0;
+
+	fake_reset();
+	pthread_mutex_lock(&fake.lock);
+	fake.c.refuse_claim = true;
+	pthread_mutex_unlock(&fake.lock);
+	log_session(c, mem, f);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_KICK, &u, 8, &kick, 1), 1);
+	expect_disconnect(c);
+	ASSERT_EQ(fake_get().nstart, 0);
+	ASSERT_EQ(fake_get().nrelease, 0);
+	fake_reset();
+	expect_next_served();
+	close(mem);
+	close(kick);
+}
+
 /* ---- Config space ---- */
 
 /* GET_CONFIG returns the device's bytes; SET_CONFIG is acked 0 for the
@@ -1033,6 +1294,12 @@ int main(void)
 	RUN(test_fds_closed_on_recv_errors);
 	RUN(test_ring_start_enable_stop);
 	RUN(test_config_get_and_set);
+	RUN(test_logging_switches_on_a_running_ring);
+	RUN(test_log_replaced_and_given_to_new_rings);
+	RUN(test_log_too_small_or_bad_refused);
+	RUN(test_log_base_without_shmfd_nacked);
+	RUN(test_claim_held_while_rings_run);
+	RUN(test_claim_refused_drops_frontend);
 	RUN(test_stalled_payload_times_out);
 	RUN(test_message_deadline_covers_header_and_payload);
 	RUN(test_unread_replies_do_not_block_loop);

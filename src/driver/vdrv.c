@@ -17,6 +17,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "driver/vdrv_internal.h"
+#include "driver/vdrv_log.h"
 #include "util/barrier.h"
 #include "util/compiler.h"
 #include "util/sock.h"
@@ -40,15 +42,20 @@ static const uint64_t vdrv_wanted =
 	1ull << VIRTIO_BLK_F_DISCARD |
 	1ull << VIRTIO_BLK_F_WRITE_ZEROES;
 
+/* LOG_SHMFD is taken whenever offered: it changes nothing until
+ * vdrv_log_start sends SET_LOG_BASE.  VHOST_F_LOG_ALL, a feature bit, is
+ * not in vdrv_wanted: it is set in SET_FEATURES only while logging is on
+ * (vdrv_log.c). */
 static const uint64_t vdrv_wanted_proto =
 	1ull << VHOST_USER_PROTOCOL_F_MQ |
+	1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
 	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIG;
 
 /* ---- Messages ---- */
 
-static int vdrv_send(struct vdrv *d, uint32_t req, bool need_reply,
-		     const void *payload, uint32_t size, const int *fds, unsigned nfds)
+int vdrv__send(struct vdrv *d, uint32_t req, bool need_reply, const void *payload,
+	       uint32_t size, const int *fds, unsigned nfds)
 {
 	struct vhost_user_hdr h = { .request = req, .flags = VHOST_USER_VERSION,
 				    .size = size };
@@ -68,9 +75,7 @@ static int vdrv_send(struct vdrv *d, uint32_t req, bool need_reply,
 	return n == (ssize_t)(sizeof(h) + size) ? 0 : -EIO;
 }
 
-/* Read a reply to req into payload (exactly size bytes expected, or any
- * size up to size when exact is false).  Returns payload bytes or -errno. */
-static int vdrv_recv(struct vdrv *d, uint32_t req, void *payload, uint32_t size)
+int vdrv__recv(struct vdrv *d, uint32_t req, void *payload, uint32_t size)
 {
 	struct vhost_user_hdr h;
 	ssize_t n = recv(d->sock, &h, sizeof(h), MSG_WAITALL);
@@ -84,18 +89,18 @@ static int vdrv_recv(struct vdrv *d, uint32_t req, void *payload, uint32_t size)
 	return (int)h.size;
 }
 
-/* Send, and with REPLY_ACK wait for the ack: every setup step is
- * confirmed before the next, so a refusal names the step. */
-static int vdrv_call(struct vdrv *d, uint32_t req, const void *payload, uint32_t size,
-		     const int *fds, unsigned nfds)
+/* Every setup step is confirmed before the next (with REPLY_ACK), so a
+ * refusal names the step. */
+int vdrv__call(struct vdrv *d, uint32_t req, const void *payload, uint32_t size,
+	       const int *fds, unsigned nfds)
 {
 	bool ack = d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK);
 	uint64_t v;
-	int r = vdrv_send(d, req, ack, payload, size, fds, nfds);
+	int r = vdrv__send(d, req, ack, payload, size, fds, nfds);
 
 	if (r < 0 || !ack)
 		return r;
-	r = vdrv_recv(d, req, &v, sizeof(v));
+	r = vdrv__recv(d, req, &v, sizeof(v));
 	if (r < 0)
 		return r;
 	return r == sizeof(v) && v == 0 ? 0 : -EREMOTEIO;
@@ -103,11 +108,11 @@ static int vdrv_call(struct vdrv *d, uint32_t req, const void *payload, uint32_t
 
 static int vdrv_get_u64(struct vdrv *d, uint32_t req, uint64_t *v)
 {
-	int r = vdrv_send(d, req, false, NULL, 0, NULL, 0);
+	int r = vdrv__send(d, req, false, NULL, 0, NULL, 0);
 
 	if (r < 0)
 		return r;
-	r = vdrv_recv(d, req, v, sizeof(*v));
+	r = vdrv__recv(d, req, v, sizeof(*v));
 	return r < 0 ? r : r == sizeof(*v) ? 0 : -EPROTO;
 }
 
@@ -121,11 +126,6 @@ void *vdrv_alloc(struct vdrv *d, size_t len, size_t align)
 		return NULL;
 	d->mem_used = off + len;
 	return d->mem + off;
-}
-
-static inline uint64_t vdrv_gpa(const struct vdrv *d, const void *p)
-{
-	return (uint64_t)((const uint8_t *)p - d->mem);
 }
 
 static inline bool vdrv_in_mem(const struct vdrv *d, const void *p, size_t len)
@@ -147,13 +147,85 @@ unsigned vdrv_block_size(const struct vdrv *d)
 	return 512;
 }
 
+enum vdrv_area vdrv_area_of(const struct vdrv *d, uint64_t gpa, unsigned *queue,
+			    const char **field, uint64_t *end)
+{
+	uint64_t next = d->mem_size;
+
+	*field = NULL;
+	for (unsigned i = 0; i < d->num_queues; i++) {
+		const struct vdrv_queue *q = &d->q[i];
+		uint64_t n = q->num;
+		const struct {
+			const void *base;
+			uint64_t len;
+			enum vdrv_area area;
+		} areas[] = {
+			{ q->desc, vring_desc_bytes(q->num), VDRV_AREA_DESC },
+			{ q->avail, vring_avail_bytes(q->num), VDRV_AREA_AVAIL },
+			{ q->used, vring_used_bytes(q->num), VDRV_AREA_USED },
+			{ q->ind, n * VDRV_MAX_SEGS * sizeof(struct vring_desc), VDRV_AREA_INDIRECT },
+		};
+
+		if (!q->desc)		/* setup failed before this queue */
+			break;
+		for (unsigned a = 0; a < ARRAY_SIZE(areas); a++) {
+			uint64_t start = vdrv_gpa(d, areas[a].base), off = gpa - start;
+			/* 2.7.6 / 2.7.8: flags, idx, ring[num], then the event
+			 * index the other side writes. */
+			uint64_t elem = areas[a].area == VDRV_AREA_USED ? 8 : 2;
+
+			if (gpa < start) {
+				next = MIN(next, start);
+				continue;
+			}
+			if (off >= areas[a].len)
+				continue;
+			*queue = i;
+			*end = start + areas[a].len;
+			if (areas[a].area == VDRV_AREA_AVAIL || areas[a].area == VDRV_AREA_USED) {
+				if (off < 2) {
+					*field = "flags";
+					*end = start + 2;
+				} else if (off < 4) {
+					*field = "idx";
+					*end = start + 4;
+				} else if (off < 4 + elem * n) {
+					*field = "ring";
+					*end = start + 4 + elem * n;
+				} else {
+					*field = areas[a].area == VDRV_AREA_USED ? "avail_event"
+										  : "used_event";
+				}
+			}
+			return areas[a].area;
+		}
+	}
+	*end = next;
+	return VDRV_AREA_NONE;
+}
+
 /* ---- Setup ---- */
+
+void vdrv__vring_addr(const struct vdrv_queue *q, bool log, struct vhost_vring_addr *a)
+{
+	*a = (struct vhost_vring_addr){ .index = q->idx };
+	/* vhost-user ring addresses are in the frontend's address space;
+	 * the log address is guest-physical ("Migration"). */
+	a->desc_user_addr = (uint64_t)(uintptr_t)q->desc;
+	a->avail_user_addr = (uint64_t)(uintptr_t)q->avail;
+	a->used_user_addr = (uint64_t)(uintptr_t)q->used;
+	if (log) {
+		a->flags = 1u << VHOST_VRING_F_LOG;
+		a->log_guest_addr = vdrv_gpa(q->d, q->used);
+	}
+}
 
 static int vdrv_queue_setup(struct vdrv *d, struct vdrv_queue *q, unsigned idx,
 			    unsigned num, char *err, size_t errlen)
 {
 	struct vhost_vring_state st = { .index = idx };
-	struct vhost_vring_addr addr = { .index = idx };
+	struct vhost_vring_addr addr;
 	uint64_t u;
 	int r;
 
@@ -166,7 +238,11 @@ static int vdrv_queue_setup(struct vdrv *d, struct vdrv_queue *q, unsigned idx,
 	q->desc = vdrv_alloc(d, vring_desc_bytes(num), 4096);
 	q->avail = vdrv_alloc(d, vring_avail_bytes(num), 4096);
 	q->used = vdrv_alloc(d, vring_used_bytes(num), 4096);
-	q->ind = vdrv_alloc(d, (size_t)num * VDRV_MAX_SEGS * sizeof(struct vring_desc), 16);
+	/* Indirect tables start a page of their own: dirty logging tracks
+	 * pages, and the used ring (the device's) must not share one with
+	 * memory the driver keeps marking, or an unlogged used-ring write
+	 * would be copied anyway and go unnoticed (vdrv_log.h). */
+	q->ind = vdrv_alloc(d, (size_t)num * VDRV_MAX_SEGS * sizeof(struct vring_desc), 4096);
 	q->free_heads = calloc(num, sizeof(*q->free_heads));
 	q->cookies = calloc(num, sizeof(*q->cookies));
 	if (!q->desc || !q->avail || !q->used || !q->ind || !q->free_heads || !q->cookies) {
@@ -191,30 +267,27 @@ static int vdrv_queue_setup(struct vdrv *d, struct vdrv_queue *q, unsigned idx,
 		return -EMFILE;
 	}
 	st.num = num;
-	r = vdrv_call(d, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), NULL, 0);
+	r = vdrv__call(d, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), NULL, 0);
 	if (r < 0)
 		goto fail;
 	st.num = 0;
-	r = vdrv_call(d, VHOST_USER_SET_VRING_BASE, &st, sizeof(st), NULL, 0);
+	r = vdrv__call(d, VHOST_USER_SET_VRING_BASE, &st, sizeof(st), NULL, 0);
 	if (r < 0)
 		goto fail;
-	/* vhost-user ring addresses are in the frontend's address space. */
-	addr.desc_user_addr = (uint64_t)(uintptr_t)q->desc;
-	addr.avail_user_addr = (uint64_t)(uintptr_t)q->avail;
-	addr.used_user_addr = (uint64_t)(uintptr_t)q->used;
-	r = vdrv_call(d, VHOST_USER_SET_VRING_ADDR, &addr, sizeof(addr), NULL, 0);
+	vdrv__vring_addr(q, false, &addr);
+	r = vdrv__call(d, VHOST_USER_SET_VRING_ADDR, &addr, sizeof(addr), NULL, 0);
 	if (r < 0)
 		goto fail;
 	u = idx;
-	r = vdrv_call(d, VHOST_USER_SET_VRING_KICK, &u, sizeof(u), &q->kick_fd, 1);
+	r = vdrv__call(d, VHOST_USER_SET_VRING_KICK, &u, sizeof(u), &q->kick_fd, 1);
 	if (r < 0)
 		goto fail;
-	r = vdrv_call(d, VHOST_USER_SET_VRING_CALL, &u, sizeof(u), &q->call_fd, 1);
+	r = vdrv__call(d, VHOST_USER_SET_VRING_CALL, &u, sizeof(u), &q->call_fd, 1);
 	if (r < 0)
 		goto fail;
 	if (vdrv_has(d, VHOST_USER_F_PROTOCOL_FEATURES)) {
 		st.num = 1;
-		r = vdrv_call(d, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), NULL, 0);
+		r = vdrv__call(d, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), NULL, 0);
 		if (r < 0)
 			goto fail;
 	}
@@ -279,8 +352,8 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 		if (r < 0)
 			goto proto_err;
 		u &= vdrv_wanted_proto;
-		r = vdrv_send(d, VHOST_USER_SET_PROTOCOL_FEATURES, false, &u, sizeof(u),
-			      NULL, 0);
+		r = vdrv__send(d, VHOST_USER_SET_PROTOCOL_FEATURES, false, &u, sizeof(u),
+			       NULL, 0);
 		if (r < 0)
 			goto proto_err;
 		d->proto_features = u;
@@ -300,14 +373,14 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 		r = -EINVAL;
 		goto err_close;
 	}
-	r = vdrv_call(d, VHOST_USER_SET_OWNER, NULL, 0, NULL, 0);
+	r = vdrv__call(d, VHOST_USER_SET_OWNER, NULL, 0, NULL, 0);
 	if (r < 0)
 		goto proto_err;
 	if (d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_CONFIG)) {
-		r = vdrv_send(d, VHOST_USER_GET_CONFIG, false, &cfg,
-			      VHOST_USER_CONFIG_HDR_SIZE + cfg.size, NULL, 0);
+		r = vdrv__send(d, VHOST_USER_GET_CONFIG, false, &cfg,
+			       VHOST_USER_CONFIG_HDR_SIZE + cfg.size, NULL, 0);
 		if (r >= 0)
-			r = vdrv_recv(d, VHOST_USER_GET_CONFIG, &cfg, sizeof(cfg));
+			r = vdrv__recv(d, VHOST_USER_GET_CONFIG, &cfg, sizeof(cfg));
 		if (r < 0)
 			goto proto_err;
 		memcpy(&d->cfg, cfg.region, MIN(cfg.size, (uint32_t)sizeof(d->cfg)));
@@ -317,8 +390,8 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 		r = -EINVAL;
 		goto err_close;
 	}
-	r = vdrv_call(d, VHOST_USER_SET_FEATURES, &d->features, sizeof(d->features),
-		      NULL, 0);
+	r = vdrv__call(d, VHOST_USER_SET_FEATURES, &d->features, sizeof(d->features),
+		       NULL, 0);
 	if (r < 0)
 		goto proto_err;
 
@@ -326,7 +399,8 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 	ring_bytes = d->num_queues * (VDRV_ALIGN(vring_desc_bytes(num), 4096) +
 				      VDRV_ALIGN(vring_avail_bytes(num), 4096) +
 				      VDRV_ALIGN(vring_used_bytes(num), 4096) +
-				      (size_t)num * VDRV_MAX_SEGS * sizeof(struct vring_desc));
+				      VDRV_ALIGN((size_t)num * VDRV_MAX_SEGS *
+						 sizeof(struct vring_desc), 4096));
 	d->mem_size = VDRV_ALIGN(ring_bytes + o->mem_bytes + 4096, 2 << 20);
 	d->memfd = memfd_create("vdrv-mem", MFD_CLOEXEC);
 	if (d->memfd < 0 || ftruncate(d->memfd, (off_t)d->mem_size) < 0) {
@@ -346,11 +420,20 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 	mem.regions[0].memory_size = d->mem_size;
 	mem.regions[0].userspace_addr = (uint64_t)(uintptr_t)d->mem;
 	mem.regions[0].mmap_offset = 0;
-	r = vdrv_call(d, VHOST_USER_SET_MEM_TABLE, &mem,
-		      offsetof(struct vhost_user_memory, regions) +
-		      sizeof(mem.regions[0]), &d->memfd, 1);
+	r = vdrv__call(d, VHOST_USER_SET_MEM_TABLE, &mem,
+		       offsetof(struct vhost_user_memory, regions) +
+		       sizeof(mem.regions[0]), &d->memfd, 1);
 	if (r < 0)
 		goto proto_err;
+	/* Before any queue thread exists: they read d->log without a barrier
+	 * (thread creation orders it). */
+	if (o->dirty_log) {
+		r = vdrv__log_new(d, &d->log);
+		if (r < 0) {
+			snprintf(err, errlen, "cannot create the dirty log: %s", strerror(-r));
+			goto err_close;
+		}
+	}
 
 	d->q = calloc(d->num_queues, sizeof(*d->q));
 	if (!d->q) {
@@ -378,18 +461,49 @@ err_free:
 	return r;
 }
 
+/* GET_VRING_BASE: the backend stops the ring and answers with its base. */
+static int queue_stop(struct vdrv *d, struct vdrv_queue *q, uint16_t *base)
+{
+	struct vhost_vring_state st = { .index = q->idx };
+	int r = vdrv__send(d, VHOST_USER_GET_VRING_BASE, false, &st, sizeof(st), NULL, 0);
+
+	if (r < 0)
+		return r;
+	r = vdrv__recv(d, VHOST_USER_GET_VRING_BASE, &st, sizeof(st));
+	if (r < 0)
+		return r;
+	if (r != sizeof(st) || st.index != q->idx)
+		return -EPROTO;
+	q->stopped = true;
+	if (base)
+		*base = (uint16_t)st.num;
+	return 0;
+}
+
+int vdrv_stop_rings(struct vdrv *d, uint16_t *bases)
+{
+	for (unsigned i = 0; i < d->num_queues; i++) {
+		int r;
+
+		if (d->q[i].stopped)
+			return -EINVAL;
+		r = queue_stop(d, &d->q[i], bases ? &bases[i] : NULL);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
 void vdrv_close(struct vdrv *d)
 {
 	if (!d)
 		return;
 	for (unsigned i = 0; d->q && i < d->num_queues; i++) {
 		struct vdrv_queue *q = &d->q[i];
-		struct vhost_vring_state st = { .index = i };
 
 		/* Stop the ring so the backend drains it before we unmap. */
-		if (q->kick_fd >= 0 &&
-		    vdrv_send(d, VHOST_USER_GET_VRING_BASE, false, &st, sizeof(st), NULL, 0) == 0)
-			(void)vdrv_recv(d, VHOST_USER_GET_VRING_BASE, &st, sizeof(st));
+		if (q->kick_fd >= 0 && !q->stopped)
+			(void)queue_stop(d, q, NULL);
 		sys_close(&q->kick_fd);
 		sys_close(&q->call_fd);
 		free(q->free_heads);
@@ -398,6 +512,7 @@ void vdrv_close(struct vdrv *d)
 	free(d->q);
 	if (d->sock >= 0)
 		close(d->sock);
+	vdrv__log_free(d->log);
 	if (d->mem)
 		munmap(d->mem, d->mem_size);
 	if (d->memfd >= 0)
@@ -436,6 +551,15 @@ int vdrv_add(struct vdrv_queue *q, const struct iovec *out, unsigned nout,
 	q->desc[head].len = n * sizeof(struct vring_desc);
 	q->cookies[head] = cookie;
 	q->avail->ring[q->avail_idx & (q->num - 1)] = head;
+	/* Dirty logging: every store above is marked after it is made. */
+	if (q->d->log) {
+		struct vdrv_log *log = q->d->log;
+
+		vdrv__log_mark(log, vdrv_gpa(q->d, t), n * sizeof(*t));
+		vdrv__log_mark(log, vdrv_gpa(q->d, &q->desc[head].len), sizeof(q->desc[head].len));
+		vdrv__log_mark(log, vdrv_gpa(q->d, &q->avail->ring[q->avail_idx & (q->num - 1)]),
+			       sizeof(q->avail->ring[0]));
+	}
 	q->avail_idx++;
 	return 0;
 }
@@ -451,6 +575,7 @@ void vdrv_kick(struct vdrv_queue *q)
 	 * descriptors and ring entries are visible before the index. */
 	smp_wmb();
 	WRITE_ONCE(q->avail->idx, new);
+	vdrv_log_mark(q->d, &q->avail->idx, sizeof(q->avail->idx));
 	q->kicked_idx = new;
 	/* Pairs with the device's full barrier in its enable-notify path
 	 * (vq_enable_notify): either it sees our index, or we see its
@@ -506,16 +631,21 @@ void vdrv_disable_cb(struct vdrv_queue *q)
 	/* Without EVENT_IDX the flag is the only way; with it the device
 	 * interrupts at most once when it passes used_event, which we stop
 	 * advancing. */
-	if (!q->event_idx)
+	if (!q->event_idx) {
 		WRITE_ONCE(q->avail->flags, VRING_AVAIL_F_NO_INTERRUPT);
+		vdrv_log_mark(q->d, &q->avail->flags, sizeof(q->avail->flags));
+	}
 }
 
 bool vdrv_enable_cb(struct vdrv_queue *q)
 {
-	if (q->event_idx)
+	if (q->event_idx) {
 		WRITE_ONCE(*q->used_event, q->last_used);
-	else
+		vdrv_log_mark(q->d, q->used_event, sizeof(*q->used_event));
+	} else {
 		WRITE_ONCE(q->avail->flags, 0);
+		vdrv_log_mark(q->d, &q->avail->flags, sizeof(q->avail->flags));
+	}
 	/* Pairs with the device's full barrier between publishing used->idx
 	 * and reading used_event (vq_should_notify). */
 	smp_mb();

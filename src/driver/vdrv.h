@@ -8,9 +8,13 @@
  * tables and every buffer handed out by vdrv_alloc(); guest-physical
  * address = offset in that memfd.
  *
- * Threading: vdrv_connect/vdrv_close on one thread; afterwards each queue
- * may be driven by its own thread (queues share nothing but the memfd).
- * vdrv_alloc is not thread-safe: allocate before starting threads.
+ * Threading: vdrv_connect/vdrv_close on one thread (the "connecting
+ * thread": it alone uses the socket); afterwards each queue may be driven
+ * by its own thread (queues share nothing but the memfd).  vdrv_alloc is
+ * not thread-safe: allocate before starting threads.
+ *
+ * Dirty logging (live migration, seen from the frontend) is its own room:
+ * driver/vdrv_log.h.
  */
 #ifndef VBLK_VDRV_H
 #define VBLK_VDRV_H
@@ -32,7 +36,10 @@ struct vdrv_opts {
 	unsigned queue_size;	/* power of two, default 256 */
 	size_t mem_bytes;	/* shared memory for vdrv_alloc, beyond rings */
 	bool no_event_idx;	/* do not negotiate VIRTIO_RING_F_EVENT_IDX */
+	bool dirty_log;		/* prepare dirty logging (vdrv_log.h) */
 };
+
+struct vdrv_log;
 
 struct vdrv_queue {
 	struct vdrv *d;
@@ -52,6 +59,7 @@ struct vdrv_queue {
 	void **cookies;			/* per head, NULL when free */
 	struct vring_desc *ind;		/* num * VDRV_MAX_SEGS, in shared memory */
 	int kick_fd, call_fd;
+	bool stopped;			/* GET_VRING_BASE sent (connecting thread) */
 
 	/* Counters. */
 	uint64_t kicks;			/* kick eventfd writes */
@@ -71,6 +79,11 @@ struct vdrv {
 	size_t mem_size, mem_used;
 	unsigned num_queues;
 	struct vdrv_queue *q;
+	/* Dirty-log state (vdrv_log.h): set by vdrv_connect with
+	 * opts.dirty_log, before any queue thread exists, and constant until
+	 * vdrv_close; NULL otherwise.  Queue threads read it on every store
+	 * they make to shared memory. */
+	struct vdrv_log *log;
 };
 
 /*
@@ -78,12 +91,51 @@ struct vdrv {
  * Returns 0, or -errno with one line for the user in err.
  */
 int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t errlen);
-/* Stop the rings (GET_VRING_BASE) and disconnect. */
+/* Stop the rings still running (GET_VRING_BASE) and disconnect.
+ * Connecting thread, after every queue thread has stopped. */
 void vdrv_close(struct vdrv *d);
+
+/*
+ * Stop every ring with GET_VRING_BASE, staying connected (what a migration
+ * source does before its last log sync: vhost-user "Migration", "Ring
+ * states").  bases[i] (num_queues entries, may be NULL) receives queue i's
+ * base: the backend's next avail index, equal to the queue's avail_idx
+ * once it has completed everything it was given.  No queue operation may
+ * follow.  Connecting thread, after every queue thread has stopped.
+ * Returns 0, -EINVAL when a ring was already stopped, or -errno (the rings
+ * answered so far stay stopped).
+ */
+int vdrv_stop_rings(struct vdrv *d, uint16_t *bases);
 
 /* Shared memory the backend can access, aligned to align (power of 2).
  * NULL when exhausted. */
 void *vdrv_alloc(struct vdrv *d, size_t len, size_t align);
+
+/* Guest-physical address of p (inside the shared memory): its offset in
+ * the memfd.  Any thread. */
+static inline uint64_t vdrv_gpa(const struct vdrv *d, const void *p)
+{
+	return (uint64_t)((const uint8_t *)p - d->mem);
+}
+
+/* What part of vdrv's own ring memory holds gpa. */
+enum vdrv_area {
+	VDRV_AREA_NONE,		/* not a ring: vdrv_alloc'ed buffers or unused */
+	VDRV_AREA_DESC,		/* descriptor table */
+	VDRV_AREA_AVAIL,	/* available ring (with used_event) */
+	VDRV_AREA_USED,		/* used ring (with avail_event) */
+	VDRV_AREA_INDIRECT,	/* indirect descriptor tables */
+};
+
+/*
+ * Classify gpa: the area, its queue (*queue) and, inside the rings, the
+ * field ("flags", "idx", "ring", "used_event", "avail_event"; NULL
+ * elsewhere).  *end receives the first gpa past that area or field (for
+ * NONE: the next area's start), so callers can walk a range in pieces.
+ * Any thread.
+ */
+enum vdrv_area vdrv_area_of(const struct vdrv *d, uint64_t gpa, unsigned *queue,
+			    const char **field, uint64_t *end);
 
 static inline bool vdrv_has(const struct vdrv *d, unsigned bit)
 {

@@ -3,6 +3,12 @@
  * It connects to a vhost-user-blk socket as the frontend (src/driver/), so
  * vblkd and qemu-storage-daemon are measured the same way, from the host.
  * One thread and one virtqueue per job.
+ *
+ * --dirty-log, --migrate-check and --log-toggle-ms play a live-migration
+ * source against the backend (driver/vdrv_log.h): logging on for the run,
+ * a sync every LOG_SYNC_MS on a thread of its own, logging switched off and
+ * on under load, and at the end the rings stopped and the memory compared
+ * with what the log let us copy.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -20,6 +26,8 @@
 
 #include "bench/hist.h"
 #include "driver/vdrv.h"
+#include "driver/vdrv_log.h"
+#include "util/barrier.h"
 #include "util/compiler.h"
 #include "util/parse.h"
 #include "util/sys.h"
@@ -37,13 +45,21 @@ struct opts {
 	uint64_t size, offset;
 	bool verify, poll, json, no_event_idx;
 	unsigned queue_size;
+	bool dirty_log, migrate_check;
+	unsigned log_toggle_ms;		/* 0: logging stays on */
 };
 
-/* One request slot, in shared memory. */
-struct slot {
+/* What a request shares with the device besides its data buffer. */
+struct req_shm {
 	struct virtio_blk_outhdr hdr;
 	uint8_t status;
-	uint8_t *buf;
+};
+
+/* One request slot.  The bookkeeping stays in our own memory: the device
+ * can write shared memory, and must not steer our pointers. */
+struct slot {
+	struct req_shm *shm;		/* shared memory */
+	uint8_t *buf;			/* shared memory, bs bytes */
 	uint64_t block;			/* index in the job's region */
 	uint64_t t0;
 	uint32_t gen;			/* generation written / expected */
@@ -223,15 +239,17 @@ static int submit_one(struct job *j, struct slot *s, bool write, uint64_t b)
 
 	s->write = write;
 	s->block = b;
-	s->hdr.type = write ? VIRTIO_BLK_T_OUT : VIRTIO_BLK_T_IN;
-	s->hdr.reserved = 0;
-	s->hdr.sector = off >> VIRTIO_BLK_SECTOR_SHIFT;
-	s->status = 0xff;
-	out[0] = (struct iovec){ &s->hdr, sizeof(s->hdr) };
+	s->shm->hdr.type = write ? VIRTIO_BLK_T_OUT : VIRTIO_BLK_T_IN;
+	s->shm->hdr.reserved = 0;
+	s->shm->hdr.sector = off >> VIRTIO_BLK_SECTOR_SHIFT;
+	s->shm->status = 0xff;
+	vdrv_log_mark(j->d, s->shm, sizeof(*s->shm));
+	out[0] = (struct iovec){ &s->shm->hdr, sizeof(s->shm->hdr) };
 	if (write) {
 		if (j->gen) {
 			s->gen = j->gen[b] + 1;
 			pattern_fill(s->buf, j->o->bs, off, s->gen, j->id);
+			vdrv_log_mark(j->d, s->buf, j->o->bs);
 		}
 		out[nout++] = (struct iovec){ s->buf, j->o->bs };
 	} else {
@@ -239,7 +257,7 @@ static int submit_one(struct job *j, struct slot *s, bool write, uint64_t b)
 			s->gen = j->gen[b];
 		in[nin++] = (struct iovec){ s->buf, j->o->bs };
 	}
-	in[nin++] = (struct iovec){ &s->status, 1 };
+	in[nin++] = (struct iovec){ &s->shm->status, 1 };
 	if (j->busy)
 		j->busy[b] = 1;
 	s->measured = atomic_load_explicit(&phase, memory_order_relaxed) == 1;
@@ -256,7 +274,7 @@ static int submit_one(struct job *j, struct slot *s, bool write, uint64_t b)
 static void complete_one(struct job *j, struct slot *s)
 {
 	uint64_t now = sys_now_ns();
-	bool ok = s->status == VIRTIO_BLK_S_OK;
+	bool ok = READ_ONCE(s->shm->status) == VIRTIO_BLK_S_OK;
 
 	if (j->busy)
 		j->busy[s->block] = 0;
@@ -443,12 +461,11 @@ static int job_setup(struct job *j)
 	if (!j->slots || !j->free_slots)
 		return -ENOMEM;
 	for (unsigned i = 0; i < o->iodepth; i++) {
-		struct slot *s = vdrv_alloc(j->d, sizeof(*s), 64);
+		struct slot *s = &j->slots[i];
 
-		if (!s)
-			return -ENOMEM;
+		s->shm = vdrv_alloc(j->d, sizeof(*s->shm), 64);
 		s->buf = vdrv_alloc(j->d, o->bs, 4096);
-		if (!s->buf)
+		if (!s->shm || !s->buf)
 			return -ENOMEM;
 		j->free_slots[j->nfree++] = s;
 	}
@@ -491,6 +508,18 @@ static void usage(FILE *f)
 "  --json               print one JSON object\n"
 "  --hold S             after the results, stay connected and idle for S seconds\n"
 "                       (to measure what an idle, connected disk costs)\n"
+"\n"
+"Live migration, as a migration source drives it (vhost-user dirty logging):\n"
+"  --dirty-log          dirty logging on for the whole run (before the jobs\n"
+"                       start), the log synced every 50 ms: what logging costs\n"
+"  --migrate-check      --dirty-log, and at the end stop the rings and compare\n"
+"                       memory with the copy the log let us keep: a byte that\n"
+"                       differs was written but not logged (an error, printed\n"
+"                       with its address and area), as is a ring base that\n"
+"                       is not where the driver stopped\n"
+"  --log-toggle-ms N    --dirty-log, switched off and on again every N ms while\n"
+"                       the jobs run (each on starts with a fresh bulk copy);\n"
+"                       the run ends with logging on\n"
 "  --help\n");
 }
 
@@ -514,6 +543,9 @@ static void parse(int argc, char **argv, struct opts *o)
 		{ "queue-size", required_argument, NULL, 'Q' },
 		{ "hold", required_argument, NULL, 'H' },
 		{ "no-event-idx", no_argument, NULL, 'E' },
+		{ "dirty-log", no_argument, NULL, 'L' },
+		{ "migrate-check", no_argument, NULL, 'M' },
+		{ "log-toggle-ms", required_argument, NULL, 'T' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -553,6 +585,12 @@ static void parse(int argc, char **argv, struct opts *o)
 		case 'J': o->json = true; break;
 		case 'Q': o->queue_size = (unsigned)parse_num("--queue-size", optarg, 1, 32768); break;
 		case 'E': o->no_event_idx = true; break;
+		case 'L': o->dirty_log = true; break;
+		case 'M': o->migrate_check = o->dirty_log = true; break;
+		case 'T':
+			o->log_toggle_ms = (unsigned)parse_num("--log-toggle-ms", optarg, 1, 3600000);
+			o->dirty_log = true;
+			break;
 		case 'h': usage(stdout); exit(0);
 		case ':': die("option '%s' needs a value; see vblk-bench --help", argv[optind - 1]);
 		default: die("unknown option '%s'; see vblk-bench --help", argv[optind - 1]);
@@ -575,6 +613,10 @@ static void parse(int argc, char **argv, struct opts *o)
 		    o->iodepth, o->queue_size);
 	if (o->runtime <= 0)
 		die("--runtime must be more than 0 seconds");
+	if (o->log_toggle_ms && o->runtime * 1000 <= 2.0 * o->log_toggle_ms)
+		die("--log-toggle-ms %u needs a --runtime longer than %u ms (logging off for "
+		    "%u ms, then on again)", o->log_toggle_ms, 2 * o->log_toggle_ms,
+		    o->log_toggle_ms);
 }
 
 static double ts_sec(struct timeval tv)
@@ -590,6 +632,290 @@ static void sleep_s(double s)
 		;
 }
 
+static void sleep_until(uint64_t ns)
+{
+	uint64_t now = sys_now_ns();
+
+	if (ns > now)
+		sleep_s((double)(ns - now) / 1e9);
+}
+
+/* ---- Migration: log syncs, switches under load, the final check ---- */
+
+#define LOG_SYNC_MS 50
+
+static atomic_bool sync_stop;
+
+/* What a migration's iterations do, every LOG_SYNC_MS while the jobs run. */
+static void *sync_main(void *opaque)
+{
+	struct vdrv *d = opaque;
+	struct timespec next;
+
+	clock_gettime(CLOCK_MONOTONIC, &next);
+	while (!atomic_load(&sync_stop)) {
+		next.tv_nsec += LOG_SYNC_MS * 1000000L;
+		if (next.tv_nsec >= 1000000000L) {
+			next.tv_sec++;
+			next.tv_nsec -= 1000000000L;
+		}
+		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL) == EINTR)
+			;
+		(void)vdrv_log_sync(d);
+	}
+	return NULL;
+}
+
+/*
+ * The measured window under --log-toggle-ms: logging off at N ms, on again
+ * at 2N ms (a new migration attempt: a fresh bulk copy), and so on, always
+ * in pairs whose "on" lies before the end, so the run ends with logging on.
+ * The job threads keep doing I/O throughout.  Returns the switches made.
+ */
+static unsigned toggle_window(struct vdrv *d, const struct opts *o, uint64_t t0)
+{
+	uint64_t step = o->log_toggle_ms * 1000000ull;
+	uint64_t end = t0 + (uint64_t)(o->runtime * 1e9);
+	unsigned n = 0;
+	char err[512];
+
+	for (uint64_t k = 1; t0 + (k + 1) * step < end; k += 2) {
+		sleep_until(t0 + k * step);
+		if (vdrv_log_stop(d, err, sizeof(err)) < 0)
+			die("switching dirty logging off under load: %s", err);
+		sleep_until(t0 + (k + 1) * step);
+		if (vdrv_log_start(d, err, sizeof(err)) < 0)
+			die("switching dirty logging on again under load: %s", err);
+		n += 2;
+	}
+	sleep_until(end);
+	return n;
+}
+
+/* --migrate-check: where the bytes that differ are. */
+#define CHECK_AREAS (4 * 64 + 4)
+#define CHECK_REPORTS 8
+
+struct check_area {
+	char name[32];			/* "used ring q0", "data buffers", ... */
+	const char *fields[6];		/* ring or request fields seen */
+	unsigned nfields;
+	uint64_t bytes, pages, last_page;
+};
+
+struct check {
+	struct vdrv *d;
+	const struct job *jobs;
+	unsigned njobs;
+	uint64_t bs;
+	bool ran;			/* false: skipped (requests stranded) */
+	uint64_t bytes, pages, last_page;
+	struct check_area areas[CHECK_AREAS];
+	unsigned nareas;
+	uint16_t bases[64];		/* GET_VRING_BASE per queue (--numjobs <= 64) */
+	bool bases_ok;
+	unsigned reported;		/* runs printed */
+};
+
+/* Name the area holding gpa into name; *end: where that area (or field)
+ * ends, or for "other" where the next known area starts. */
+static void check_classify(const struct check *c, uint64_t gpa, char *name, size_t len,
+			   const char **field, uint64_t *end)
+{
+	static const char *const rings[] = {
+		[VDRV_AREA_DESC] = "descriptors", [VDRV_AREA_AVAIL] = "avail ring",
+		[VDRV_AREA_USED] = "used ring", [VDRV_AREA_INDIRECT] = "indirect tables",
+	};
+	unsigned q;
+	enum vdrv_area a = vdrv_area_of(c->d, gpa, &q, field, end);
+	uint64_t next = *end;
+
+	if (a != VDRV_AREA_NONE) {
+		snprintf(name, len, "%s q%u", rings[a], q);
+		return;
+	}
+	for (unsigned i = 0; i < c->njobs; i++) {
+		const struct job *j = &c->jobs[i];
+
+		for (unsigned k = 0; k < j->o->iodepth; k++) {
+			const struct slot *s = &j->slots[k];
+			uint64_t h = vdrv_gpa(c->d, s->shm), b = vdrv_gpa(c->d, s->buf);
+
+			if (gpa >= h && gpa < h + sizeof(*s->shm)) {
+				snprintf(name, len, "request header/status");
+				if (gpa < h + offsetof(struct req_shm, status)) {
+					*field = "header";
+					*end = h + offsetof(struct req_shm, status);
+				} else {
+					*field = "status";
+					*end = h + offsetof(struct req_shm, status) + 1;
+				}
+				return;
+			}
+			if (gpa >= b && gpa < b + c->bs) {
+				snprintf(name, len, "data buffers");
+				*end = b + c->bs;
+				return;
+			}
+			if (h > gpa)
+				next = MIN(next, h);
+			if (b > gpa)
+				next = MIN(next, b);
+		}
+	}
+	snprintf(name, len, "other");
+	*end = next;
+}
+
+/* Pages of [gpa, end) not counted yet, given the last page counted
+ * (ranges arrive in address order). */
+static uint64_t new_pages(uint64_t gpa, uint64_t end, uint64_t counted, uint64_t *last)
+{
+	uint64_t first = gpa / 4096, final = (end - 1) / 4096;
+
+	if (counted && first <= *last)
+		first = *last + 1;
+	if (first > final)
+		return 0;
+	*last = final;
+	return final - first + 1;
+}
+
+static void check_count(struct check *c, const char *name, const char *field,
+			uint64_t gpa, uint64_t end)
+{
+	struct check_area *a = NULL;
+
+	for (unsigned i = 0; i < c->nareas && !a; i++)
+		if (!strcmp(c->areas[i].name, name))
+			a = &c->areas[i];
+	if (!a) {
+		if (c->nareas == CHECK_AREAS)
+			a = &c->areas[CHECK_AREAS - 1];	/* cannot happen: areas are bounded */
+		else
+			a = &c->areas[c->nareas++];
+		snprintf(a->name, sizeof(a->name), "%s", name);
+	}
+	if (field) {
+		unsigned f = 0;
+
+		while (f < a->nfields && strcmp(a->fields[f], field))
+			f++;
+		if (f == a->nfields && f < ARRAY_SIZE(a->fields))
+			a->fields[a->nfields++] = field;
+	}
+	a->pages += new_pages(gpa, end, a->pages, &a->last_page);
+	a->bytes += end - gpa;
+	c->pages += new_pages(gpa, end, c->pages, &c->last_page);
+	c->bytes += end - gpa;
+}
+
+static void check_diff(void *opaque, uint64_t gpa, uint64_t len)
+{
+	struct check *c = opaque;
+	uint64_t stop = gpa + len;
+
+	while (gpa < stop) {
+		char name[32];
+		const char *field;
+		uint64_t end;
+
+		check_classify(c, gpa, name, sizeof(name), &field, &end);
+		if (end <= gpa || end > stop)
+			end = stop;
+		/* The first few say where; the counts say how much. */
+		if (c->reported++ < CHECK_REPORTS)
+			fprintf(stderr, "vblk-bench: migrate check: %" PRIu64 " byte%s at 0x%"
+				PRIx64 " (%s%s%s) differ from the migrated copy: written but "
+				"not logged\n", end - gpa, end - gpa == 1 ? "" : "s", gpa, name,
+				field ? ", " : "", field ? field : "");
+		check_count(c, name, field, gpa, end);
+		gpa = end;
+	}
+}
+
+/*
+ * The end of a migration: every ring stopped (its base must be where the
+ * driver stopped: each request it was given, completed), a last sync, and
+ * the memory compared with the copy.  Connecting thread, jobs joined.
+ */
+static void migrate_check(struct check *c)
+{
+	int64_t r;
+
+	c->bases_ok = true;
+	r = vdrv_stop_rings(c->d, c->bases);
+	if (r < 0)
+		die("migrate check: stopping the rings (GET_VRING_BASE) failed: %s",
+		    strerror((int)-r));
+	for (unsigned i = 0; i < c->d->num_queues; i++) {
+		if (c->bases[i] == c->d->q[i].avail_idx)
+			continue;
+		fprintf(stderr, "vblk-bench: migrate check: queue %u stopped at base %u, the "
+			"driver made %u requests available: a destination would resume "
+			"elsewhere\n", i, c->bases[i], c->d->q[i].avail_idx);
+		c->bases_ok = false;
+	}
+	r = vdrv_log_compare(c->d, check_diff, c);
+	if (r < 0)
+		die("migrate check: comparing memory failed: %s", strerror((int)-r));
+	c->ran = true;
+}
+
+static bool check_failed(const struct check *c)
+{
+	return c->ran && (c->bytes || !c->bases_ok);
+}
+
+/* The check as one JSON value. */
+static void check_json(FILE *f, const struct check *c)
+{
+	fprintf(f, "{\"checked\": %s", c->ran ? "true" : "false");
+	if (c->ran) {
+		fprintf(f, ", \"mismatch_bytes\": %" PRIu64 ", \"mismatch_pages\": %" PRIu64
+			", \"ring_bases_ok\": %s, \"ring_bases\": [", c->bytes, c->pages,
+			c->bases_ok ? "true" : "false");
+		for (unsigned i = 0; i < c->d->num_queues; i++)
+			fprintf(f, "%s%u", i ? ", " : "", c->bases[i]);
+		fprintf(f, "], \"areas\": {");
+		for (unsigned i = 0; i < c->nareas; i++) {
+			const struct check_area *a = &c->areas[i];
+
+			fprintf(f, "%s\"%s\": {\"bytes\": %" PRIu64 ", \"pages\": %" PRIu64
+				", \"fields\": [", i ? ", " : "", a->name, a->bytes, a->pages);
+			for (unsigned k = 0; k < a->nfields; k++)
+				fprintf(f, "%s\"%s\"", k ? ", " : "", a->fields[k]);
+			fprintf(f, "]}");
+		}
+		fprintf(f, "}");
+	}
+	fprintf(f, "}");
+}
+
+static void check_text(FILE *f, const struct check *c)
+{
+	if (!c->ran) {
+		fprintf(f, "  migrate check: not done (requests stranded)\n");
+		return;
+	}
+	fprintf(f, "  migrate check: ring bases %s, ", c->bases_ok ? "ok" : "WRONG");
+	if (!c->bytes) {
+		fprintf(f, "memory matches the migrated copy\n");
+		return;
+	}
+	fprintf(f, "%" PRIu64 " bytes in %" PRIu64 " pages written but not logged:\n",
+		c->bytes, c->pages);
+	for (unsigned i = 0; i < c->nareas; i++) {
+		const struct check_area *a = &c->areas[i];
+
+		fprintf(f, "    %-24s %8" PRIu64 " bytes %6" PRIu64 " pages", a->name, a->bytes,
+			a->pages);
+		for (unsigned k = 0; k < a->nfields; k++)
+			fprintf(f, "%s%s", k ? ", " : "  (", a->fields[k]);
+		fprintf(f, "%s\n", a->nfields ? ")" : "");
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const char *const modes[] = { "read", "write", "randread", "randwrite",
@@ -600,6 +926,11 @@ int main(int argc, char **argv)
 	struct job *jobs;
 	struct hist all;
 	struct rusage ru0, ru1;
+	struct check check = { 0 };
+	struct vdrv_log_stats ls;
+	pthread_t syncer;
+	unsigned toggles = 0;
+	bool stranded = false;
 	char err[512];
 	uint64_t cap, span, ios = 0, bytes = 0, errors = 0, verify_errors = 0, verified = 0;
 	uint64_t kicks = 0, calls = 0, t0, t1, submitted = 0, completed = 0, bad_used = 0;
@@ -611,6 +942,7 @@ int main(int argc, char **argv)
 	vo.num_queues = o.numjobs;
 	vo.queue_size = o.queue_size;
 	vo.no_event_idx = o.no_event_idx;
+	vo.dirty_log = o.dirty_log;
 	vo.mem_bytes = (size_t)o.numjobs * o.iodepth * (o.bs + 4096 + 64) + (1 << 20);
 	r = vdrv_connect(&vo, &d, err, sizeof(err));
 	if (r < 0)
@@ -650,6 +982,15 @@ int main(int argc, char **argv)
 			    o.iodepth, o.bs);
 	}
 
+	/* A migration that starts before the guest does anything: the whole
+	 * run is logged. */
+	if (o.dirty_log) {
+		if (vdrv_log_start(d, err, sizeof(err)) < 0)
+			die("--dirty-log: %s", err);
+		if (pthread_create(&syncer, NULL, sync_main, d))
+			die("cannot start the log sync thread");
+	}
+
 	atomic_store(&phase, o.ramp > 0 ? 0 : 1);
 	for (unsigned i = 0; i < o.numjobs; i++)
 		if (pthread_create(&jobs[i].thread, NULL, job_main, &jobs[i]))
@@ -663,7 +1004,10 @@ int main(int argc, char **argv)
 	getrusage(RUSAGE_SELF, &ru0);
 	t0 = sys_now_ns();
 	atomic_store(&phase, 1);
-	sleep_s(o.runtime);
+	if (o.log_toggle_ms)
+		toggles = toggle_window(d, &o, t0);
+	else
+		sleep_s(o.runtime);
 	atomic_store(&phase, 2);
 	t1 = sys_now_ns();
 	getrusage(RUSAGE_SELF, &ru1);
@@ -673,8 +1017,20 @@ int main(int argc, char **argv)
 		jobs[i].kicks = jobs[i].q->kicks - jobs[i].kicks0;
 		jobs[i].calls = jobs[i].q->calls - jobs[i].calls0;
 	}
-	for (unsigned i = 0; i < o.numjobs; i++)
+	for (unsigned i = 0; i < o.numjobs; i++) {
 		pthread_join(jobs[i].thread, NULL);
+		stranded |= jobs[i].stalled;
+	}
+	if (o.dirty_log) {
+		atomic_store(&sync_stop, true);
+		pthread_join(syncer, NULL);
+	}
+	/* With requests stranded in the backend nobody can say when it is
+	 * done writing: the comparison would be noise. */
+	check = (struct check){ .d = d, .jobs = jobs, .njobs = o.numjobs, .bs = o.bs };
+	if (o.migrate_check && !stranded)
+		migrate_check(&check);
+	vdrv_log_get_stats(d, &ls);
 
 	hist_init(&all);
 	for (unsigned i = 0; i < o.numjobs; i++) {
@@ -709,7 +1065,7 @@ int main(int argc, char **argv)
 		       "\"cpu_user_s\": %.3f, \"cpu_sys_s\": %.3f, "
 		       "\"requests_submitted\": %" PRIu64 ", \"requests_completed\": %" PRIu64
 		       ", \"bad_used\": %" PRIu64 ", \"discard\": %s, "
-		       "\"discard_sector_alignment\": %u, \"max_discard_sectors\": %u}\n",
+		       "\"discard_sector_alignment\": %u, \"max_discard_sectors\": %u",
 		       modes[o.rw], o.bs, o.iodepth, o.numjobs, o.poll ? "true" : "false",
 		       vdrv_has(d, VIRTIO_RING_F_EVENT_IDX) ? "true" : "false", secs,
 		       ios / secs, bytes / secs, ios, errors, verify_errors, verified,
@@ -720,6 +1076,16 @@ int main(int argc, char **argv)
 		       user, sys, submitted, completed, bad_used,
 		       vdrv_has(d, VIRTIO_BLK_F_DISCARD) ? "true" : "false",
 		       d->cfg.discard_sector_alignment, d->cfg.max_discard_sectors);
+		printf(", \"dirty_log\": %s, \"log_syncs\": %" PRIu64 ", \"log_dirty_pages\": %"
+		       PRIu64 ", \"log_bulk_copies\": %" PRIu64 ", \"log_toggle_ms\": %u, "
+		       "\"log_toggles\": %u, \"log_switch_max_us\": %.1f, \"migrate_check\": ",
+		       o.dirty_log ? "true" : "false", ls.syncs, ls.dirty_pages, ls.starts,
+		       o.log_toggle_ms, toggles, ls.switch_max_ns / 1e3);
+		if (o.migrate_check)
+			check_json(stdout, &check);
+		else
+			printf("null");
+		printf("}\n");
 	} else {
 		printf("vblk-bench: %s bs=%" PRIu64 " iodepth=%u numjobs=%u %s%s, %.1f s\n",
 		       modes[o.rw], o.bs, o.iodepth, o.numjobs, o.poll ? "polling" : "interrupts",
@@ -735,6 +1101,13 @@ int main(int argc, char **argv)
 		if (o.verify)
 			printf("  verify: %" PRIu64 " blocks checked, %" PRIu64 " mismatches\n",
 			       verified, verify_errors);
+		if (o.dirty_log)
+			printf("  dirty log: %" PRIu64 " syncs, %" PRIu64 " dirty pages copied, "
+			       "%" PRIu64 " bulk cop%s, %u switches under load, slowest switch "
+			       "%.1f us\n", ls.syncs, ls.dirty_pages, ls.starts,
+			       ls.starts == 1 ? "y" : "ies", toggles, ls.switch_max_ns / 1e3);
+		if (o.migrate_check)
+			check_text(stdout, &check);
 	}
 	if (o.hold > 0) {
 		fflush(stdout);
@@ -748,5 +1121,5 @@ int main(int argc, char **argv)
 		free(jobs[i].busy);
 	}
 	free(jobs);
-	return errors ? 1 : 0;
+	return errors || check_failed(&check) ? 1 : 0;
 }

@@ -13,6 +13,13 @@
  * vq_flush, vq_should_notify).  Nothing is validated here: vq_init() is
  * the only judge of the layout.
  *
+ * With FZ_LOG the queue runs with dirty logging on (migration), the used
+ * ring logged at its own address, and the harness checks the logging
+ * promise: every page of guest memory whose content changed is marked in
+ * the log.  FZ_LOG_ODD logs the used ring at an address the input picks
+ * (hdr.pad), possibly outside the log: nothing may be written past the
+ * log (a no-access page follows it).
+ *
  * Input: struct fz_hdr, then hdr.mem_len bytes copied to the start of
  * guest memory (the rest of it reads zero), then, with FZ_INFLIGHT, the
  * in-flight region image (zero-padded to vq_inflight_region_size(num)).
@@ -29,6 +36,7 @@
 #include "backend/bdev.h"
 #include "blk/blk.h"
 #include "blk/virtio_blk.h"
+#include "mem/dirty.h"
 #include "mem/gm.h"
 #include "util/sys.h"
 #include "vhost/vhost_user.h"
@@ -49,6 +57,8 @@
 #define FZ_CALL_FD	(1u << 3)
 #define FZ_ERR_FD	(1u << 4)
 #define FZ_DISABLED	(1u << 5)	/* start the ring disabled */
+#define FZ_LOG		(1u << 6)	/* dirty logging on, checked */
+#define FZ_LOG_ODD	(1u << 7)	/* ... used ring logged at GPA_BASE + (s16)pad * 64 */
 
 /* fz_hdr.feat */
 #define FZ_F_FLUSH	(1u << 0)	/* driver acked VIRTIO_BLK_F_FLUSH */
@@ -64,7 +74,7 @@ struct fz_hdr {
 	uint16_t num_raw;
 	uint16_t last_avail_idx;
 	uint16_t mem_len;	/* memory image bytes that follow */
-	uint16_t pad;
+	uint16_t pad;		/* FZ_LOG_ODD: used ring log address */
 	int32_t desc_off, avail_off, used_off;	/* from QVA_BASE */
 } __attribute__((packed));
 STATIC_ASSERT(sizeof(struct fz_hdr) == 24, "fz_hdr");
@@ -85,6 +95,8 @@ static struct {
 	struct blk_dev *d[ARRAY_SIZE(kinds)];
 	int kick_fd, call_fd, err_fd;
 	bool dump;			/* $VBLK_FUZZ_DUMP: print the outcome */
+	struct gm_dirty_log *log;	/* covers GPA 0 .. the region's end */
+	uint8_t *before;		/* guest memory before processing */
 } fz;
 
 static void die(const char *what, int err)
@@ -131,6 +143,68 @@ static void mem_setup(void)
 	if (ret < 0)
 		die("gm_table_add", -ret);
 	fz.guest = r.host;
+}
+
+/*
+ * A dirty log covering exactly GPA 0 to the end of the region, ending at
+ * the end of its mapping, which is moved into a reservation one page
+ * longer: a mark past the log faults.
+ */
+static void log_setup(void)
+{
+	uint64_t size = ((GPA_BASE + MEM_SIZE) / PAGE + 7) / 8;
+	uint64_t file = (size + PAGE - 1) / PAGE * PAGE;
+	struct gm_dirty_log *l;
+	void *res, *p;
+	int fd, ret;
+
+	fd = memfd_create("fuzz-log", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)file) < 0)
+		die("memfd", errno);
+	ret = gm_dirty_map(fd, size, file - size, &l);
+	if (ret < 0)
+		die("gm_dirty_map", -ret);
+	close(fd);
+	res = mmap(NULL, l->map_len + PAGE, PROT_NONE,
+		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (res == MAP_FAILED)
+		die("mmap guard", errno);
+	gm_guard_del(l->map);
+	p = mremap(l->map, l->map_len, l->map_len, MREMAP_MAYMOVE | MREMAP_FIXED, res);
+	if (p == MAP_FAILED)
+		die("mremap", errno);
+	l->bits = (_Atomic uint8_t *)((uint8_t *)p + ((uint8_t *)l->bits - (uint8_t *)l->map));
+	l->map = p;
+	fz.log = l;
+	fz.before = malloc(MEM_SIZE);
+	if (!fz.before)
+		die("malloc", ENOMEM);
+}
+
+static bool page_dirty(uint64_t gpa)
+{
+	uint64_t page = gpa / PAGE;
+
+	return fz.log->bits[page / 8] & (1u << (page % 8));
+}
+
+/* The logging promise: what changed in guest memory is marked. */
+static void log_check(void)
+{
+	for (uint64_t off = 0; off < MEM_SIZE; off += PAGE) {
+		if (!memcmp(fz.before + off, fz.guest + off, PAGE) ||
+		    page_dirty(GPA_BASE + off))
+			continue;
+		for (uint64_t i = off; i < off + PAGE; i++)
+			if (fz.before[i] != fz.guest[i]) {
+				dprintf(fuzz_report_fd, "fuzz_vq_blk: guest byte at GPA 0x%llx "
+					"changed (0x%02x -> 0x%02x) but its page is not in "
+					"the dirty log\n", (unsigned long long)(GPA_BASE + i),
+					fz.before[i], fz.guest[i]);
+				break;
+			}
+		abort();
+	}
 }
 
 static void dev_setup(unsigned i)
@@ -181,6 +255,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	fuzz_log_init();
 	fz.dump = getenv("VBLK_FUZZ_DUMP") != NULL;
 	mem_setup();
+	log_setup();
 	for (unsigned i = 0; i < ARRAY_SIZE(kinds); i++)
 		dev_setup(i);
 	fz.kick_fd = sys_eventfd();
@@ -250,10 +325,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	su.err_fd = (h.flags & FZ_ERR_FD) ? fz.err_fd : -1;
 	su.enabled = !(h.flags & FZ_DISABLED);
 	su.features = features;
+	if (h.flags & (FZ_LOG | FZ_LOG_ODD)) {
+		su.cfg.log.log = fz.log;
+		su.cfg.log.used = true;
+		su.cfg.log.used_gpa = (h.flags & FZ_LOG_ODD) ?
+			GPA_BASE + (int64_t)(int16_t)h.pad * 64 :
+			su.cfg.used_qva - QVA_BASE + GPA_BASE;
+		memset((void *)fz.log->bits, 0, fz.log->size);
+		memcpy(fz.before, fz.guest, MEM_SIZE);
+	}
 
 	r = blk_fuzz_process(d, 0, &su);
 	if (fz.dump)
 		dump(&su, r);
+	if ((h.flags & FZ_LOG) && !(h.flags & FZ_LOG_ODD))
+		log_check();
 
 	(void)sys_eventfd_drain(fz.call_fd);
 	(void)sys_eventfd_drain(fz.err_fd);

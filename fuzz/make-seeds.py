@@ -18,6 +18,7 @@ MEM_SIZE = 64 << 10
 
 FZ_EVENT_IDX, FZ_INDIRECT, FZ_INFLIGHT = 1, 2, 4
 FZ_CALL_FD, FZ_ERR_FD, FZ_DISABLED = 8, 16, 32
+FZ_LOG, FZ_LOG_ODD = 64, 128
 FZ_F_FLUSH, FZ_F_WCE, FZ_F_WT = 1, 2, 4
 DEV_RW, DEV_RO, DEV_4K = 0, 1, 2
 
@@ -91,10 +92,10 @@ class Ring:
         self.put(AVAIL + 4 + 2 * self.num, struct.pack('<H', used_event))
         self.put(USED, struct.pack('<HH', 0, first_idx & 0xffff))
 
-    def seed(self, flags=0, dev=DEV_RW, feat=0, last_avail=0, inflight=b''):
+    def seed(self, flags=0, dev=DEV_RW, feat=0, last_avail=0, inflight=b'', pad=0):
         log2 = self.num.bit_length() - 1
-        hdr = struct.pack('<BBBBHHHHiii', log2, flags, dev, feat, 0, last_avail,
-                          len(self.img), 0, DESC, AVAIL, USED)
+        hdr = struct.pack('<BBBBHHHhiii', log2, flags, dev, feat, 0, last_avail,
+                          len(self.img), pad, DESC, AVAIL, USED)
         return hdr + bytes(self.img) + inflight
 
 
@@ -191,6 +192,18 @@ def vq_seeds():
         region += struct.pack('<B5xHQ', taken, 0, 7 if taken else 0)
     region += bytes((-len(region)) % 64)
     s['inflight-resubmit'] = r.seed(FZ_INFLIGHT | FZ_CALL_FD, inflight=bytes(region))
+
+    # Dirty logging (migration): a read, GET_ID and a bad chain, with and
+    # without EVENT_IDX (avail_event vs used->flags); and the used ring
+    # logged at an address past the end of the log.
+    r = Ring()
+    r.request(T_IN, 0, [(DATA, 4096, True)])
+    r.request(T_GET_ID, 0, [(DATA + 0x2000, 20, True)])
+    r.request(T_IN, 0, [(MEM_SIZE + 0x1000, 512, True)])
+    r.publish()
+    s['logged-event-idx'] = r.seed(FZ_LOG | FZ_EVENT_IDX | FZ_CALL_FD)
+    s['logged-flags'] = r.seed(FZ_LOG | FZ_CALL_FD)
+    s['logged-used-outside-log'] = r.seed(FZ_LOG_ODD | FZ_EVENT_IDX, pad=0x7fff)
     return s
 
 
@@ -203,6 +216,8 @@ GET_PROTOCOL_FEATURES, SET_PROTOCOL_FEATURES, GET_QUEUE_NUM = 15, 16, 17
 SET_VRING_ENABLE, GET_CONFIG, SET_CONFIG = 18, 24, 25
 GET_INFLIGHT_FD, SET_INFLIGHT_FD = 31, 32
 GET_MAX_MEM_SLOTS, ADD_MEM_REG, REM_MEM_REG = 36, 37, 38
+SET_LOG_BASE, SET_LOG_FD = 6, 7
+LOG_SHMFD, LOG_ALL, VRING_F_LOG = 1 << 1, 1 << 26, 1
 
 VERSION, NEED_REPLY = 1, 8
 PROTO = (1 << 0) | (1 << 3) | (1 << 9) | (1 << 12) | (1 << 15)
@@ -304,6 +319,31 @@ def vu_seeds():
                           mem_table() + ring(0) +
                           msg(SET_VRING_KICK, u64(0), fds=[EVENTFD], split=True) +
                           mem_table())
+    # Migration as QEMU drives it on the source, while the ring runs: a log,
+    # LOG_ALL, the ring's log flag, a bigger log, a log eventfd, logging
+    # off, the ring stopped; then a log too small and one past its fd.
+    log = lambda size, off=0, pages=1: msg(SET_LOG_BASE, struct.pack('<QQ', size, off),
+                                           fds=[(pages, 0)])
+    addr = lambda fl, la: msg(SET_VRING_ADDR, struct.pack('<IIQQQQ', 0, fl, QVA, QVA + 0x2000,
+                                                          QVA + 0x1000, la),
+                              flags=VERSION | NEED_REPLY)
+    s['migration-source'] = (handshake() +
+                             msg(SET_PROTOCOL_FEATURES, u64(PROTO | LOG_SHMFD)) +
+                             msg(SET_FEATURES, u64(FEATURES)) + mem_table() + ring(0) +
+                             log(8) +
+                             msg(SET_FEATURES, u64(FEATURES | LOG_ALL),
+                                 flags=VERSION | NEED_REPLY) +
+                             addr(VRING_F_LOG, 0x2000) +
+                             log(4096, 0, 2) + msg(SET_LOG_FD, fds=[EVENTFD]) +
+                             msg(SET_FEATURES, u64(FEATURES)) + addr(0, 0) +
+                             msg(GET_VRING_BASE, state(0, 0)))
+    s['migration-bad-logs'] = (handshake() +
+                               msg(SET_PROTOCOL_FEATURES, u64(PROTO | LOG_SHMFD)) +
+                               msg(SET_FEATURES, u64(FEATURES)) + mem_table() + log(1) +
+                               msg(SET_FEATURES, u64(FEATURES | LOG_ALL),
+                                   flags=VERSION | NEED_REPLY) +
+                               ring(0) + addr(VRING_F_LOG, 0xffffffff0000) +
+                               log(4096, 4096) + msg(GET_VRING_BASE, state(0, 0)))
     # Malformed: more fds than vhost-user allows.
     s['too-many-fds'] = handshake() + msg(SET_MEM_TABLE, struct.pack('<II', 1, 0) +
                                           region(0, 0x10000, QVA, 0),

@@ -522,6 +522,60 @@ void vdrv_close(struct vdrv *d)
 
 /* ---- Queue operations (queue's thread) ---- */
 
+/*
+ * Dirty logging (vdrv_log.h): the queue operations mark what they stored,
+ * after storing it.  The marks live here, cold and out of line, each
+ * called once from a branch on d->log and, where it can be, as the
+ * operation's last act (a tail call): without logging an operation then
+ * pays that branch and nothing else, no frame to keep q alive across a
+ * call it never makes.
+ */
+static void __attribute__((noinline, cold)) log_u16(struct vdrv_queue *q, const uint16_t *p)
+{
+	vdrv__log_mark(q->d->log, vdrv_gpa(q->d, p), sizeof(*p));
+}
+
+/* vdrv_add's stores: the indirect table of head (n entries), its length in
+ * the ring descriptor, the avail slot just filled.  Returns 0: vdrv_add's
+ * result. */
+static int __attribute__((noinline, cold)) log_add(struct vdrv_queue *q, uint16_t head,
+						   unsigned n)
+{
+	struct vdrv *d = q->d;
+	uint16_t slot = (uint16_t)(q->avail_idx - 1) & (q->num - 1);
+
+	vdrv__log_mark(d->log, vdrv_gpa(d, q->ind + (size_t)head * VDRV_MAX_SEGS),
+		       n * sizeof(struct vring_desc));
+	vdrv__log_mark(d->log, vdrv_gpa(d, &q->desc[head].len), sizeof(q->desc[head].len));
+	log_u16(q, &q->avail->ring[slot]);
+	return 0;
+}
+
+/* Tell the device, or count that it asked us not to. */
+static inline void kick_decided(struct vdrv_queue *q, bool kick)
+{
+	if (kick) {
+		q->kicks++;
+		(void)sys_eventfd_signal(q->kick_fd);
+	} else {
+		q->kicks_suppressed++;
+	}
+}
+
+/* vdrv_kick's store of avail->idx, then the kick. */
+static void __attribute__((noinline, cold)) log_kick(struct vdrv_queue *q, bool kick)
+{
+	log_u16(q, &q->avail->idx);
+	kick_decided(q, kick);
+}
+
+/* vdrv_enable_cb's store; returns more, vdrv_enable_cb's result. */
+static bool __attribute__((noinline, cold)) log_enable_cb(struct vdrv_queue *q, bool more)
+{
+	log_u16(q, q->event_idx ? q->used_event : &q->avail->flags);
+	return more;
+}
+
 int vdrv_add(struct vdrv_queue *q, const struct iovec *out, unsigned nout,
 	     const struct iovec *in, unsigned nin, void *cookie)
 {
@@ -551,16 +605,9 @@ int vdrv_add(struct vdrv_queue *q, const struct iovec *out, unsigned nout,
 	q->desc[head].len = n * sizeof(struct vring_desc);
 	q->cookies[head] = cookie;
 	q->avail->ring[q->avail_idx & (q->num - 1)] = head;
-	/* Dirty logging: every store above is marked after it is made. */
-	if (q->d->log) {
-		struct vdrv_log *log = q->d->log;
-
-		vdrv__log_mark(log, vdrv_gpa(q->d, t), n * sizeof(*t));
-		vdrv__log_mark(log, vdrv_gpa(q->d, &q->desc[head].len), sizeof(q->desc[head].len));
-		vdrv__log_mark(log, vdrv_gpa(q->d, &q->avail->ring[q->avail_idx & (q->num - 1)]),
-			       sizeof(q->avail->ring[0]));
-	}
 	q->avail_idx++;
+	if (q->d->log)
+		return log_add(q, head, n);
 	return 0;
 }
 
@@ -575,7 +622,6 @@ void vdrv_kick(struct vdrv_queue *q)
 	 * descriptors and ring entries are visible before the index. */
 	smp_wmb();
 	WRITE_ONCE(q->avail->idx, new);
-	vdrv_log_mark(q->d, &q->avail->idx, sizeof(q->avail->idx));
 	q->kicked_idx = new;
 	/* Pairs with the device's full barrier in its enable-notify path
 	 * (vq_enable_notify): either it sees our index, or we see its
@@ -585,12 +631,10 @@ void vdrv_kick(struct vdrv_queue *q)
 		kick = vring_need_event(READ_ONCE(*q->avail_event), new, old);
 	else
 		kick = !(READ_ONCE(q->used->flags) & VRING_USED_F_NO_NOTIFY);
-	if (kick) {
-		q->kicks++;
-		(void)sys_eventfd_signal(q->kick_fd);
-	} else {
-		q->kicks_suppressed++;
-	}
+	if (q->d->log)
+		log_kick(q, kick);
+	else
+		kick_decided(q, kick);
 }
 
 bool vdrv_pending(struct vdrv_queue *q)
@@ -633,23 +677,26 @@ void vdrv_disable_cb(struct vdrv_queue *q)
 	 * advancing. */
 	if (!q->event_idx) {
 		WRITE_ONCE(q->avail->flags, VRING_AVAIL_F_NO_INTERRUPT);
-		vdrv_log_mark(q->d, &q->avail->flags, sizeof(q->avail->flags));
+		if (q->d->log)
+			log_u16(q, &q->avail->flags);
 	}
 }
 
 bool vdrv_enable_cb(struct vdrv_queue *q)
 {
-	if (q->event_idx) {
+	bool more;
+
+	if (q->event_idx)
 		WRITE_ONCE(*q->used_event, q->last_used);
-		vdrv_log_mark(q->d, q->used_event, sizeof(*q->used_event));
-	} else {
+	else
 		WRITE_ONCE(q->avail->flags, 0);
-		vdrv_log_mark(q->d, &q->avail->flags, sizeof(q->avail->flags));
-	}
 	/* Pairs with the device's full barrier between publishing used->idx
 	 * and reading used_event (vq_should_notify). */
 	smp_mb();
-	return READ_ONCE(q->used->idx) != q->last_used;
+	more = READ_ONCE(q->used->idx) != q->last_used;
+	if (q->d->log)
+		return log_enable_cb(q, more);
+	return more;
 }
 
 int vdrv_wait(struct vdrv_queue *q, int timeout_ms)

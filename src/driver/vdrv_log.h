@@ -92,8 +92,11 @@ int64_t vdrv_log_compare(struct vdrv *d, vdrv_log_diff_fn *fn, void *opaque);
 /* A snapshot of the counters (zeroes without opts.dirty_log).  Any thread. */
 void vdrv_log_get_stats(struct vdrv *d, struct vdrv_log_stats *st);
 
-/* Out of line part of vdrv_log_mark; not for callers. */
-void vdrv__log_mark(struct vdrv_log *l, uint64_t gpa, size_t len);
+/* Out of line part of vdrv_log_mark; not for callers.  Cold: without
+ * dirty logging the data path must pay no more than the branch around it,
+ * and a call the compiler thought likely would cost every caller a frame
+ * (register saves) even when it is never made. */
+void vdrv__log_mark(struct vdrv_log *l, uint64_t gpa, size_t len) __attribute__((cold));
 
 /*
  * Mark [p, p + len) dirty after storing to it: call it after the store,

@@ -218,7 +218,7 @@ err:
 
 const struct bdev_engine bdev_aio_engine = {
 	.name = "aio",
-	.caps = 0,
+	.caps = BDEV_CAP_FUA,
 	.ctx_new = aio_ctx_new,
 	.ctx_free = aio_ctx_free,
 	.submit = aio_submit,

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 #include <sys/uio.h>
 #include <linux/falloc.h>
@@ -19,15 +20,27 @@ static const struct bdev_engine *const engines[] = {
 #ifdef HAVE_LIBAIO
 	&bdev_aio_engine,
 #endif
+#ifdef HAVE_RBD
+	&bdev_rbd_engine,
+#endif
+#ifdef HAVE_NBD
+	&bdev_nbd_engine,
+#endif
 };
 
 const char *bdev_engine_names(void)
 {
-#ifdef HAVE_LIBAIO
-	return "io_uring, aio, threads or null";
-#else
-	return "io_uring, threads or null (aio: built without libaio)";
-#endif
+	static char names[128];
+
+	if (!names[0]) {
+		size_t n = 0;
+
+		for (unsigned i = 0; i < ARRAY_SIZE(engines); i++)
+			n += (size_t)snprintf(names + n, sizeof(names) - n, "%s%s",
+					      i == 0 ? "" : i + 1 == ARRAY_SIZE(engines) ?
+					      " or " : ", ", engines[i]->name);
+	}
+	return names;
 }
 
 int bdev_io_sync(struct bdev *b, struct bdev_io *io)
@@ -117,6 +130,7 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 	io->ctx = c;
 	io->bounce = NULL;
 	io->rest = NULL;
+	io->fua_flush = false;
 	if (io->op == BDEV_DISCARD || io->op == BDEV_WRITE_ZEROES) {
 		io->len = io->length;
 		io->zero_retried = false;
@@ -127,21 +141,29 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 	/* O_DIRECT wants aligned buffers; guests usually give them, a
 	 * hostile or odd one need not.  Bounce those rather than fail. */
 	if (b->direct && io->op != BDEV_FLUSH &&
-	    unlikely(!iov_aligned(io->iov, io->iovcnt, b->dio_mem_align))) {
-		if (posix_memalign(&io->bounce, 4096, io->len ? io->len : 1)) {
-			bdev_complete(io, -ENOMEM);
-			return;
-		}
-		if (io->op == BDEV_WRITE)
-			iov_to_buf(io->iov, io->iovcnt, 0, io->bounce, io->len);
-		io->user_iov = io->iov;
-		io->user_iovcnt = io->iovcnt;
-		io->bounce_iov.iov_base = io->bounce;
-		io->bounce_iov.iov_len = io->len;
-		io->iov = &io->bounce_iov;
-		io->iovcnt = 1;
+	    unlikely(!iov_aligned(io->iov, io->iovcnt, b->dio_mem_align)) &&
+	    bdev_io_bounce(io) < 0) {
+		bdev_complete(io, -ENOMEM);
+		return;
 	}
 	b->engine->submit(c, io);
+}
+
+int bdev_io_bounce(struct bdev_io *io)
+{
+	if (posix_memalign(&io->bounce, 4096, io->len ? io->len : 1)) {
+		io->bounce = NULL;
+		return -ENOMEM;
+	}
+	if (io->op == BDEV_WRITE)
+		iov_to_buf(io->iov, io->iovcnt, 0, io->bounce, io->len);
+	io->user_iov = io->iov;
+	io->user_iovcnt = io->iovcnt;
+	io->bounce_iov.iov_base = io->bounce;
+	io->bounce_iov.iov_len = io->len;
+	io->iov = &io->bounce_iov;
+	io->iovcnt = 1;
+	return 0;
 }
 
 void bdev_complete(struct bdev_io *io, int res)
@@ -166,6 +188,18 @@ void bdev_complete(struct bdev_io *io, int res)
 			io->b->engine->submit(io->ctx, io);
 			return;
 		}
+	}
+	/* An engine or disk without FUA (rbd, an NBD server without it): a
+	 * write-through write is the write, then a flush. */
+	if (io->op == BDEV_WRITE && io->fua && res == 0 && !(io->b->caps & BDEV_CAP_FUA)) {
+		io->op = BDEV_FLUSH;
+		io->fua_flush = true;
+		io->b->engine->submit(io->ctx, io);
+		return;
+	}
+	if (io->fua_flush) {
+		io->op = BDEV_WRITE;
+		io->fua_flush = false;
 	}
 	if (unlikely(io->rest)) {
 		free(io->rest);

@@ -33,6 +33,8 @@ struct bdev_opts {
 	unsigned block_size;	/* 0: the device's logical size, else 512 */
 	uint64_t size;		/* engines without a disk (null): bytes */
 	bool uring_sqpoll;	/* io_uring: IORING_SETUP_SQPOLL */
+	const char *ceph_conf;	/* rbd: ceph.conf (NULL: librados' search) */
+	const char *ceph_id;	/* rbd: client id (NULL: admin) */
 };
 
 enum bdev_op {
@@ -47,6 +49,9 @@ enum bdev_op {
 /* What an engine can do beyond read/write/flush. */
 #define BDEV_CAP_DISCARD      (1u << 0)
 #define BDEV_CAP_WRITE_ZEROES (1u << 1)
+/* Writes can be made durable on their own (io->fua); without it bdev.c
+ * follows such a write with a flush. */
+#define BDEV_CAP_FUA          (1u << 2)
 
 struct bdev_io;
 typedef void (*bdev_cb)(struct bdev_io *io, int res);
@@ -72,6 +77,7 @@ struct bdev_io {
 	struct bdev_io *next;	/* engine queues */
 	int res;
 	bool zero_retried;	/* write zeroes: tried the other way already */
+	bool fua_flush;		/* a FUA write done, its flush running */
 	size_t len;
 	void *bounce;		/* aligned copy for misaligned O_DIRECT buffers */
 	struct iovec bounce_iov;
@@ -97,6 +103,17 @@ struct bdev_engine {
 	void (*kick)(struct bdev_ctx *c);
 	/* Block until every submitted I/O has completed and called back. */
 	void (*drain)(struct bdev_ctx *c);
+
+	/* Engines that are their own disk (network clients: rbd, nbd): open
+	 * the disk --disk names, filling struct bdev (size, block sizes,
+	 * read_only, caps, priv); one line for the user in err on failure,
+	 * nothing left open.  close undoes it.  Main thread. */
+	int (*open)(struct bdev *b, const struct bdev_opts *o, char *err, size_t errlen);
+	void (*close)(struct bdev *b);
+	/* The image lock, for engines with their own (see bdev_lock); NULL:
+	 * the file lock of lock.c.  Main thread. */
+	int (*lock)(struct bdev *b);
+	void (*unlock)(struct bdev *b);
 };
 
 struct bdev {
@@ -116,7 +133,10 @@ struct bdev {
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
 	bool uring_sqpoll;
 	bool locked;		/* bdev_lock holds the image lock */
+	unsigned caps;		/* BDEV_CAP_*: the engine's, less what this disk lacks */
+	unsigned max_ctxs;	/* iothreads that may serve this disk; 0: any */
 	const struct bdev_engine *engine;
+	void *priv;		/* the engine's state for this disk (open/close) */
 };
 
 /*
@@ -146,6 +166,8 @@ extern const struct bdev_engine bdev_uring_engine;
 extern const struct bdev_engine bdev_null_engine;
 extern const struct bdev_engine bdev_threads_engine;
 extern const struct bdev_engine bdev_aio_engine;	/* only with libaio */
+extern const struct bdev_engine bdev_rbd_engine;	/* only with librbd */
+extern const struct bdev_engine bdev_nbd_engine;	/* only with libnbd */
 
 /* Run one I/O synchronously with plain syscalls (preadv/pwritev2/
  * fdatasync/fallocate), finishing short transfers.  Returns 0 or -errno.
@@ -164,6 +186,13 @@ static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 
 /* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io);
+
+/* One buffer for the whole I/O (for O_DIRECT alignment, or an engine
+ * whose client takes no iovecs, like libnbd's): io->iov becomes one
+ * aligned copy, filled now for a write and copied back to the
+ * submitter's iovecs at completion for a read.  Returns 0 or -ENOMEM.
+ * The I/O's thread. */
+int bdev_io_bounce(struct bdev_io *io);
 
 /* Engines, after a short read/write of done bytes: advance io (iov,
  * iovcnt, offset, len) past them, on a private copy of the iovecs made

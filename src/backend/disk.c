@@ -80,6 +80,60 @@ static void dio_alignment(int fd, unsigned *mem_align, unsigned *off_align)
 	}
 }
 
+/* The engine a --disk of this form belongs to (rbd:POOL/IMAGE, an NBD
+ * URI), or NULL for a path. */
+static const char *disk_form(const char *path)
+{
+	static const char *const nbd[] = { "nbd://", "nbds://", "nbd+unix://", "nbds+unix://",
+					    "nbd+vsock://", "nbds+vsock://" };
+
+	if (!path)
+		return NULL;
+	if (!strncmp(path, "rbd:", 4))
+		return "rbd";
+	for (unsigned i = 0; i < sizeof(nbd) / sizeof(nbd[0]); i++)
+		if (!strncmp(path, nbd[i], strlen(nbd[i])))
+			return "nbd";
+	return NULL;
+}
+
+/* A disk that is a network client's (rbd, nbd): the engine opens it. */
+static int open_engine_disk(const struct bdev_opts *o, struct bdev *b, const char *form,
+			    char *err, size_t errlen)
+{
+	int r;
+
+	if (o->engine && strcmp(o->engine, form)) {
+		snprintf(err, errlen, "--disk '%s' is served by the %s backend, not %s: drop "
+			 "--backend %s", o->path, form, o->engine, o->engine);
+		return -EINVAL;
+	}
+	b->engine = bdev_engine_find(form);
+	if (!b->engine) {
+		snprintf(err, errlen, "--disk '%s' needs the %s backend, and this vblkd was "
+			 "built without it: install %s and rebuild", o->path, form,
+			 !strcmp(form, "rbd") ? "librbd-dev" : "libnbd-dev");
+		return -ENOTSUP;
+	}
+	if (o->uring_sqpoll) {
+		snprintf(err, errlen, "--uring-sqpoll needs --backend io_uring");
+		return -EINVAL;
+	}
+	b->caps = b->engine->caps;
+	b->dio_mem_align = 1;
+	b->path = strdup(o->path);
+	if (!b->path) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	r = b->engine->open(b, o, err, errlen);
+	if (r < 0) {
+		free(b->path);
+		b->path = NULL;
+	}
+	return r;
+}
+
 int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen)
 {
 	int flags = (o->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
@@ -91,12 +145,21 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 
 	memset(b, 0, sizeof(*b));
 	b->fd = -1;
-	b->engine = bdev_engine_find(o->engine);
-	if (!b->engine) {
-		snprintf(err, errlen, "unknown backend '%s': use --backend %s",
-			 o->engine, bdev_engine_names());
+	if (disk_form(o->path))
+		return open_engine_disk(o, b, disk_form(o->path), err, errlen);
+	if (o->ceph_conf || o->ceph_id) {
+		snprintf(err, errlen, "--ceph-conf and --ceph-id are for --disk rbd:POOL/IMAGE");
 		return -EINVAL;
 	}
+	b->engine = bdev_engine_find(o->engine);
+	if (!b->engine || b->engine->open) {
+		snprintf(err, errlen, b->engine ? "--backend %s needs --disk %s" :
+			 "unknown backend '%s': use --backend %s", o->engine,
+			 b->engine ? (!strcmp(o->engine, "rbd") ? "rbd:POOL/IMAGE" :
+				      "nbd://HOST[:PORT]/EXPORT") : bdev_engine_names());
+		return -EINVAL;
+	}
+	b->caps = b->engine->caps;
 	b->uring_sqpoll = o->uring_sqpoll;
 	if (o->uring_sqpoll && b->engine != &bdev_uring_engine) {
 		snprintf(err, errlen, "--uring-sqpoll needs --backend io_uring");
@@ -254,6 +317,9 @@ err_close:
 
 void bdev_close(struct bdev *b)
 {
+	if (b->engine && b->engine->close && b->priv)
+		b->engine->close(b);
+	b->priv = NULL;
 	if (b->fd >= 0)
 		close(b->fd);
 	b->fd = -1;

@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "util/log.h"
 
@@ -56,7 +57,14 @@ int bdev_lock(struct bdev *b)
 	char who[32];
 	int r;
 
-	if (!bdev_lockable(b) || b->locked)
+	if (b->locked || b->read_only)
+		return 0;
+	if (b->engine->lock) {
+		r = b->engine->lock(b);
+		b->locked = r == 0;
+		return r;
+	}
+	if (!bdev_lockable(b))
 		return 0;
 	for (unsigned i = 0; i < 2; i++) {
 		r = ofd_lock(b->fd, F_WRLCK, bytes[i], F_OFD_SETLK, &fl);
@@ -78,6 +86,10 @@ int bdev_lock(struct bdev *b)
 		return r;
 	}
 	b->locked = true;
+	/* Through the page cache, what another host wrote since we last ran
+	 * (e.g. a migration back here, on NFS) may be cached stale. */
+	if (!b->direct)
+		(void)posix_fadvise(b->fd, 0, 0, POSIX_FADV_DONTNEED);
 	log_info("disk %s: locked for writing (rings running)", b->path);
 	return 0;
 }
@@ -88,9 +100,18 @@ void bdev_unlock(struct bdev *b)
 
 	if (!b->locked)
 		return;
+	b->locked = false;
+	if (b->engine->unlock) {
+		b->engine->unlock(b);
+		return;
+	}
+	/* The next writer may be on another host (a migration's destination)
+	 * and see only what reached the disk. */
+	if (!b->direct && fdatasync(b->fd) < 0)
+		log_err("disk %s: flushing before handing it over failed: %s", b->path,
+			strerror(errno));
 	(void)ofd_lock(b->fd, F_UNLCK, LOCK_UNSHARE_WRITE, F_OFD_SETLK, &fl);
 	(void)ofd_lock(b->fd, F_UNLCK, LOCK_PERM_WRITE, F_OFD_SETLK, &fl);
-	b->locked = false;
 	log_info("disk %s: unlocked (no ring running)", b->path);
 }
 

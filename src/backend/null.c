@@ -40,7 +40,7 @@ static void null_nop(struct bdev_ctx *c)
 const struct bdev_engine bdev_null_engine = {
 	.name = "null",
 	.no_disk = true,
-	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES,
+	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES | BDEV_CAP_FUA,
 	.ctx_new = null_ctx_new,
 	.ctx_free = null_ctx_free,
 	.submit = null_submit,

@@ -190,7 +190,7 @@ static void threads_ctx_free(struct bdev_ctx *c)
 
 const struct bdev_engine bdev_threads_engine = {
 	.name = "threads",
-	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES,
+	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES | BDEV_CAP_FUA,
 	.ctx_new = threads_ctx_new,
 	.ctx_free = threads_ctx_free,
 	.submit = threads_submit,

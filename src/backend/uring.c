@@ -268,7 +268,7 @@ static void uring_ctx_free(struct bdev_ctx *c)
 
 const struct bdev_engine bdev_uring_engine = {
 	.name = "io_uring",
-	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES,
+	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES | BDEV_CAP_FUA,
 	.ctx_new = uring_ctx_new,
 	.ctx_free = uring_ctx_free,
 	.submit = uring_submit,

@@ -272,7 +272,7 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 	bool discard = type == VIRTIO_BLK_T_DISCARD;
 	unsigned cap_bit = discard ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES;
 
-	if (!(d->b->engine->caps & cap_bit)) {
+	if (!(d->b->caps & cap_bit)) {
 		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
 		return;
 	}
@@ -728,9 +728,9 @@ static uint64_t blk_features(void *opaque)
 	if (d->b->read_only)
 		f |= 1ull << VIRTIO_BLK_F_RO;
 	/* A read-only export cannot deallocate or zero anything. */
-	if (!d->b->read_only && (d->b->engine->caps & BDEV_CAP_DISCARD) && !d->b->no_discard)
+	if (!d->b->read_only && (d->b->caps & BDEV_CAP_DISCARD) && !d->b->no_discard)
 		f |= 1ull << VIRTIO_BLK_F_DISCARD;
-	if (!d->b->read_only && (d->b->engine->caps & BDEV_CAP_WRITE_ZEROES))
+	if (!d->b->read_only && (d->b->caps & BDEV_CAP_WRITE_ZEROES))
 		f |= 1ull << VIRTIO_BLK_F_WRITE_ZEROES;
 	if (d->no_event_idx)
 		f &= ~(1ull << VIRTIO_RING_F_EVENT_IDX);

@@ -242,6 +242,13 @@ int loop_fd_add(struct loop *l, int fd, uint32_t events, loop_fd_cb cb,
 	return 0;
 }
 
+int loop_fd_mod(struct loop *l, struct loop_fd *h, uint32_t events)
+{
+	struct epoll_event ev = { .events = events, .data.ptr = h };
+
+	return epoll_ctl(l->epfd, EPOLL_CTL_MOD, h->fd, &ev) < 0 ? -errno : 0;
+}
+
 void loop_fd_del(struct loop *l, struct loop_fd *h)
 {
 	if (!h || h->deleted)

@@ -48,6 +48,9 @@ void loop_free(struct loop *l);
  */
 int loop_fd_add(struct loop *l, int fd, uint32_t events, loop_fd_cb cb,
 		void *opaque, struct loop_fd **out);
+/* Change the events watched for h (e.g. EPOLLOUT only while a network
+ * client has something to send).  Returns 0 or -errno.  Loop thread. */
+int loop_fd_mod(struct loop *l, struct loop_fd *h, uint32_t events);
 /*
  * Stop watching.  Safe inside any callback of this loop: an event already
  * fetched for this handler in the current iteration is dropped, never

@@ -39,12 +39,18 @@ struct vblkd {
 static void usage(FILE *f)
 {
 	fprintf(f,
-"Usage: vblkd --socket PATH --disk FILE [options]\n"
-"Serve FILE (an image file or block device) as a virtio-blk disk over the\n"
-"vhost-user protocol on the unix socket PATH.\n"
+"Usage: vblkd --socket PATH --disk DISK [options]\n"
+"Serve DISK as a virtio-blk disk over the vhost-user protocol on the unix\n"
+"socket PATH.\n"
 "\n"
 "  --socket PATH        unix socket to listen on (a stale one is replaced)\n"
-"  --disk FILE          image file or block device to serve\n"
+"  --disk DISK          what to serve: an image file or block device;\n"
+"                       rbd:POOL/IMAGE[@SNAP], a Ceph RBD image (a snapshot\n"
+"                       is read-only); or an NBD export by its URI,\n"
+"                       nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH\n"
+"  --ceph-conf PATH     rbd: the cluster's ceph.conf (default: $CEPH_CONF,\n"
+"                       /etc/ceph/ceph.conf, ...)\n"
+"  --ceph-id NAME       rbd: the Ceph client id (default: admin)\n"
 "  --queues N           number of virtqueues offered, 1-%d (default 1)\n"
 "  --iothreads N        I/O threads (default 1); queue q runs on q mod N\n"
 "  --queue-map MAP      explicit queue -> iothread map, e.g. 0:0,1:1,2:0\n"
@@ -241,6 +247,8 @@ int main(int argc, char **argv)
 		{ "block-size", required_argument, NULL, 'b' },
 		{ "serial", required_argument, NULL, 'S' },
 		{ "backend", required_argument, NULL, 'B' },
+		{ "ceph-conf", required_argument, NULL, 'F' },
+		{ "ceph-id", required_argument, NULL, 'I' },
 		{ "size", required_argument, NULL, 'z' },
 		{ "control", required_argument, NULL, 'C' },
 		{ "iothreads", required_argument, NULL, 'T' },
@@ -302,6 +310,8 @@ int main(int argc, char **argv)
 			ko.serial = optarg;
 			break;
 		case 'B': bo.engine = optarg; break;
+		case 'F': bo.ceph_conf = optarg; break;
+		case 'I': bo.ceph_id = optarg; break;
 		case 'z': bo.size = size_arg("--size", optarg); break;
 		case 'C': ctl_path = optarg; break;
 		case 'T':
@@ -342,7 +352,8 @@ int main(int argc, char **argv)
 	if (!sock)
 		die("missing --socket PATH: the unix socket QEMU connects to");
 	if (!bo.path && !(bo.engine && !strcmp(bo.engine, "null")))
-		die("missing --disk FILE: the image file or block device to serve");
+		die("missing --disk DISK: the image file, block device, rbd:POOL/IMAGE or "
+		    "nbd:// URI to serve");
 	if (bo.size && bo.path)
 		die("--size is for the null backend without --disk; the disk has its own size");
 	if (!bo.path && !bo.size)
@@ -373,6 +384,14 @@ int main(int argc, char **argv)
 	r = bdev_open(&bo, &b, err, sizeof(err));
 	if (r < 0)
 		die("%s", err);
+	if (b.max_ctxs && ko.num_iothreads > b.max_ctxs) {
+		bdev_close(&b);
+		die("--iothreads %u: %s serves one disk from %u iothread%s (%s); drop "
+		    "--iothreads (all queues then share that iothread)",
+		    ko.num_iothreads, b.engine->name, b.max_ctxs, b.max_ctxs > 1 ? "s" : "",
+		    !strcmp(b.engine->name, "rbd") ? "one librbd image handle per disk" :
+		    "the NBD server does not allow several connections (multi-conn)");
+	}
 	r = blk_dev_new(&b, &ko, &v.dev);
 	if (r < 0) {
 		bdev_close(&b);
@@ -414,7 +433,7 @@ int main(int argc, char **argv)
 	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s, "
 		 "%u iothread%s) on %s",
 		 b.path, (unsigned long long)b.size, b.block_size, b.engine->name,
-		 b.fd < 0 ? "no file" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
+		 b.engine->open ? "network" : b.fd < 0 ? "no file" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
 		 ko.num_queues, ko.num_queues > 1 ? "s" : "", ko.num_iothreads,
 		 ko.num_iothreads > 1 ? "s" : "", sock);
 	/* Not an error: this may be a migration's destination, started

@@ -1,0 +1,516 @@
+/*
+ * nbd engine: an NBD export through libnbd (--disk nbd://HOST[:PORT]/EXPORT,
+ * nbd+unix:///EXPORT?socket=PATH, any URI nbd_connect_uri(3) takes).
+ *
+ * Each iothread has its own connection, driven by its loop with libnbd's
+ * non-blocking API: the socket is watched for what libnbd wants
+ * (nbd_aio_get_direction), and nbd_aio_notify_read/write run its state
+ * machine.  Commands complete in libnbd callbacks on the iothread; since a
+ * callback may not call libnbd on its handle, it only queues the request,
+ * and the queue is run once libnbd has returned (and may then issue the
+ * next command, e.g. a FUA write's flush).  No thread of ours, no lock.
+ *
+ * What the server cannot do is not offered: FUA (bdev.c then flushes after
+ * such writes), flush (a server without it has no cache to flush), trim,
+ * write zeroes; a read-only export is exported read-only.  Several
+ * iothreads need the server's multi-conn promise (flushes on one
+ * connection cover writes on the others).
+ *
+ * A server that goes away fails what was in flight and everything sent
+ * until it is back (I/O errors to the guest, never a wait), and the
+ * connection is retried in the background with a growing delay, logged.
+ */
+#include <errno.h>
+#include <libnbd.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/bdev.h"
+#include "loop/loop.h"
+#include "util/compiler.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+/* Connecting (TCP, handshake) must finish in this time. */
+#define NBD_CONNECT_TIMEOUT_MS 10000
+/* Draining waits this long for a server that stopped answering. */
+#define NBD_DRAIN_TIMEOUT_MS 30000
+/* Reconnect delays: 1 s, doubling up to 30 s. */
+#define NBD_RETRY_MIN_S 1
+#define NBD_RETRY_MAX_S 30
+
+struct nbd_disk {
+	char *uri;
+	struct nbd_handle *spare;	/* bdev_open's connection, for the first ctx */
+	uint64_t size;			/* the export's, at open */
+};
+
+enum nbd_state {
+	NBD_UP,
+	NBD_DOWN,		/* gone; a retry is scheduled */
+	NBD_CONNECTING,		/* a retry is connecting */
+};
+
+struct bdev_ctx {
+	struct bdev *b;
+	struct nbd_disk *d;
+	struct loop *loop;
+	struct nbd_handle *h;
+	struct loop_fd *fd_h;
+	uint32_t events;		/* what fd_h watches */
+	enum nbd_state state;
+	struct loop_timer *retry;	/* next connection attempt / its deadline */
+	unsigned retry_s;
+	unsigned inflight;		/* commands libnbd holds */
+	/* Completed in callbacks, run after libnbd returned. */
+	struct bdev_io *done_head, **done_tail;
+	uint64_t failed;		/* requests failed while the server was away */
+};
+
+/* ---- Connecting (blocking, with a deadline; start-up only) ---- */
+
+static void say_err(char *err, size_t errlen, const char *uri, const char *what)
+{
+	const char *e = nbd_get_error();
+
+	snprintf(err, errlen, "NBD export '%s': %s: %s", uri, what, e ? e : strerror(nbd_get_errno()));
+}
+
+/* Connect h to uri within NBD_CONNECT_TIMEOUT_MS.  Returns 0 or -errno
+ * with one line in err. */
+static int connect_blocking(struct nbd_handle *h, const char *uri, char *err, size_t errlen)
+{
+	uint64_t deadline = sys_now_ns() + NBD_CONNECT_TIMEOUT_MS * 1000000ull;
+
+	if (nbd_aio_connect_uri(h, uri) < 0) {
+		int r = -(nbd_get_errno() ? nbd_get_errno() : EINVAL);
+
+		say_err(err, errlen, uri, r == -EINVAL ? "not an NBD URI (nbd://HOST[:PORT]/"
+			"EXPORT or nbd+unix:///EXPORT?socket=PATH)" : "cannot connect");
+		return r;
+	}
+	while (nbd_aio_is_connecting(h)) {
+		uint64_t now = sys_now_ns();
+
+		if (now >= deadline) {
+			snprintf(err, errlen, "NBD export '%s': no answer within %d s: is "
+				 "the server up and the address right?", uri,
+				 NBD_CONNECT_TIMEOUT_MS / 1000);
+			return -ETIMEDOUT;
+		}
+		if (nbd_poll(h, (int)((deadline - now) / 1000000) + 1) < 0)
+			break;
+	}
+	if (!nbd_aio_is_ready(h)) {
+		say_err(err, errlen, uri, "cannot connect (is the server up, the export "
+			"name right?)");
+		return -ECONNREFUSED;
+	}
+	return 0;
+}
+
+static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
+			 size_t errlen)
+{
+	struct nbd_disk *d = calloc(1, sizeof(*d));
+	struct nbd_handle *h = NULL;
+	int64_t size, minbs;
+	int r;
+
+	if (!d || !(d->uri = strdup(o->path)) || !(h = nbd_create())) {
+		snprintf(err, errlen, "out of memory");
+		r = -ENOMEM;
+		goto err;
+	}
+	r = connect_blocking(h, o->path, err, errlen);
+	if (r < 0)
+		goto err;
+	size = nbd_get_size(h);
+	if (size < 0) {
+		say_err(err, errlen, o->path, "cannot read its size");
+		r = -EIO;
+		goto err;
+	}
+	minbs = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
+	b->block_size = o->block_size ? o->block_size : minbs > 512 ? (unsigned)minbs : 512;
+	if (minbs > (int64_t)b->block_size || b->block_size > 4096) {
+		snprintf(err, errlen, "NBD export '%s' needs %lld-byte blocks: use "
+			 "--block-size 4096 or another export", o->path, (long long)minbs);
+		r = -EINVAL;
+		goto err;
+	}
+	b->phys_block_size = b->block_size;
+	b->discard_granularity = b->block_size;
+	b->size = (uint64_t)size - (uint64_t)size % b->block_size;
+	if (!b->size) {
+		snprintf(err, errlen, "NBD export '%s' is empty", o->path);
+		r = -EINVAL;
+		goto err;
+	}
+	b->read_only = o->read_only || nbd_is_read_only(h) == 1;
+	if (b->read_only && !o->read_only)
+		log_info("NBD export %s is read-only: exported read-only", o->path);
+	if (nbd_can_fua(h) != 1)
+		b->caps &= ~BDEV_CAP_FUA;
+	if (nbd_can_trim(h) != 1)
+		b->caps &= ~BDEV_CAP_DISCARD;
+	if (nbd_can_zero(h) != 1)
+		b->caps &= ~BDEV_CAP_WRITE_ZEROES;
+	b->max_ctxs = nbd_can_multi_conn(h) == 1 ? 0 : 1;
+	d->size = (uint64_t)size;
+	d->spare = h;
+	b->priv = d;
+	log_info("NBD export %s: %llu bytes, %s%s%s%s%s", o->path, (unsigned long long)size,
+		 nbd_can_flush(h) == 1 ? "flush" : "no flush",
+		 b->caps & BDEV_CAP_FUA ? ", fua" : "",
+		 b->caps & BDEV_CAP_DISCARD ? ", trim" : "",
+		 b->caps & BDEV_CAP_WRITE_ZEROES ? ", zero" : "",
+		 b->max_ctxs ? "" : ", multi-conn");
+	return 0;
+
+err:
+	nbd_close(h);
+	if (d)
+		free(d->uri);
+	free(d);
+	return r;
+}
+
+static void disk_close(struct bdev *b)
+{
+	struct nbd_disk *d = b->priv;
+
+	nbd_close(d->spare);
+	free(d->uri);
+	free(d);
+}
+
+/* ---- The connection in the loop (iothread) ---- */
+
+static void conn_retry_cb(void *opaque);
+
+/* Run what completed in callbacks.  Completion may submit again (a FUA
+ * write's flush): that is fine here, libnbd has returned. */
+static void run_done(struct bdev_ctx *c)
+{
+	while (c->done_head) {
+		struct bdev_io *io = c->done_head;
+
+		c->done_head = io->next;
+		if (!c->done_head)
+			c->done_tail = &c->done_head;
+		c->inflight--;
+		bdev_complete(io, io->res);
+	}
+}
+
+/* io->res while libnbd holds the request. */
+#define IO_ISSUING  2		/* inside nbd_aio_*() */
+#define IO_INFLIGHT 1		/* issued, no answer yet */
+
+static void queue_done(struct bdev_io *io, int res)
+{
+	struct bdev_ctx *c = io->ctx;
+
+	io->res = res;
+	io->next = NULL;
+	*c->done_tail = io;
+	c->done_tail = &io->next;
+}
+
+static int cmd_done(void *user_data, int *error)
+{
+	queue_done(user_data, *error ? -*error : 0);
+	return 1;		/* retire the command */
+}
+
+/* libnbd frees every command exactly once, also those it never answers
+ * (a handle closed with requests in flight): those fail here. */
+static void cmd_free(void *user_data)
+{
+	struct bdev_io *io = user_data;
+
+	if (io->res == IO_INFLIGHT)
+		queue_done(io, -ENOTCONN);
+}
+
+/* Watch the socket for what libnbd waits for. */
+static void conn_watch(struct bdev_ctx *c)
+{
+	unsigned dir = nbd_aio_get_direction(c->h);
+	uint32_t ev = (dir & LIBNBD_AIO_DIRECTION_READ ? EPOLLIN : 0) |
+		      (dir & LIBNBD_AIO_DIRECTION_WRITE ? EPOLLOUT : 0);
+
+	if (ev != c->events && loop_fd_mod(c->loop, c->fd_h, ev) == 0)
+		c->events = ev;
+}
+
+/* Close the connection; what it still had in flight fails (cmd_free)
+ * and is completed by the caller's run_done. */
+static void conn_drop(struct bdev_ctx *c)
+{
+	loop_fd_del(c->loop, c->fd_h);
+	c->fd_h = NULL;
+	nbd_close(c->h);
+	c->h = NULL;
+	c->events = 0;
+}
+
+/* The server is gone (or never came back): fail what is pending, retry
+ * later. */
+static void conn_lost(struct bdev_ctx *c, const char *why)
+{
+	bool was_up = c->state == NBD_UP;
+
+	conn_drop(c);
+	run_done(c);
+	c->state = NBD_DOWN;
+	if (was_up) {
+		c->retry_s = NBD_RETRY_MIN_S;
+		log_err("NBD export %s: %s; requests fail until it is back, retrying "
+			"the connection every %d-%d s", c->d->uri, why, NBD_RETRY_MIN_S,
+			NBD_RETRY_MAX_S);
+	} else {
+		c->retry_s = MIN(c->retry_s * 2, NBD_RETRY_MAX_S);
+	}
+	loop_timer_mod(c->retry, sys_now_ns() + c->retry_s * 1000000000ull);
+}
+
+static void conn_fd_cb(void *opaque, uint32_t events)
+{
+	struct bdev_ctx *c = opaque;
+
+	if (events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+		(void)nbd_aio_notify_read(c->h);
+	if ((events & EPOLLOUT) && !nbd_aio_is_dead(c->h))
+		(void)nbd_aio_notify_write(c->h);
+	if (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)) {
+		const char *e = nbd_get_error();
+
+		conn_lost(c, c->state == NBD_UP ? "the connection to the server was lost" :
+			  e ? e : "cannot connect");
+		return;
+	}
+	if (c->state == NBD_CONNECTING && nbd_aio_is_ready(c->h)) {
+		int64_t size = nbd_get_size(c->h);
+
+		loop_timer_del(c->retry);
+		c->state = NBD_UP;
+		log_info("NBD export %s: connected again (%llu requests failed while it "
+			 "was away)", c->d->uri, (unsigned long long)c->failed);
+		c->failed = 0;
+		if (size >= 0 && (uint64_t)size != c->d->size)
+			log_warn("NBD export %s is now %lld bytes (was %llu): the guest still "
+				 "sees the old size", c->d->uri, (long long)size,
+				 (unsigned long long)c->d->size);
+	}
+	run_done(c);
+	if (c->h)
+		conn_watch(c);
+}
+
+/* Take h (connected, or connecting) into the loop. */
+static int conn_attach(struct bdev_ctx *c, struct nbd_handle *h)
+{
+	int fd = nbd_aio_get_fd(h), r;
+
+	if (fd < 0)
+		return -EIO;
+	c->h = h;
+	c->events = 0;
+	r = loop_fd_add(c->loop, fd, 0, conn_fd_cb, c, &c->fd_h);
+	if (r < 0) {
+		c->h = NULL;
+		return r;
+	}
+	conn_watch(c);
+	return 0;
+}
+
+/* The retry timer: a new attempt, or the end of one that took too long. */
+static void conn_retry_cb(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+	struct nbd_handle *h;
+
+	if (c->state == NBD_CONNECTING) {
+		conn_lost(c, "no answer");
+		return;
+	}
+	h = nbd_create();
+	if (!h || nbd_aio_connect_uri(h, c->d->uri) < 0 || conn_attach(c, h) < 0) {
+		nbd_close(h);
+		c->retry_s = MIN(c->retry_s * 2, NBD_RETRY_MAX_S);
+		loop_timer_mod(c->retry, sys_now_ns() + c->retry_s * 1000000000ull);
+		return;
+	}
+	c->state = NBD_CONNECTING;
+	log_info("NBD export %s: reconnecting", c->d->uri);
+	loop_timer_mod(c->retry, sys_now_ns() + NBD_CONNECT_TIMEOUT_MS * 1000000ull);
+}
+
+/* ---- I/O (iothread) ---- */
+
+static void conn_submit(struct bdev_ctx *c, struct bdev_io *io)
+{
+	nbd_completion_callback cb = { .callback = cmd_done, .user_data = io,
+				       .free = cmd_free };
+	int64_t cookie;
+
+	if (c->state != NBD_UP) {
+		c->failed++;
+		bdev_complete(io, -ENOTCONN);
+		return;
+	}
+	/* libnbd reads and writes one buffer per command. */
+	if ((io->op == BDEV_READ || io->op == BDEV_WRITE) && io->iovcnt > 1 &&
+	    bdev_io_bounce(io) < 0) {
+		bdev_complete(io, -ENOMEM);
+		return;
+	}
+	io->res = IO_ISSUING;
+	switch (io->op) {
+	case BDEV_READ:
+		cookie = nbd_aio_pread(c->h, io->iov[0].iov_base, io->len, io->offset, cb, 0);
+		break;
+	case BDEV_WRITE:
+		cookie = nbd_aio_pwrite(c->h, io->iov[0].iov_base, io->len, io->offset, cb,
+					io->fua && (c->b->caps & BDEV_CAP_FUA) ?
+					LIBNBD_CMD_FLAG_FUA : 0);
+		break;
+	case BDEV_FLUSH:
+		if (nbd_can_flush(c->h) != 1) {
+			bdev_complete(io, 0);	/* nothing cached to flush */
+			return;
+		}
+		cookie = nbd_aio_flush(c->h, cb, 0);
+		break;
+	case BDEV_DISCARD:
+		cookie = nbd_aio_trim(c->h, io->length, io->offset, cb, 0);
+		break;
+	case BDEV_WRITE_ZEROES:
+		cookie = nbd_aio_zero(c->h, io->length, io->offset, cb,
+				      io->unmap ? 0 : LIBNBD_CMD_FLAG_NO_HOLE);
+		break;
+	default:
+		cookie = -1;
+	}
+	if (cookie < 0) {
+		int e = nbd_get_errno();
+
+		bdev_complete(io, -(e ? e : EIO));
+		return;
+	}
+	if (io->res == IO_ISSUING)
+		io->res = IO_INFLIGHT;
+	c->inflight++;
+	conn_watch(c);
+}
+
+static void conn_kick(struct bdev_ctx *c)
+{
+	/* libnbd sends each command as it is issued. */
+}
+
+/* Until everything in flight completed, or the server stopped answering
+ * for NBD_DRAIN_TIMEOUT_MS: then the connection is dropped, which fails
+ * the rest (never a stuck iothread). */
+static void conn_drain(struct bdev_ctx *c)
+{
+	uint64_t deadline = sys_now_ns() + NBD_DRAIN_TIMEOUT_MS * 1000000ull;
+
+	while (c->inflight && c->h) {
+		if (sys_now_ns() >= deadline) {
+			log_err("NBD export %s: %u requests unanswered after %d s", c->d->uri,
+				c->inflight, NBD_DRAIN_TIMEOUT_MS / 1000);
+			conn_lost(c, "it stopped answering");
+			break;
+		}
+		if (nbd_poll(c->h, 100) < 0 || nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)) {
+			conn_lost(c, "the connection to the server was lost");
+			break;
+		}
+		run_done(c);
+	}
+	run_done(c);
+	if (c->h)
+		conn_watch(c);
+}
+
+static int ctx_new(struct bdev *b, struct loop *l, unsigned depth,
+		       struct bdev_ctx **out)
+{
+	struct nbd_disk *d = b->priv;
+	struct bdev_ctx *c = calloc(1, sizeof(*c));
+	struct nbd_handle *h;
+	char err[256];
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	c->b = b;
+	c->d = d;
+	c->loop = l;
+	c->done_tail = &c->done_head;
+	r = loop_timer_new(l, conn_retry_cb, c, &c->retry);
+	if (r < 0)
+		goto err_free;
+	/* The first iothread takes bdev_open's connection, others make
+	 * their own (only with multi-conn, see bdev.max_ctxs). */
+	h = d->spare;
+	d->spare = NULL;
+	if (!h) {
+		h = nbd_create();
+		if (!h) {
+			r = -ENOMEM;
+			goto err_timer;
+		}
+		r = connect_blocking(h, d->uri, err, sizeof(err));
+		if (r < 0) {
+			log_err("%s", err);
+			nbd_close(h);
+			goto err_timer;
+		}
+	}
+	r = conn_attach(c, h);
+	if (r < 0) {
+		nbd_close(h);
+		goto err_timer;
+	}
+	c->state = NBD_UP;
+	*out = c;
+	return 0;
+
+err_timer:
+	loop_timer_free(c->retry);
+err_free:
+	free(c);
+	return r;
+}
+
+static void ctx_free(struct bdev_ctx *c)
+{
+	if (!c)
+		return;
+	conn_drain(c);
+	loop_timer_free(c->retry);
+	if (c->h) {
+		(void)nbd_shutdown(c->h, 0);
+		conn_drop(c);
+	}
+	free(c);
+}
+
+const struct bdev_engine bdev_nbd_engine = {
+	.name = "nbd",
+	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES | BDEV_CAP_FUA,
+	.ctx_new = ctx_new,
+	.ctx_free = ctx_free,
+	.submit = conn_submit,
+	.kick = conn_kick,
+	.drain = conn_drain,
+	.open = disk_open,
+	.close = disk_close,
+};

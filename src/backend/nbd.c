@@ -88,7 +88,8 @@ static int connect_blocking(struct nbd_handle *h, const char *uri, char *err, si
 		int r = -(nbd_get_errno() ? nbd_get_errno() : EINVAL);
 
 		say_err(err, errlen, uri, r == -EINVAL ? "not an NBD URI (nbd://HOST[:PORT]/"
-			"EXPORT or nbd+unix:///EXPORT?socket=PATH)" : "cannot connect");
+			"EXPORT or nbd+unix:///EXPORT?socket=PATH)" : "cannot connect (is "
+			"the server up?)");
 		return r;
 	}
 	while (nbd_aio_is_connecting(h)) {

@@ -178,8 +178,6 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 		goto err;
 	/* A snapshot never changes: export it read-only. */
 	b->read_only = o->read_only || d->snap;
-	if (d->snap && !o->read_only)
-		log_info("disk %s is a snapshot: exported read-only", o->path);
 	r = b->read_only ? rbd_open_read_only(d->ioctx, d->name, &d->image, d->snap) :
 			   rbd_open(d->ioctx, d->name, &d->image, NULL);
 	if (r < 0) {
@@ -213,6 +211,8 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 		goto err;
 	}
 	b->size = size;
+	if (d->snap && !o->read_only)
+		log_info("disk %s is a snapshot: exported read-only", o->path);
 	b->max_ctxs = 1;		/* one image handle: see the top */
 	b->priv = d;
 	if (!d->exclusive_lock && !b->read_only)

@@ -1,15 +1,30 @@
 #!/usr/bin/env bash
 # Install what vblkd needs to build, test and demo, on Debian 12 as root.
 # Installs only what is missing; apt-get update runs once, only if needed.
-# Usage: scripts/deps.sh [build|all]   (default: all)
+# Usage: scripts/deps.sh [build|remote|all]   (default: all)
+#   build    compilers, meson, and the libraries vblkd links (liburing,
+#            libaio, librbd, libnbd)
+#   remote   build, plus the remote-storage test rig: a Ceph mon + OSD
+#            (scripts/ceph-cluster.sh), NBD servers (nbdkit, qemu-nbd), and
+#            qemu-storage-daemon with its rbd driver (qemu-block-extra)
+#   all      everything: build, remote, and the guest tests' QEMU, kernel,
+#            busybox and fio
 set -euo pipefail
 
-build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libaio-dev)
+build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libaio-dev
+            librbd-dev libnbd-dev)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)
+remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common
+             qemu-block-extra procps python3)
 
 want=("${build_pkgs[@]}")
-[[ "${1:-all}" == build ]] || want+=("${guest_pkgs[@]}")
+case "${1:-all}" in
+build) ;;
+remote) want+=("${remote_pkgs[@]}") ;;
+all) want+=("${guest_pkgs[@]}" "${remote_pkgs[@]}") ;;
+*) echo "usage: scripts/deps.sh [build|remote|all]" >&2; exit 1 ;;
+esac
 
 missing=()
 for p in "${want[@]}"; do
@@ -17,6 +32,7 @@ for p in "${want[@]}"; do
         missing+=("$p")
 done
 ((${#missing[@]} == 0)) && exit 0
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 
 if [[ $(id -u) -ne 0 ]]; then
     echo "deps: missing packages ${missing[*]}: run as root (or apt-get install them)" >&2

@@ -6,13 +6,24 @@
 #
 #   scripts/demo.sh            run the demo, then stop the daemon
 #   scripts/demo.sh --keep     leave vblkd serving afterwards (Ctrl-C stops it)
+#   scripts/demo.sh --nbd      the same disk image behind an NBD server
+#                              (nbdkit), served with --disk nbd+unix://...
+#   scripts/demo.sh --rbd      an RBD image on a throwaway single-node Ceph
+#                              cluster started here, --disk rbd:rbd/demo
 #
 # Environment: VBLK_DEMO_DIR (default build/demo), VBLK_DEMO_SIZE (1G).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
-keep=0
-[[ ${1:-} == --keep ]] && keep=1
+keep=0 kind=file
+for a in "$@"; do
+    case $a in
+    --keep) keep=1 ;;
+    --nbd) kind=nbd ;;
+    --rbd) kind=rbd ;;
+    *) echo "scripts/demo.sh: unknown option '$a' (--keep, --nbd, --rbd)" >&2; exit 1 ;;
+    esac
+done
 
 dir=${VBLK_DEMO_DIR:-$top/build/demo}
 size=${VBLK_DEMO_SIZE:-1G}
@@ -26,12 +37,39 @@ ninja -C build >/dev/null
 mkdir -p "$dir"
 [[ -e $disk ]] || truncate -s "$size" "$disk"
 
-build/vblkd --socket "$sock" --disk "$disk" --queues 2 >"$dir/vblkd.log" 2>&1 &
+spid="" extra=()
+cleanup() {
+    if [[ -n ${dpid:-} ]]; then kill "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null; fi
+    [[ -n $spid ]] && kill "$spid" 2>/dev/null
+    [[ $kind == rbd ]] && scripts/ceph-cluster.sh stop "$dir/ceph" >/dev/null 2>&1
+    wait 2>/dev/null
+}
+trap cleanup EXIT
+case $kind in
+nbd)
+    # nbdkit serves the image file on a unix socket; vblkd is its client.
+    rm -f "$dir/nbd.sock"
+    nbdkit -f -U "$dir/nbd.sock" file "$disk" >"$dir/nbdkit.log" 2>&1 &
+    spid=$!
+    for _ in $(seq 100); do [[ -S $dir/nbd.sock ]] && break; sleep 0.05; done
+    served="nbd+unix:///?socket=$dir/nbd.sock"
+    ;;
+rbd)
+    echo "starting a single-node Ceph cluster (about 10 s) ..."
+    rm -rf "$dir/ceph"
+    conf=$(scripts/ceph-cluster.sh start "$dir/ceph")
+    CEPH_CONF=$conf rbd create --size "$size" rbd/demo
+    served=rbd:rbd/demo
+    extra=(--ceph-conf "$conf")
+    ;;
+*) served=$disk ;;
+esac
+
+build/vblkd --socket "$sock" --disk "$served" "${extra[@]}" --queues 2 >"$dir/vblkd.log" 2>&1 &
 dpid=$!
-trap '[[ -n ${dpid:-} ]] && kill "$dpid" 2>/dev/null; wait 2>/dev/null' EXIT
 for _ in $(seq 100); do grep -q serving "$dir/vblkd.log" && break; sleep 0.05; done
 grep -q serving "$dir/vblkd.log" || { cat "$dir/vblkd.log"; exit 1; }
-echo "vblkd is serving $disk ($size, 2 queues) on $sock"
+echo "vblkd is serving $served ($size, 2 queues) on $sock"
 
 . tests/guest/lib.sh
 guest_build_initramfs build/guest
@@ -52,7 +90,7 @@ fi
 cat <<EOT
 
 Demo passed.  To give a real VM this disk, run vblkd and point QEMU at the socket:
-  build/vblkd --socket $sock --disk $disk --queues 2
+  build/vblkd --socket $sock --disk $served ${extra[*]} --queues 2
   qemu-system-x86_64 ... -object memory-backend-memfd,id=mem,size=4G,share=on \\
       -numa node,memdev=mem -chardev socket,id=c0,path=$sock \\
       -device vhost-user-blk-pci,chardev=c0,num-queues=2

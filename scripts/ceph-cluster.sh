@@ -130,6 +130,10 @@ osd max object namespace len = 64
 admin socket = $dir/run/\$cluster-\$name.asok
 [osd]
 admin socket = $dir/run/\$cluster-\$name.asok
+[client]
+# A client notices a restarted OSD (and resends what it holds) within 1 s
+# of its return, not on librados' default 5 s tick.
+objecter tick interval = 1
 EOF
     timeout 30 monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$port]" \
         "$dir/monmap" >/dev/null || die "monmaptool failed"

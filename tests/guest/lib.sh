@@ -23,6 +23,13 @@
 #   guest_scenario_cpio SCRIPT OUT                 SCRIPT as /scenario.sh
 #   guest_initrd SCRIPT OUT [OUTDIR]               base + scenario -> OUT
 #   guest_boot SOCK NUMQ INITRD LOG [TIMEOUT_S]    returns QEMU's exit status
+#   guest_qemu_argv SOCK NUMQ INITRD               -> array VBLK_GUEST_QEMU_ARGV
+#   guest_qemu_start SOCK NUMQ INITRD LOG TMO [QEMU ARGS...]
+#                                                  QEMU in the background with
+#                                                  extra args (-qmp, -incoming);
+#                                                  pid in VBLK_GUEST_QEMU_PID
+#   guest_qmp SOCK COMMAND [JSON] | SOCK migrate URI ...   QMP (qmp.py)
+#   guest_wait_log LOG PATTERN SECONDS [PID]       wait for a console line
 #   guest_log_result LOG [NAME]                    0 iff PASS, DONE and no FAIL
 #   guest_log_lines LOG PREFIX                     e.g. PREFIX=VBLK-IRQ:
 #   guest_boot_kill                                stop a running guest_boot
@@ -388,41 +395,63 @@ guest_initrd() (
     cat "$dir/base.cpio.gz" "$out.scn" >"$out"
 )
 
+# guest_qemu_argv SOCK NUMQ INITRD: set the array VBLK_GUEST_QEMU_ARGV to
+# the QEMU command line of a guest booting INITRD with a vhost-user-blk disk
+# on SOCK (NUMQ queues), serial console on stdio.  guest_boot and
+# guest_qemu_start both use it, so a migration source and its destination
+# get the same machine.
+guest_qemu_argv() {
+    local sock="${1:-}" numq="${2:-}" initrd="${3:-}"
+    local qemu="${VBLK_GUEST_QEMU:-qemu-system-x86_64}"
+    local mem="${VBLK_GUEST_MEM:-512M}" smp="${VBLK_GUEST_SMP:-2}"
+    if [[ -z "$sock" || -z "$numq" || -z "$initrd" ]]; then
+        _guest_err "usage: guest_qemu_argv SOCK NUMQ INITRD"
+        return 1
+    fi
+    [[ -S "$sock" ]] || { _guest_err "vhost-user socket $sock does not exist (backend not running?)"; return 1; }
+    [[ -r "$initrd" ]] || { _guest_err "initrd $initrd not readable"; return 1; }
+    command -v "$qemu" >/dev/null 2>&1 || { _guest_err "missing $qemu (run guest_deps)"; return 1; }
+    local kernel
+    kernel="$(guest_kernel)" || return 1
+    # VBLK_GUEST_EXTRA_DISKS is split on spaces (and glob-expanded), as the
+    # unquoted expansion in guest_boot always did.
+    local extra
+    # shellcheck disable=SC2206
+    extra=(${VBLK_GUEST_EXTRA_DISKS:-})
+    # -nographic puts the serial console on stdio; -nic none / -vga none drop
+    # q35's default e1000e (+ its iPXE ROM, ~1.5 s under TCG) and VGA.
+    # shellcheck disable=SC2054  # commas belong to QEMU's options
+    VBLK_GUEST_QEMU_ARGV=(
+        "$qemu"
+        -machine q35,accel=tcg -cpu max -smp "$smp" -m "$mem"
+        -object "memory-backend-memfd,id=mem,size=$mem,share=on"
+        -numa node,memdev=mem
+        -kernel "$kernel" -initrd "$initrd"
+        -append "console=ttyS0 panic=-1${VBLK_GUEST_APPEND:+ $VBLK_GUEST_APPEND}"
+        -nographic -no-reboot -nic none -vga none
+        -chardev "socket,id=c0,path=$sock${VBLK_GUEST_CHARDEV_OPTS:-}"
+        -device "vhost-user-blk-pci,chardev=c0,num-queues=$numq${VBLK_GUEST_BLK_PROPS:-}"
+        "${extra[@]}"
+    )
+}
+
 # guest_boot SOCK NUMQ INITRD LOG [TIMEOUT_S]
 # Boot the guest against the vhost-user socket SOCK (the backend must be
 # listening already), serial console + QEMU's own messages go to LOG.
 # Returns QEMU's exit status (124 on timeout).
 guest_boot() {
     local sock="${1:-}" numq="${2:-}" initrd="${3:-}" log="${4:-}" tmo="${5:-240}"
-    local qemu="${VBLK_GUEST_QEMU:-qemu-system-x86_64}"
-    local mem="${VBLK_GUEST_MEM:-512M}" smp="${VBLK_GUEST_SMP:-2}"
     if [[ -z "$sock" || -z "$numq" || -z "$initrd" || -z "$log" ]]; then
         _guest_err "usage: guest_boot SOCK NUMQ INITRD LOG [TIMEOUT_S]"
         return 1
     fi
-    [[ -S "$sock" ]] || { _guest_err "vhost-user socket $sock does not exist (backend not running?)"; return 1; }
-    [[ -r "$initrd" ]] || { _guest_err "initrd $initrd not readable"; return 1; }
-    command -v "$qemu" >/dev/null 2>&1 || { _guest_err "missing $qemu (run guest_deps)"; return 1; }
     command -v timeout >/dev/null 2>&1 || { _guest_err "missing timeout (coreutils)"; return 1; }
-    local kernel
-    kernel="$(guest_kernel)" || return 1
+    guest_qemu_argv "$sock" "$numq" "$initrd" || return 1
     mkdir -p "$(dirname "$log")" || return 1
 
     local rc=0
-    # -nographic puts the serial console on stdio; stdin from /dev/null so
-    # QEMU never touches the caller's terminal.  -nic none / -vga none drop
-    # q35's default e1000e (+ its iPXE ROM, ~1.5 s under TCG) and VGA.
-    timeout -k 10 "$tmo" "$qemu" \
-        -machine q35,accel=tcg -cpu max -smp "$smp" -m "$mem" \
-        -object "memory-backend-memfd,id=mem,size=$mem,share=on" \
-        -numa node,memdev=mem \
-        -kernel "$kernel" -initrd "$initrd" \
-        -append "console=ttyS0 panic=-1${VBLK_GUEST_APPEND:+ $VBLK_GUEST_APPEND}" \
-        -nographic -no-reboot -nic none -vga none \
-        -chardev "socket,id=c0,path=$sock${VBLK_GUEST_CHARDEV_OPTS:-}" \
-        -device "vhost-user-blk-pci,chardev=c0,num-queues=$numq${VBLK_GUEST_BLK_PROPS:-}" \
-        ${VBLK_GUEST_EXTRA_DISKS:-} \
-        </dev/null >"$log" 2>&1 &
+    # stdin from /dev/null so QEMU never touches the caller's terminal.
+    timeout -k 10 "$tmo" "${VBLK_GUEST_QEMU_ARGV[@]}" </dev/null >"$log" 2>&1 &
     # Waiting on a background job (rather than running QEMU in the
     # foreground) lets the caller's INT/TERM traps run immediately; they can
     # then call guest_boot_kill.
@@ -435,6 +464,57 @@ guest_boot() {
         _guest_err "QEMU exited with status $rc (log: $log)"
     fi
     return "$rc"
+}
+
+# guest_qemu_start SOCK NUMQ INITRD LOG TIMEOUT_S [QEMU ARGS...]
+# Like guest_boot, but in the background and with extra QEMU arguments (a
+# QMP socket, -incoming ...).  Sets VBLK_GUEST_QEMU_PID to the pid to wait
+# for: QEMU under timeout(1), so its exit status is QEMU's (124 on timeout)
+# and a SIGTERM to it reaches QEMU.  LOG is truncated; a migration
+# destination's LOG holds the guest's console from when it runs there.
+guest_qemu_start() {
+    local sock="${1:-}" numq="${2:-}" initrd="${3:-}" log="${4:-}" tmo="${5:-}"
+    VBLK_GUEST_QEMU_PID=""
+    if [[ -z "$sock" || -z "$numq" || -z "$initrd" || -z "$log" || -z "$tmo" ]]; then
+        _guest_err "usage: guest_qemu_start SOCK NUMQ INITRD LOG TIMEOUT_S [QEMU ARGS...]"
+        return 1
+    fi
+    shift 5
+    command -v timeout >/dev/null 2>&1 || { _guest_err "missing timeout (coreutils)"; return 1; }
+    guest_qemu_argv "$sock" "$numq" "$initrd" || return 1
+    mkdir -p "$(dirname "$log")" || return 1
+    timeout -k 10 "$tmo" "${VBLK_GUEST_QEMU_ARGV[@]}" "$@" </dev/null >"$log" 2>&1 &
+    # shellcheck disable=SC2034  # for the caller
+    VBLK_GUEST_QEMU_PID=$!
+}
+
+# guest_qmp SOCK ARGS...: tests/guest/qmp.py SOCK ARGS..., the QMP client
+# ("COMMAND [JSON-ARGS]", "migrate URI ...", "wait-status STATUS",
+# "wait-socket"; see qmp.py).
+guest_qmp() {
+    command -v python3 >/dev/null 2>&1 || { _guest_err "missing python3"; return 1; }
+    python3 "$VBLK_GUEST_LIB_DIR/qmp.py" "$@"
+}
+
+# guest_wait_log LOG PATTERN SECONDS [PID]: wait until a line of LOG (CRs
+# stripped) matches the extended regex PATTERN.  1 on timeout; 2 if PID
+# (when given) exits first.
+guest_wait_log() {
+    local log="${1:-}" pat="${2:-}" secs="${3:-}" pid="${4:-}" i
+    if [[ -z "$log" || -z "$pat" || -z "$secs" ]]; then
+        _guest_err "usage: guest_wait_log LOG PATTERN SECONDS [PID]"
+        return 1
+    fi
+    for ((i = 0; i < secs * 10; i++)); do
+        if [[ -f "$log" ]] && tr -d '\r' <"$log" | grep -aE -- "$pat" >/dev/null; then
+            return 0
+        fi
+        if [[ -n "$pid" ]] && ! kill -0 "$pid" 2>/dev/null; then
+            return 2
+        fi
+        sleep 0.1
+    done
+    return 1
 }
 
 # guest_boot_kill: stop a guest_boot still running (for the caller's traps).

@@ -2,7 +2,7 @@
 # Guest scenario (busybox sh): every /dev/vd* disk is tested according to
 # its serial (set by the host with vblkd --serial):
 #   v-*       fio crc32c verify (the rest of the serial names the backend)
-#   discard   discard, fio trim and write zeroes, reads back as zeroes
+#   discard*  discard, fio trim and write zeroes, reads back as zeroes
 #   ro        read-only: write, discard and write zeroes all refused
 # Prints one VBLK-RESULT line per disk.
 if fio --enghelp 2>/dev/null | grep -qw libaio; then ENG=libaio; else ENG=psync; fi
@@ -25,7 +25,7 @@ for sys in /sys/block/vd*; do
         if [ $rc = 0 ]; then echo "VBLK-RESULT: PASS $serial"
         else tail -5 /tmp/fio.log; echo "VBLK-RESULT: FAIL $serial rc=$rc"; fi
         ;;
-    discard)
+    discard*)
         fail=""
         # 8 MiB of data, then discard [1M, 5M): zeroes there, data around.
         dd if=/dev/urandom of=/tmp/pat bs=1M count=8 2>/dev/null
@@ -42,8 +42,8 @@ for sys in /sys/block/vd*; do
         /usr/sbin/blkdiscard-ul -z -o 7340032 -l 1048576 "$dev" || fail="$fail blkdiscard-z"
         zeroes "$dev" 7 1 || fail="$fail zeroed-range-not-zero"
         echo "VBLK-GUEST: discard done (host checks the holes)"
-        if [ -z "$fail" ]; then echo "VBLK-RESULT: PASS discard"
-        else echo "VBLK-RESULT: FAIL discard$fail"; fi
+        if [ -z "$fail" ]; then echo "VBLK-RESULT: PASS $serial"
+        else echo "VBLK-RESULT: FAIL $serial$fail"; fi
         ;;
     ro)
         fail=""

@@ -279,6 +279,28 @@ static void conn_lost(struct bdev_ctx *c, const char *why)
 	loop_timer_mod(c->retry, sys_now_ns() + c->retry_s * 1000000000ull);
 }
 
+/*
+ * After every call into libnbd: a connection that died inside it (libnbd
+ * then fails its commands, calling our callbacks, and closes the socket,
+ * so no event will ever come for it again) is handled now; otherwise run
+ * what completed and watch for what libnbd waits for.  Returns false if
+ * the connection is gone.
+ */
+static bool conn_settle(struct bdev_ctx *c)
+{
+	if (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)) {
+		const char *e = nbd_get_error();
+
+		conn_lost(c, c->state == NBD_UP ? "the connection to the server was lost" :
+			  e ? e : "cannot connect");
+		return false;
+	}
+	run_done(c);
+	if (c->h)
+		conn_watch(c);
+	return c->h != NULL;
+}
+
 static void conn_fd_cb(void *opaque, uint32_t events)
 {
 	struct bdev_ctx *c = opaque;
@@ -287,13 +309,8 @@ static void conn_fd_cb(void *opaque, uint32_t events)
 		(void)nbd_aio_notify_read(c->h);
 	if ((events & EPOLLOUT) && !nbd_aio_is_dead(c->h))
 		(void)nbd_aio_notify_write(c->h);
-	if (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)) {
-		const char *e = nbd_get_error();
-
-		conn_lost(c, c->state == NBD_UP ? "the connection to the server was lost" :
-			  e ? e : "cannot connect");
+	if (!conn_settle(c))
 		return;
-	}
 	if (c->state == NBD_CONNECTING && nbd_aio_is_ready(c->h)) {
 		int64_t size = nbd_get_size(c->h);
 
@@ -307,9 +324,6 @@ static void conn_fd_cb(void *opaque, uint32_t events)
 				 "sees the old size", c->d->uri, (long long)size,
 				 (unsigned long long)c->d->size);
 	}
-	run_done(c);
-	if (c->h)
-		conn_watch(c);
 }
 
 /* Take h (connected, or connecting) into the loop. */
@@ -402,12 +416,16 @@ static void conn_submit(struct bdev_ctx *c, struct bdev_io *io)
 		int e = nbd_get_errno();
 
 		bdev_complete(io, -(e ? e : EIO));
+		if (c->h)
+			(void)conn_settle(c);
 		return;
 	}
 	if (io->res == IO_ISSUING)
 		io->res = IO_INFLIGHT;
 	c->inflight++;
-	conn_watch(c);
+	/* Sending may have found the server gone (regression: the requests
+	 * libnbd failed then were never completed). */
+	(void)conn_settle(c);
 }
 
 static void conn_kick(struct bdev_ctx *c)

@@ -32,7 +32,7 @@
 #include "util/parse.h"
 #include "util/sys.h"
 
-enum rw { RW_READ, RW_WRITE, RW_RANDREAD, RW_RANDWRITE, RW_RANDRW };
+enum rw { RW_READ, RW_WRITE, RW_RANDREAD, RW_RANDWRITE, RW_RANDRW, RW_TRIM };
 
 struct opts {
 	const char *socket;
@@ -212,7 +212,7 @@ static bool op_is_write(struct job *j)
 /* Pick a block; with --verify skip blocks with an I/O in flight. */
 static uint64_t pick_block(struct job *j)
 {
-	bool rnd = j->o->rw >= RW_RANDREAD;
+	bool rnd = j->o->rw >= RW_RANDREAD && j->o->rw <= RW_RANDRW;
 	uint64_t b;
 
 	for (unsigned tries = 0;; tries++) {
@@ -239,13 +239,26 @@ static int submit_one(struct job *j, struct slot *s, bool write, uint64_t b)
 
 	s->write = write;
 	s->block = b;
-	s->shm->hdr.type = write ? VIRTIO_BLK_T_OUT : VIRTIO_BLK_T_IN;
+	if (j->o->rw == RW_TRIM) {
+		/* One discard segment (virtio 1.2, 5.2.6) per request. */
+		struct virtio_blk_discard_write_zeroes seg = {
+			.sector = off >> VIRTIO_BLK_SECTOR_SHIFT,
+			.num_sectors = (uint32_t)(j->o->bs >> VIRTIO_BLK_SECTOR_SHIFT),
+		};
+
+		memcpy(s->buf, &seg, sizeof(seg));
+		vdrv_log_mark(j->d, s->buf, sizeof(seg));
+	}
+	s->shm->hdr.type = j->o->rw == RW_TRIM ? VIRTIO_BLK_T_DISCARD :
+			   write ? VIRTIO_BLK_T_OUT : VIRTIO_BLK_T_IN;
 	s->shm->hdr.reserved = 0;
 	s->shm->hdr.sector = off >> VIRTIO_BLK_SECTOR_SHIFT;
 	s->shm->status = 0xff;
 	vdrv_log_mark(j->d, s->shm, sizeof(*s->shm));
 	out[0] = (struct iovec){ &s->shm->hdr, sizeof(s->shm->hdr) };
-	if (write) {
+	if (j->o->rw == RW_TRIM) {
+		out[nout++] = (struct iovec){ s->buf, sizeof(struct virtio_blk_discard_write_zeroes) };
+	} else if (write) {
 		if (j->gen) {
 			s->gen = j->gen[b] + 1;
 			pattern_fill(s->buf, j->o->bs, off, s->gen, j->id);
@@ -488,7 +501,8 @@ static void usage(FILE *f)
 "virtio-blk driver and measure it.\n"
 "\n"
 "  --socket PATH        backend's vhost-user socket\n"
-"  --rw MODE            read, write, randread, randwrite or randrw\n"
+"  --rw MODE            read, write, randread, randwrite, randrw, or trim:\n"
+"                       sequential discards of --bs each (needs DISCARD)\n"
 "  --rwmixread P        randrw: percentage of reads (default 50)\n"
 "  --bs SIZE            block size (default 4k)\n"
 "  --iodepth N          requests in flight per job (default 1)\n"
@@ -550,7 +564,7 @@ static void parse(int argc, char **argv, struct opts *o)
 		{ NULL, 0, NULL, 0 },
 	};
 	static const char *const modes[] = { "read", "write", "randread", "randwrite",
-					     "randrw" };
+					     "randrw", "trim" };
 	bool have_rw = false;
 	int c;
 
@@ -568,7 +582,7 @@ static void parse(int argc, char **argv, struct opts *o)
 				}
 			if (!have_rw)
 				die("--rw '%s' is not one of read, write, randread, randwrite, "
-				    "randrw", optarg);
+				    "randrw, trim", optarg);
 			break;
 		case 'm': o->rwmixread = (unsigned)parse_num("--rwmixread", optarg, 0, 100); break;
 		case 'b': o->bs = size_arg("--bs", optarg); break;
@@ -601,11 +615,15 @@ static void parse(int argc, char **argv, struct opts *o)
 	if (!o->socket)
 		die("missing --socket PATH: the backend's vhost-user socket");
 	if (!have_rw)
-		die("missing --rw MODE: read, write, randread, randwrite or randrw");
+		die("missing --rw MODE: read, write, randread, randwrite, randrw or trim");
 	if (o->bs < 512 || o->bs % 512 || o->bs > (VDRV_MAX_SEGS - 2) * 1048576ull)
 		die("--bs %" PRIu64 " must be a multiple of 512 (and at most 62M)", o->bs);
 	if (o->bs > 4u << 20)
 		die("--bs %" PRIu64 " is larger than 4M, the largest buffer we hand out", o->bs);
+	if (o->verify && o->rw == RW_TRIM)
+		die("--verify checks data a discard does not leave: drop it with --rw trim");
+	if (o->rw == RW_TRIM && o->bs > (4ull << 30) - 512)
+		die("--bs %" PRIu64 " is larger than one discard segment can be", o->bs);
 	if (o->verify && (o->rw == RW_READ || o->rw == RW_RANDREAD))
 		die("--verify needs a workload that writes (write, randwrite, randrw)");
 	if (o->iodepth > o->queue_size)
@@ -919,7 +937,7 @@ static void check_text(FILE *f, const struct check *c)
 int main(int argc, char **argv)
 {
 	static const char *const modes[] = { "read", "write", "randread", "randwrite",
-					     "randrw" };
+					     "randrw", "trim" };
 	struct opts o;
 	struct vdrv_opts vo = { 0 };
 	struct vdrv *d;
@@ -949,6 +967,9 @@ int main(int argc, char **argv)
 		die("%s", err);
 
 	cap = vdrv_capacity(d);
+	if (o.rw == RW_TRIM && !vdrv_has(d, VIRTIO_BLK_F_DISCARD))
+		die("--rw trim: the backend at '%s' does not offer discard "
+		    "(VIRTIO_BLK_F_DISCARD)", o.socket);
 	if (o.bs % vdrv_block_size(d))
 		die("--bs %" PRIu64 " is not a multiple of the disk's block size %u", o.bs,
 		    vdrv_block_size(d));

@@ -153,7 +153,7 @@ print(json.dumps(r))' "$1" "$kind" "$q" "$tag" >>"$results"
 run() {
     local q=$1 t0=$SECONDS i src dst sl dl out st
     local name="$tag-${q}q"
-    local ok=1 slots=(A B)
+    local ok=1 slots=(A B) last=$hops
     rm -f "$logs/$name".*
     rm -f "$work/disk.img"
     truncate -s 256M "$work/disk.img"
@@ -186,6 +186,8 @@ run() {
         if ((rc == 0)); then
             pass "$name-$sl-to-$dl-completed"
         else
+            st=$(guest_log_lines "$logs/$name.qemu-$sl.log" 'VBLK-RESULT:')
+            kill -0 "${qpid[$src]}" 2>/dev/null || out="QEMU $sl exited (${st:-no result line}): $out"
             fail "$name-$sl-to-$dl-completed" "$out"
             ok=0
         fi
@@ -216,11 +218,17 @@ print(json.dumps(r))' "$out" "$i" "$sl" "$dl")"
         ((rc == 0)) || echo "  (QEMU $sl exited with status $rc after quit)"
         if ((i < hops)); then
             # The guest must get on with its I/O on the new QEMU (and its
-            # daemon) before the next hop: a round finishes there.
-            guest_wait_log "$logs/$name.qemu-$dl.log" "migrate round [0-9]+ " 90 "${qpid[$dst]}" || {
+            # daemon) before the next hop: a round finishes there.  A
+            # failed round ends the guest's job: no more hops then.
+            guest_wait_log "$logs/$name.qemu-$dl.log" "migrate round [0-9]+ |VBLK-RESULT:" 90 "${qpid[$dst]}" || {
                 fail "$name-$dl-guest-progress" "no fio round finished on QEMU $dl in 90 s"
                 return 1
             }
+            sleep 0.5 # a failed round's result line follows it at once
+            if guest_log_lines "$logs/$name.qemu-$dl.log" "VBLK-RESULT:" | grep -q .; then
+                last=$i
+                break
+            fi
         fi
     done
 
@@ -232,17 +240,18 @@ os.pwrite(fd, b"VBLK-MIGRATE-STOP".ljust(4096, b"\0"), os.fstat(fd).st_size - 40
 os.fsync(fd)
 os.close(fd)
 PY
-    dl=$(letter "$hops")
+    dl=$(letter "$last")
     local tstop=$SECONDS
     # The guest ends its round, verifies it again and powers off.
-    for _ in $(seq 1200); do kill -0 "${qpid[$hops]}" 2>/dev/null || break; sleep 0.1; done
-    kill "${qpid[$hops]}" 2>/dev/null
-    qemu_end "$hops"
+    for _ in $(seq 1200); do kill -0 "${qpid[$last]}" 2>/dev/null || break; sleep 0.1; done
+    kill "${qpid[$last]}" 2>/dev/null
+    qemu_end "$last"
     local dlog="$logs/$name.qemu-$dl.log"
     if ((rc == 0)) && guest_log_result "$dlog" migrate; then
         pass "$name-fio-verify-clean"
     else
-        fail "$name-fio-verify-clean" "QEMU $dl status $rc: $(guest_log_lines "$dlog" 'VBLK-RESULT:') (see $dlog)"
+        out=$(guest_log_lines "$dlog" 'VBLK-RESULT:')
+        fail "$name-fio-verify-clean" "QEMU $dl status $rc: ${out:-no result line from the guest} (see $dlog)"
         ok=0
     fi
     guest_log_lines "$dlog" "VBLK-RESULT:" | sed 's/^/  /'

@@ -6,9 +6,9 @@
 # disk's last 4 KiB (outside fio's region): the job spans every migration
 # however long they take.  Each round first zeroes fio's region (write
 # zeroes): a write lost in a handover leaves zeroes, never an older round's
-# valid block (fio's crc32c check cannot tell those apart), and fails the
-# check.  At the end every block of the last round is read back once more
-# (verify_only).
+# valid block (which fio's verify_only pass, at least, takes as good), and
+# fails the check.  At the end every block of the last round is read back
+# once more (verify_only).
 #
 # Prints: VBLK-GUEST: migrate fio start             (the host starts migrating)
 #         VBLK-GUEST: migrate round N ... errors=E  (one line per round)
@@ -68,30 +68,37 @@ while [ $round -lt $MAX_ROUNDS ]; do
     errs=$((errs + e))
     wsum=$((wsum + w)) rsum=$((rsum + r))
     if [ "$rc" != 0 ] || [ "$e" != 0 ]; then
-        grep -v '^ *$' /tmp/round.err | head -20
+        grep -v '^ *$' /tmp/round.err | head -20 >/tmp/details
         fail="$fail round$round:rc=$rc,errors=$e"
     elif [ "$w" -eq 0 ] || [ "$r" -lt "$w" ]; then
         fail="$fail round$round:verify-missing(written=${w}KiB,verified=${r}KiB)"
     fi
+    # A failed round ends the job at once (the host stops migrating).
+    [ -n "$fail" ] && break
     stopped && break
 done
-stopped || fail="$fail no-stop-mark-after-$round-rounds"
+[ -n "$fail" ] || stopped || fail="$fail no-stop-mark-after-$round-rounds"
 
 # Every block of the last round, read back after the last migration
-# (verify_only with --verify_backlog checks only some of them).
-job $round --verify_only --verify_backlog=0 --output=/tmp/final.json 2>/tmp/final.err
-rc=$?
-e=$(jget /tmp/final.json total_err)
-r=$(jget /tmp/final.json io_kbytes read)
-echo "VBLK-GUEST: migrate final verify of round $round rc=$rc verified=${r}KiB errors=$e"
-errs=$((errs + e))
-if [ "$rc" != 0 ] || [ "$e" != 0 ] || [ "$r" -eq 0 ]; then
-    grep -v '^ *$' /tmp/final.err | head -20
-    fail="$fail final:rc=$rc,errors=$e,verified=${r}KiB"
+# (verify_only with --verify_backlog checks only some of them); not after
+# a failed round, whose result the host is waiting for.
+if [ -z "$fail" ]; then
+    job $round --verify_only --verify_backlog=0 --output=/tmp/final.json 2>/tmp/final.err
+    rc=$?
+    e=$(jget /tmp/final.json total_err)
+    r=$(jget /tmp/final.json io_kbytes read)
+    echo "VBLK-GUEST: migrate final verify of round $round rc=$rc verified=${r}KiB errors=$e"
+    errs=$((errs + e))
+    if [ "$rc" != 0 ] || [ "$e" != 0 ] || [ "$r" -eq 0 ]; then
+        grep -v '^ *$' /tmp/final.err | head -20 >/tmp/details
+        fail="$fail final:rc=$rc,errors=$e,verified=${r}KiB"
+    fi
 fi
 
 if [ -z "$fail" ]; then
     echo "VBLK-RESULT: PASS migrate rounds=$round verify_errors=0 written=${wsum}KiB verified=${rsum}KiB"
 else
     echo "VBLK-RESULT: FAIL migrate rounds=$round verify_errors=$errs$fail"
+    # after the result line, which the host waits for
+    cat /tmp/details 2>/dev/null
 fi

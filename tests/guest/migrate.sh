@@ -195,9 +195,9 @@ run() {
 import json, sys
 try:
     r = json.loads(sys.argv[1])
-    print(f"  ({sys.argv[2]} {sys.argv[3]}->{sys.argv[4]}: {r['status']}, downtime "
-          f"{r['downtime']} ms, total {r['total-time']} ms, setup {r['setup-time']} ms, "
-          f"{(r['ram-transferred'] or 0) >> 20} MiB sent)")
+    print(f"  ({sys.argv[2]} {sys.argv[3]}->{sys.argv[4]}: downtime {r['downtime']} ms, "
+          f"total {r['total-time']} ms; setup {r['setup-time']} ms, "
+          f"{(r['ram-transferred'] or 0) >> 20} MiB sent, {r['status']})")
 except ValueError:
     pass
 PY

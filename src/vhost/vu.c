@@ -937,6 +937,8 @@ static int vu_set_inflight_fd(struct vu_server *s, struct vu_msg *m)
 	s->inflight_size = in->mmap_size;
 	s->inflight_queues = in->num_queues;
 	s->inflight_qsize = in->queue_size;
+	log_info("in-flight region handed back by the frontend: %u queues of %u entries",
+		 in->num_queues, in->queue_size);
 	return 0;
 }
 

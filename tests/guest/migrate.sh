@@ -8,6 +8,9 @@
 # then to a fresh QEMU C on daemon A, and so on (2 hops by default).  Each
 # migration must say "completed" and leave the destination running; the
 # guest finishes on the last QEMU with zero verify errors.  1 and 2 queues.
+# With 2 queues the first destination's daemon is also killed (SIGKILL)
+# after the hop and started again, QEMU reconnecting (chardev reconnect=1):
+# in-flight tracking (INFLIGHT_SHMFD) must keep working on a migrated VM.
 # Prints PASS:/FAIL: lines for tests/run and the downtime / total time of
 # each hop.
 #
@@ -24,6 +27,8 @@
 #   VBLK_MIGRATE_LOGS=DIR       logs (default build/test-logs/migrate)
 #   VBLK_MIGRATE_SCENARIO=FILE  guest scenario (default scenarios/migrate.sh;
 #                               must print the same marker lines)
+#   VBLK_MIGRATE_RESTART="2"    queue counts whose run restarts the first
+#                               destination's daemon (vblkd only; "" for none)
 set -uo pipefail
 DAEMON=${1:?usage: migrate.sh PATH/TO/vblkd | qsd}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -138,6 +143,36 @@ qemu_end() {
     unset "qpid[$1]"
 }
 
+# restart_daemon SLOT Q NAME L: SIGKILL the daemon that serves QEMU L (it
+# got the VM by migration) and start it again; QEMU L reconnects and the
+# new daemon resumes from the in-flight region QEMU hands it.  Up to 4
+# kills, until one finds requests in flight (under TCG the guest often has
+# none at a given instant).
+restart_daemon() {
+    local slot=$1 q=$2 name=$3 l=$4 log="$logs/$3.daemon-$1.log" k
+    for k in 1 2 3 4; do
+        kill -9 "${dpid[$slot]}"
+        wait "${dpid[$slot]}" 2>/dev/null
+        unset "dpid[$slot]"
+        mv "$log" "$log.killed$k"
+        daemon_start "$slot" "$q" "$name" || return 1
+        for _ in $(seq 100); do
+            grep -q "locked for writing" "$log" && break
+            sleep 0.1
+        done
+        if ! grep -q "locked for writing" "$log" || ! grep -q "in-flight region handed back" "$log"; then
+            fail "$name-$l-daemon-restarted-after-migration-reconnected" \
+                "QEMU $l did not hand the new daemon its in-flight region and restart its rings (see $log)"
+            return 1
+        fi
+        grep -q "resubmitting" "$log" && break
+        sleep 0.7
+    done
+    pass "$name-$l-daemon-restarted-after-migration-reconnected"
+    echo "  ($name: daemon $slot killed $k times after the hop;" \
+        "$(grep -ho "resubmitting [0-9]* requests" "$log" || echo "none in flight at the kills"))"
+}
+
 # record JSON: one line of results (the run's identity added).
 record() {
     [[ -n $results ]] || return 0
@@ -153,7 +188,11 @@ print(json.dumps(r))' "$1" "$kind" "$q" "$tag" >>"$results"
 run() {
     local q=$1 t0=$SECONDS i src dst sl dl out st
     local name="$tag-${q}q"
-    local ok=1 slots=(A B) last=$hops
+    local ok=1 slots=(A B) last=$hops restart=0
+    [[ $kind == vblkd && " ${VBLK_MIGRATE_RESTART-2} " == *" $q "* ]] && restart=1
+    # QEMU reconnects to a restarted daemon (and the restart is a real one:
+    # the daemon that got the VM by migration is the one killed).
+    if ((restart)); then export VBLK_GUEST_CHARDEV_OPTS=",reconnect=1"; else unset VBLK_GUEST_CHARDEV_OPTS; fi
     rm -f "$logs/$name".*
     rm -f "$work/disk.img"
     truncate -s 256M "$work/disk.img"
@@ -216,6 +255,9 @@ print(json.dumps(r))' "$out" "$i" "$sl" "$dl")"
         guest_qmp "$work/q$src.qmp" quit >/dev/null
         qemu_end "$src"
         ((rc == 0)) || echo "  (QEMU $sl exited with status $rc after quit)"
+        if ((restart && i == 1)); then
+            restart_daemon "${slots[dst % 2]}" "$q" "$name" "$dl" || return 1
+        fi
         if ((i < hops)); then
             # The guest must get on with its I/O on the new QEMU (and its
             # daemon) before the next hop: a round finishes there.  A

@@ -191,13 +191,14 @@ void bdev_complete(struct bdev_io *io, int res)
 	}
 	/* An engine or disk without FUA (rbd, an NBD server without it): a
 	 * write-through write is the write, then a flush. */
-	if (io->op == BDEV_WRITE && io->fua && res == 0 && !(io->b->caps & BDEV_CAP_FUA)) {
+	if (unlikely(io->fua) && io->op == BDEV_WRITE && res == 0 &&
+	    !(io->b->caps & BDEV_CAP_FUA)) {
 		io->op = BDEV_FLUSH;
 		io->fua_flush = true;
 		io->b->engine->submit(io->ctx, io);
 		return;
 	}
-	if (io->fua_flush) {
+	if (unlikely(io->fua_flush)) {
 		io->op = BDEV_WRITE;
 		io->fua_flush = false;
 	}

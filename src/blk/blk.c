@@ -161,7 +161,7 @@ static void blk_req_put(struct blk_queue *q, struct blk_req *r)
 
 /* Dirty logging is on (migration): every byte this request may have
  * stored in guest memory, after the stores (vq.h vq_log_write). */
-static void blk_req_log(struct blk_queue *q, struct blk_req *r)
+static __cold void blk_req_log(struct blk_queue *q, struct blk_req *r)
 {
 	/* The status byte and the data (stored by the backend, which
 	 * completed before we got here) visible before the bit tests. */

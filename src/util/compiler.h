@@ -7,6 +7,10 @@
 #define likely(x)   __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
+/* Out of the hot path: a rare branch's code (dirty logging, fallbacks)
+ * must not cost the common path a register spill or an I-cache line. */
+#define __cold __attribute__((noinline, cold))
+
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 #define container_of(ptr, type, member) \

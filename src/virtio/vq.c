@@ -373,7 +373,7 @@ static void log_used(struct vq *vq, uint64_t off, uint64_t len)
 
 /* After used->idx is published: the entries since the last time, and the
  * index. */
-static void log_used_flush(struct vq *vq)
+static __cold void log_used_flush(struct vq *vq)
 {
 	unsigned first = vq->log_used_idx & (vq->num - 1);
 	uint16_t n = (uint16_t)(vq->used_idx - vq->log_used_idx);
@@ -414,8 +414,6 @@ void vq_flush(struct vq *vq)
 	 * the entries must be visible before the index that covers them. */
 	smp_wmb();
 	WRITE_ONCE(vq->used->idx, vq->used_idx);
-	if (unlikely(vq->log.used))
-		log_used_flush(vq);
 	if (vq->inflight && vq->batch_n) {
 		/* Published: the batch is no longer in flight.  A crash
 		 * between the index and here is repaired by the next backend
@@ -430,6 +428,9 @@ void vq_flush(struct vq *vq)
 		WRITE_ONCE(r->used_idx, vq->used_idx);
 		vq->batch_n = 0;
 	}
+	/* Last, so it is a tail call: the common path builds no frame. */
+	if (unlikely(vq->log.used))
+		log_used_flush(vq);
 }
 
 /* virtio 1.2, 2.7.7 "Used Buffer Notification Suppression". */
@@ -456,7 +457,7 @@ bool vq_should_notify(struct vq *vq)
 
 /* Log the field the two functions below store: avail_event (EVENT_IDX)
  * or used->flags. */
-static void log_notify_field(struct vq *vq)
+static __cold void log_notify_field(struct vq *vq)
 {
 	if (vq->event_idx)
 		log_used(vq, USED_ELEM_OFF(vq->num), sizeof(uint16_t));

@@ -148,6 +148,46 @@ static void aio_efd_cb(void *opaque, uint32_t events)
 	aio_reap(c);
 }
 
+/*
+ * Poll handler.  The kernel keeps completions in a ring mapped into our
+ * address space at the io_context_t (the kernel's struct aio_ring, fs/aio.c;
+ * the same peek QEMU's linux-aio does): head != tail means events wait, and
+ * the loop can take them without waiting for the eventfd.
+ */
+struct aio_ring {
+	unsigned id, nr, head, tail, magic, compat_features, incompat_features;
+	unsigned header_length;
+};
+#define AIO_RING_MAGIC 0xa10a10a1
+
+static bool aio_poll(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+	const struct aio_ring *r = (const struct aio_ring *)c->ctx;
+
+	if (!c->inflight || r->magic != AIO_RING_MAGIC)
+		return false;
+	return __atomic_load_n(&r->head, __ATOMIC_RELAXED) !=
+	       __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
+}
+
+static void aio_poll_run(void *opaque)
+{
+	aio_reap(opaque);
+}
+
+static void aio_poll_begin(void *opaque)
+{
+	/* The kernel writes the eventfd whatever we do: one empty wake-up. */
+}
+
+static const struct loop_poll_ops aio_poll_ops = {
+	.poll = aio_poll,
+	.run = aio_poll_run,
+	.begin = aio_poll_begin,
+	.end = aio_poll,
+};
+
 static void aio_drain(struct bdev_ctx *c)
 {
 	aio_kick(c);
@@ -209,6 +249,7 @@ static int aio_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	r = loop_fd_add(l, c->efd, EPOLLIN, aio_efd_cb, c, &c->efd_h);
 	if (r < 0)
 		goto err;
+	loop_fd_set_poll(c->efd_h, &aio_poll_ops);
 	*out = c;
 	return 0;
 err:

@@ -67,6 +67,9 @@ void loop_fd_del(struct loop *l, struct loop_fd *h);
  *   end():  polling stops: ask for notifications again, with a full
  *           barrier, and return true if work arrived meanwhile (the loop
  *           then calls run() instead of sleeping, so nothing is lost).
+ * Every fd on the data path needs one: while the loop polls it does not
+ * look at fds, so an event of a handler without one waits until the
+ * polling window ends (up to poll-max-ns of added latency).
  */
 struct loop_poll_ops {
 	bool (*poll)(void *opaque);

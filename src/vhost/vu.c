@@ -682,9 +682,12 @@ static int vu_set_vring_base(struct vu_server *s, struct vu_msg *m)
 static int vu_get_vring_base(struct vu_server *s, struct vu_msg *m)
 {
 	int i = vu_ring_index(s, m->p.state.index, "GET_VRING_BASE");
+	bool was_started;
+	uint64_t t0 = sys_now_ns();
 
 	if (i < 0)
 		return VU_MALFORMED;
+	was_started = s->vr[i].started;
 	/* Every request taken from the ring completes (and is logged, if
 	 * logging is on) before we answer: the frontend may hand the ring to
 	 * another backend, e.g. a migration's destination. */
@@ -692,6 +695,11 @@ static int vu_get_vring_base(struct vu_server *s, struct vu_msg *m)
 	/* A stopped ring waits for a new kick fd to start again. */
 	sys_close(&s->vr[i].kick_fd);
 	vu_release_if_idle(s);
+	/* Our share of a migration's downtime, for the operator. */
+	if (was_started)
+		log_info("ring %d handed back at avail index %u in %llu us%s", i,
+			 s->vr[i].base, (unsigned long long)((sys_now_ns() - t0) / 1000),
+			 vu_logging(s) ? " (dirty logging on)" : "");
 	m->p.state.num = s->vr[i].base;
 	m->hdr.size = sizeof(m->p.state);
 	return VU_REPLY;
@@ -937,7 +945,7 @@ static int vu_set_inflight_fd(struct vu_server *s, struct vu_msg *m)
 	s->inflight_size = in->mmap_size;
 	s->inflight_queues = in->num_queues;
 	s->inflight_qsize = in->queue_size;
-	log_info("in-flight region handed back by the frontend: %u queues of %u entries",
+	log_info("in-flight region from the frontend: %u queues of %u entries",
 		 in->num_queues, in->queue_size);
 	return 0;
 }

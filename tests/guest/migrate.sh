@@ -160,7 +160,7 @@ restart_daemon() {
             grep -q "locked for writing" "$log" && break
             sleep 0.1
         done
-        if ! grep -q "locked for writing" "$log" || ! grep -q "in-flight region handed back" "$log"; then
+        if ! grep -q "locked for writing" "$log" || ! grep -q "in-flight region from the frontend" "$log"; then
             fail "$name-$l-daemon-restarted-after-migration-reconnected" \
                 "QEMU $l did not hand the new daemon its in-flight region and restart its rings (see $log)"
             return 1

@@ -84,6 +84,7 @@ struct loop {
 	atomic_bool running;
 	bool has_thread;		/* started by loop_thread_start */
 	bool accepting;			/* calls are queued, under call_lock */
+	bool no_pwait2;			/* the kernel has no epoll_pwait2 */
 
 	/* Loop thread only. */
 	struct loop_bh *bh_list;
@@ -496,9 +497,9 @@ static void loop_check_contention(struct loop *l, uint64_t now)
 /*
  * Phase 2, the one place that decides between polling and sleeping.
  * Returns true if work was found (the caller must not block).
- * timeout_ms is the block time the other phases allow (-1: forever).
+ * timeout_ns is the block time the other phases allow (-1: forever).
  */
-static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
+static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 {
 	struct loop_poll_params p;
 	uint64_t now, window = 0;
@@ -508,7 +509,7 @@ static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
 		return false;
 	loop_get_poll_params(l, &p);
 	now = sys_now_ns();
-	if (timeout_ms != 0 && p.max_ns && now >= l->contended_until) {
+	if (timeout_ns != 0 && p.max_ns && now >= l->contended_until) {
 		for (struct loop_fd *h = l->polls; h; h = h->next_poll) {
 			if (h->poll_ns && now - h->last_active_ns > LOOP_POLL_IDLE_NS) {
 				h->poll_ns = 0;
@@ -516,8 +517,8 @@ static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
 			}
 			window = MAX(window, MIN(h->poll_ns, p.max_ns));
 		}
-		if (timeout_ms > 0)
-			window = MIN(window, (uint64_t)timeout_ms * 1000000ull);
+		if (timeout_ns > 0)
+			window = MIN(window, (uint64_t)timeout_ns);
 	}
 	if (window) {
 		uint64_t start = now;
@@ -537,7 +538,7 @@ static bool loop_poll_or_sleep(struct loop *l, int timeout_ms)
 		if (progress)
 			return true;	/* stay in polling mode, kicks stay off */
 	}
-	if (l->poll_started && timeout_ms != 0) {
+	if (l->poll_started && timeout_ns != 0) {
 		/* About to sleep: notifications on, then one last look. */
 		l->poll_started = false;
 		defer_begin();
@@ -604,7 +605,10 @@ static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_n
 
 /* ---- The loop ---- */
 
-static int loop_timeout_ms(struct loop *l, uint64_t now)
+/* How long phase 3 may block: 0 with bottom halves pending, until the
+ * next timer (to the nanosecond: timers of a few microseconds, such as
+ * interrupt moderation's, are meant), or -1: until an fd fires. */
+static int64_t loop_timeout_ns(struct loop *l, uint64_t now)
 {
 	uint64_t d;
 
@@ -614,8 +618,26 @@ static int loop_timeout_ms(struct loop *l, uint64_t now)
 		return -1;
 	if (l->timers->deadline <= now)
 		return 0;
-	d = (l->timers->deadline - now + 999999) / 1000000;
-	return d > 60000 ? 60000 : (int)d;
+	d = l->timers->deadline - now;
+	return d > 60000000000ull ? 60000000000ll : (int64_t)d;
+}
+
+/* epoll_wait with a timeout in ns: epoll_pwait2 (Linux 5.11), else
+ * epoll_wait rounded up to the millisecond. */
+static int loop_epoll_wait(struct loop *l, struct epoll_event *evs, int max, int64_t timeout_ns)
+{
+	struct timespec ts = { .tv_sec = timeout_ns / 1000000000ll,
+			       .tv_nsec = timeout_ns % 1000000000ll };
+	int n;
+
+	if (!l->no_pwait2) {
+		n = epoll_pwait2(l->epfd, evs, max, timeout_ns < 0 ? NULL : &ts, NULL);
+		if (n >= 0 || errno != ENOSYS)
+			return n;
+		l->no_pwait2 = true;
+	}
+	return epoll_wait(l->epfd, evs, max, timeout_ns < 0 ? -1 :
+			  (int)((timeout_ns + 999999) / 1000000));
 }
 
 int loop_run(struct loop *l)
@@ -637,21 +659,22 @@ int loop_run(struct loop *l)
 
 	while (!atomic_load(&l->stop)) {
 		uint64_t t0, t1, idle_start;
-		int timeout, n;
+		int64_t timeout;
+		int n;
 
 		/* Phase 1. */
 		loop_run_timers(l, now);
 		/* Phase 2.  Idle time for adaptation counts from here: a window
 		 * that just missed must see the whole wait, polling included. */
 		idle_start = sys_now_ns();
-		timeout = loop_timeout_ms(l, now);
+		timeout = loop_timeout_ns(l, now);
 		if (loop_poll_or_sleep(l, timeout))
 			timeout = 0;
 		/* Phase 3. */
 		t0 = sys_now_ns();
 		/* Busy: everything since we last woke up, polling included. */
 		st_add(&l->st_busy_ns, t0 - woke);
-		n = epoll_wait(l->epfd, evs, LOOP_MAX_EVENTS, timeout);
+		n = loop_epoll_wait(l, evs, LOOP_MAX_EVENTS, timeout);
 		t1 = sys_now_ns();
 		l->blocked_total += t1 - t0;
 		now = woke = t1;

@@ -181,11 +181,20 @@ static void aio_poll_begin(void *opaque)
 	/* The kernel writes the eventfd whatever we do: one empty wake-up. */
 }
 
+/* Completions are expected while I/O is in flight (loop.h: armed). */
+static bool aio_poll_armed(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+
+	return c->inflight;
+}
+
 static const struct loop_poll_ops aio_poll_ops = {
 	.poll = aio_poll,
 	.run = aio_poll_run,
 	.begin = aio_poll_begin,
 	.end = aio_poll,
+	.armed = aio_poll_armed,
 };
 
 static void aio_drain(struct bdev_ctx *c)

@@ -353,11 +353,20 @@ static void conn_poll_begin(void *opaque)
 	/* The socket stays in epoll; nothing to switch off. */
 }
 
+/* Completions are expected while I/O is in flight (loop.h: armed). */
+static bool conn_poll_armed(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+
+	return c->state == NBD_UP && c->inflight;
+}
+
 static const struct loop_poll_ops conn_poll_ops = {
 	.poll = conn_poll,
 	.run = conn_poll_run,
 	.begin = conn_poll_begin,
 	.end = conn_poll,
+	.armed = conn_poll_armed,
 };
 
 /* Take h (connected, or connecting) into the loop. */

@@ -411,11 +411,20 @@ static bool img_poll_end(void *opaque)
 	return img_poll(opaque);
 }
 
+/* Completions are expected while I/O is in flight (loop.h: armed). */
+static bool img_poll_armed(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+
+	return c->inflight;
+}
+
 static const struct loop_poll_ops img_poll_ops = {
 	.poll = img_poll,
 	.run = img_poll_run,
 	.begin = img_poll_begin,
 	.end = img_poll_end,
+	.armed = img_poll_armed,
 };
 
 static void img_kick(struct bdev_ctx *c)

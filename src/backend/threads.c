@@ -146,11 +146,20 @@ static void threads_poll_begin(void *opaque)
 	/* Workers write the eventfd whatever we do: one empty wake-up. */
 }
 
+/* Completions are expected while I/O is in flight (loop.h: armed). */
+static bool threads_poll_armed(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+
+	return c->inflight;
+}
+
 static const struct loop_poll_ops threads_poll_ops = {
 	.poll = threads_poll,
 	.run = threads_poll_run,
 	.begin = threads_poll_begin,
 	.end = threads_poll,
+	.armed = threads_poll_armed,
 };
 
 static void threads_drain(struct bdev_ctx *c)

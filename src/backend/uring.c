@@ -181,11 +181,20 @@ static bool uring_poll_end(void *opaque)
 	return io_uring_cq_ready(&c->ring) > 0;
 }
 
+/* Completions are expected while I/O is in flight (loop.h: armed). */
+static bool uring_poll_armed(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+
+	return c->inflight;
+}
+
 static const struct loop_poll_ops uring_poll_ops = {
 	.poll = uring_poll,
 	.run = uring_poll_run,
 	.begin = uring_poll_begin,
 	.end = uring_poll_end,
+	.armed = uring_poll_armed,
 };
 
 static void uring_drain(struct bdev_ctx *c)

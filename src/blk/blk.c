@@ -61,6 +61,15 @@ struct blk_queue {
 	bool polling;			/* the loop polls us: kicks stay off */
 	bool event_idx;
 	bool early_sent;		/* an early call ended a batch in this section */
+	/* Interrupt moderation (blk_hold). */
+	struct loop_timer *hold_timer;
+	bool held;			/* a call is held until hold_timer fires */
+	uint64_t held_since;		/* when it was held (sys_now_ns) */
+	uint64_t held_until;		/* when it goes out at the latest */
+	uint16_t held_used;		/* used index when it was held */
+	uint64_t last_done;		/* loop_now() of the last completion */
+	bool busy_before;		/* it left requests in flight */
+	uint64_t gap_ns;		/* EWMA of the time between completions */
 	struct blk_req *reqs;		/* vq.num entries */
 	struct iovec *iovs;
 	uint16_t *free_reqs;		/* stack of free request indices */
@@ -70,6 +79,7 @@ struct blk_queue {
 
 	/* Counters: written by the iothread, read by anyone. */
 	_Atomic uint64_t requests, kicks, calls, calls_early, calls_suppressed;
+	_Atomic uint64_t calls_held, completions_coalesced, hold_ns_max, hold_ns_total;
 	_Atomic uint64_t bad_requests;
 	/* Poll counters of kick handlers that are gone (ring restarts). */
 	struct loop_poll_stats poll_base;
@@ -84,6 +94,7 @@ struct blk_dev {
 	uint8_t wce;			/* config byte as the guest set it */
 	bool no_event_idx;		/* --no-event-idx: do not offer it */
 	bool early_notify;		/* not --no-early-notify */
+	uint64_t irq_mod_max_ns;	/* --irq-moderation-max-ns; 0: off */
 
 	unsigned num_iothreads;
 	struct blk_iothread *iot;
@@ -139,6 +150,8 @@ static void blk_notify_bh(void *opaque)
  * non-blocking look at the fds, so completions that are already there
  * share the interrupt.
  */
+static void blk_unhold(struct blk_queue *q, uint64_t now);
+
 static void blk_queue_notify(void *opaque)
 {
 	struct blk_queue *q = opaque;
@@ -146,12 +159,107 @@ static void blk_queue_notify(void *opaque)
 	q->early_sent = false;
 	if (!q->started)
 		return;
+	if (q->held) {
+		uint64_t now = sys_now_ns();
+
+		/* Nothing left that could share the held call, or its time
+		 * is up (this section ran long): send it. */
+		if (!q->inflight || now >= q->held_until)
+			blk_unhold(q, now);
+		return;
+	}
 	if (!q->event_idx && defer_batching()) {
 		vq_flush(&q->vq);
 		loop_bh_schedule(q->notify_bh);
 		return;
 	}
 	blk_queue_signal(q);
+}
+
+/*
+ * Interrupt moderation (docs/architecture.md "Interrupts").  The driver
+ * asked for an interrupt at this completion (it sleeps waiting for it),
+ * but more requests are in flight and completions have been coming close
+ * together: hold the call for about four of the recent gaps between
+ * completions, at most irq_mod_max_ns, so that one interrupt covers the
+ * ones that follow (a driver drains all it finds).  Never with nothing
+ * else in flight (QD1: the request the driver waits for is the only one),
+ * never when completions are further apart than half the cap (holding
+ * would add latency and save nothing), never when the loop cannot wait
+ * for the timer spinning.  Every completion is published at
+ * once regardless; only the call waits.  Returns true if the call is now
+ * held (or already was).
+ */
+static bool blk_hold(struct blk_queue *q)
+{
+	uint64_t max = q->dev->irq_mod_max_ns, hold;
+
+	if (q->held)
+		return true;
+	if (!max || !q->inflight || q->gap_ns > max / 2)
+		return false;
+	/* The hold's timer must be kept to the microsecond: the loop waits
+	 * for it spinning, which it does not while our CPU is contended (or
+	 * with polling off). */
+	if (!loop_can_spin(q->t->loop))
+		return false;
+	hold = MIN(4 * q->gap_ns, max);
+	q->held = true;
+	q->held_since = sys_now_ns();
+	q->held_until = q->held_since + hold;
+	q->held_used = q->vq.used_idx;	/* the completion the driver waits for included */
+	loop_timer_mod(q->hold_timer, q->held_until);
+	stat_inc(&q->calls_held);
+	return true;
+}
+
+/* The held call goes out now (its timer fired, nothing else is in flight,
+ * or the ring stops). */
+static void blk_unhold(struct blk_queue *q, uint64_t now)
+{
+	uint64_t held = now - q->held_since;
+
+	loop_timer_del(q->hold_timer);
+	q->held = false;
+	atomic_store_explicit(&q->completions_coalesced,
+			      atomic_load_explicit(&q->completions_coalesced, memory_order_relaxed) +
+			      (uint16_t)(q->vq.used_idx - q->held_used), memory_order_relaxed);
+	if (held > atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed))
+		atomic_store_explicit(&q->hold_ns_max, held, memory_order_relaxed);
+	atomic_store_explicit(&q->hold_ns_total,
+			      atomic_load_explicit(&q->hold_ns_total, memory_order_relaxed) + held,
+			      memory_order_relaxed);
+	if (q->started)
+		blk_queue_signal(q);
+}
+
+static void blk_hold_timer_cb(void *opaque)
+{
+	struct blk_queue *q = opaque;
+
+	/* A timer runs outside a defer section: the call is made here. */
+	blk_unhold(q, sys_now_ns());
+}
+
+/*
+ * How fast the disk completes, for blk_hold: an EWMA (1/8) of the time
+ * between completions, counting only gaps the disk was busy across (the
+ * previous completion left requests in flight).  A gap after the queue
+ * ran dry measures the driver's pace, not the disk's: the first completion
+ * of each batch would otherwise always look slow, and it is exactly the one
+ * a sleeping driver waits for.
+ */
+static inline void blk_note_completion(struct blk_queue *q)
+{
+	uint64_t now = loop_now(q->t->loop), gap = now - q->last_done;
+
+	if (q->busy_before) {
+		if (gap > 1000000)
+			gap = 1000000;
+		q->gap_ns = q->gap_ns - q->gap_ns / 8 + gap / 8;
+	}
+	q->last_done = now;
+	q->busy_before = q->inflight > 0;
 }
 
 static void blk_req_put(struct blk_queue *q, struct blk_req *r)
@@ -198,7 +306,9 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 		 * after.
 		 */
 		vq_flush(&q->vq);
-		if (!q->early_sent && vq_notify_wanted(&q->vq)) {
+		if (q->dev->irq_mod_max_ns)
+			blk_note_completion(q);
+		if (!q->early_sent && vq_notify_wanted(&q->vq) && !blk_hold(q)) {
 			q->early_sent = true;
 			if (blk_queue_signal(q))
 				stat_inc(&q->calls_early);
@@ -635,6 +745,10 @@ static void do_queue_start(void *opaque)
 	q->enabled = s->enabled;
 	q->event_idx = s->cfg.event_idx;
 	q->polling = false;
+	q->held = false;
+	q->gap_ns = 1000000;	/* no holding until gaps are measured */
+	q->busy_before = false;
+	q->last_done = loop_now(q->t->loop);
 	r = loop_fd_add(q->t->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);
 	if (r < 0)
 		goto err_pool;
@@ -673,6 +787,8 @@ static void do_queue_stop(void *opaque)
 	/* In-flight requests complete into the ring before we report where
 	 * it stopped: the frontend may hand the ring to someone else. */
 	q->dev->b->engine->drain(q->t->bctx);
+	if (q->held)
+		blk_unhold(q, sys_now_ns());
 	if (q->inflight)
 		log_err("queue %u: %u requests still in flight after drain",
 			q->idx, q->inflight);
@@ -904,7 +1020,9 @@ static void do_ctx_free(void *opaque)
 			continue;
 		loop_bh_free(q->resume_bh);
 		loop_bh_free(q->notify_bh);
+		loop_timer_free(q->hold_timer);
 		q->resume_bh = q->notify_bh = NULL;
+		q->hold_timer = NULL;
 	}
 	if (t->bctx)
 		t->dev->b->engine->ctx_free(t->bctx);
@@ -959,6 +1077,8 @@ static int blk_iothread_start(struct blk_dev *d, unsigned i, const struct blk_op
 		r = loop_bh_new(t->loop, blk_resume_bh, q, &q->resume_bh);
 		if (r == 0)
 			r = loop_bh_new(t->loop, blk_notify_bh, q, &q->notify_bh);
+		if (r == 0)
+			r = loop_timer_new(t->loop, blk_hold_timer_cb, q, &q->hold_timer);
 		if (r < 0)
 			goto err_loop;
 	}
@@ -982,7 +1102,9 @@ err_loop:
 		if (d->q[qi].t == t) {
 			loop_bh_free(d->q[qi].resume_bh);
 			loop_bh_free(d->q[qi].notify_bh);
+			loop_timer_free(d->q[qi].hold_timer);
 			d->q[qi].resume_bh = d->q[qi].notify_bh = NULL;
+			d->q[qi].hold_timer = NULL;
 		}
 	loop_free(t->loop);
 	return r;
@@ -1010,6 +1132,7 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	d->num_iothreads = nt;
 	d->no_event_idx = o->no_event_idx;
 	d->early_notify = !o->no_early_notify;
+	d->irq_mod_max_ns = o->irq_moderation_max_ns;
 	d->wce = 1;
 	/* Serial: up to 20 bytes, not NUL-terminated when full (5.2.6). */
 	strncpy(d->serial, o->serial ? o->serial : "", sizeof(d->serial));
@@ -1081,6 +1204,11 @@ static void do_stats(void *opaque)
 		o->calls_early = atomic_load_explicit(&q->calls_early, memory_order_relaxed);
 		o->calls_suppressed = atomic_load_explicit(&q->calls_suppressed,
 							   memory_order_relaxed);
+		o->calls_held = atomic_load_explicit(&q->calls_held, memory_order_relaxed);
+		o->completions_coalesced = atomic_load_explicit(&q->completions_coalesced,
+								memory_order_relaxed);
+		o->hold_ns_max = atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed);
+		o->hold_ns_total = atomic_load_explicit(&q->hold_ns_total, memory_order_relaxed);
 		o->bad_requests = atomic_load_explicit(&q->bad_requests,
 						       memory_order_relaxed);
 		o->poll_hits = q->poll_base.hits + ps.hits;

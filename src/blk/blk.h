@@ -20,12 +20,24 @@
 #include "vhost/vu.h"
 
 #define BLK_MAX_QUEUES 64
+/* Default caps of the adaptive polling windows (docs/architecture.md
+ * "Polling"): for kicks (loop_poll_params.max_ns), and for the disk's
+ * completions, polled only while I/O is in flight (completion_max_ns):
+ * a few times a fast SSD's latency. */
+#define BLK_POLL_DEFAULT_NS 65536u
+#define BLK_COMPLETION_POLL_DEFAULT_NS 262144u
+/* Default cap of interrupt moderation (blk_opts.irq_moderation_max_ns). */
+#define BLK_IRQ_MODERATION_DEFAULT_NS 50000u
 
 struct blk_opts {
 	unsigned num_queues;		/* 1..BLK_MAX_QUEUES */
 	const char *serial;		/* GET_ID, at most 20 bytes used */
 	bool no_event_idx;		/* do not offer VIRTIO_RING_F_EVENT_IDX */
 	bool no_early_notify;		/* calls only at the end of a section (ablation) */
+	/* Interrupt moderation: the longest a call may be held for more
+	 * completions to share it (docs/architecture.md "Interrupts").
+	 * 0: off. */
+	uint64_t irq_moderation_max_ns;
 	const struct loop_poll_params *poll;	/* NULL: loop defaults */
 	unsigned num_iothreads;		/* 0 or 1: one iothread */
 	const unsigned *queue_map;	/* queue -> iothread; NULL: q mod N */
@@ -43,6 +55,10 @@ struct blk_queue_stats {
 	uint64_t calls;			/* call-eventfd writes */
 	uint64_t calls_early;		/* of which early: a sleeping driver's first completion */
 	uint64_t calls_suppressed;	/* batches the driver did not want signalled */
+	uint64_t calls_held;		/* calls held back (interrupt moderation) */
+	uint64_t completions_coalesced;	/* completed while a call was held */
+	uint64_t hold_ns_max;		/* longest a call was held */
+	uint64_t hold_ns_total;		/* all holds together */
 	uint64_t bad_requests;		/* failed for a malformed chain or header */
 	uint64_t poll_hits;		/* polling found requests */
 	uint64_t poll_misses;		/* requests came by kick after we slept */

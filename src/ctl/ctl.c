@@ -45,8 +45,8 @@ static void put_poll(struct blk_dev *d, char *buf, size_t len, size_t *n)
 	struct loop_poll_params p;
 
 	blk_get_poll_params(d, &p);
-	put(buf, len, n, "\"poll\": {\"max_ns\": %" PRIu64 ", \"grow\": %u, \"shrink\": %u}",
-	    p.max_ns, p.grow, p.shrink);
+	put(buf, len, n, "\"poll\": {\"max_ns\": %" PRIu64 ", \"completion_max_ns\": %" PRIu64
+	    ", \"grow\": %u, \"shrink\": %u}", p.max_ns, p.completion_max_ns, p.grow, p.shrink);
 }
 
 int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
@@ -66,12 +66,16 @@ int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 	for (unsigned i = 0; i < nq; i++)
 		put(buf, len, &n, "%s{\"iothread\": %u, \"requests\": %" PRIu64 ", \"kicks\": %" PRIu64
 		    ", \"calls\": %" PRIu64 ", \"calls_early\": %" PRIu64
-		    ", \"calls_suppressed\": %" PRIu64
+		    ", \"calls_suppressed\": %" PRIu64 ", \"calls_held\": %" PRIu64
+		    ", \"completions_coalesced\": %" PRIu64 ", \"hold_ns_max\": %" PRIu64
+		    ", \"hold_ns_total\": %" PRIu64
 		    ", \"bad_requests\": %" PRIu64 ", \"poll_hits\": %" PRIu64
 		    ", \"poll_misses\": %" PRIu64 ", \"poll_ns\": %" PRIu64 "}",
 		    i ? ", " : "", qs[i].iothread, qs[i].requests, qs[i].kicks, qs[i].calls,
-		    qs[i].calls_early, qs[i].calls_suppressed, qs[i].bad_requests, qs[i].poll_hits,
-		    qs[i].poll_misses, qs[i].poll_ns);
+		    qs[i].calls_early, qs[i].calls_suppressed, qs[i].calls_held,
+		    qs[i].completions_coalesced, qs[i].hold_ns_max, qs[i].hold_ns_total,
+		    qs[i].bad_requests,
+		    qs[i].poll_hits, qs[i].poll_misses, qs[i].poll_ns);
 	put(buf, len, &n, "], \"iothreads\": [");
 	for (unsigned i = 0; i < nt; i++)
 		put(buf, len, &n, "%s{\"busy_ns\": %" PRIu64 ", \"cpu_ns\": %" PRIu64
@@ -161,6 +165,11 @@ int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
 			return reply_error(out, outlen, "max_ns must be 0..1000000000");
 		if (r)
 			p.max_ns = v;
+		if ((r = json_u64(req, "completion_max_ns", &v)) < 0 ||
+		    (r && v > 1000000000ull))
+			return reply_error(out, outlen, "completion_max_ns must be 0..1000000000");
+		if (r)
+			p.completion_max_ns = v;
 		if ((r = json_u64(req, "grow", &v)) < 0 || (r && (v < 2 || v > 1024)))
 			return reply_error(out, outlen, "grow must be 2..1024");
 		if (r)
@@ -170,8 +179,8 @@ int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
 		if (r)
 			p.shrink = (unsigned)v;
 		blk_set_poll_params(d, &p);
-		log_info("polling set: max %" PRIu64 " ns, grow %u, shrink %u", p.max_ns,
-			 p.grow, p.shrink);
+		log_info("polling set: max %" PRIu64 " ns, completions %" PRIu64 " ns, grow %u, "
+			 "shrink %u", p.max_ns, p.completion_max_ns, p.grow, p.shrink);
 		put(out, outlen, &n, "{\"ok\": true, ");
 		put_poll(d, out, outlen, &n);
 		put(out, outlen, &n, "}");

@@ -4,7 +4,8 @@
  *
  *   {"cmd": "stats"}
  *     -> {"queues": [{"iothread", "requests", "kicks", "calls",
- *         "calls_early", "calls_suppressed", "bad_requests", "poll_hits", "poll_misses",
+ *         "calls_early", "calls_suppressed", "calls_held", "completions_coalesced",
+ *         "hold_ns_max", "hold_ns_total", "bad_requests", "poll_hits", "poll_misses",
  *         "poll_ns"}, ...],
  *         "iothreads": [{"busy_ns", "cpu_ns", "poll_ns_total", "contended",
  *         "cpu"}, ...],

@@ -18,6 +18,8 @@
 
 /* First window of a handler that starts polling. */
 #define LOOP_POLL_START_NS 4000ull
+/* Timers due this soon are waited for polling (loop_poll_or_sleep). */
+#define LOOP_SPIN_TIMER_NS 100000ull
 /* A handler idle this long stops polling (poll_ns back to 0): an idle
  * disk must cost no CPU within a second of the load stopping. */
 #define LOOP_POLL_IDLE_NS 1000000000ull
@@ -85,6 +87,7 @@ struct loop {
 	bool has_thread;		/* started by loop_thread_start */
 	bool accepting;			/* calls are queued, under call_lock */
 	bool no_pwait2;			/* the kernel has no epoll_pwait2 */
+	uint64_t now_ns;		/* the current iteration woke (loop_now) */
 
 	/* Loop thread only. */
 	struct loop_bh *bh_list;
@@ -101,6 +104,7 @@ struct loop {
 
 	/* Knobs (any thread writes) and counters (any thread reads). */
 	_Atomic uint64_t p_max_ns;
+	_Atomic uint64_t p_completion_max_ns;
 	_Atomic unsigned p_grow, p_shrink;
 	_Atomic uint64_t st_busy_ns, st_poll_ns, st_contended;
 	clockid_t cpu_clock;
@@ -295,6 +299,7 @@ void loop_fd_poll_stats(const struct loop_fd *h, struct loop_poll_stats *out)
 void loop_set_poll_params(struct loop *l, const struct loop_poll_params *p)
 {
 	atomic_store(&l->p_max_ns, p->max_ns);
+	atomic_store(&l->p_completion_max_ns, p->completion_max_ns);
 	atomic_store(&l->p_grow, p->grow < 2 ? 2 : p->grow);
 	atomic_store(&l->p_shrink, p->shrink);
 }
@@ -302,6 +307,7 @@ void loop_set_poll_params(struct loop *l, const struct loop_poll_params *p)
 void loop_get_poll_params(struct loop *l, struct loop_poll_params *p)
 {
 	p->max_ns = atomic_load(&l->p_max_ns);
+	p->completion_max_ns = atomic_load(&l->p_completion_max_ns);
 	p->grow = atomic_load(&l->p_grow);
 	p->shrink = atomic_load(&l->p_shrink);
 }
@@ -443,6 +449,15 @@ static void loop_poll_hit(struct loop_fd *h, uint64_t now)
 	st_add(&h->st_hits, 1);
 }
 
+/* The cap of handler h's window: completion handlers (with armed()) have
+ * their own; 0 everywhere when polling is off. */
+static uint64_t poll_cap(const struct loop_poll_params *p, const struct loop_fd *h)
+{
+	if (!p->max_ns)
+		return 0;
+	return h->pops->armed && p->completion_max_ns ? p->completion_max_ns : p->max_ns;
+}
+
 /* One pass over the poll handlers; true if any found work. */
 static bool loop_poll_once(struct loop *l, uint64_t now)
 {
@@ -456,6 +471,7 @@ static bool loop_poll_once(struct loop *l, uint64_t now)
 		if (h->deleted)
 			continue;
 		if (h->pops->poll(h->opaque)) {
+			l->now_ns = now;
 			loop_poll_hit(h, now);
 			progress = true;
 		}
@@ -515,11 +531,21 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 				h->poll_ns = 0;
 				st_set(&h->st_poll_ns, 0);
 			}
-			window = MAX(window, MIN(h->poll_ns, p.max_ns));
+			/* A backend with nothing in flight expects nothing. */
+			if (h->pops->armed && !h->pops->armed(h->opaque))
+				continue;
+			window = MAX(window, MIN(h->poll_ns, poll_cap(&p, h)));
 		}
 		if (timeout_ns > 0)
 			window = MIN(window, (uint64_t)timeout_ns);
 	}
+	/* A timer due within LOOP_SPIN_TIMER_NS (an interrupt held for a few
+	 * microseconds): wait for it polling, not asleep.  Waking from a sleep
+	 * costs more than that on some machines (a halted vCPU: tens of
+	 * microseconds), and the timer's point is its precision. */
+	if (timeout_ns > 0 && (uint64_t)timeout_ns <= LOOP_SPIN_TIMER_NS && p.max_ns &&
+	    now >= l->contended_until)
+		window = MAX(window, (uint64_t)timeout_ns);
 	if (window) {
 		uint64_t start = now;
 
@@ -563,8 +589,10 @@ static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_n
 			     uint64_t slept_ns, uint64_t now)
 {
 	struct loop_poll_params p;
+	uint64_t cap;
 
 	loop_get_poll_params(l, &p);
+	cap = poll_cap(&p, h);
 	st_add(&h->st_misses, 1);
 	/*
 	 * The other kind of contention: the producer waits for *our* CPU.
@@ -573,7 +601,7 @@ static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_n
 	 * it (or the window cannot reach it).  Back off as when our own CPU
 	 * is stolen.
 	 */
-	if (h->poll_ns >= p.max_ns && block_ns > slept_ns + 1000 &&
+	if (h->poll_ns >= cap && block_ns > slept_ns + 1000 &&
 	    slept_ns < LOOP_STARVE_NS) {
 		if (++l->starve_streak >= LOOP_STARVE_STREAK) {
 			l->starve_streak = 0;
@@ -587,18 +615,18 @@ static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_n
 		l->starve_streak = 0;
 	}
 	h->last_active_ns = now;
-	/* max_ns may have been lowered at runtime. */
-	if (h->poll_ns > p.max_ns)
-		h->poll_ns = p.max_ns;
+	/* The cap may have been lowered at runtime. */
+	if (h->poll_ns > cap)
+		h->poll_ns = cap;
 	if (block_ns <= h->poll_ns) {
 		/* The window was long enough; it was cut short (timer,
 		 * contention).  Nothing to learn. */
-	} else if (block_ns > p.max_ns) {
+	} else if (block_ns > cap) {
 		h->poll_ns = p.shrink ? h->poll_ns / p.shrink : 0;
-	} else if (h->poll_ns < p.max_ns && now >= l->contended_until) {
+	} else if (h->poll_ns < cap && now >= l->contended_until) {
 		h->poll_ns = h->poll_ns ? h->poll_ns * p.grow : LOOP_POLL_START_NS;
-		if (h->poll_ns > p.max_ns)
-			h->poll_ns = p.max_ns;
+		if (h->poll_ns > cap)
+			h->poll_ns = cap;
 	}
 	st_set(&h->st_poll_ns, h->poll_ns);
 }
@@ -670,6 +698,10 @@ int loop_run(struct loop *l)
 		timeout = loop_timeout_ns(l, now);
 		if (loop_poll_or_sleep(l, timeout))
 			timeout = 0;
+		else if (timeout > 0)
+			/* Less what polling used up: a timer is not late by a
+			 * polling window. */
+			timeout = loop_timeout_ns(l, sys_now_ns());
 		/* Phase 3. */
 		t0 = sys_now_ns();
 		/* Busy: everything since we last woke up, polling included. */
@@ -677,7 +709,7 @@ int loop_run(struct loop *l)
 		n = loop_epoll_wait(l, evs, LOOP_MAX_EVENTS, timeout);
 		t1 = sys_now_ns();
 		l->blocked_total += t1 - t0;
-		now = woke = t1;
+		now = woke = l->now_ns = t1;
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -715,6 +747,17 @@ void loop_stop(struct loop *l)
 {
 	atomic_store(&l->stop, true);
 	(void)sys_eventfd_signal(l->wake_fd);
+}
+
+uint64_t loop_now(const struct loop *l)
+{
+	return l->now_ns;
+}
+
+bool loop_can_spin(struct loop *l)
+{
+	return atomic_load_explicit(&l->p_max_ns, memory_order_relaxed) &&
+	       l->now_ns >= l->contended_until;
 }
 
 bool loop_in_thread(struct loop *l)

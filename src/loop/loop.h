@@ -76,6 +76,12 @@ struct loop_poll_ops {
 	void (*run)(void *opaque);
 	void (*begin)(void *opaque);
 	bool (*end)(void *opaque);
+	/* Optional, for a backend's completions: true while an event is
+	 * expected (I/O in flight).  A handler with armed() is polled only
+	 * while armed, with its own cap (completion_max_ns): a request in
+	 * flight is worth waiting for as long as the device takes, an idle
+	 * backend not at all. */
+	bool (*armed)(void *opaque);
 };
 void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops);
 
@@ -92,6 +98,8 @@ struct loop_poll_params {
 	uint64_t max_ns;	/* cap; 0 disables polling */
 	unsigned grow;		/* window multiplier on a near miss (>= 2) */
 	unsigned shrink;	/* divisor when blocking exceeds the cap; 0 resets */
+	/* Cap of handlers with armed() (backend completions); 0: max_ns. */
+	uint64_t completion_max_ns;
 };
 void loop_set_poll_params(struct loop *l, const struct loop_poll_params *p);
 void loop_get_poll_params(struct loop *l, struct loop_poll_params *p);
@@ -131,6 +139,15 @@ void loop_stop(struct loop *l);
  * Returns 0.
  */
 int loop_call_sync(struct loop *l, loop_cb fn, void *arg);
+
+/* When the current iteration woke up (sys_now_ns() clock): a time stamp
+ * for events of this iteration without a clock read each.  Loop thread. */
+uint64_t loop_now(const struct loop *l);
+
+/* True if the loop may spin for a short timer now (polling is on and not
+ * backed off for contention): only then is a timer of a few microseconds
+ * kept to the microsecond (loop.c, LOOP_SPIN_TIMER_NS).  Loop thread. */
+bool loop_can_spin(struct loop *l);
 
 /* True when called on the thread currently running l. */
 bool loop_in_thread(struct loop *l);

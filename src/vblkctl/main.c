@@ -2,7 +2,8 @@
  * vblkctl: talk to a running vblkd over its control socket.
  *
  *   vblkctl --control PATH stats
- *   vblkctl --control PATH set-poll [--poll-max-ns N] [--poll-grow N] [--poll-shrink N]
+ *   vblkctl --control PATH set-poll [--poll-max-ns N] [--completion-poll-max-ns N]
+ *                                   [--poll-grow N] [--poll-shrink N]
  *
  * Prints the daemon's JSON reply; exit 1 on an error reply or no daemon.
  */
@@ -45,12 +46,13 @@ int main(int argc, char **argv)
 	static const struct option lo[] = {
 		{ "control", required_argument, NULL, 'c' },
 		{ "poll-max-ns", required_argument, NULL, 'm' },
+		{ "completion-poll-max-ns", required_argument, NULL, 'C' },
 		{ "poll-grow", required_argument, NULL, 'g' },
 		{ "poll-shrink", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *path = NULL, *max = NULL, *grow = NULL, *shrink = NULL, *cmd;
+	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char req[512], reply[65536];
 	size_t got = 0;
@@ -61,12 +63,13 @@ int main(int argc, char **argv)
 		switch (c) {
 		case 'c': path = optarg; break;
 		case 'm': max = num("--poll-max-ns", optarg); break;
+		case 'C': cmax = num("--completion-poll-max-ns", optarg); break;
 		case 'g': grow = num("--poll-grow", optarg); break;
 		case 's': shrink = num("--poll-shrink", optarg); break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
-			       "[--poll-grow N] [--poll-shrink N]\n");
+			       "[--completion-poll-max-ns N] [--poll-grow N] [--poll-shrink N]\n");
 			return 0;
 		case ':': die("option '%s' needs a value", argv[optind - 1]);
 		default: die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
@@ -78,13 +81,15 @@ int main(int argc, char **argv)
 		die("give one command: stats or set-poll");
 	cmd = argv[optind];
 	if (!strcmp(cmd, "stats")) {
-		if (max || grow || shrink)
+		if (max || cmax || grow || shrink)
 			die("--poll-* options go with set-poll");
 		snprintf(req, sizeof(req), "{\"cmd\": \"stats\"}\n");
 	} else if (!strcmp(cmd, "set-poll")) {
 		n = snprintf(req, sizeof(req), "{\"cmd\": \"set-poll\"");
 		if (max)
 			n += snprintf(req + n, sizeof(req) - n, ", \"max_ns\": %s", max);
+		if (cmax)
+			n += snprintf(req + n, sizeof(req) - n, ", \"completion_max_ns\": %s", cmax);
 		if (grow)
 			n += snprintf(req + n, sizeof(req) - n, ", \"grow\": %s", grow);
 		if (shrink)

@@ -1300,6 +1300,7 @@ struct tdev {
 	struct loop_fd *h;
 	uint64_t gap_ns, due;
 	unsigned rounds, taken, by_poll, by_fd;
+	bool armed;			/* tdev_completion_ops: expects events */
 	atomic_uint finished;
 };
 
@@ -1410,6 +1411,74 @@ static void test_poll_window_grows_to_catch_steady_gap(void)
 		       (unsigned long long)ps.poll_ns, (unsigned long long)gap);
 }
 
+/* A backend's completions: armed while the device has work (loop.h). */
+static bool tdev_armed(void *opaque)
+{
+	struct tdev *t = opaque;
+
+	return t->armed;
+}
+
+static const struct loop_poll_ops tdev_completion_ops = {
+	.poll = tdev_poll,
+	.run = tdev_run,
+	.begin = tdev_begin,
+	.end = tdev_end,
+	.armed = tdev_armed,
+};
+
+/* Run a tdev of `rounds` events gap_ns apart on a loop with the kick cap
+ * max_ns and the completion cap cmax_ns, as a completion handler armed or
+ * not; returns its poll counters. */
+static struct loop_poll_stats tdev_completion_run(uint64_t gap, uint64_t max_ns,
+						  uint64_t cmax_ns, bool armed)
+{
+	struct loop *l = new_loop("t-cpoll");
+	struct loop_poll_params p = { max_ns, 2, 2, cmax_ns };
+	struct tdev t = { .l = l, .gap_ns = gap, .rounds = 40, .armed = armed };
+	struct loop_poll_stats ps;
+
+	loop_set_poll_params(l, &p);
+	t.tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	ASSERT_TRUE(t.tfd >= 0);
+	ASSERT_EQ(loop_fd_add(l, t.tfd, EPOLLIN, tdev_fd_cb, &t, &t.h), 0);
+	loop_fd_set_poll(t.h, &tdev_completion_ops);
+	t.due = sys_now_ns() + gap;
+	tdev_arm(&t, t.due);
+	ASSERT_EQ(loop_thread_start(l), 0);
+	ASSERT_TRUE(wait_for(&t.finished, 1));
+	loop_thread_join(l);
+	loop_fd_poll_stats(t.h, &ps);
+	ASSERT_EQ(ps.hits, t.by_poll);
+	loop_fd_del(l, t.h);
+	loop_free(l);
+	close(t.tfd);
+	return ps;
+}
+
+/*
+ * Completions 1.1 ms apart, far above the kick cap (100 us) but below the
+ * completion cap (20 ms): an armed completion handler's window grows to
+ * catch them under its own cap; unarmed (nothing in flight), it is never
+ * polled at all, whatever its window.
+ */
+static void test_completion_handler_own_cap_and_armed(void)
+{
+	const uint64_t gap = 1100000;
+	struct loop_poll_stats ps = { 0 };
+
+	for (int attempt = 0; attempt < 3 && !ps.hits; attempt++)
+		ps = tdev_completion_run(gap, 100000, 20 * MS, true);
+	if (!ps.hits)
+		T_FAIL("armed completion handler: window %llu ns, no hits",
+		       (unsigned long long)ps.poll_ns);
+	ps = tdev_completion_run(gap, 100000, 20 * MS, false);
+	ASSERT_EQ(ps.hits, 0);
+	/* Without a completion cap, the kick cap applies: too short. */
+	ps = tdev_completion_run(gap, 100000, 0, true);
+	ASSERT_EQ(ps.hits, 0);
+}
+
 int main(void)
 {
 	log_set_level(LOG_ERR);
@@ -1435,5 +1504,6 @@ int main(void)
 	RUN(test_poll_run_deleting_other_handler_skips_it);
 	RUN(test_poll_window_within_lowered_cap);
 	RUN(test_poll_window_grows_to_catch_steady_gap);
+	RUN(test_completion_handler_own_cap_and_armed);
 	return T_EXIT_PASS;
 }

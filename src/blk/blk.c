@@ -798,6 +798,9 @@ static void do_queue_stop(void *opaque)
 	q->kick_fd = q->call_fd = q->err_fd = -1;
 	blk_queue_free_pool(q);
 	vq_release(&q->vq);
+	/* A stopped ring needs no reset (blk_needs_reset); a restart
+	 * validates it afresh. */
+	WRITE_ONCE(q->vq.broken, false);
 	c->last_avail = q->vq.last_avail_idx;
 }
 
@@ -983,6 +986,18 @@ static void blk_release(void *opaque)
 	bdev_unlock(((struct blk_dev *)opaque)->b);
 }
 
+/* A running ring is broken: the device status says NEEDS_RESET (the
+ * ring's err fd was signalled when it broke). */
+static bool blk_needs_reset(void *opaque)
+{
+	struct blk_dev *d = opaque;
+
+	for (unsigned i = 0; i < d->num_queues; i++)
+		if (vq_is_broken(&d->q[i].vq))
+			return true;
+	return false;
+}
+
 const struct vu_dev_ops blk_vu_ops = {
 	.features = blk_features,
 	.num_queues = blk_num_queues,
@@ -996,6 +1011,7 @@ const struct vu_dev_ops blk_vu_ops = {
 	.queue_set_log = blk_queue_set_log,
 	.claim = blk_claim,
 	.release = blk_release,
+	.needs_reset = blk_needs_reset,
 };
 
 /* ---- Device lifecycle (main thread) ---- */

@@ -50,7 +50,8 @@ static const uint64_t vdrv_wanted_proto =
 	1ull << VHOST_USER_PROTOCOL_F_MQ |
 	1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
 	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
-	1ull << VHOST_USER_PROTOCOL_F_CONFIG;
+	1ull << VHOST_USER_PROTOCOL_F_CONFIG |
+	1ull << VHOST_USER_PROTOCOL_F_STATUS;
 
 /* ---- Messages ---- */
 
@@ -114,6 +115,19 @@ static int vdrv_get_u64(struct vdrv *d, uint32_t req, uint64_t *v)
 		return r;
 	r = vdrv__recv(d, req, v, sizeof(*v));
 	return r < 0 ? r : r == sizeof(*v) ? 0 : -EPROTO;
+}
+
+int vdrv_get_status(struct vdrv *d, uint8_t *status)
+{
+	uint64_t v;
+	int r;
+
+	if (!(d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_STATUS)))
+		return -ENOTSUP;
+	r = vdrv_get_u64(d, VHOST_USER_GET_STATUS, &v);
+	if (r == 0)
+		*status = (uint8_t)v;
+	return r;
 }
 
 /* ---- Memory ---- */

@@ -107,6 +107,11 @@ void vdrv_close(struct vdrv *d);
  */
 int vdrv_stop_rings(struct vdrv *d, uint16_t *bases);
 
+/* The device status byte (GET_STATUS; virtio 1.2, 2.1), e.g. to see
+ * NEEDS_RESET.  -ENOTSUP when the backend has no STATUS protocol feature.
+ * Connecting thread. */
+int vdrv_get_status(struct vdrv *d, uint8_t *status);
+
 /* Shared memory the backend can access, aligned to align (power of 2).
  * NULL when exhausted. */
 void *vdrv_alloc(struct vdrv *d, size_t len, size_t align);

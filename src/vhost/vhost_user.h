@@ -34,9 +34,12 @@ enum vhost_user_request {
 	VHOST_USER_SET_CONFIG = 25,
 	VHOST_USER_GET_INFLIGHT_FD = 31,
 	VHOST_USER_SET_INFLIGHT_FD = 32,
+	VHOST_USER_RESET_DEVICE = 34,
 	VHOST_USER_GET_MAX_MEM_SLOTS = 36,
 	VHOST_USER_ADD_MEM_REG = 37,
 	VHOST_USER_REM_MEM_REG = 38,
+	VHOST_USER_SET_STATUS = 39,
+	VHOST_USER_GET_STATUS = 40,
 };
 
 /* "Header": flags bits 0-1 version (1), bit 2 reply, bit 3 need_reply. */
@@ -54,7 +57,18 @@ enum vhost_user_request {
 #define VHOST_USER_PROTOCOL_F_REPLY_ACK           3
 #define VHOST_USER_PROTOCOL_F_CONFIG              9
 #define VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD      12
+#define VHOST_USER_PROTOCOL_F_RESET_DEVICE        13
 #define VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS 15
+#define VHOST_USER_PROTOCOL_F_STATUS              16
+
+/* SET_STATUS / GET_STATUS carry the virtio device status byte (virtio
+ * 1.2, 2.1 "Device Status Field"). */
+#define VIRTIO_CONFIG_S_ACKNOWLEDGE  0x01
+#define VIRTIO_CONFIG_S_DRIVER       0x02
+#define VIRTIO_CONFIG_S_DRIVER_OK    0x04
+#define VIRTIO_CONFIG_S_FEATURES_OK  0x08
+#define VIRTIO_CONFIG_S_NEEDS_RESET  0x40
+#define VIRTIO_CONFIG_S_FAILED       0x80
 
 /* "Migration": dirty logging.  VHOST_F_LOG_ALL is a vhost feature bit in
  * the GET/SET_FEATURES mask (turns logging of every device write to guest

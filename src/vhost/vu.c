@@ -85,6 +85,9 @@ struct vu_server {
 	 * eventfd.  Rings log while LOG_ALL is acked and a log is set. */
 	struct gm_dirty_log *log;
 	int log_call_fd;
+	/* The device status the frontend set (SET_STATUS; STATUS protocol
+	 * feature), without NEEDS_RESET, which is ours to report. */
+	uint8_t status;
 };
 
 static const uint64_t vu_proto_features =
@@ -93,7 +96,9 @@ static const uint64_t vu_proto_features =
 	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIG |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |
-	1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD;
+	1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD |
+	1ull << VHOST_USER_PROTOCOL_F_RESET_DEVICE |
+	1ull << VHOST_USER_PROTOCOL_F_STATUS;
 
 static const char *vu_req_name(uint32_t req)
 {
@@ -123,6 +128,9 @@ static const char *vu_req_name(uint32_t req)
 	case VHOST_USER_SET_INFLIGHT_FD: return "SET_INFLIGHT_FD";
 	case VHOST_USER_ADD_MEM_REG: return "ADD_MEM_REG";
 	case VHOST_USER_REM_MEM_REG: return "REM_MEM_REG";
+	case VHOST_USER_RESET_DEVICE: return "RESET_DEVICE";
+	case VHOST_USER_SET_STATUS: return "SET_STATUS";
+	case VHOST_USER_GET_STATUS: return "GET_STATUS";
 	default: return "unknown";
 	}
 }
@@ -443,6 +451,12 @@ static int vu_set_owner(struct vu_server *s, struct vu_msg *m)
 	return 0;
 }
 
+/* RESET_OWNER (deprecated, still sent by older frontends) and
+ * RESET_DEVICE: every ring stopped (their in-flight requests completed
+ * first), ring and feature state back to the start, logging off, status
+ * 0.  The memory table, the in-flight region and the protocol features
+ * stay: the connection is the same, and a frontend sets them again
+ * anyway before it restarts rings. */
 static int vu_reset_owner(struct vu_server *s, struct vu_msg *m)
 {
 	for (unsigned i = 0; i < s->nqueues; i++) {
@@ -451,8 +465,45 @@ static int vu_reset_owner(struct vu_server *s, struct vu_msg *m)
 	}
 	vu_release_if_idle(s);
 	s->acked = 0;
+	s->ops->set_features(s->dev, 0);
 	vu_log_reset(s);
+	s->status = 0;
 	return 0;
+}
+
+/*
+ * SET_STATUS / GET_STATUS (vhost-user.rst; the status byte is virtio 1.2,
+ * 2.1 "Device Status Field").  We keep what the frontend sets and add
+ * NEEDS_RESET while a running ring is broken (2.1.1: the device sets it
+ * when it "has experienced an error from which it can't recover").
+ *
+ * Status 0 (a reset, in virtio terms) stops nothing here: rings stop on
+ * GET_VRING_BASE and state resets on RESET_DEVICE.  QEMU 7.2.0 sent
+ * SET_STATUS 0 at every stop, before GET_VRING_BASE, and a backend that
+ * tore its rings down on it lost the ring bases (why QEMU reverted it);
+ * answering GET_VRING_BASE right matters more than acting early.
+ */
+static int vu_set_status(struct vu_server *s, struct vu_msg *m)
+{
+	if (m->p.u64 > UINT8_MAX) {
+		log_err("SET_STATUS: 0x%llx is not a status byte",
+			(unsigned long long)m->p.u64);
+		return -EINVAL;
+	}
+	s->status = (uint8_t)(m->p.u64 & ~VIRTIO_CONFIG_S_NEEDS_RESET);
+	log_debug("device status 0x%02x", s->status);
+	return 0;
+}
+
+static int vu_get_status(struct vu_server *s, struct vu_msg *m)
+{
+	uint8_t st = s->status;
+
+	if (s->ops->needs_reset && s->ops->needs_reset(s->dev))
+		st |= VIRTIO_CONFIG_S_NEEDS_RESET;
+	m->p.u64 = st;
+	m->hdr.size = sizeof(m->p.u64);
+	return VU_REPLY;
 }
 
 static int vu_get_queue_num(struct vu_server *s, struct vu_msg *m)
@@ -1023,6 +1074,9 @@ static const struct vu_handler vu_handlers[] = {
 	[VHOST_USER_SET_INFLIGHT_FD] = { vu_set_inflight_fd, 24, 1 },
 	[VHOST_USER_ADD_MEM_REG] = { vu_add_mem_reg, 40, 1 },
 	[VHOST_USER_REM_MEM_REG] = { vu_rem_mem_reg, 40, VU_FDS_ANY },
+	[VHOST_USER_RESET_DEVICE] = { vu_reset_owner, 0, 0 },
+	[VHOST_USER_SET_STATUS] = { vu_set_status, 8, 0 },
+	[VHOST_USER_GET_STATUS] = { vu_get_status, 0, 0 },
 };
 
 static int vu_send(struct vu_server *s, struct vu_msg *m)
@@ -1163,12 +1217,19 @@ static void vu_close_fds(struct vu_msg *m)
 	m->nfds = 0;
 }
 
-/* Handle one message.  Returns 0, or < 0 to disconnect. */
+/*
+ * Handle one message.  Returns 0, or < 0 to disconnect.
+ *
+ * NEED_REPLY is answered whenever it is set (vhost-user.rst "REPLY_ACK"),
+ * REPLY_ACK negotiated or not, as libvhost-user and DPDK do: a frontend
+ * may set it on the very SET_PROTOCOL_FEATURES that negotiates REPLY_ACK
+ * and wait for the answer.  A message with its own reply answers with
+ * that alone.
+ */
 static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
 {
 	uint32_t req = m->hdr.request;
-	bool need_reply = (m->hdr.flags & VHOST_USER_NEED_REPLY_MASK) &&
-			  vu_has_proto(s, VHOST_USER_PROTOCOL_F_REPLY_ACK);
+	bool need_reply = m->hdr.flags & VHOST_USER_NEED_REPLY_MASK;
 	const struct vu_handler *h = NULL;
 	int r;
 
@@ -1235,6 +1296,7 @@ static void vu_disconnect(struct vu_server *s)
 	vu_inflight_unmap(s);
 	s->acked = 0;
 	s->proto_acked = 0;
+	s->status = 0;
 	s->ops->set_features(s->dev, 0);
 	loop_fd_del(s->loop, s->conn_h);
 	s->conn_h = NULL;

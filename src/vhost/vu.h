@@ -68,6 +68,10 @@ struct vu_dev_ops {
 	 * a disconnect): give up what claim took.  Not called when rings
 	 * only restart (memory table or kick fd changes). */
 	void (*release)(void *dev);
+	/* A running ring is broken (a request or index the driver got wrong
+	 * stopped it; see vq.h): the driver must reset the device.  Reported
+	 * as NEEDS_RESET in GET_STATUS.  Optional. */
+	bool (*needs_reset)(void *dev);
 };
 
 struct vu_server;

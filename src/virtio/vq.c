@@ -141,7 +141,7 @@ void vq_set_broken(struct vq *vq, const char *why)
 	if (!vq->broken)
 		log_err("queue %u: %s; queue stopped until the driver resets it",
 			vq->index, why);
-	vq->broken = true;
+	WRITE_ONCE(vq->broken, true);
 }
 
 static void bad_chain(struct vq *vq, const char *why, uint16_t head)

@@ -122,7 +122,7 @@ struct vq {
 	bool signalled_used_valid;
 	bool notify_disabled;
 
-	bool broken;
+	bool broken;			/* READ_ONCE from other threads (vq_is_broken) */
 	bool logged_bad_chain;
 	uint64_t bad_chains;
 
@@ -222,5 +222,12 @@ void vq_log_kick(struct vq *vq);
 
 /* Mark the queue broken and log why, once. */
 void vq_set_broken(struct vq *vq, const char *why);
+
+/* Whether the queue is broken, from any thread (the control plane asks,
+ * for the device status's NEEDS_RESET). */
+static inline bool vq_is_broken(const struct vq *vq)
+{
+	return READ_ONCE(vq->broken);
+}
 
 #endif

@@ -29,6 +29,7 @@
 #include "loop/loop.h"
 #include "util/log.h"
 #include "util/sys.h"
+#include "vhost/vhost_user.h"
 #include "vhost/vu.h"
 
 #define DISK_BYTES	(4ull << 20)	/* also the patterned part of every image */
@@ -944,6 +945,31 @@ static void run_dwz_cases(void)
 	RUN(test_write_after_discard);
 }
 
+/*
+ * A ring the driver corrupts (avail->idx more than the ring size ahead)
+ * is broken: the device status reports NEEDS_RESET (virtio 1.2, 2.1.1)
+ * until the ring is stopped.  Last in its group: the ring stays broken.
+ */
+static void test_broken_ring_reports_needs_reset(void)
+{
+	struct vdrv_queue *q = &fx.drv->q[0];
+	uint64_t deadline = sys_now_ns() + TIMEOUT_MS * 1000000ull;
+	uint8_t st = 0xff;
+
+	ASSERT_EQ(vdrv_get_status(fx.drv, &st), 0);
+	ASSERT_EQ(st & VIRTIO_CONFIG_S_NEEDS_RESET, 0);
+	__atomic_store_n(&q->avail->idx, (uint16_t)(q->avail_idx + q->num + 1),
+			 __ATOMIC_RELEASE);
+	ASSERT_EQ(sys_eventfd_signal(q->kick_fd), 0);
+	do {
+		ASSERT_EQ(vdrv_get_status(fx.drv, &st), 0);
+		if (st & VIRTIO_CONFIG_S_NEEDS_RESET)
+			break;
+		usleep(1000);
+	} while (sys_now_ns() < deadline);
+	ASSERT_TRUE(st & VIRTIO_CONFIG_S_NEEDS_RESET);
+}
+
 static unsigned groups_run;
 
 static void group_uring(void)
@@ -976,6 +1002,7 @@ static void group_uring(void)
 	RUN(test_too_many_sectors_ioerr);
 	RUN(test_bad_later_segment_runs_none);
 	run_dwz_cases();
+	RUN(test_broken_ring_reports_needs_reset);
 	teardown();
 }
 

@@ -56,6 +56,7 @@ struct fake_calls {
 	struct vq_log log;		/* from the last queue_set_log */
 	bool claimed;
 	bool refuse_claim;		/* set by the test: claim fails -EBUSY */
+	bool needs_reset;		/* set by the test: a ring is broken */
 	unsigned start_idx, stop_idx, enable_idx;
 	struct vu_queue_setup setup;	/* from the last queue_start */
 	uint64_t kick_value;		/* read from setup.kick_fd in queue_start */
@@ -188,6 +189,23 @@ static void fake_release(void *dev)
 	pthread_mutex_unlock(&fake.lock);
 }
 
+static bool fake_needs_reset(void *dev)
+{
+	bool r;
+
+	pthread_mutex_lock(&fake.lock);
+	r = fake.c.needs_reset;
+	pthread_mutex_unlock(&fake.lock);
+	return r;
+}
+
+static void fake_set_needs_reset(bool v)
+{
+	pthread_mutex_lock(&fake.lock);
+	fake.c.needs_reset = v;
+	pthread_mutex_unlock(&fake.lock);
+}
+
 static const struct vu_dev_ops fake_ops = {
 	.features = fake_features,
 	.num_queues = fake_num_queues,
@@ -201,6 +219,7 @@ static const struct vu_dev_ops fake_ops = {
 	.queue_set_log = fake_queue_set_log,
 	.claim = fake_claim,
 	.release = fake_release,
+	.needs_reset = fake_needs_reset,
 };
 
 static struct fake_calls fake_get(void)
@@ -458,7 +477,9 @@ static void test_get_protocol_features_queue_num_mem_slots(void)
 		  1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
 		  1ull << VHOST_USER_PROTOCOL_F_CONFIG |
 		  1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |
-		  1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD);
+		  1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD |
+		  1ull << VHOST_USER_PROTOCOL_F_RESET_DEVICE |
+		  1ull << VHOST_USER_PROTOCOL_F_STATUS);
 	ASSERT_EQ(get_u64(c, VHOST_USER_GET_QUEUE_NUM), 2);
 	ASSERT_EQ(get_u64(c, VHOST_USER_GET_MAX_MEM_SLOTS), GM_MAX_REGIONS);
 	close(c);
@@ -502,16 +523,210 @@ static void test_unknown_request_ignored_without_need_reply(void)
 	close(c);
 }
 
-/* need_reply before REPLY_ACK is negotiated: no ack is sent. */
-static void test_need_reply_ignored_without_reply_ack(void)
-{
-	int c = conn_open();
-	uint64_t f = DEV_FEATURES;
+/*
+ * NEED_REPLY on every message, in one whole session (virtio-user.rst
+ * "REPLY_ACK"; the reference backends: libvhost-user and DPDK answer
+ * whenever the flag is set, rust-vmm once REPLY_ACK is acked, which it is
+ * by the SET_PROTOCOL_FEATURES that carries it).  A frontend written from
+ * the spec sets the flag on SET_PROTOCOL_FEATURES itself and waits for
+ * the answer.  Every message type we handle plus an unknown one, in an
+ * order a frontend may use: with the flag each gets exactly one reply (its
+ * own, for those that have one, else an ack: 0, nonzero for the unknown
+ * one), whether or not REPLY_ACK is among the protocol features; without
+ * it only those with their own reply answer.  recv_reply checks the
+ * request of each reply, so a missing or extra reply fails the next one,
+ * and nothing may be left unread at the end.
+ */
+struct reply_case {
+	uint32_t req;
+	const void *p;
+	uint32_t size;
+	int fd;			/* -1: none */
+	bool own;		/* answers with its own payload, asked or not */
+	uint64_t ack;		/* the ack expected with NEED_REPLY */
+};
 
-	send_msg(c, VHOST_USER_SET_FEATURES, FL_ACK, &f, sizeof(f), NULL, 0);
-	send_msg(c, 200, FL_ACK, NULL, 0, NULL, 0);
+static void replies_session(bool flag, bool reply_ack)
+{
+	/* Everything we offer, REPLY_ACK only if asked. */
+	const uint64_t proto = (1ull << VHOST_USER_PROTOCOL_F_MQ |
+				1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
+				1ull << VHOST_USER_PROTOCOL_F_CONFIG |
+				1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |
+				1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD |
+				1ull << VHOST_USER_PROTOCOL_F_RESET_DEVICE |
+				1ull << VHOST_USER_PROTOCOL_F_STATUS) |
+			       (uint64_t)reply_ack << VHOST_USER_PROTOCOL_F_REPLY_ACK;
+	const uint64_t feat = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES;
+	const uint64_t idx0 = 0, status = 0x0b;
+	const struct vhost_user_memory mem_table = {
+		.nregions = 1,
+		.regions[0] = { 0, GUEST_SIZE, GUEST_QVA, 0 },
+	};
+	/* A second region just above the first, added then removed. */
+	const struct vhost_user_mem_reg reg = {
+		.region = { GUEST_SIZE, GUEST_SIZE, GUEST_QVA + GUEST_SIZE, 0 },
+	};
+	const struct vhost_user_config get_cfg = { .offset = 0, .size = 8 };
+	const struct vhost_user_config set_cfg = { .offset = 32, .size = 1, .region = { 1 } };
+	const struct vhost_user_inflight inflight = { 1 << 20, 0, 1, RING_NUM, 0 };
+	const struct vhost_user_log logd = { 4096, 0 };
+	const struct vhost_vring_state num = { 0, RING_NUM }, base = { 0, 3 }, on = { 0, 1 };
+	const struct vhost_vring_addr addr = ring_addr(0, GUEST_QVA);
+	int mem = guest_memfd(GUEST_SIZE), mem2 = guest_memfd(GUEST_SIZE);
+	int infl = guest_memfd(1 << 20), logm = guest_memfd(4096);
+	int logfd = test_eventfd(0), call = test_eventfd(0), err = test_eventfd(0);
+	int kick = test_eventfd(0);
+	const int fds[] = { mem, mem2, infl, logm, logfd, call, err, kick };
+	const struct reply_case cases[] = {
+		{ VHOST_USER_GET_FEATURES, NULL, 0, -1, true, 0 },
+		{ VHOST_USER_GET_PROTOCOL_FEATURES, NULL, 0, -1, true, 0 },
+		{ VHOST_USER_SET_PROTOCOL_FEATURES, &proto, 8, -1, false, 0 },
+		{ VHOST_USER_SET_OWNER, NULL, 0, -1, false, 0 },
+		{ VHOST_USER_GET_QUEUE_NUM, NULL, 0, -1, true, 0 },
+		{ VHOST_USER_GET_MAX_MEM_SLOTS, NULL, 0, -1, true, 0 },
+		{ VHOST_USER_SET_FEATURES, &feat, 8, -1, false, 0 },
+		{ VHOST_USER_SET_STATUS, &status, 8, -1, false, 0 },
+		{ VHOST_USER_GET_STATUS, NULL, 0, -1, true, 0 },
+		{ VHOST_USER_SET_MEM_TABLE, &mem_table,
+		  offsetof(struct vhost_user_memory, regions) + sizeof(mem_table.regions[0]),
+		  mem, false, 0 },
+		{ VHOST_USER_ADD_MEM_REG, &reg, sizeof(reg), mem2, false, 0 },
+		{ VHOST_USER_REM_MEM_REG, &reg, sizeof(reg), -1, false, 0 },
+		{ VHOST_USER_GET_CONFIG, &get_cfg, VHOST_USER_CONFIG_HDR_SIZE + 8, -1, true, 0 },
+		{ VHOST_USER_SET_CONFIG, &set_cfg, VHOST_USER_CONFIG_HDR_SIZE + 1, -1, false, 0 },
+		{ VHOST_USER_GET_INFLIGHT_FD, &inflight, sizeof(inflight), -1, true, 0 },
+		{ VHOST_USER_SET_INFLIGHT_FD, &inflight, sizeof(inflight), infl, false, 0 },
+		{ VHOST_USER_SET_LOG_BASE, &logd, sizeof(logd), logm, true, 0 },
+		{ VHOST_USER_SET_LOG_FD, NULL, 0, logfd, false, 0 },
+		{ VHOST_USER_SET_VRING_NUM, &num, sizeof(num), -1, false, 0 },
+		{ VHOST_USER_SET_VRING_ADDR, &addr, sizeof(addr), -1, false, 0 },
+		{ VHOST_USER_SET_VRING_BASE, &base, sizeof(base), -1, false, 0 },
+		{ VHOST_USER_SET_VRING_CALL, &idx0, 8, call, false, 0 },
+		{ VHOST_USER_SET_VRING_ERR, &idx0, 8, err, false, 0 },
+		{ VHOST_USER_SET_VRING_KICK, &idx0, 8, kick, false, 0 },
+		{ VHOST_USER_SET_VRING_ENABLE, &on, sizeof(on), -1, false, 0 },
+		{ VHOST_USER_GET_VRING_BASE, &base, sizeof(base), -1, true, 0 },
+		{ VHOST_USER_RESET_OWNER, NULL, 0, -1, false, 0 },
+		{ VHOST_USER_RESET_DEVICE, NULL, 0, -1, false, 0 },
+		{ 200, NULL, 0, -1, false, 1 },
+	};
+	int c = conn_open();
+	char buf[256], b;
+
+	fake_reset();
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		const struct reply_case *k = &cases[i];
+		uint64_t ack = 0xdead;
+
+		send_msg(c, k->req, flag ? FL_ACK : FL, k->p, k->size, &k->fd, k->fd >= 0);
+		if (k->own) {
+			(void)recv_reply(c, k->req, buf, sizeof(buf));
+		} else if (flag) {
+			ASSERT_EQ(recv_reply(c, k->req, &ack, sizeof(ack)), sizeof(ack));
+			if (k->ack ? ack == 0 : ack != 0)
+				T_FAIL("request %u: ack %llu, expected %s", k->req,
+				       (unsigned long long)ack, k->ack ? "nonzero" : "0");
+		}
+	}
+	/* Everything reached the device (the ring ran), and no reply is left. */
+	ASSERT_EQ(fake_get().nstart, 1);
+	ASSERT_EQ(fake_get().nstop, 1);
 	barrier(c);
+	ASSERT_EQ(recv(c, &b, 1, MSG_DONTWAIT), -1);
+	ASSERT_TRUE(errno == EAGAIN || errno == EWOULDBLOCK);
 	close(c);
+	for (size_t i = 0; i < ARRAY_SIZE(fds); i++)
+		close(fds[i]);
+}
+
+static void test_need_reply_on_every_message(void)
+{
+	replies_session(true, true);
+}
+
+static void test_need_reply_answered_without_reply_ack(void)
+{
+	replies_session(true, false);
+}
+
+static void test_no_reply_unasked_on_every_message(void)
+{
+	replies_session(false, true);
+}
+
+/* ---- Device status and reset ---- */
+
+static void ring_start(int c, unsigned idx, int kick);
+
+#define PROTO_STATUS	(1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK | \
+			 1ull << VHOST_USER_PROTOCOL_F_STATUS | \
+			 1ull << VHOST_USER_PROTOCOL_F_RESET_DEVICE)
+
+/* GET_STATUS answers what SET_STATUS set, plus NEEDS_RESET while the
+ * device has a broken ring (never stored from the frontend); a value
+ * wider than a byte is refused and the connection stays. */
+static void test_status_set_get_needs_reset(void)
+{
+	uint64_t v = 0;
+	int c = conn_open();
+
+	fake_reset();
+	send_u64(c, VHOST_USER_SET_PROTOCOL_FEATURES, PROTO_STATUS, NULL, 0);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0);
+	v = 0x0f;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_STATUS, &v, 8, NULL, 0), 0);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0x0f);
+	fake_set_needs_reset(true);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0x4f);
+	v = 0x4b;			/* the frontend echoes NEEDS_RESET back */
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_STATUS, &v, 8, NULL, 0), 0);
+	fake_set_needs_reset(false);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0x0b);
+	v = 0x10f;
+	ASSERT_NE(send_acked(c, VHOST_USER_SET_STATUS, &v, 8, NULL, 0), 0);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0x0b);
+	/* Status 0 stops no ring: that is GET_VRING_BASE's job. */
+	v = 0;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_STATUS, &v, 8, NULL, 0), 0);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0);
+	close(c);
+}
+
+/* RESET_DEVICE with a ring running: the ring is stopped through the
+ * device (its requests drained), features and status are back to 0, the
+ * disk released, and the same connection can start the ring again. */
+static void test_reset_device_stops_rings_and_restarts(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES, v = 0x0f;
+	int c = conn_open(), mem = guest_memfd(GUEST_SIZE), kick = test_eventfd(1);
+	struct fake_calls r;
+
+	fake_reset();
+	send_u64(c, VHOST_USER_SET_PROTOCOL_FEATURES, PROTO_STATUS, NULL, 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	send_mem_table(c, mem, 0, FL_ACK);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_SET_MEM_TABLE, &v, sizeof(v)), 8);
+	v = 0x0f;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_STATUS, &v, 8, NULL, 0), 0);
+	ring_start(c, 0, kick);
+	r = fake_get();
+	ASSERT_EQ(r.nstart, 1);
+	ASSERT_TRUE(r.claimed);
+
+	ASSERT_EQ(send_acked(c, VHOST_USER_RESET_DEVICE, NULL, 0, NULL, 0), 0);
+	r = fake_get();
+	ASSERT_EQ(r.nstop, 1);
+	ASSERT_EQ(r.features, 0);
+	ASSERT_TRUE(!r.claimed);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0);
+
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	ring_start(c, 0, kick);
+	ASSERT_EQ(fake_get().nstart, 2);
+	close(c);
+	close(mem);
+	close(kick);
 }
 
 /* ---- Malformed messages: disconnect, then serve the next frontend ---- */
@@ -1274,7 +1489,11 @@ int main(void)
 	RUN(test_reply_ack_success_is_zero);
 	RUN(test_unknown_request_nacked_connection_stays);
 	RUN(test_unknown_request_ignored_without_need_reply);
-	RUN(test_need_reply_ignored_without_reply_ack);
+	RUN(test_need_reply_on_every_message);
+	RUN(test_need_reply_answered_without_reply_ack);
+	RUN(test_no_reply_unasked_on_every_message);
+	RUN(test_status_set_get_needs_reset);
+	RUN(test_reset_device_stops_rings_and_restarts);
 	RUN(test_set_features_short_payload_disconnects);
 	RUN(test_oversized_payload_disconnects);
 	RUN(test_bad_version_disconnects);

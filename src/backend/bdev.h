@@ -114,12 +114,19 @@ struct bdev_engine {
 	 * the file lock of lock.c.  Main thread. */
 	int (*lock)(struct bdev *b);
 	void (*unlock)(struct bdev *b);
+	/* Engines that are their own disk: the disk is to be size bytes (a
+	 * multiple of the block size, more than now); check that it has
+	 * grown that far (the engine never grows it itself).  0, or -errno
+	 * with one line in err.  NULL: the size cannot change.  Main
+	 * thread. */
+	int (*resize)(struct bdev *b, uint64_t size, char *err, size_t errlen);
 };
 
 struct bdev {
 	char *path;
 	int fd;
-	uint64_t size;		/* bytes, a multiple of block_size */
+	uint64_t size;		/* bytes, a multiple of block_size; grows only
+				 * (bdev_resize), so other threads READ_ONCE it */
 	unsigned block_size;	/* logical block exported to the guest */
 	unsigned phys_block_size;
 	/* What the disk deallocates in (bytes, a power of two >= block_size):
@@ -146,6 +153,18 @@ struct bdev {
  */
 int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen);
 void bdev_close(struct bdev *b);
+
+/*
+ * Grow the disk to size bytes, under a running guest: a file is extended
+ * (sparse); a block device or an RBD image must already have grown that
+ * far (lvextend, rbd resize) and is only re-read.  size must be a multiple
+ * of the block size and not below the current size: shrinking would cut
+ * off data the guest has.  Returns 0 (also when size is the current size)
+ * or -errno with one line for the user in err; the size is unchanged on
+ * failure.  The new size is published with WRITE_ONCE: iothreads check
+ * requests against READ_ONCE(b->size).  Main thread.
+ */
+int bdev_resize(struct bdev *b, uint64_t size, char *err, size_t errlen);
 
 /*
  * The image lock (lock.c): while a frontend's rings run, a writable disk

@@ -13,6 +13,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "util/barrier.h"
 #include "util/log.h"
 
 /* Buffer and offset alignment O_DIRECT needs on this file (statx
@@ -313,6 +314,76 @@ open_err:
 err_close:
 	close(fd);
 	return r;
+}
+
+int bdev_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
+{
+	uint64_t have = 0;
+	struct stat st;
+	int r;
+
+	if (size % b->block_size) {
+		snprintf(err, errlen, "%llu bytes is not a whole number of the disk's "
+			 "%u-byte blocks", (unsigned long long)size, b->block_size);
+		return -EINVAL;
+	}
+	if (size < b->size) {
+		snprintf(err, errlen, "the disk is %llu bytes; shrinking it under a "
+			 "running guest would cut off its data: give a size of at least "
+			 "that", (unsigned long long)b->size);
+		return -EINVAL;
+	}
+	if (size == b->size)
+		return 0;
+	if (b->engine->open) {
+		if (!b->engine->resize) {
+			snprintf(err, errlen, "a %s disk's size is fixed by its server",
+				 b->engine->name);
+			return -EOPNOTSUPP;
+		}
+		r = b->engine->resize(b, size, err, errlen);
+		if (r < 0)
+			return r;
+	} else if (b->fd < 0) {
+		/* A diskless export (null): the size is all there is. */
+	} else if (b->is_blockdev) {
+		if (ioctl(b->fd, BLKGETSIZE64, &have) < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot read the size of '%s': %s", b->path,
+				 strerror(-r));
+			return r;
+		}
+		if (have < size) {
+			snprintf(err, errlen, "block device '%s' is %llu bytes: grow it first "
+				 "(e.g. lvextend), then resize to at most that", b->path,
+				 (unsigned long long)have);
+			return -ENOSPC;
+		}
+	} else {
+		if (fstat(b->fd, &st) < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot stat '%s': %s", b->path, strerror(-r));
+			return r;
+		}
+		if ((uint64_t)st.st_size < size) {
+			if (b->read_only) {
+				snprintf(err, errlen, "'%s' is exported read-only and is %llu "
+					 "bytes: grow the file first", b->path,
+					 (unsigned long long)st.st_size);
+				return -EROFS;
+			}
+			if (ftruncate(b->fd, (off_t)size) < 0) {
+				r = -errno;
+				snprintf(err, errlen, "cannot grow '%s' to %llu bytes: %s",
+					 b->path, (unsigned long long)size, strerror(-r));
+				return r;
+			}
+		}
+	}
+	log_info("disk %s: %llu -> %llu bytes", b->path, (unsigned long long)b->size,
+		 (unsigned long long)size);
+	WRITE_ONCE(b->size, size);
+	return 0;
 }
 
 void bdev_close(struct bdev *b)

@@ -233,6 +233,28 @@ static void disk_close(struct bdev *b)
 
 /* ---- The image lock (main thread, rings stopped) ---- */
 
+/* bdev_resize: librbd refreshes the image header when someone else
+ * resized it (its watch), so the size read here is the image's now. */
+static int disk_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
+{
+	struct rbd_disk *d = b->priv;
+	uint64_t have = 0;
+	int r = rbd_get_size(d->image, &have);
+
+	if (r < 0) {
+		snprintf(err, errlen, "cannot read the size of RBD image '%s/%s': %s",
+			 d->pool, d->name, strerror(-r));
+		return r;
+	}
+	if (have < size) {
+		snprintf(err, errlen, "RBD image '%s/%s' is %llu bytes: grow it first "
+			 "(rbd resize --size %lluB %s/%s)", d->pool, d->name,
+			 (unsigned long long)have, (unsigned long long)size, d->pool, d->name);
+		return -ENOSPC;
+	}
+	return 0;
+}
+
 static int disk_lock(struct bdev *b)
 {
 	struct rbd_disk *d = b->priv;
@@ -517,4 +539,5 @@ const struct bdev_engine bdev_rbd_engine = {
 	.close = disk_close,
 	.lock = disk_lock,
 	.unlock = disk_unlock,
+	.resize = disk_resize,
 };

@@ -95,6 +95,9 @@ struct blk_dev {
 	bool no_event_idx;		/* --no-event-idx: do not offer it */
 	bool early_notify;		/* not --no-early-notify */
 	uint64_t irq_mod_max_ns;	/* --irq-moderation-max-ns; 0: off */
+	/* Tells the frontend the config space changed (blk_dev_resize). */
+	int (*config_changed)(void *opaque);
+	void *config_opaque;
 
 	unsigned num_iothreads;
 	struct blk_iothread *iot;
@@ -377,7 +380,8 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 			   struct iovec *out, unsigned out_num)
 {
 	struct blk_dev *d = q->dev;
-	uint64_t len = iov_size(out, out_num), cap = d->b->size >> VIRTIO_BLK_SECTOR_SHIFT;
+	uint64_t len = iov_size(out, out_num);
+	uint64_t cap = READ_ONCE(d->b->size) >> VIRTIO_BLK_SECTOR_SHIFT;	/* grows: bdev_resize */
 	uint32_t align = d->b->block_size >> VIRTIO_BLK_SECTOR_SHIFT;
 	bool discard = type == VIRTIO_BLK_T_DISCARD;
 	unsigned cap_bit = discard ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES;
@@ -456,7 +460,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		bool is_write = type == VIRTIO_BLK_T_OUT;
 		struct iovec *data = is_write ? out : in;
 		unsigned cnt = is_write ? out_num : in_num;
-		uint64_t off;
+		uint64_t off, size = READ_ONCE(d->b->size);	/* grows: bdev_resize */
 
 		if (is_write && d->b->read_only) {
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
@@ -465,13 +469,13 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		len = iov_size(data, cnt);
 		/* Whole blocks, inside the disk: sector is in 512-byte units
 		 * whatever the block size (5.2.6). */
-		if (sector > (d->b->size >> VIRTIO_BLK_SECTOR_SHIFT)) {
+		if (sector > (size >> VIRTIO_BLK_SECTOR_SHIFT)) {
 			stat_inc(&q->bad_requests);
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
 		}
 		off = sector << VIRTIO_BLK_SECTOR_SHIFT;
-		if ((off | len) % d->b->block_size || len > d->b->size - off) {
+		if ((off | len) % d->b->block_size || len > size - off) {
 			stat_inc(&q->bad_requests);
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
@@ -1013,6 +1017,35 @@ const struct vu_dev_ops blk_vu_ops = {
 	.release = blk_release,
 	.needs_reset = blk_needs_reset,
 };
+
+/* ---- Resize (main thread) ---- */
+
+void blk_dev_set_config_notify(struct blk_dev *d, int (*fn)(void *opaque), void *opaque)
+{
+	d->config_changed = fn;
+	d->config_opaque = opaque;
+}
+
+int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
+{
+	uint64_t old = d->b->size;
+	int r = bdev_resize(d->b, size, err, errlen);
+
+	if (r < 0 || size == old)
+		return r < 0 ? r : 0;
+	/* The capacity in the config space is read from b->size (blk_get_
+	 * config): from here on GET_CONFIG answers the new one. */
+	r = d->config_changed ? d->config_changed(d->config_opaque) : 0;
+	if (r < 0)
+		log_warn("disk grown to %llu bytes, but the frontend could not be told "
+			 "(%s): the guest sees the new size after its next reset",
+			 (unsigned long long)size, strerror(-r));
+	else if (r == 0)
+		log_info("disk grown to %llu bytes; the frontend has no backend channel "
+			 "(BACKEND_REQ): the guest sees the new size after its next reset",
+			 (unsigned long long)size);
+	return r < 0 ? 0 : r;
+}
 
 /* ---- Device lifecycle (main thread) ---- */
 

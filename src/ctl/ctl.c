@@ -135,11 +135,20 @@ static int json_u64(const char *s, const char *key, uint64_t *v)
  * fit), as ctl_handle promises. */
 static int reply_error(char *out, size_t outlen, const char *msg)
 {
-	int n = snprintf(out, outlen, "{\"error\": \"%s\"}", msg);
+	size_t n = 0;
 
-	if (n < 0 || outlen == 0)
-		return 0;
-	return (size_t)n < outlen ? n : (int)outlen - 1;
+	put(out, outlen, &n, "{\"error\": \"");
+	/* msg may quote a user's path: escape what JSON needs escaped. */
+	for (const char *p = msg; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			put(out, outlen, &n, "\\%c", *p);
+		else if ((unsigned char)*p < 0x20)
+			put(out, outlen, &n, "\\u%04x", *p);
+		else
+			put(out, outlen, &n, "%c", *p);
+	}
+	put(out, outlen, &n, "\"}");
+	return outlen ? (int)MIN(n, outlen - 1) : 0;
 }
 
 int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
@@ -148,7 +157,7 @@ int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
 	size_t n = 0;
 
 	if (!cmd || *cmd != '"')
-		return reply_error(out, outlen, "request needs a \\\"cmd\\\" string");
+		return reply_error(out, outlen, "request needs a \"cmd\" string");
 	cmd++;
 	if (!strncmp(cmd, "stats\"", 6)) {
 		int r = ctl_stats_json(d, out, outlen);
@@ -186,7 +195,21 @@ int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
 		put(out, outlen, &n, "}");
 		return outlen ? (int)MIN(n, outlen - 1) : 0;
 	}
-	return reply_error(out, outlen, "unknown cmd: use stats or set-poll");
+	if (!strncmp(cmd, "resize\"", 7)) {
+		char err[256];
+		uint64_t v;
+		int r;
+
+		if (json_u64(req, "size", &v) != 1)
+			return reply_error(out, outlen, "resize needs \"size\": BYTES");
+		r = blk_dev_resize(d, v, err, sizeof(err));
+		if (r < 0)
+			return reply_error(out, outlen, err);
+		put(out, outlen, &n, "{\"ok\": true, \"size\": %" PRIu64 ", \"notified\": %s}",
+		    v, r > 0 ? "true" : "false");
+		return outlen ? (int)MIN(n, outlen - 1) : 0;
+	}
+	return reply_error(out, outlen, "unknown cmd: use stats, set-poll or resize");
 }
 
 static void ctl_accept_cb(void *opaque, uint32_t events)

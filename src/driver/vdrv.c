@@ -51,7 +51,8 @@ static const uint64_t vdrv_wanted_proto =
 	1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
 	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIG |
-	1ull << VHOST_USER_PROTOCOL_F_STATUS;
+	1ull << VHOST_USER_PROTOCOL_F_STATUS |
+	1ull << VHOST_USER_PROTOCOL_F_BACKEND_REQ;
 
 /* ---- Messages ---- */
 
@@ -312,12 +313,83 @@ fail:
 	return r;
 }
 
+/* GET_CONFIG: the virtio-blk config space (its first 60 bytes) into
+ * d->cfg. */
+static int vdrv_read_config(struct vdrv *d)
+{
+	struct vhost_user_config cfg = { .offset = 0, .size = 60 };
+	int r = vdrv__send(d, VHOST_USER_GET_CONFIG, false, &cfg,
+			   VHOST_USER_CONFIG_HDR_SIZE + cfg.size, NULL, 0);
+
+	if (r >= 0)
+		r = vdrv__recv(d, VHOST_USER_GET_CONFIG, &cfg, sizeof(cfg));
+	if (r < 0)
+		return r;
+	if (r != VHOST_USER_CONFIG_HDR_SIZE + 60)
+		return -EPROTO;		/* the spec's error answer: no payload */
+	memcpy(&d->cfg, cfg.region, MIN(cfg.size, (uint32_t)sizeof(d->cfg)));
+	return 0;
+}
+
+/* BACKEND_REQ: a socket pair, one end handed to the backend
+ * (SET_BACKEND_REQ_FD) for its own requests to us. */
+static int vdrv_backend_channel(struct vdrv *d)
+{
+	int sv[2], r;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		return -errno;
+	r = vdrv__call(d, VHOST_USER_SET_BACKEND_REQ_FD, NULL, 0, &sv[1], 1);
+	close(sv[1]);
+	if (r < 0) {
+		close(sv[0]);
+		return r;
+	}
+	d->backend_fd = sv[0];
+	return 0;
+}
+
+int vdrv_wait_config_change(struct vdrv *d, int timeout_ms)
+{
+	struct pollfd p = { .fd = d->backend_fd, .events = POLLIN };
+	struct vhost_user_hdr h;
+	uint64_t payload[32];
+	ssize_t n;
+	int r;
+
+	if (d->backend_fd < 0)
+		return -ENOTSUP;
+	do
+		r = poll(&p, 1, timeout_ms);
+	while (r < 0 && errno == EINTR);
+	if (r <= 0)
+		return r < 0 ? -errno : 0;
+	/* vhost-user.rst "Back-end message types": a header, maybe a
+	 * payload (none for CONFIG_CHANGE_MSG), an ack if asked. */
+	n = recv(d->backend_fd, &h, sizeof(h), MSG_WAITALL);
+	if (n != (ssize_t)sizeof(h))
+		return n == 0 ? -ECONNRESET : -EIO;
+	if (h.size > sizeof(payload) ||
+	    (h.size && recv(d->backend_fd, payload, h.size, MSG_WAITALL) != (ssize_t)h.size))
+		return -EPROTO;
+	if (h.request != VHOST_USER_BACKEND_CONFIG_CHANGE_MSG)
+		return -EPROTO;
+	if (h.flags & VHOST_USER_NEED_REPLY_MASK) {
+		struct { struct vhost_user_hdr h; uint64_t v; } __attribute__((packed)) a = {
+			{ h.request, VHOST_USER_VERSION | VHOST_USER_REPLY_MASK, 8 }, 0 };
+
+		if (send(d->backend_fd, &a, sizeof(a), MSG_NOSIGNAL) != (ssize_t)sizeof(a))
+			return -EIO;
+	}
+	r = vdrv_read_config(d);
+	return r < 0 ? r : 1;
+}
+
 int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t errlen)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = 10 };
 	unsigned num = o->queue_size ? o->queue_size : 256;
-	struct vhost_user_config cfg = { .offset = 0, .size = 60 };
 	struct vhost_user_memory mem = { .nregions = 1 };
 	struct vdrv *d;
 	size_t ring_bytes;
@@ -337,6 +409,7 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 	if (!d)
 		return -ENOMEM;
 	d->memfd = -1;
+	d->backend_fd = -1;
 	d->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	strcpy(sa.sun_path, o->socket);
 	if (d->sock < 0 || connect(d->sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
@@ -391,13 +464,14 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 	if (r < 0)
 		goto proto_err;
 	if (d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_CONFIG)) {
-		r = vdrv__send(d, VHOST_USER_GET_CONFIG, false, &cfg,
-			       VHOST_USER_CONFIG_HDR_SIZE + cfg.size, NULL, 0);
-		if (r >= 0)
-			r = vdrv__recv(d, VHOST_USER_GET_CONFIG, &cfg, sizeof(cfg));
+		r = vdrv_read_config(d);
 		if (r < 0)
 			goto proto_err;
-		memcpy(&d->cfg, cfg.region, MIN(cfg.size, (uint32_t)sizeof(d->cfg)));
+	}
+	if (d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_BACKEND_REQ)) {
+		r = vdrv_backend_channel(d);
+		if (r < 0)
+			goto proto_err;
 	}
 	if (!d->cfg.capacity) {
 		snprintf(err, errlen, "the backend reports an empty disk");
@@ -524,6 +598,8 @@ void vdrv_close(struct vdrv *d)
 		free(q->cookies);
 	}
 	free(d->q);
+	if (d->backend_fd >= 0)
+		close(d->backend_fd);
 	if (d->sock >= 0)
 		close(d->sock);
 	vdrv__log_free(d->log);

@@ -72,7 +72,8 @@ struct vdrv {
 	int sock;
 	uint64_t dev_features, features;
 	uint64_t proto_features;
-	struct virtio_blk_config cfg;
+	struct virtio_blk_config cfg;	/* re-read by vdrv_wait_config_change */
+	int backend_fd;			/* BACKEND_REQ channel, -1: none */
 	unsigned max_queues;
 	int memfd;
 	uint8_t *mem;
@@ -111,6 +112,12 @@ int vdrv_stop_rings(struct vdrv *d, uint16_t *bases);
  * NEEDS_RESET.  -ENOTSUP when the backend has no STATUS protocol feature.
  * Connecting thread. */
 int vdrv_get_status(struct vdrv *d, uint8_t *status);
+
+/* Wait up to timeout_ms for the backend's CONFIG_CHANGE_MSG on the
+ * backend channel (BACKEND_REQ; a resize), ack it if asked, and re-read
+ * d->cfg.  Returns 1 (changed, d->cfg fresh), 0 (timeout), -ENOTSUP (no
+ * backend channel) or -errno.  Connecting thread. */
+int vdrv_wait_config_change(struct vdrv *d, int timeout_ms);
 
 /* Shared memory the backend can access, aligned to align (power of 2).
  * NULL when exhausted. */

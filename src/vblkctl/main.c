@@ -4,6 +4,7 @@
  *   vblkctl --control PATH stats
  *   vblkctl --control PATH set-poll [--poll-max-ns N] [--completion-poll-max-ns N]
  *                                   [--poll-grow N] [--poll-shrink N]
+ *   vblkctl --control PATH resize SIZE      (bytes, or with K/M/G/T)
  *
  * Prints the daemon's JSON reply; exit 1 on an error reply or no daemon.
  */
@@ -11,12 +12,15 @@
 #include <getopt.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include "util/parse.h"
 
 static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...)
 {
@@ -53,6 +57,7 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
+	uint64_t size;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char req[512], reply[65536];
 	size_t got = 0;
@@ -69,7 +74,12 @@ int main(int argc, char **argv)
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
-			       "[--completion-poll-max-ns N] [--poll-grow N] [--poll-shrink N]\n");
+			       "[--completion-poll-max-ns N] [--poll-grow N] [--poll-shrink N]\n"
+			       "       vblkctl --control PATH resize SIZE\n"
+			       "\n"
+			       "resize grows the disk under the running guest to SIZE bytes (K, M, G, T:\n"
+			       "binary units): a file is extended; a block device or RBD image must have\n"
+			       "grown first (lvextend, rbd resize).  The guest is told at once.\n");
 			return 0;
 		case ':': die("option '%s' needs a value", argv[optind - 1]);
 		default: die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
@@ -77,12 +87,22 @@ int main(int argc, char **argv)
 	}
 	if (!path)
 		die("missing --control PATH: the socket given to vblkd --control");
-	if (optind + 1 != argc)
-		die("give one command: stats or set-poll");
+	if (optind >= argc)
+		die("give one command: stats, set-poll or resize SIZE");
 	cmd = argv[optind];
-	if (!strcmp(cmd, "stats")) {
-		if (max || cmax || grow || shrink)
-			die("--poll-* options go with set-poll");
+	if (optind + 1 != argc && !(optind + 2 == argc && !strcmp(cmd, "resize")))
+		die("give one command: stats, set-poll or resize SIZE");
+	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink))
+		die("--poll-* options go with set-poll");
+	if (!strcmp(cmd, "resize")) {
+		if (optind + 2 != argc)
+			die("resize needs a SIZE: bytes, or with K, M, G or T (e.g. 20G)");
+		if (parse_size(argv[optind + 1], &size) < 0)
+			die("resize: '%s' is not a size: give bytes, or with K, M, G or T "
+			    "(e.g. 20G)", argv[optind + 1]);
+		snprintf(req, sizeof(req), "{\"cmd\": \"resize\", \"size\": %llu}\n",
+			 (unsigned long long)size);
+	} else if (!strcmp(cmd, "stats")) {
 		snprintf(req, sizeof(req), "{\"cmd\": \"stats\"}\n");
 	} else if (!strcmp(cmd, "set-poll")) {
 		n = snprintf(req, sizeof(req), "{\"cmd\": \"set-poll\"");
@@ -96,7 +116,7 @@ int main(int argc, char **argv)
 			n += snprintf(req + n, sizeof(req) - n, ", \"shrink\": %s", shrink);
 		snprintf(req + n, sizeof(req) - n, "}\n");
 	} else {
-		die("unknown command '%s': use stats or set-poll", cmd);
+		die("unknown command '%s': use stats, set-poll or resize SIZE", cmd);
 	}
 	if (strlen(path) >= sizeof(sa.sun_path))
 		die("control path '%s' is too long", path);

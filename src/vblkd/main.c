@@ -67,7 +67,7 @@ static void usage(FILE *f)
 "  --size SIZE          null backend without --disk: disk size, e.g. 1G\n"
 "  --uring-sqpoll       io_uring: a kernel thread polls submissions\n"
 "  --log-level L        error, warn, info (default) or debug\n"
-"  --control PATH       control socket for vblkctl (stats, polling knobs)\n"
+"  --control PATH       control socket for vblkctl (stats, polling knobs, resize)\n"
 "\n"
 "Notifications (see docs/architecture.md):\n"
 "  --poll-max-ns N      cap of the adaptive polling window for kicks (default\n"
@@ -210,6 +210,11 @@ static void log_stats(struct vblkd *v)
 
 	if (ctl_stats_json(v->dev, buf, sizeof(buf)) > 0)
 		log_info("stats %s", buf);
+}
+
+static int config_changed_cb(void *opaque)
+{
+	return vu_server_config_changed(opaque);
 }
 
 static void signal_cb(void *opaque, uint32_t events)
@@ -441,6 +446,8 @@ int main(int argc, char **argv)
 		goto err_loop;
 	}
 	v.srv = srv;
+	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */
+	blk_dev_set_config_notify(v.dev, config_changed_cb, srv);
 	v.gfd = gm_guard_init();
 	if (v.gfd < 0 || loop_fd_add(v.loop, v.gfd, EPOLLIN, guard_cb, &v, &v.gfd_h) < 0) {
 		snprintf(err, sizeof(err), "cannot set up the SIGBUS guard: %s",

@@ -30,6 +30,7 @@ enum vhost_user_request {
 	VHOST_USER_SET_PROTOCOL_FEATURES = 16,
 	VHOST_USER_GET_QUEUE_NUM = 17,
 	VHOST_USER_SET_VRING_ENABLE = 18,
+	VHOST_USER_SET_BACKEND_REQ_FD = 21,	/* SET_SLAVE_REQ_FD before QEMU 8.1 */
 	VHOST_USER_GET_CONFIG = 24,
 	VHOST_USER_SET_CONFIG = 25,
 	VHOST_USER_GET_INFLIGHT_FD = 31,
@@ -55,11 +56,16 @@ enum vhost_user_request {
 #define VHOST_USER_PROTOCOL_F_MQ                  0
 #define VHOST_USER_PROTOCOL_F_LOG_SHMFD           1
 #define VHOST_USER_PROTOCOL_F_REPLY_ACK           3
+#define VHOST_USER_PROTOCOL_F_BACKEND_REQ         5	/* SLAVE_REQ before QEMU 8.1 */
 #define VHOST_USER_PROTOCOL_F_CONFIG              9
 #define VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD      12
 #define VHOST_USER_PROTOCOL_F_RESET_DEVICE        13
 #define VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS 15
 #define VHOST_USER_PROTOCOL_F_STATUS              16
+
+/* "Back-end message types": requests we send on the backend channel
+ * (SET_BACKEND_REQ_FD's socket). */
+#define VHOST_USER_BACKEND_CONFIG_CHANGE_MSG 2
 
 /* SET_STATUS / GET_STATUS carry the virtio device status byte (virtio
  * 1.2, 2.1 "Device Status Field"). */

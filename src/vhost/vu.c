@@ -85,6 +85,9 @@ struct vu_server {
 	 * eventfd.  Rings log while LOG_ALL is acked and a log is set. */
 	struct gm_dirty_log *log;
 	int log_call_fd;
+	/* The backend channel (SET_BACKEND_REQ_FD): our requests to the
+	 * frontend, CONFIG_CHANGE_MSG.  -1: none. */
+	int backend_fd;
 	/* The device status the frontend set (SET_STATUS; STATUS protocol
 	 * feature), without NEEDS_RESET, which is ours to report. */
 	uint8_t status;
@@ -94,6 +97,7 @@ static const uint64_t vu_proto_features =
 	1ull << VHOST_USER_PROTOCOL_F_MQ |
 	1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
 	1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
+	1ull << VHOST_USER_PROTOCOL_F_BACKEND_REQ |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIG |
 	1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |
 	1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD |
@@ -121,6 +125,7 @@ static const char *vu_req_name(uint32_t req)
 	case VHOST_USER_SET_PROTOCOL_FEATURES: return "SET_PROTOCOL_FEATURES";
 	case VHOST_USER_GET_QUEUE_NUM: return "GET_QUEUE_NUM";
 	case VHOST_USER_SET_VRING_ENABLE: return "SET_VRING_ENABLE";
+	case VHOST_USER_SET_BACKEND_REQ_FD: return "SET_BACKEND_REQ_FD";
 	case VHOST_USER_GET_CONFIG: return "GET_CONFIG";
 	case VHOST_USER_SET_CONFIG: return "SET_CONFIG";
 	case VHOST_USER_GET_MAX_MEM_SLOTS: return "GET_MAX_MEM_SLOTS";
@@ -1037,6 +1042,39 @@ static int vu_set_config(struct vu_server *s, struct vu_msg *m)
 	return s->ops->set_config(s->dev, c->offset, c->region, c->size);
 }
 
+/* ---- The backend channel and config changes ---- */
+
+/* SET_BACKEND_REQ_FD: the socket we send our own requests on.  A new one
+ * replaces the old. */
+static int vu_set_backend_req_fd(struct vu_server *s, struct vu_msg *m)
+{
+	sys_close(&s->backend_fd);
+	s->backend_fd = vu_take_fd(m, 0);
+	return 0;
+}
+
+int vu_server_config_changed(struct vu_server *s)
+{
+	/* vhost-user.rst "Back-end message types", CONFIG_CHANGE_MSG: no
+	 * payload.  Sent without NEED_REPLY: QEMU re-reads the config with
+	 * GET_CONFIG on the main channel before it would answer, and this
+	 * thread is the one that serves that channel. */
+	struct vhost_user_hdr h = { .request = VHOST_USER_BACKEND_CONFIG_CHANGE_MSG,
+				    .flags = VHOST_USER_VERSION };
+	ssize_t n;
+
+	if (s->conn_fd < 0 || s->backend_fd < 0 ||
+	    !vu_has_proto(s, VHOST_USER_PROTOCOL_F_CONFIG))
+		return 0;
+	do
+		n = send(s->backend_fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+	while (n < 0 && errno == EINTR);
+	if (n != (ssize_t)sizeof(h))
+		return n < 0 ? -errno : -EIO;
+	log_info("config change sent to the frontend");
+	return 1;
+}
+
 /* ---- Dispatch ---- */
 
 #define VU_SIZE_ANY UINT32_MAX
@@ -1067,6 +1105,7 @@ static const struct vu_handler vu_handlers[] = {
 	[VHOST_USER_SET_PROTOCOL_FEATURES] = { vu_set_protocol_features, 8, 0 },
 	[VHOST_USER_GET_QUEUE_NUM] = { vu_get_queue_num, 0, 0 },
 	[VHOST_USER_SET_VRING_ENABLE] = { vu_set_vring_enable, 8, 0 },
+	[VHOST_USER_SET_BACKEND_REQ_FD] = { vu_set_backend_req_fd, 0, 1 },
 	[VHOST_USER_GET_CONFIG] = { vu_get_config, VU_SIZE_ANY, 0 },
 	[VHOST_USER_SET_CONFIG] = { vu_set_config, VU_SIZE_ANY, 0 },
 	[VHOST_USER_GET_MAX_MEM_SLOTS] = { vu_get_max_mem_slots, 0, 0 },
@@ -1297,6 +1336,7 @@ static void vu_disconnect(struct vu_server *s)
 	s->acked = 0;
 	s->proto_acked = 0;
 	s->status = 0;
+	sys_close(&s->backend_fd);
 	s->ops->set_features(s->dev, 0);
 	loop_fd_del(s->loop, s->conn_h);
 	s->conn_h = NULL;
@@ -1396,6 +1436,7 @@ int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops
 	s->ops = ops;
 	s->dev = dev;
 	s->conn_fd = -1;
+	s->backend_fd = -1;
 	s->listen_fd = -1;
 	s->log_call_fd = -1;
 	s->features = ops->features(dev);

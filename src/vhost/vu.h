@@ -116,4 +116,10 @@ void vu_server_drop(struct vu_server *s, const char *why);
 unsigned vu_server_connections(const struct vu_server *s);
 bool vu_server_connected(const struct vu_server *s);
 
+/* The device's config space changed (a resize): tell the frontend with
+ * CONFIG_CHANGE_MSG on the backend channel, never waiting for it.
+ * Returns 1 sent, 0 no channel (no frontend, or it did not negotiate
+ * BACKEND_REQ and CONFIG), -errno.  Main thread. */
+int vu_server_config_changed(struct vu_server *s);
+
 #endif

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Description: a real Linux guest (QEMU TCG, Debian kernel, virtio_blk)
 # uses vblkd as its disk: fio with crc32c verification on 1 and 2 queues,
-# data persisting past the daemon's exit, and a read-only export that
+# the disk grown under the running guest (vblkctl resize: the guest sees
+# the new size at once and writes past the old end), data persisting past
+# the daemon's exit, and a read-only export that
 # refuses writes and leaves the image untouched.  Passes only on what the
 # guest printed and what the host finds in the image afterwards.
 # Prints PASS:/FAIL: lines for tests/run.
 set -uo pipefail
 VBLKD=${1:?usage: interop.sh PATH/TO/vblkd}
+VBLKCTL=$(dirname "$VBLKD")/vblkctl
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 set +e
@@ -15,8 +18,9 @@ gb="$VBLK_REPO_ROOT/build/guest"
 work=$(mktemp -d /tmp/vblk-guest.XXXXXX)
 logs="$VBLK_REPO_ROOT/build/test-logs/guest"
 mkdir -p "$logs"
-dpid=""
+dpid="" qpid=""
 cleanup() {
+    [[ -n $qpid ]] && kill "$qpid" 2>/dev/null
     [[ -n $dpid ]] && kill "$dpid" 2>/dev/null
     wait 2>/dev/null
     rm -rf "$work"
@@ -87,16 +91,54 @@ sys.exit(0 if data == bytes([0x5a, 0x5b, 0x5c, 0x5d]) * (1 << 18) else 1)
 PY
 }
 
-# 1. One queue: fio verify.
+# 1. One queue: fio verify; then the disk grows from 256 to 320 MiB under
+#    the running guest (vblkctl resize when the guest says it is ready): the
+#    guest must see the new size without a reboot (CONFIG_CHANGE_MSG on the
+#    backend channel, QEMU re-reads the config and interrupts the guest)
+#    and write and verify 1 MiB past the old end, which the host then finds
+#    in the grown image.
 truncate -s 256M "$work/q1.img"
-if daemon_start q1 --disk "$work/q1.img" --queues 1; then
-    if boot q1 1 "$here/scenarios/fio-verify.sh" &&
-       guest_log_result "$logs/q1.console.log" fio-verify; then
+{
+    echo '#!/bin/sh'
+    echo '('; cat "$here/scenarios/fio-verify.sh"; echo ')'
+    echo '('; cat "$here/scenarios/resize.sh"; echo ')'
+} >"$work/verify-resize.sh"
+if daemon_start q1 --disk "$work/q1.img" --queues 1 --control "$work/q1.ctl" &&
+   guest_initrd "$work/verify-resize.sh" "$work/q1.initrd" "$gb" &&
+   guest_qemu_start "$work/q1.sock" 1 "$work/q1.initrd" "$logs/q1.console.log" 300; then
+    qpid=$VBLK_GUEST_QEMU_PID t0=$SECONDS resized=""
+    if guest_wait_log "$logs/q1.console.log" "VBLK-RESIZE: ready" 280 "$qpid"; then
+        resized=$("$VBLKCTL" --control "$work/q1.ctl" resize 320M 2>&1)
+        echo "  vblkctl resize 320M: $resized"
+    fi
+    wait "$qpid"; qpid=""
+    echo "  (q1: guest ran $((SECONDS - t0)) s)"
+    guest_log_lines "$logs/q1.console.log" "VBLK-RESIZE:" | sed 's/^/  /'
+    if guest_log_result "$logs/q1.console.log" fio-verify; then
         pass guest-fio-verify-1-queue
     else
         fail guest-fio-verify-1-queue "see $logs/q1.console.log"
     fi
+    if [[ $resized == *'"notified": true'* ]] &&
+       guest_log_result "$logs/q1.console.log" resize; then
+        pass guest-sees-resize-and-writes-past-old-end
+    else
+        fail guest-sees-resize-and-writes-past-old-end "vblkctl: ${resized:-not run}; see $logs/q1.console.log"
+    fi
     daemon_stop q1 && pass q1-daemon-exit-0
+    if python3 - "$work/q1.img" <<'PY'
+import os, sys
+f = sys.argv[1]
+assert os.path.getsize(f) == 320 << 20
+with open(f, "rb") as fh:
+    fh.seek(256 << 20)
+    assert fh.read(1 << 20).count(0) < (1 << 19)   # fio's data, not a hole
+PY
+    then
+        pass resized-image-has-the-guests-data
+    else
+        fail resized-image-has-the-guests-data "$(stat -c %s "$work/q1.img") bytes"
+    fi
 fi
 
 # 2. Two queues: fio verify, then a known pattern written by the guest

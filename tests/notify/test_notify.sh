@@ -207,6 +207,17 @@ assert s['poll'] == {'max_ns': 65536, 'completion_max_ns': 262144, 'grow': 2, 's
     rc=0; out=$("$CTL" --control "$tmp/c.sock" set-poll --poll-grow 1) || rc=$?
     ((rc == 1)) && [[ $out == *'"error": "grow must be 2..1024"'* ]] &&
         pass ctl-bad-value-refused || fail ctl-bad-value-refused "rc=$rc $out"
+    # Resize: grows (no frontend to tell), refuses to shrink; bad sizes
+    # are the tool's own one-line errors.
+    out=$("$CTL" --control "$tmp/c.sock" resize 512M) &&
+        [[ $out == *'"ok": true, "size": 536870912, "notified": false'* ]] &&
+        pass ctl-resize-grows || fail ctl-resize-grows "$out"
+    rc=0; out=$("$CTL" --control "$tmp/c.sock" resize 256M) || rc=$?
+    ((rc == 1)) && [[ $out == *'"error": "the disk is 536870912 bytes; shrinking'* ]] &&
+        pass ctl-resize-shrink-refused || fail ctl-resize-shrink-refused "rc=$rc $out"
+    rc=0; "$CTL" --control "$tmp/c.sock" resize 12x 2>"$tmp/err" || rc=$?
+    ((rc == 1)) && [[ $(wc -l <"$tmp/err") == 1 ]] && grep -q "'12x' is not a size" "$tmp/err" &&
+        pass ctl-resize-bad-size || fail ctl-resize-bad-size "rc=$rc $(cat "$tmp/err")"
     kill -USR1 "$dpid"; sleep 0.3
     grep -q ' stats {"queues": \[' "$tmp/vblkd.log" && pass sigusr1-logs-stats || fail sigusr1-logs-stats
     stop

@@ -945,6 +945,77 @@ static void run_dwz_cases(void)
 	RUN(test_write_after_discard);
 }
 
+/* blk_dev_resize runs where the vhost-user server does (the daemon's main
+ * thread; here the loop thread). */
+struct resize_call {
+	uint64_t size;
+	int ret;
+	char err[256];
+};
+
+static int config_changed(void *opaque)
+{
+	return vu_server_config_changed(opaque);
+}
+
+static void do_resize(void *arg)
+{
+	struct resize_call *c = arg;
+
+	c->ret = blk_dev_resize(fx.dev, c->size, c->err, sizeof(c->err));
+}
+
+static int resize(uint64_t size, char *err)
+{
+	struct resize_call c = { .size = size };
+
+	loop_call_sync(fx.loop, do_resize, &c);
+	if (err)
+		strcpy(err, c.err);
+	return c.ret;
+}
+
+/*
+ * Resize under a running driver: the file grows, the frontend is told on
+ * its backend channel (CONFIG_CHANGE_MSG) and reads the new capacity, and
+ * a block past the old end is written and read back, while the new end is
+ * still enforced.  Shrinking and partial blocks are refused with nothing
+ * changed; the same size again is a no-op that tells nobody.
+ */
+static void test_resize_grows_and_tells_frontend(void)
+{
+	uint64_t old = fx.cap, grown = old + 2048;	/* + 1 MiB */
+	char err[256] = "";
+	struct stat st;
+
+	blk_dev_set_config_notify(fx.dev, config_changed, fx.srv);
+	ASSERT_EQ(resize((old << 9) - 512, err), -EINVAL);
+	ASSERT_TRUE(strstr(err, "shrinking") != NULL);
+	ASSERT_EQ(resize((grown << 9) + 100, err), -EINVAL);
+	ASSERT_EQ(vdrv_wait_config_change(fx.drv, 0), 0);	/* nothing sent */
+	ASSERT_EQ(stat(fx.img, &st), 0);
+	ASSERT_EQ((uint64_t)st.st_size, old << 9);
+
+	ASSERT_EQ(resize(grown << 9, err), 1);
+	ASSERT_EQ(vdrv_wait_config_change(fx.drv, TIMEOUT_MS), 1);
+	ASSERT_EQ(fx.drv->cfg.capacity, grown);
+	ASSERT_EQ(stat(fx.img, &st), 0);
+	ASSERT_EQ((uint64_t)st.st_size, grown << 9);
+
+	for (unsigned i = 0; i < 4096; i++)
+		fx.out[i] = (uint8_t)(i * 13 + 7);
+	ASSERT_EQ(submit(T_OUT, old, fx.out, 4096, 0), S_OK);
+	ASSERT_EQ(submit(T_IN, old, NULL, 0, 4096), S_OK);
+	ASSERT_EQ(memcmp(fx.in, fx.out, 4096), 0);
+	ASSERT_EQ(submit(T_IN, grown - 8, NULL, 0, 4096), S_OK);
+	ASSERT_EQ(submit(T_IN, grown - 4, NULL, 0, 4096), S_IOERR);
+
+	ASSERT_EQ(resize(grown << 9, err), 0);
+	ASSERT_EQ(vdrv_wait_config_change(fx.drv, 0), 0);
+	blk_dev_set_config_notify(fx.dev, NULL, NULL);
+	fx.cap = grown;
+}
+
 /*
  * A ring the driver corrupts (avail->idx more than the ring size ahead)
  * is broken: the device status reports NEEDS_RESET (virtio 1.2, 2.1.1)
@@ -1002,6 +1073,7 @@ static void group_uring(void)
 	RUN(test_too_many_sectors_ioerr);
 	RUN(test_bad_later_segment_runs_none);
 	run_dwz_cases();
+	RUN(test_resize_grows_and_tells_frontend);
 	RUN(test_broken_ring_reports_needs_reset);
 	teardown();
 }

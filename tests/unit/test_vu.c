@@ -475,6 +475,7 @@ static void test_get_protocol_features_queue_num_mem_slots(void)
 		  1ull << VHOST_USER_PROTOCOL_F_MQ |
 		  1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
 		  1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK |
+		  1ull << VHOST_USER_PROTOCOL_F_BACKEND_REQ |
 		  1ull << VHOST_USER_PROTOCOL_F_CONFIG |
 		  1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |
 		  1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD |
@@ -551,6 +552,7 @@ static void replies_session(bool flag, bool reply_ack)
 	/* Everything we offer, REPLY_ACK only if asked. */
 	const uint64_t proto = (1ull << VHOST_USER_PROTOCOL_F_MQ |
 				1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD |
+				1ull << VHOST_USER_PROTOCOL_F_BACKEND_REQ |
 				1ull << VHOST_USER_PROTOCOL_F_CONFIG |
 				1ull << VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS |
 				1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD |
@@ -576,13 +578,15 @@ static void replies_session(bool flag, bool reply_ack)
 	int mem = guest_memfd(GUEST_SIZE), mem2 = guest_memfd(GUEST_SIZE);
 	int infl = guest_memfd(1 << 20), logm = guest_memfd(4096);
 	int logfd = test_eventfd(0), call = test_eventfd(0), err = test_eventfd(0);
-	int kick = test_eventfd(0);
-	const int fds[] = { mem, mem2, infl, logm, logfd, call, err, kick };
+	int kick = test_eventfd(0), chan[2];
+	const int made = socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan);
+	const int fds[] = { mem, mem2, infl, logm, logfd, call, err, kick, chan[0], chan[1] };
 	const struct reply_case cases[] = {
 		{ VHOST_USER_GET_FEATURES, NULL, 0, -1, true, 0 },
 		{ VHOST_USER_GET_PROTOCOL_FEATURES, NULL, 0, -1, true, 0 },
 		{ VHOST_USER_SET_PROTOCOL_FEATURES, &proto, 8, -1, false, 0 },
 		{ VHOST_USER_SET_OWNER, NULL, 0, -1, false, 0 },
+		{ VHOST_USER_SET_BACKEND_REQ_FD, NULL, 0, chan[1], false, 0 },
 		{ VHOST_USER_GET_QUEUE_NUM, NULL, 0, -1, true, 0 },
 		{ VHOST_USER_GET_MAX_MEM_SLOTS, NULL, 0, -1, true, 0 },
 		{ VHOST_USER_SET_FEATURES, &feat, 8, -1, false, 0 },
@@ -614,6 +618,7 @@ static void replies_session(bool flag, bool reply_ack)
 	int c = conn_open();
 	char buf[256], b;
 
+	ASSERT_EQ(made, 0);
 	fake_reset();
 	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
 		const struct reply_case *k = &cases[i];
@@ -727,6 +732,60 @@ static void test_reset_device_stops_rings_and_restarts(void)
 	close(c);
 	close(mem);
 	close(kick);
+}
+
+/* ---- The backend channel ---- */
+
+struct cc_call {
+	int ret;
+};
+
+static void do_config_changed(void *arg)
+{
+	((struct cc_call *)arg)->ret = vu_server_config_changed(srv);
+}
+
+static int config_changed(void)
+{
+	struct cc_call cc = { -1 };
+
+	loop_call_sync(loop, do_config_changed, &cc);
+	return cc.ret;
+}
+
+/* A config change goes out as CONFIG_CHANGE_MSG on the channel the
+ * frontend gave us (no payload, no NEED_REPLY: we never wait for the
+ * frontend); without CONFIG negotiated, or without a channel, nothing is
+ * sent and the caller hears 0. */
+static void test_config_change_on_backend_channel(void)
+{
+	int c = conn_open(), chan[2];
+	struct vhost_user_hdr h;
+	uint64_t proto = 1ull << VHOST_USER_PROTOCOL_F_BACKEND_REQ;
+	char b;
+
+	ASSERT_EQ(config_changed(), 0);			/* no channel yet */
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan), 0);
+	send_u64(c, VHOST_USER_SET_PROTOCOL_FEATURES, proto, NULL, 0);
+	send_msg(c, VHOST_USER_SET_BACKEND_REQ_FD, FL, NULL, 0, &chan[1], 1);
+	close(chan[1]);
+	barrier(c);
+	ASSERT_EQ(config_changed(), 0);			/* CONFIG not negotiated */
+	ASSERT_EQ(recv(chan[0], &b, 1, MSG_DONTWAIT), -1);
+	proto |= 1ull << VHOST_USER_PROTOCOL_F_CONFIG;
+	send_u64(c, VHOST_USER_SET_PROTOCOL_FEATURES, proto, NULL, 0);
+	barrier(c);
+	ASSERT_EQ(config_changed(), 1);
+	ASSERT_EQ(recv(chan[0], &h, sizeof(h), MSG_WAITALL), (ssize_t)sizeof(h));
+	ASSERT_EQ(h.request, VHOST_USER_BACKEND_CONFIG_CHANGE_MSG);
+	ASSERT_EQ(h.flags, FL);
+	ASSERT_EQ(h.size, 0);
+	close(c);
+	/* The channel goes with the connection. */
+	expect_next_served();
+	ASSERT_EQ(config_changed(), 0);
+	ASSERT_EQ(recv(chan[0], &b, 1, 0), 0);		/* closed by the server */
+	close(chan[0]);
 }
 
 /* ---- Malformed messages: disconnect, then serve the next frontend ---- */
@@ -1494,6 +1553,7 @@ int main(void)
 	RUN(test_no_reply_unasked_on_every_message);
 	RUN(test_status_set_get_needs_reset);
 	RUN(test_reset_device_stops_rings_and_restarts);
+	RUN(test_config_change_on_backend_channel);
 	RUN(test_set_features_short_payload_disconnects);
 	RUN(test_oversized_payload_disconnects);
 	RUN(test_bad_version_disconnects);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -36,7 +37,7 @@ void log_set_thread_name(const char *name)
 
 void log_msg(enum log_level level, const char *fmt, ...)
 {
-	char line[1024];
+	char line[1024], *p = line;
 	struct timespec ts;
 	va_list ap;
 	int n, m;
@@ -51,10 +52,29 @@ void log_msg(enum log_level level, const char *fmt, ...)
 	va_end(ap);
 	if (m < 0)
 		return;
+	if ((size_t)(n + m) > sizeof(line) - 2) {
+		/* A long line (the counters of many queues): whole, from the
+		 * heap; cut as before only if there is no memory. */
+		char *big = malloc((size_t)n + (size_t)m + 2);
+
+		if (big) {
+			memcpy(big, line, (size_t)n);
+			va_start(ap, fmt);
+			m = vsnprintf(big + n, (size_t)m + 1, fmt, ap);
+			va_end(ap);
+			if (m < 0) {
+				free(big);
+				return;
+			}
+			p = big;
+		} else {
+			m = (int)sizeof(line) - 2 - n;
+		}
+	}
 	n += m;
-	if (n > (int)sizeof(line) - 2)
-		n = (int)sizeof(line) - 2;
-	line[n++] = '\n';
+	p[n++] = '\n';
 	/* One write per line so lines from different threads never interleave. */
-	(void)!write(STDERR_FILENO, line, (size_t)n);
+	(void)!write(STDERR_FILENO, p, (size_t)n);
+	if (p != line)
+		free(p);
 }

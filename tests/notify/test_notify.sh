@@ -222,6 +222,20 @@ assert s['poll'] == {'max_ns': 65536, 'completion_max_ns': 262144, 'grow': 2, 's
     grep -q ' stats {"queues": \[' "$tmp/vblkd.log" && pass sigusr1-logs-stats || fail sigusr1-logs-stats
     stop
 }
+# The counters logged on SIGUSR1 are one whole JSON line however many
+# queues there are (a 1 KiB log line once cut them off at four).
+start --queues 16 && {
+    kill -USR1 "$dpid"; sleep 0.3
+    stop
+    if python3 -c '
+import json, sys
+line = [l for l in open(sys.argv[1]) if " stats {" in l][-1]
+assert len(json.loads(line.split(" stats ", 1)[1])["queues"]) == 16' "$tmp/vblkd.log"; then
+        pass stats-log-line-whole-with-16-queues
+    else
+        fail stats-log-line-whole-with-16-queues "$(grep -c '' "$tmp/vblkd.log") lines"
+    fi
+}
 rc=0; "$CTL" --control "$tmp/none.sock" stats 2>"$tmp/err" || rc=$?
 ((rc == 1)) && grep -q "is vblkd running with --control" "$tmp/err" &&
     pass ctl-no-daemon-clear-error || fail ctl-no-daemon-clear-error "$(cat "$tmp/err")"

@@ -1,6 +1,6 @@
 /*
- * Description: libFuzzer target for the device side of a split virtqueue
- * and the virtio-blk request path (vq_* and blk_*), with the null backend.
+ * Description: libFuzzer target for the device side of a virtqueue, split
+ * or packed (FZ_F_PACKED), and the virtio-blk request path (vq_* and blk_*), with the null backend.
  *
  * Guest memory is one 64 KiB memfd region, mapped through gm_region_map()
  * and gm_table_add() like SET_MEM_TABLE does, with a no-access page on
@@ -64,6 +64,10 @@
 #define FZ_F_FLUSH	(1u << 0)	/* driver acked VIRTIO_BLK_F_FLUSH */
 #define FZ_F_WCE	(1u << 1)	/* ... and VIRTIO_BLK_F_CONFIG_WCE */
 #define FZ_F_WT		(1u << 2)	/* guest wrote writeback = 0 */
+#define FZ_F_PACKED	(1u << 3)	/* packed ring: desc/avail/used offsets are
+					 * the descriptor ring and the driver and
+					 * device event areas; last_avail_idx and
+					 * pad the two halves of the base */
 
 /* Little-endian, 24 bytes; fuzz/make-seeds.py packs the same layout. */
 struct fz_hdr {
@@ -236,7 +240,7 @@ static void dump(const struct vu_queue_setup *su, int r)
 						    vring_used_bytes(su->cfg.num));
 
 	fprintf(stderr, "blk_fuzz_process: %d\n", r);
-	if (r < 0 || !u)
+	if (r < 0 || !u || su->cfg.packed)
 		return;
 	fprintf(stderr, "used->idx %u flags %u\n", u->idx, u->flags);
 	for (unsigned i = 0; i < su->cfg.num && i < 16; i++)
@@ -305,6 +309,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		features |= 1ull << VIRTIO_RING_F_EVENT_IDX;
 	if (h.flags & FZ_INDIRECT)
 		features |= 1ull << VIRTIO_RING_F_INDIRECT_DESC;
+	if (h.feat & FZ_F_PACKED)
+		features |= 1ull << VIRTIO_F_RING_PACKED;
 	blk_vu_ops.set_config(d, offsetof(struct virtio_blk_config, writeback),
 			      &(uint8_t){ (h.feat & FZ_F_WT) ? 0 : 1 }, 1);
 	blk_vu_ops.set_features(d, features);
@@ -316,6 +322,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	su.cfg.avail_qva = QVA_BASE + (int64_t)h.avail_off;
 	su.cfg.used_qva = QVA_BASE + (int64_t)h.used_off;
 	su.cfg.last_avail_idx = h.last_avail_idx;
+	su.cfg.packed = h.feat & FZ_F_PACKED;
+	su.cfg.used_idx = h.pad;
 	su.cfg.event_idx = h.flags & FZ_EVENT_IDX;
 	su.cfg.indirect = h.flags & FZ_INDIRECT;
 	su.cfg.inflight = inflight;

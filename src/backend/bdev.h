@@ -33,6 +33,7 @@ struct bdev_opts {
 	unsigned block_size;	/* 0: the device's logical size, else 512 */
 	uint64_t size;		/* engines without a disk (null): bytes */
 	bool uring_sqpoll;	/* io_uring: IORING_SETUP_SQPOLL */
+	bool no_early_submit;	/* io_uring: always batch submissions (ablation) */
 	const char *ceph_conf;	/* rbd: ceph.conf (NULL: librados' search) */
 	const char *ceph_id;	/* rbd: client id (NULL: admin) */
 };
@@ -139,6 +140,7 @@ struct bdev {
 	bool direct;		/* opened O_DIRECT */
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
 	bool uring_sqpoll;
+	bool no_early_submit;
 	bool locked;		/* bdev_lock holds the image lock */
 	unsigned caps;		/* BDEV_CAP_*: the engine's, less what this disk lacks */
 	unsigned max_ctxs;	/* iothreads that may serve this disk; 0: any */

@@ -162,6 +162,7 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 	}
 	b->caps = b->engine->caps;
 	b->uring_sqpoll = o->uring_sqpoll;
+	b->no_early_submit = o->no_early_submit;
 	if (o->uring_sqpoll && b->engine != &bdev_uring_engine) {
 		snprintf(err, errlen, "--uring-sqpoll needs --backend io_uring");
 		return -EINVAL;

@@ -2,6 +2,19 @@
  * io_uring engine: one ring per iothread, reads/writes straight from the
  * guest's iovecs, FLUSH as fdatasync, completions signalled on an eventfd
  * watched by the iothread's loop and reaped there.
+ *
+ * When to submit (docs/architecture.md "Submitting"): requests taken from
+ * the rings in one pass are queued as SQEs and submitted with one
+ * io_uring_enter at the end of the pass (kick) -- unless the disk is slow.
+ * Then each SQE goes in at once: the disk starts on the first request
+ * while we still parse the next, and the requests of a queue stay spread
+ * over the disk's service time instead of travelling in lockstep batches
+ * (measured: QD8/QD32 4k on a virtio disk, +20-50% IOPS).  "Slow" is the
+ * latency of one sampled I/O at a time, an EWMA, against
+ * URING_EARLY_SUBMIT_NS: a syscall per request costs ~1 us, noise next to
+ * tens of microseconds of disk, but not next to the page cache, whose
+ * hits complete inside the submitting call, so cached and tmpfs I/O keep
+ * their batches.
  */
 #include <errno.h>
 #include <liburing.h>
@@ -24,7 +37,15 @@ struct bdev_ctx {
 	unsigned inflight;	/* submitted (queued or in kernel), not completed */
 	unsigned queued;	/* SQEs prepared since the last io_uring_submit */
 	bool fixed_file;	/* the disk is registered file 0 */
+	/* Early submission (see the top): one I/O at a time is timed. */
+	bool early;		/* submit each SQE at once */
+	bool early_off;		/* --no-early-submit */
+	struct bdev_io *probe;	/* the I/O being timed, or NULL */
+	uint64_t probe_ns;	/* loop_now() when it was queued */
+	uint64_t lat_ns;	/* EWMA (1/8) of the timed latencies */
 };
+
+#define URING_EARLY_SUBMIT_NS 20000
 
 static void uring_kick(struct bdev_ctx *c)
 {
@@ -78,18 +99,36 @@ static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 		sqe = io_uring_get_sqe(&c->ring);
 		if (!sqe) {
 			c->inflight--;
+			if (io == c->probe)
+				c->probe = NULL;
 			bdev_complete(io, -EBUSY);
 			return;
 		}
 	}
 	uring_prep(c, io, sqe);
 	c->queued++;
+	if (c->early)
+		uring_kick(c);
 }
 
 static void uring_submit(struct bdev_ctx *c, struct bdev_io *io)
 {
 	c->inflight++;
+	if (!c->probe) {
+		c->probe = io;
+		c->probe_ns = loop_now(c->loop);
+	}
 	uring_queue(c, io);
+}
+
+/* The timed I/O completed: update the latency and the policy. */
+static void uring_probe_done(struct bdev_ctx *c)
+{
+	uint64_t lat = loop_now(c->loop) - c->probe_ns;
+
+	c->probe = NULL;
+	c->lat_ns = c->lat_ns - c->lat_ns / 8 + lat / 8;
+	c->early = !c->early_off && c->lat_ns >= URING_EARLY_SUBMIT_NS;
 }
 
 /* One CQE: finish the I/O, or resubmit the rest of a short transfer. */
@@ -119,6 +158,8 @@ static void uring_cqe(struct bdev_ctx *c, struct bdev_io *io, int res)
 	}
 complete:
 	c->inflight--;
+	if (io == c->probe)
+		uring_probe_done(c);
 	bdev_complete(io, res < 0 ? res : 0);
 }
 
@@ -225,6 +266,7 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 		entries *= 2;
 	c->b = b;
 	c->loop = l;
+	c->early_off = b->no_early_submit;
 	{
 		struct io_uring_params p = { 0 };
 

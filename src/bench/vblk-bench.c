@@ -43,7 +43,7 @@ struct opts {
 	double runtime, ramp, hold;
 	uint64_t rate_iops;		/* per job, 0 = unlimited */
 	uint64_t size, offset;
-	bool verify, poll, json, no_event_idx;
+	bool verify, poll, json, no_event_idx, packed;
 	unsigned queue_size;
 	bool dirty_log, migrate_check;
 	unsigned log_toggle_ms;		/* 0: logging stays on */
@@ -519,6 +519,7 @@ static void usage(FILE *f)
 "  --poll               spin on the used ring instead of sleeping on interrupts\n"
 "  --queue-size N       virtqueue size (default 256)\n"
 "  --no-event-idx       do not negotiate VIRTIO_RING_F_EVENT_IDX\n"
+"  --packed             packed virtqueues (VIRTIO_F_RING_PACKED) instead of split\n"
 "  --json               print one JSON object\n"
 "  --hold S             after the results, stay connected and idle for S seconds\n"
 "                       (to measure what an idle, connected disk costs)\n"
@@ -557,6 +558,7 @@ static void parse(int argc, char **argv, struct opts *o)
 		{ "queue-size", required_argument, NULL, 'Q' },
 		{ "hold", required_argument, NULL, 'H' },
 		{ "no-event-idx", no_argument, NULL, 'E' },
+		{ "packed", no_argument, NULL, 'K' },
 		{ "dirty-log", no_argument, NULL, 'L' },
 		{ "migrate-check", no_argument, NULL, 'M' },
 		{ "log-toggle-ms", required_argument, NULL, 'T' },
@@ -599,6 +601,7 @@ static void parse(int argc, char **argv, struct opts *o)
 		case 'J': o->json = true; break;
 		case 'Q': o->queue_size = (unsigned)parse_num("--queue-size", optarg, 1, 32768); break;
 		case 'E': o->no_event_idx = true; break;
+		case 'K': o->packed = true; break;
 		case 'L': o->dirty_log = true; break;
 		case 'M': o->migrate_check = o->dirty_log = true; break;
 		case 'T':
@@ -960,6 +963,7 @@ int main(int argc, char **argv)
 	vo.num_queues = o.numjobs;
 	vo.queue_size = o.queue_size;
 	vo.no_event_idx = o.no_event_idx;
+	vo.packed = o.packed;
 	vo.dirty_log = o.dirty_log;
 	vo.mem_bytes = (size_t)o.numjobs * o.iodepth * (o.bs + 4096 + 64) + (1 << 20);
 	r = vdrv_connect(&vo, &d, err, sizeof(err));

@@ -66,7 +66,8 @@ struct blk_queue {
 	bool held;			/* a call is held until hold_timer fires */
 	uint64_t held_since;		/* when it was held (sys_now_ns) */
 	uint64_t held_until;		/* when it goes out at the latest */
-	uint16_t held_used;		/* used index when it was held */
+	uint16_t done;			/* completions so far (wraps) */
+	uint16_t held_done;		/* done when the call was held */
 	uint64_t last_done;		/* loop_now() of the last completion */
 	bool busy_before;		/* it left requests in flight */
 	uint64_t gap_ns;		/* EWMA of the time between completions */
@@ -93,6 +94,7 @@ struct blk_dev {
 	atomic_bool writeback;		/* main writes, iothread reads */
 	uint8_t wce;			/* config byte as the guest set it */
 	bool no_event_idx;		/* --no-event-idx: do not offer it */
+	bool no_packed;			/* --no-packed: do not offer packed rings */
 	bool early_notify;		/* not --no-early-notify */
 	uint64_t irq_mod_max_ns;	/* --irq-moderation-max-ns; 0: off */
 	/* Tells the frontend the config space changed (blk_dev_resize). */
@@ -210,7 +212,7 @@ static bool blk_hold(struct blk_queue *q)
 	q->held = true;
 	q->held_since = sys_now_ns();
 	q->held_until = q->held_since + hold;
-	q->held_used = q->vq.used_idx;	/* the completion the driver waits for included */
+	q->held_done = q->done;	/* counts from the completion the driver waits for */
 	loop_timer_mod(q->hold_timer, q->held_until);
 	stat_inc(&q->calls_held);
 	return true;
@@ -226,7 +228,7 @@ static void blk_unhold(struct blk_queue *q, uint64_t now)
 	q->held = false;
 	atomic_store_explicit(&q->completions_coalesced,
 			      atomic_load_explicit(&q->completions_coalesced, memory_order_relaxed) +
-			      (uint16_t)(q->vq.used_idx - q->held_used), memory_order_relaxed);
+			      (uint16_t)(q->done - q->held_done), memory_order_relaxed);
 	if (held > atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed))
 		atomic_store_explicit(&q->hold_ns_max, held, memory_order_relaxed);
 	atomic_store_explicit(&q->hold_ns_total,
@@ -293,6 +295,7 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 		blk_req_log(q, r);
 	vq_push(&q->vq, r->head, status == VIRTIO_BLK_S_OK ? r->used_len : 1);
 	q->inflight--;
+	q->done++;
 	blk_req_put(q, r);
 	if (q->dev->early_notify && defer_batching()) {
 		/*
@@ -702,7 +705,7 @@ struct blk_call {
 	const struct vu_queue_setup *setup;
 	const struct vq_log *log;
 	int ret;
-	uint16_t last_avail;
+	uint32_t base;			/* queue_stop: vq_base */
 	int call_fd, err_fd;
 	bool enabled;
 };
@@ -776,7 +779,7 @@ static void do_queue_stop(void *opaque)
 	struct blk_call *c = opaque;
 	struct blk_queue *q = c->q;
 
-	c->last_avail = q->vq.last_avail_idx;
+	c->base = vq_base(&q->vq);
 	if (!q->started)
 		return;
 	{
@@ -805,7 +808,7 @@ static void do_queue_stop(void *opaque)
 	/* A stopped ring needs no reset (blk_needs_reset); a restart
 	 * validates it afresh. */
 	WRITE_ONCE(q->vq.broken, false);
-	c->last_avail = q->vq.last_avail_idx;
+	c->base = vq_base(&q->vq);
 }
 
 static void do_queue_set_fds(void *opaque)
@@ -841,6 +844,7 @@ static uint64_t blk_features(void *opaque)
 	uint64_t f = 1ull << VIRTIO_F_VERSION_1 |
 		     1ull << VIRTIO_RING_F_INDIRECT_DESC |
 		     1ull << VIRTIO_RING_F_EVENT_IDX |
+		     1ull << VIRTIO_F_RING_PACKED |
 		     1ull << VIRTIO_BLK_F_SEG_MAX |
 		     1ull << VIRTIO_BLK_F_BLK_SIZE |
 		     1ull << VIRTIO_BLK_F_FLUSH |
@@ -855,6 +859,8 @@ static uint64_t blk_features(void *opaque)
 		f |= 1ull << VIRTIO_BLK_F_DISCARD;
 	if (!d->b->read_only && (d->b->caps & BDEV_CAP_WRITE_ZEROES))
 		f |= 1ull << VIRTIO_BLK_F_WRITE_ZEROES;
+	if (d->no_packed)
+		f &= ~(1ull << VIRTIO_F_RING_PACKED);
 	if (d->no_event_idx)
 		f &= ~(1ull << VIRTIO_RING_F_EVENT_IDX);
 	return f;
@@ -947,13 +953,13 @@ static int blk_queue_start(void *opaque, unsigned idx, const struct vu_queue_set
 	return c.ret;
 }
 
-static uint16_t blk_queue_stop(void *opaque, unsigned idx)
+static uint32_t blk_queue_stop(void *opaque, unsigned idx)
 {
 	struct blk_dev *d = opaque;
 	struct blk_call c = { .q = &d->q[idx] };
 
 	loop_call_sync(d->q[idx].t->loop, do_queue_stop, &c);
-	return c.last_avail;
+	return c.base;
 }
 
 static void blk_queue_set_fds(void *opaque, unsigned idx, int call_fd, int err_fd)
@@ -1180,6 +1186,7 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	d->num_queues = o->num_queues;
 	d->num_iothreads = nt;
 	d->no_event_idx = o->no_event_idx;
+	d->no_packed = o->no_packed;
 	d->early_notify = !o->no_early_notify;
 	d->irq_mod_max_ns = o->irq_moderation_max_ns;
 	d->wce = 1;

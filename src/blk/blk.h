@@ -34,6 +34,7 @@ struct blk_opts {
 	const char *serial;		/* GET_ID, at most 20 bytes used */
 	bool no_event_idx;		/* do not offer VIRTIO_RING_F_EVENT_IDX */
 	bool no_early_notify;		/* calls only at the end of a section (ablation) */
+	bool no_packed;			/* do not offer VIRTIO_F_RING_PACKED */
 	/* Interrupt moderation: the longest a call may be held for more
 	 * completions to share it (docs/architecture.md "Interrupts").
 	 * 0: off. */

@@ -143,12 +143,6 @@ void *vdrv_alloc(struct vdrv *d, size_t len, size_t align)
 	return d->mem + off;
 }
 
-static inline bool vdrv_in_mem(const struct vdrv *d, const void *p, size_t len)
-{
-	const uint8_t *b = p;
-
-	return b >= d->mem && len <= d->mem_size && (size_t)(b - d->mem) <= d->mem_size - len;
-}
 
 uint64_t vdrv_capacity(const struct vdrv *d)
 {
@@ -267,10 +261,23 @@ static int vdrv_queue_setup(struct vdrv *d, struct vdrv_queue *q, unsigned idx,
 	q->used_event = &q->avail->ring[num];
 	q->avail_event = (uint16_t *)&q->used->ring[num];
 	/* Each request is one ring descriptor pointing at its own indirect
-	 * table, so a queue of num holds num requests. */
+	 * table, so a queue of num holds num requests.  Packed: the ring
+	 * starts zeroed (2.8.13), both wrap counters at 1 (2.8.1). */
+	q->packed = vdrv_has(d, VIRTIO_F_RING_PACKED);
+	if (q->packed) {
+		q->slots = calloc(num, sizeof(*q->slots));
+		if (!q->slots) {
+			snprintf(err, errlen, "out of memory for queue %u", idx);
+			return -ENOMEM;
+		}
+		q->avail_wrap = q->used_wrap = true;
+		q->slots_free = num;
+	}
 	for (unsigned i = 0; i < num; i++) {
-		q->desc[i].addr = vdrv_gpa(d, q->ind + (size_t)i * VDRV_MAX_SEGS);
-		q->desc[i].flags = VRING_DESC_F_INDIRECT;
+		if (!q->packed) {
+			q->desc[i].addr = vdrv_gpa(d, q->ind + (size_t)i * VDRV_MAX_SEGS);
+			q->desc[i].flags = VRING_DESC_F_INDIRECT;
+		}
 		q->free_heads[i] = (uint16_t)(num - 1 - i);
 	}
 	q->nfree = num;
@@ -285,7 +292,9 @@ static int vdrv_queue_setup(struct vdrv *d, struct vdrv_queue *q, unsigned idx,
 	r = vdrv__call(d, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), NULL, 0);
 	if (r < 0)
 		goto fail;
-	st.num = 0;
+	/* Packed: position 0 with wrap counter 1, for the next descriptor to
+	 * take and the next to use (QEMU's encoding). */
+	st.num = q->packed ? 0x80008000u : 0;
 	r = vdrv__call(d, VHOST_USER_SET_VRING_BASE, &st, sizeof(st), NULL, 0);
 	if (r < 0)
 		goto fail;
@@ -427,6 +436,21 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 	d->features = d->dev_features & vdrv_wanted;
 	if (o->no_event_idx)
 		d->features &= ~(1ull << VIRTIO_RING_F_EVENT_IDX);
+	if (o->packed) {
+		if (!(d->dev_features & (1ull << VIRTIO_F_RING_PACKED))) {
+			snprintf(err, errlen, "the backend at '%s' does not offer packed "
+				 "rings (VIRTIO_F_RING_PACKED): drop --packed", o->socket);
+			r = -ENOTSUP;
+			goto err_close;
+		}
+		if (o->dirty_log) {
+			snprintf(err, errlen, "dirty logging is not implemented for packed "
+				 "rings in vblk-bench: drop --packed");
+			r = -ENOTSUP;
+			goto err_close;
+		}
+		d->features |= 1ull << VIRTIO_F_RING_PACKED;
+	}
 	if (!vdrv_has(d, VIRTIO_F_VERSION_1) || !vdrv_has(d, VIRTIO_RING_F_INDIRECT_DESC)) {
 		snprintf(err, errlen, "the backend at '%s' lacks VERSION_1 or "
 			 "INDIRECT_DESC (features 0x%llx)", o->socket,
@@ -596,6 +620,7 @@ void vdrv_close(struct vdrv *d)
 		sys_close(&q->call_fd);
 		free(q->free_heads);
 		free(q->cookies);
+		free(q->slots);
 	}
 	free(d->q);
 	if (d->backend_fd >= 0)
@@ -675,6 +700,8 @@ int vdrv_add(struct vdrv_queue *q, const struct iovec *out, unsigned nout,
 
 	if (nout + nin == 0 || nout + nin > VDRV_MAX_SEGS)
 		return -EINVAL;
+	if (q->packed)
+		return vdrv__packed_add(q, out, nout, in, nin, cookie);
 	if (!q->nfree)
 		return -ENOSPC;
 	head = q->free_heads[q->nfree - 1];
@@ -706,6 +733,10 @@ void vdrv_kick(struct vdrv_queue *q)
 	uint16_t old = q->kicked_idx, new = q->avail_idx;
 	bool kick;
 
+	if (q->packed) {
+		vdrv__packed_kick(q);
+		return;
+	}
 	if (old == new)
 		return;
 	/* Pairs with the device's read barrier after reading avail->idx:
@@ -729,6 +760,8 @@ void vdrv_kick(struct vdrv_queue *q)
 
 bool vdrv_pending(struct vdrv_queue *q)
 {
+	if (q->packed)
+		return vdrv__packed_pending(q);
 	return READ_ONCE(q->used->idx) != q->last_used;
 }
 
@@ -738,6 +771,8 @@ void *vdrv_get(struct vdrv_queue *q, uint32_t *len)
 	uint32_t id;
 	void *cookie;
 
+	if (q->packed)
+		return vdrv__packed_get(q, len);
 	if (READ_ONCE(q->used->idx) == q->last_used)
 		return NULL;
 	/* Pairs with the device's write barrier before it publishes
@@ -762,6 +797,10 @@ void *vdrv_get(struct vdrv_queue *q, uint32_t *len)
 
 void vdrv_disable_cb(struct vdrv_queue *q)
 {
+	if (q->packed) {
+		vdrv__packed_disable_cb(q);
+		return;
+	}
 	/* Without EVENT_IDX the flag is the only way; with it the device
 	 * interrupts at most once when it passes used_event, which we stop
 	 * advancing. */
@@ -776,6 +815,8 @@ bool vdrv_enable_cb(struct vdrv_queue *q)
 {
 	bool more;
 
+	if (q->packed)
+		return vdrv__packed_enable_cb(q);
 	if (q->event_idx)
 		WRITE_ONCE(*q->used_event, q->last_used);
 	else

@@ -36,6 +36,7 @@ struct vdrv_opts {
 	unsigned queue_size;	/* power of two, default 256 */
 	size_t mem_bytes;	/* shared memory for vdrv_alloc, beyond rings */
 	bool no_event_idx;	/* do not negotiate VIRTIO_RING_F_EVENT_IDX */
+	bool packed;		/* packed rings (VIRTIO_F_RING_PACKED; vdrv_packed.c) */
 	bool dirty_log;		/* prepare dirty logging (vdrv_log.h) */
 };
 
@@ -51,9 +52,15 @@ struct vdrv_queue {
 	uint16_t *avail_event;		/* &used->ring[num] */
 	bool event_idx;
 
-	uint16_t avail_idx;		/* next avail slot (shadow) */
+	uint16_t avail_idx;		/* next avail slot (shadow); packed: ring position */
 	uint16_t kicked_idx;		/* avail_idx at our last kick decision */
-	uint16_t last_used;		/* next used slot to read */
+	uint16_t last_used;		/* next used slot to read; packed: ring position */
+	/* Packed rings only. */
+	bool packed;
+	bool avail_wrap, used_wrap;	/* our wrap counter, our copy of the device's */
+	uint16_t *slots;		/* by id: ring descriptors the request took */
+	unsigned slots_free;
+	uint16_t added;			/* descriptors made available since the last kick */
 	uint16_t *free_heads;		/* stack */
 	unsigned nfree;
 	void **cookies;			/* per head, NULL when free */

@@ -7,7 +7,9 @@
 #define VBLK_VDRV_INTERNAL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "driver/vdrv.h"
 #include "vhost/vhost_user.h"
@@ -23,6 +25,24 @@ int vdrv__recv(struct vdrv *d, uint32_t req, void *payload, uint32_t size);
  * the backend refused, or -errno. */
 int vdrv__call(struct vdrv *d, uint32_t req, const void *payload, uint32_t size,
 	       const int *fds, unsigned nfds);
+
+/* [p, p+len) lies in the shared memory. */
+static inline bool vdrv_in_mem(const struct vdrv *d, const void *p, size_t len)
+{
+	const uint8_t *b = p;
+
+	return b >= d->mem && len <= d->mem_size && (size_t)(b - d->mem) <= d->mem_size - len;
+}
+
+/* Packed rings (vdrv_packed.c): the queue operations of vdrv.h when
+ * q->packed.  Queue's thread. */
+int vdrv__packed_add(struct vdrv_queue *q, const struct iovec *out, unsigned nout,
+		     const struct iovec *in, unsigned nin, void *cookie);
+void vdrv__packed_kick(struct vdrv_queue *q);
+bool vdrv__packed_pending(struct vdrv_queue *q);
+void *vdrv__packed_get(struct vdrv_queue *q, uint32_t *len);
+void vdrv__packed_disable_cb(struct vdrv_queue *q);
+bool vdrv__packed_enable_cb(struct vdrv_queue *q);
 
 /* The SET_VRING_ADDR payload of q, with VHOST_VRING_F_LOG when log. */
 void vdrv__vring_addr(const struct vdrv_queue *q, bool log, struct vhost_vring_addr *a);

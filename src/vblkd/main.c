@@ -80,6 +80,8 @@ static void usage(FILE *f)
 "  --no-event-idx       do not offer VIRTIO_RING_F_EVENT_IDX (ablation)\n"
 "  --no-early-notify    interrupt only at the end of a batch, never for the\n"
 "                       first completion a sleeping driver waits for (ablation)\n"
+"  --no-early-submit    io_uring: batch submissions even on a slow disk (ablation)\n"
+"  --no-packed          do not offer packed virtqueues (VIRTIO_F_RING_PACKED)\n"
 "  --irq-moderation-max-ns N  hold an interrupt up to N ns while more requests\n"
 "                       are in flight and completions come close together, so\n"
 "                       one covers several (default %u; 0 turns it off)\n"
@@ -276,6 +278,8 @@ int main(int argc, char **argv)
 		{ "no-batch", no_argument, NULL, 'N' },
 		{ "no-event-idx", no_argument, NULL, 'E' },
 		{ "no-early-notify", no_argument, NULL, 'L' },
+		{ "no-early-submit", no_argument, NULL, 'Y' },
+		{ "no-packed", no_argument, NULL, 'J' },
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -356,6 +360,8 @@ int main(int argc, char **argv)
 		case 'N': defer_set_batching(false); break;
 		case 'E': ko.no_event_idx = true; break;
 		case 'L': ko.no_early_notify = true; break;
+		case 'Y': bo.no_early_submit = true; break;
+		case 'J': ko.no_packed = true; break;
 		case 'l':
 			r = log_parse_level(optarg);
 			if (r < 0)

@@ -51,7 +51,9 @@ struct vu_vring {
 	bool addr_set;
 	bool log_used;		/* VHOST_VRING_F_LOG */
 	uint64_t log_addr;	/* log_guest_addr */
-	uint16_t base;
+	/* SET_VRING_BASE / GET_VRING_BASE: split, the avail index; packed,
+	 * QEMU's encoding of both positions and wrap counters (vq_base). */
+	uint32_t base;
 	int kick_fd, call_fd, err_fd;
 	bool started;
 	bool enabled;
@@ -165,13 +167,22 @@ static void vu_vring_reset(struct vu_vring *vr)
 	vr->kick_fd = vr->call_fd = vr->err_fd = -1;
 }
 
+static bool vu_packed(const struct vu_server *s)
+{
+	return s->acked & (1ull << VIRTIO_F_RING_PACKED);
+}
+
 /* Ring parts must lie in guest memory (checked again by vq_init on the
- * iothread; checking here lets us reject the message that set them). */
+ * iothread; checking here lets us reject the message that set them).
+ * Packed: the descriptor ring and two 4-byte event areas (virtio 1.2,
+ * 2.8.10.1). */
 static bool vu_vring_addr_ok(const struct vu_server *s, const struct vu_vring *vr)
 {
+	bool packed = vu_packed(s);
+
 	return s->mem && gm_qva_to_host(s->mem, vr->desc, vring_desc_bytes(vr->num)) &&
-	       gm_qva_to_host(s->mem, vr->avail, vring_avail_bytes(vr->num)) &&
-	       gm_qva_to_host(s->mem, vr->used, vring_used_bytes(vr->num));
+	       gm_qva_to_host(s->mem, vr->avail, packed ? 4 : vring_avail_bytes(vr->num)) &&
+	       gm_qva_to_host(s->mem, vr->used, packed ? 4 : vring_used_bytes(vr->num));
 }
 
 /* ---- Dirty logging (vhost-user.rst "Migration") ---- */
@@ -233,7 +244,9 @@ static bool vu_log_covers(struct vu_server *s)
 	for (unsigned i = 0; i < s->nqueues; i++) {
 		const struct vu_vring *vr = &s->vr[i];
 
-		if (vr->log_used && vr->num &&
+		/* Packed rings log their stores at their own addresses
+		 * (vq_packed.c), inside guest memory, checked above. */
+		if (vr->log_used && vr->num && !vu_packed(s) &&
 		    !gm_dirty_covers(s->log, vr->log_addr, vring_used_bytes(vr->num))) {
 			log_err("dirty log of %llu bytes does not cover ring %u's used ring "
 				"log address 0x%llx", (unsigned long long)s->log->size, i,
@@ -272,7 +285,13 @@ static int vu_vring_start(struct vu_server *s, unsigned idx)
 	su.cfg.desc_qva = vr->desc;
 	su.cfg.avail_qva = vr->avail;
 	su.cfg.used_qva = vr->used;
-	su.cfg.last_avail_idx = vr->base;
+	su.cfg.packed = vu_packed(s);
+	if (!su.cfg.packed && vr->base > 0xffff) {
+		log_err("ring %u: base %u is not a split ring's avail index", idx, vr->base);
+		return VU_MALFORMED;
+	}
+	su.cfg.last_avail_idx = (uint16_t)vr->base;
+	su.cfg.used_idx = (uint16_t)(vr->base >> 16);
 	su.cfg.event_idx = s->acked & (1ull << VIRTIO_RING_F_EVENT_IDX);
 	su.cfg.indirect = s->acked & (1ull << VIRTIO_RING_F_INDIRECT_DESC);
 	if (s->inflight) {
@@ -408,6 +427,8 @@ static int vu_set_features(struct vu_server *s, struct vu_msg *m)
 		log_warn("features changed while rings run (0x%llx): they apply "
 			 "when the rings restart", (unsigned long long)changed);
 	s->acked = f;
+	if (changed & (1ull << VIRTIO_F_RING_PACKED))
+		log_info("virtqueues: %s", vu_packed(s) ? "packed" : "split");
 	if (changed & (1ull << VHOST_F_LOG_ALL)) {
 		if ((f & (1ull << VHOST_F_LOG_ALL)) && !s->log) {
 			log_err("frontend turned dirty logging on without a log "
@@ -725,13 +746,15 @@ static int vu_set_vring_base(struct vu_server *s, struct vu_msg *m)
 {
 	int i = vu_ring_index(s, m->p.state.index, "SET_VRING_BASE");
 
-	if (i < 0 || m->p.state.num > 0xffff)
+	if (i < 0)
 		return VU_MALFORMED;
 	if (s->vr[i].started) {
 		log_err("SET_VRING_BASE: ring %d is running", i);
 		return VU_MALFORMED;
 	}
-	s->vr[i].base = (uint16_t)m->p.state.num;
+	/* 32 bits for packed rings; a split ring's is checked at start,
+	 * when the features are surely known. */
+	s->vr[i].base = m->p.state.num;
 	return 0;
 }
 

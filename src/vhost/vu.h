@@ -49,8 +49,10 @@ struct vu_dev_ops {
 	/* Start processing ring idx.  Returns 0 or -errno. */
 	int (*queue_start)(void *dev, unsigned idx, const struct vu_queue_setup *s);
 	/* Stop ring idx: no new requests; wait for in-flight ones to complete
-	 * (and be returned to the driver).  Returns the next avail index. */
-	uint16_t (*queue_stop)(void *dev, unsigned idx);
+	 * (and be returned to the driver).  Returns the ring's base for
+	 * GET_VRING_BASE (vq_base: the next avail index, or packed's 32-bit
+	 * encoding). */
+	uint32_t (*queue_stop)(void *dev, unsigned idx);
 	/* Replace the call/err fds of a started ring. */
 	void (*queue_set_fds)(void *dev, unsigned idx, int call_fd, int err_fd);
 	void (*queue_set_enable)(void *dev, unsigned idx, bool enabled);

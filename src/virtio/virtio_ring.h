@@ -1,6 +1,6 @@
 /*
- * Split virtqueue wire layout, written from virtio 1.2 section 2.7
- * "Split Virtqueues".  All fields little-endian (we build only for
+ * Virtqueue wire layouts, written from virtio 1.2 sections 2.7 "Split
+ * Virtqueues" and 2.8 "Packed Virtqueues".  All fields little-endian (we build only for
  * little-endian hosts, see util/compiler.h).  Sizes pinned below.
  */
 #ifndef VBLK_VIRTIO_RING_H
@@ -14,6 +14,7 @@
 #define VIRTIO_RING_F_INDIRECT_DESC 28
 #define VIRTIO_RING_F_EVENT_IDX     29
 #define VIRTIO_F_VERSION_1          32
+#define VIRTIO_F_RING_PACKED        34
 
 /* 2.7.5 "The Virtqueue Descriptor Table" */
 #define VRING_DESC_F_NEXT     1
@@ -68,6 +69,33 @@ static inline uint64_t vring_used_bytes(unsigned num)
 {
 	return 4 + 8ull * num + 2;	/* + avail_event */
 }
+
+/* 2.8.13 "The Virtqueue Descriptor Format" (packed): one ring of these;
+ * the driver makes one available by flipping AVAIL/USED against its wrap
+ * counter (2.8.1), the device marks it used the same way with its own. */
+#define VRING_PACKED_DESC_F_AVAIL (1u << 7)
+#define VRING_PACKED_DESC_F_USED  (1u << 15)
+struct vring_packed_desc {
+	uint64_t addr;
+	uint32_t len;
+	uint16_t id;
+	uint16_t flags;
+};
+
+/* 2.8.14 "Event Suppression Structure Format": the driver area (read by
+ * the device: used buffer notifications) and the device area (written by
+ * the device: available buffer notifications). */
+#define VRING_PACKED_EVENT_F_ENABLE  0
+#define VRING_PACKED_EVENT_F_DISABLE 1
+#define VRING_PACKED_EVENT_F_DESC    2	/* at off_wrap; EVENT_IDX only */
+#define VRING_PACKED_EVENT_WRAP      (1u << 15)
+struct vring_packed_event {
+	uint16_t off_wrap;	/* bits 0-14 offset, 15 wrap counter */
+	uint16_t flags;
+};
+
+STATIC_ASSERT(sizeof(struct vring_packed_desc) == 16, "packed desc is 16 bytes");
+STATIC_ASSERT(sizeof(struct vring_packed_event) == 4, "packed event area");
 
 /*
  * virtio 1.2, 2.7.7.2 / 2.7.10: "notify if the event index lies in

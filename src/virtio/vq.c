@@ -1,4 +1,5 @@
 #include "virtio/vq.h"
+#include "virtio/vq_internal.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -96,6 +97,17 @@ int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *m
 	vq->index = cfg->index;
 	if (num == 0 || num > VRING_MAX_NUM || (num & (num - 1)))
 		return -EINVAL;
+	if (cfg->packed) {
+		int r = vqp_init(vq, cfg, mem);
+
+		if (r == 0)
+			vq_set_log(vq, &cfg->log);
+		if (r == 0 && cfg->inflight)
+			log_warn("queue %u: in-flight tracking is not implemented for "
+				 "packed rings: requests in flight when vblkd dies are "
+				 "not resubmitted", vq->index);
+		return r;
+	}
 	/* virtio 1.2, 2.7 table "Virtqueue Part Alignment": desc 16,
 	 * avail 2, used 4. */
 	if ((cfg->desc_qva & 15) || (cfg->avail_qva & 1) || (cfg->used_qva & 3))
@@ -129,8 +141,18 @@ int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *m
 	return 0;
 }
 
+uint32_t vq_base(const struct vq *vq)
+{
+	if (!vq->packed)
+		return vq->last_avail_idx;
+	return (uint32_t)(vq->last_avail_idx | (vq->avail_wrap ? 0x8000 : 0)) |
+	       (uint32_t)(vq->used_idx | (vq->used_wrap ? 0x8000 : 0)) << 16;
+}
+
 void vq_release(struct vq *vq)
 {
+	free(vq->chain_len);
+	vq->chain_len = NULL;
 	free(vq->resubmit);
 	vq->resubmit = NULL;
 	vq->resubmit_n = vq->resubmit_i = 0;
@@ -144,7 +166,7 @@ void vq_set_broken(struct vq *vq, const char *why)
 	WRITE_ONCE(vq->broken, true);
 }
 
-static void bad_chain(struct vq *vq, const char *why, uint16_t head)
+void vq_bad_chain(struct vq *vq, const char *why, uint16_t head)
 {
 	vq->bad_chains++;
 	log_once(vq->logged_bad_chain, LOG_WARN,
@@ -163,6 +185,8 @@ static inline void desc_read(const struct vring_desc *src, struct vring_desc *d)
 
 bool vq_avail_pending(struct vq *vq)
 {
+	if (vq->packed)
+		return vqp_avail_pending(vq);
 	if (vq->resubmit_i < vq->resubmit_n || vq->shadow_avail_idx != vq->last_avail_idx)
 		return true;
 	return READ_ONCE(vq->avail->idx) != vq->last_avail_idx;
@@ -190,10 +214,8 @@ static int walk_chain(struct vq *vq, struct vq_elem *e)
 	e->last_byte = NULL;
 
 	for (;;) {
-		void *host = NULL;
-
 		if (unlikely(++hops > max_hops)) {
-			bad_chain(vq, "descriptor loop", e->head);
+			vq_bad_chain(vq, "descriptor loop", e->head);
 			return -EINVAL;
 		}
 		desc_read(&table[i], &d);
@@ -202,30 +224,30 @@ static int walk_chain(struct vq *vq, struct vq_elem *e)
 			uint64_t n;
 
 			if (unlikely(!vq->indirect || in_indirect)) {
-				bad_chain(vq, in_indirect ? "nested indirect table" :
+				vq_bad_chain(vq, in_indirect ? "nested indirect table" :
 					  "indirect descriptor not negotiated", e->head);
 				return -EINVAL;
 			}
 			/* 2.7.5.3.1: the driver MUST NOT set NEXT with INDIRECT. */
 			if (unlikely(d.flags & VRING_DESC_F_NEXT)) {
-				bad_chain(vq, "indirect descriptor with NEXT", e->head);
+				vq_bad_chain(vq, "indirect descriptor with NEXT", e->head);
 				return -EINVAL;
 			}
 			if (unlikely(d.len == 0 || (d.len % sizeof(struct vring_desc)))) {
-				bad_chain(vq, "indirect table size not a multiple of 16",
+				vq_bad_chain(vq, "indirect table size not a multiple of 16",
 					  e->head);
 				return -EINVAL;
 			}
 			n = d.len / sizeof(struct vring_desc);
 			table = gm_gpa_to_host(vq->mem, d.addr, d.len);
 			if (unlikely(!table)) {
-				bad_chain(vq, "indirect table outside guest memory",
+				vq_bad_chain(vq, "indirect table outside guest memory",
 					  e->head);
 				return -EINVAL;
 			}
 			/* Descriptors are read with aligned single loads. */
 			if (unlikely((uintptr_t)table & 7)) {
-				bad_chain(vq, "indirect table not 8-byte aligned", e->head);
+				vq_bad_chain(vq, "indirect table not 8-byte aligned", e->head);
 				return -EINVAL;
 			}
 			in_indirect = true;
@@ -239,55 +261,18 @@ static int walk_chain(struct vq *vq, struct vq_elem *e)
 			continue;
 		}
 
-		if (d.len) {
-			host = gm_gpa_to_host(vq->mem, d.addr, d.len);
-			if (unlikely(!host) && !err)
-				err = "buffer outside guest memory";
-		}
-		if (d.flags & VRING_DESC_F_WRITE) {
-			seen_write = true;
-			e->in_len += d.len;
-		} else {
-			if (unlikely(seen_write) && !err)
-				err = "device-readable buffer after a writable one";
-			e->out_len += d.len;
-		}
-		if (host && !err) {
-			if (unlikely(niov == VQ_MAX_SEGS)) {
-				err = "too many descriptors in one request";
-			} else {
-				e->iov[niov].iov_base = host;
-				e->iov[niov].iov_len = d.len;
-				niov++;
-				if (d.flags & VRING_DESC_F_WRITE)
-					e->in_num++;
-				else
-					e->out_num++;
-			}
-		}
+		vq_add_buf(vq, e, d.addr, d.len, d.flags & VRING_DESC_F_WRITE, &niov,
+			   &seen_write, &err);
 		if (!(d.flags & VRING_DESC_F_NEXT))
 			break;
 		if (unlikely(d.next >= limit)) {
-			bad_chain(vq, "next index out of range", e->head);
+			vq_bad_chain(vq, "next index out of range", e->head);
 			return -EINVAL;
 		}
 		i = d.next;
 	}
 
-	/* The used ring reports bytes written in 32 bits. */
-	if (!err && unlikely(e->in_len > UINT32_MAX))
-		err = "request larger than 4 GiB";
-	if (unlikely(err)) {
-		if ((d.flags & VRING_DESC_F_WRITE) && d.len) {
-			uint8_t *p = gm_gpa_to_host(vq->mem, d.addr, d.len);
-
-			if (p)
-				e->last_byte = p + d.len - 1;
-		}
-		bad_chain(vq, err, e->head);
-		return -EINVAL;
-	}
-	return 1;
+	return vq_walk_end(vq, e, err, d.addr, d.len, d.flags & VRING_DESC_F_WRITE);
 }
 
 int vq_pop(struct vq *vq, struct vq_elem *e)
@@ -296,6 +281,8 @@ int vq_pop(struct vq *vq, struct vq_elem *e)
 
 	if (unlikely(vq->broken))
 		return -EIO;
+	if (vq->packed)
+		return vqp_pop(vq, e);
 
 	if (unlikely(vq->resubmit_i < vq->resubmit_n)) {
 		/* Left in flight by a previous backend: these come first. */
@@ -395,8 +382,13 @@ static __cold void log_used_flush(struct vq *vq)
 
 void vq_push(struct vq *vq, uint16_t head, uint32_t len)
 {
-	struct vring_used_elem *u = &vq->used->ring[vq->used_idx & (vq->num - 1)];
+	struct vring_used_elem *u;
 
+	if (vq->packed) {
+		vqp_push(vq, head, len);
+		return;
+	}
+	u = &vq->used->ring[vq->used_idx & (vq->num - 1)];
 	WRITE_ONCE(u->id, head);
 	WRITE_ONCE(u->len, len);
 	vq->used_idx++;
@@ -410,6 +402,9 @@ void vq_push(struct vq *vq, uint16_t head, uint32_t len)
 
 void vq_flush(struct vq *vq)
 {
+	/* Packed: each used descriptor was published as it was written. */
+	if (vq->packed)
+		return;
 	/* Pairs with the driver's read barrier after it reads used->idx:
 	 * the entries must be visible before the index that covers them. */
 	smp_wmb();
@@ -441,6 +436,8 @@ bool vq_should_notify(struct vq *vq)
 	/* Pairs with the driver's full barrier between writing used_event
 	 * (or clearing NO_INTERRUPT) and re-reading used->idx: either we see
 	 * its new event index, or it sees our new used index. */
+	if (vq->packed)
+		return vqp_should_notify(vq);
 	smp_mb();
 	if (!vq->event_idx)
 		return !(READ_ONCE(vq->avail->flags) & VRING_AVAIL_F_NO_INTERRUPT);
@@ -468,6 +465,10 @@ static __cold void log_notify_field(struct vq *vq)
 /* virtio 1.2, 2.7.10 "Available Buffer Notification Suppression". */
 void vq_disable_notify(struct vq *vq)
 {
+	if (vq->packed) {
+		vqp_disable_notify(vq);
+		return;
+	}
 	if (vq->notify_disabled)
 		return;
 	vq->notify_disabled = true;
@@ -489,6 +490,8 @@ bool vq_enable_notify(struct vq *vq)
 {
 	uint16_t avail_idx;
 
+	if (vq->packed)
+		return vqp_enable_notify(vq);
 	vq->notify_disabled = false;
 	if (vq->event_idx)
 		WRITE_ONCE(*vq->avail_event, vq->last_avail_idx);

@@ -1,5 +1,6 @@
 /*
- * vq_: the device side of a split virtqueue, against a hostile driver.
+ * vq_: the device side of a virtqueue, split (virtio 1.2, 2.7) or packed
+ * (2.8, vq_packed.c), against a hostile driver.
  *
  * Every guest-written field is read once into a local and validated before
  * use: head < num, next < num, hop count <= table size (loops), avail index
@@ -7,7 +8,9 @@
  * bytes and never nested, every buffer inside one guest memory region,
  * readable descriptors before writable ones.  A corrupt ring marks the
  * queue broken (logged once, never processed again until restarted); a bad
- * descriptor chain fails only that request.
+ * descriptor chain fails only that request.  Packed rings add: a chain
+ * never longer than the ring, every descriptor of it available, buffer
+ * ids below num and never in flight twice.
  *
  * Threading: a struct vq belongs to one iothread once started; every
  * function here is called on that thread only.
@@ -79,8 +82,15 @@ struct vq_log {
 struct vq_config {
 	unsigned index;		/* for log lines */
 	unsigned num;
-	uint64_t desc_qva, avail_qva, used_qva;	/* frontend virtual addresses */
+	/* Frontend virtual addresses: split desc/avail/used; packed: the
+	 * descriptor ring, the driver event area, the device event area. */
+	uint64_t desc_qva, avail_qva, used_qva;
+	/* Split: the next avail index.  Packed: the next descriptor's ring
+	 * position | avail wrap counter << 15 (QEMU's encoding of the low
+	 * half of SET_VRING_BASE). */
 	uint16_t last_avail_idx;
+	bool packed;		/* VIRTIO_F_RING_PACKED negotiated */
+	uint16_t used_idx;	/* packed: position | used wrap << 15 (the high half) */
 	bool event_idx;		/* VIRTIO_RING_F_EVENT_IDX negotiated */
 	bool indirect;		/* VIRTIO_RING_F_INDIRECT_DESC negotiated */
 	/* INFLIGHT_SHMFD: this queue's region (vq_inflight_region_size(num)
@@ -133,6 +143,16 @@ struct vq {
 	uint16_t *resubmit;		/* heads a previous backend left in flight */
 	unsigned resubmit_n, resubmit_i;
 
+	/* Packed rings (vq_packed.c): last_avail_idx, used_idx and
+	 * signalled_used are ring positions (< num), with wrap counters. */
+	bool packed;
+	bool avail_wrap, used_wrap;
+	struct vring_packed_desc *pdesc;
+	const struct vring_packed_event *driver_event;	/* guest-written */
+	struct vring_packed_event *device_event;	/* ours */
+	uint16_t *chain_len;		/* by buffer id: descriptors taken, 0 = free */
+	unsigned since_signal;		/* descriptors used since the last notify check */
+
 	/* Dirty logging (log.log NULL: off). */
 	struct vq_log log;
 	uint16_t log_used_idx;		/* used entries below this are logged */
@@ -150,6 +170,11 @@ struct vq {
  */
 int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem);
 void vq_release(struct vq *vq);
+
+/* Where the ring stands, for GET_VRING_BASE: split, the next avail index;
+ * packed, QEMU's 32-bit encoding (position | wrap << 15 of the next
+ * descriptor to take, and the same of the next to use << 16). */
+uint32_t vq_base(const struct vq *vq);
 
 /*
  * Take the next available request.
@@ -173,11 +198,31 @@ void vq_flush(struct vq *vq);
  * batch; otherwise the driver's NO_INTERRUPT flag.
  */
 bool vq_should_notify(struct vq *vq);
+
+/* Packed, EVENT_IDX, the driver asked for DESC: is the descriptor at its
+ * off_wrap among the n used since the last check?  (Ring positions; the
+ * offset goes back a lap when its wrap counter is not ours, virtio 1.2,
+ * 2.8.10.)  n < num. */
+static inline bool vqp_event_in(const struct vq *vq, unsigned n)
+{
+	uint16_t off_wrap = READ_ONCE(vq->driver_event->off_wrap);
+	uint16_t off = off_wrap & 0x7fff;
+
+	if (!!(off_wrap & VRING_PACKED_EVENT_WRAP) != vq->used_wrap)
+		off = (uint16_t)(off - vq->num);
+	return vring_need_event(off, vq->used_idx, (uint16_t)(vq->used_idx - n));
+}
+
 /* EVENT_IDX only, no barrier, changes nothing: does the driver's used_event
  * already lie among the entries pushed since the last notification?  A
  * cheap hint for notifying early; vq_should_notify stays the decision. */
 static inline bool vq_notify_wanted(const struct vq *vq)
 {
+	if (unlikely(vq->packed))
+		return vq->event_idx && vq->signalled_used_valid &&
+		       vq->since_signal && vq->since_signal < vq->num &&
+		       (READ_ONCE(vq->driver_event->flags) & 3) == VRING_PACKED_EVENT_F_DESC &&
+		       vqp_event_in(vq, vq->since_signal);
 	return vq->event_idx && vq->signalled_used_valid &&
 	       vring_need_event(READ_ONCE(*vq->used_event), vq->used_idx,
 				vq->signalled_used);

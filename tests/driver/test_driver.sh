@@ -59,11 +59,15 @@ print(json.dumps({'requests': [x['requests'] for x in q]}))" "$1"
 
 truncate -s 64M "$tmp/disk.img"
 
-for jobs in 1 2; do
-    name="vblkd-verify-${jobs}job"
+# Split rings, then packed (--packed: lists and indirect tables, both ways
+# a packed driver may hand over a request), 1 and 2 queues.
+for variant in "1" "2" "1 --packed" "2 --packed"; do
+    set -- $variant
+    jobs=$1 ring=${2:-}
+    name="vblkd-verify-${jobs}job${ring:+-packed}"
     start "$tmp/$name.log" "$VBLKD" --socket "$tmp/d.sock" --disk "$tmp/disk.img" --queues 2 || continue
     out=$("$BENCH" --socket "$tmp/d.sock" --rw randrw --bs 4k --iodepth 8 --numjobs "$jobs" \
-          --runtime 1 --ramp 0 --size 8M --rate-iops 4000 --verify --json 2>"$tmp/$name.err")
+          --runtime 1 --ramp 0 --size 8M --rate-iops 4000 --verify --json $ring 2>"$tmp/$name.err")
     rc=$?
     stop
     d=$(daemon_requests "$tmp/$name.log")
@@ -100,6 +104,19 @@ if command -v qemu-storage-daemon >/dev/null; then
         stop
         if ((rc == 0)); then pass qsd-verify-2jobs-exit-0; else fail qsd-verify-2jobs-exit-0 "rc=$rc $(head -3 "$tmp/qsd.err")"; fi
         check qsd-verify-2jobs-data "$out" "r['errors'] == 0 and r['verified'] >= 1000 and r['requests_submitted'] == r['requests_completed']"
+    fi
+    # QSD (libvhost-user) has no packed rings: a clear refusal.
+    if start "$tmp/qsd.log" qemu-storage-daemon \
+        --blockdev "driver=file,node-name=f0,filename=$tmp/disk.img,aio=io_uring" \
+        --export "type=vhost-user-blk,id=e0,node-name=f0,addr.type=unix,addr.path=$tmp/d.sock,writable=on"; then
+        rc=0
+        "$BENCH" --socket "$tmp/d.sock" --rw randread --runtime 0.2 --packed 2>"$tmp/qsd.err" >/dev/null || rc=$?
+        stop
+        if ((rc != 0)) && grep -q "does not offer packed rings" "$tmp/qsd.err"; then
+            pass bench-packed-refused-by-qsd-clearly
+        else
+            fail bench-packed-refused-by-qsd-clearly "rc=$rc $(head -2 "$tmp/qsd.err")"
+        fi
     fi
 else
     echo "SKIP: qsd-verify (qemu-storage-daemon not installed)"

@@ -134,7 +134,7 @@ static int fake_queue_start(void *dev, unsigned idx, const struct vu_queue_setup
 	return 0;
 }
 
-static uint16_t fake_queue_stop(void *dev, unsigned idx)
+static uint32_t fake_queue_stop(void *dev, unsigned idx)
 {
 	pthread_mutex_lock(&fake.lock);
 	fake.c.nstop++;

@@ -13,6 +13,12 @@
  * vq_flush, vq_should_notify).  Nothing is validated here: vq_init() is
  * the only judge of the layout.
  *
+ * Built three ways (fuzz/meson.build): fuzz_vq_blk, the device on its own
+ * iothread as vblkd runs it, either ring format (FZ_F_PACKED); and the fast
+ * ring targets fuzz_split and fuzz_packed (FUZZ_SYNC: the iothread's loop
+ * never runs, so its work runs in this thread, no cross-thread hand-off per
+ * input; FUZZ_FORMAT fixes the ring format).
+ *
  * With FZ_LOG the queue runs with dirty logging on (migration), the used
  * ring logged at its own address, and the harness checks the logging
  * promise: every page of guest memory whose content changed is marked in
@@ -220,6 +226,10 @@ static void dev_setup(unsigned i)
 		.block_size = kinds[i].block_size,
 	};
 	struct blk_opts bo = { .num_queues = 1, .serial = SERIAL };
+
+#ifdef FUZZ_SYNC
+	bo.no_threads = true;
+#endif
 	char err[256];
 	int ret;
 
@@ -283,6 +293,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int r;
 
 	fuzz_take(&in, &h, sizeof(h));
+#if defined(FUZZ_FORMAT) && FUZZ_FORMAT == 1
+	h.feat &= ~FZ_F_PACKED;
+#elif defined(FUZZ_FORMAT) && FUZZ_FORMAT == 2
+	h.feat |= FZ_F_PACKED;
+#endif
 	d = fz.d[h.dev % ARRAY_SIZE(kinds)];
 	num = (h.num_sel & 0x80) ? h.num_raw : 1u << (h.num_sel & 15);
 

@@ -19,7 +19,7 @@ MEM_SIZE = 64 << 10
 FZ_EVENT_IDX, FZ_INDIRECT, FZ_INFLIGHT = 1, 2, 4
 FZ_CALL_FD, FZ_ERR_FD, FZ_DISABLED = 8, 16, 32
 FZ_LOG, FZ_LOG_ODD = 64, 128
-FZ_F_FLUSH, FZ_F_WCE, FZ_F_WT = 1, 2, 4
+FZ_F_FLUSH, FZ_F_WCE, FZ_F_WT, FZ_F_PACKED = 1, 2, 4, 8
 DEV_RW, DEV_RO, DEV_4K = 0, 1, 2
 
 DESC_F_NEXT, DESC_F_WRITE, DESC_F_INDIRECT = 1, 2, 4
@@ -99,8 +99,69 @@ class Ring:
         return hdr + bytes(self.img) + inflight
 
 
-def vq_seeds():
+class PackedRing(Ring):
+    """Guest memory image with a packed ring of num entries: descriptors at
+    DESC in ring order, the driver event area at AVAIL, the device's at
+    USED; the base (seed's last_avail and pad) position 0, wrap counters 1."""
+
+    AVAIL_F, USED_F = 1 << 7, 1 << 15
+
+    def __init__(self, num=8):
+        super().__init__(num)
+        self.pos = 0
+
+    def packed_request(self, rtype, sector, data=(), bid=0, indirect=False):
+        """Header, data (off, len, writable), status: a list of ring
+        descriptors, or one descriptor to an indirect table; id bid."""
+        h = self.header(rtype, sector)
+        bufs = [(h, 16, False)] + list(data) + [(STATUS + bid, 1, True)]
+        if indirect:
+            table = TABLES + 64 * bid
+            for i, (off, length, w) in enumerate(bufs):
+                self.put(table + 16 * i, struct.pack('<QIHH', GPA_BASE + off, length, 0,
+                                                     DESC_F_WRITE if w else 0))
+            bufs = [(table, 16 * len(bufs), None)]
+        for i, (off, length, w) in enumerate(bufs):
+            last = i == len(bufs) - 1
+            flags = self.AVAIL_F | (0 if last else DESC_F_NEXT)
+            flags |= DESC_F_INDIRECT if w is None else (DESC_F_WRITE if w else 0)
+            self.put(DESC + 16 * self.pos, struct.pack('<QIHH', GPA_BASE + off, length,
+                                                       bid, flags))
+            self.pos += 1
+
+    def events(self, drv_flags=0, drv_off_wrap=0):
+        self.put(AVAIL, struct.pack('<HH', drv_off_wrap, drv_flags))
+        self.put(USED, struct.pack('<HH', 0, 0))
+
+    def packed_seed(self, flags=0, feat=0, dev=DEV_RW):
+        return self.seed(flags, dev=dev, feat=feat | FZ_F_PACKED, last_avail=0x8000,
+                         pad=-0x8000)
+
+
+def packed_seeds():
     s = {}
+    r = PackedRing()
+    r.packed_request(T_IN, 0, [(DATA, 512, True)], bid=3)
+    r.packed_request(T_OUT, 8, [(DATA, 1024, False)], bid=1)
+    r.events()
+    s['packed-read-write'] = r.packed_seed(FZ_CALL_FD)
+
+    r = PackedRing()
+    r.packed_request(T_IN, 16, [(DATA, 1024, True)], bid=0, indirect=True)
+    r.packed_request(T_FLUSH, 0, bid=5)
+    r.events(drv_flags=2, drv_off_wrap=0x8000 | 1)      # DESC: at position 1
+    s['packed-indirect-event-idx'] = r.packed_seed(FZ_INDIRECT | FZ_EVENT_IDX | FZ_CALL_FD,
+                                                   feat=FZ_F_FLUSH)
+
+    r = PackedRing()
+    r.packed_request(T_IN, 0, [(DATA, 512, True)], bid=2)
+    r.events()
+    s['packed-logged'] = r.packed_seed(FZ_LOG | FZ_CALL_FD)
+    return s
+
+
+def vq_seeds():
+    s = packed_seeds()
 
     r = Ring()
     r.request(T_IN, 0, [(DATA, 512, True)])

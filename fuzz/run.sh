@@ -4,7 +4,7 @@
 # build-fuzz/fuzz-corpus/<target> (what a run finds is kept for the next).
 #
 #   fuzz/run.sh [SECONDS]
-#   FUZZ_JOBS=2 fuzz/run.sh 300    both targets at once (one core each)
+#   FUZZ_JOBS=2 fuzz/run.sh 300    all targets at once
 #   VBLK_FUZZ_LOG=warn ...         the daemon's log level (default debug;
 #                                  the log goes to /dev/null in these runs)
 #
@@ -17,7 +17,9 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 jobs=${FUZZ_JOBS:-1}
 build=build-fuzz
-targets=(vq_blk vu)
+# split and packed: the fast ring targets (fuzz_vq_blk.c, synchronous), on
+# fuzz_vq_blk's seeds.
+targets=(vq_blk vu split packed)
 
 [[ $secs =~ ^[0-9]+$ && $secs -gt 0 ]] || { echo "usage: fuzz/run.sh [SECONDS]" >&2; exit 2; }
 
@@ -63,7 +65,9 @@ run_one() {
     local t=$1 corpus=$build/fuzz-corpus/$1 art=$build/fuzz-artifacts/$1/
     local log=$build/fuzz-logs/$1.log crashes
     mkdir -p "$corpus" "$art"
-    cp -n fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null
+    local seeds=$t
+    [[ $t == split || $t == packed ]] && seeds=vq_blk
+    cp -n fuzz/corpus/"$seeds"/* "$corpus"/ 2>/dev/null
     : >"$log"
     # Inputs that once crashed (fixed since) must not crash again.
     crashes=(fuzz/crashes/"$t"-*)

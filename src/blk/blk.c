@@ -1137,10 +1137,10 @@ static int blk_iothread_start(struct blk_dev *d, unsigned i, const struct blk_op
 		if (r < 0)
 			goto err_loop;
 	}
-	r = loop_thread_start(t->loop);
+	r = o->no_threads ? 0 : loop_thread_start(t->loop);
 	if (r < 0)
 		goto err_loop;
-	if (t->cpu >= 0)
+	if (t->cpu >= 0 && !o->no_threads)
 		loop_call_sync(t->loop, do_pin, t);
 	loop_call_sync(t->loop, do_ctx_new, t);
 	if (!t->bctx) {

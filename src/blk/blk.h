@@ -35,6 +35,9 @@ struct blk_opts {
 	bool no_event_idx;		/* do not offer VIRTIO_RING_F_EVENT_IDX */
 	bool no_early_notify;		/* calls only at the end of a section (ablation) */
 	bool no_packed;			/* do not offer VIRTIO_F_RING_PACKED */
+	/* Fuzzing: the iothreads' loops are never run; their work (every
+	 * loop_call_sync, so blk_fuzz_process) runs on the caller's thread. */
+	bool no_threads;
 	/* Interrupt moderation: the longest a call may be held for more
 	 * completions to share it (docs/architecture.md "Interrupts").
 	 * 0: off. */

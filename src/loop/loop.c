@@ -269,8 +269,15 @@ void loop_fd_del(struct loop *l, struct loop_fd *h)
 			}
 	}
 	/* Events for h may already sit in this iteration's array: keep the
-	 * memory until dispatch is over and let the deleted flag skip them. */
+	 * memory until dispatch is over and let the deleted flag skip them.
+	 * A loop that is not running has no such array (and may never reap:
+	 * a loop driven only through inline loop_call_sync, as the fuzz
+	 * targets do): free at once. */
 	h->deleted = true;
+	if (!atomic_load(&l->running)) {
+		free(h);
+		return;
+	}
 	h->next_free = l->free_list;
 	l->free_list = h;
 }

@@ -12,6 +12,8 @@
  *         "poll": {"max_ns", "grow", "shrink"}}
  *   {"cmd": "set-poll", "max_ns": N, "grow": N, "shrink": N}   (any subset)
  *     -> {"ok": true, "poll": {...}}
+ *   {"cmd": "resize", "size": BYTES}   (grow the disk; blk_dev_resize)
+ *     -> {"ok": true, "size": N, "notified": true|false (the frontend told)}
  *   anything else -> {"error": "..."}
  *
  * Threading: main thread (runs on the main loop).

@@ -463,13 +463,11 @@ int vdrv_connect(const struct vdrv_opts *o, struct vdrv **out, char *err, size_t
 		if (r < 0)
 			goto proto_err;
 		u &= vdrv_wanted_proto;
-		/* Asking for the ack on the very message that negotiates
-		 * REPLY_ACK, as a frontend written from the spec may: backends
-		 * answer it (libvhost-user, DPDK, rust-vmm, vblkd). */
-		d->proto_features = u;
-		r = vdrv__call(d, VHOST_USER_SET_PROTOCOL_FEATURES, &u, sizeof(u), NULL, 0);
+		r = vdrv__send(d, VHOST_USER_SET_PROTOCOL_FEATURES, false, &u, sizeof(u),
+			       NULL, 0);
 		if (r < 0)
 			goto proto_err;
+		d->proto_features = u;
 	}
 	d->max_queues = 1;
 	if (d->proto_features & (1ull << VHOST_USER_PROTOCOL_F_MQ)) {

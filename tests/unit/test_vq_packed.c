@@ -9,6 +9,7 @@
 
 #include "mem/gm.h"
 #include "test.h"
+#include "test_mem.h"
 #include "virtio/virtio_ring.h"
 #include "virtio/vq.h"
 
@@ -48,21 +49,9 @@ struct ring {
 static struct ring *ring_new(unsigned num)
 {
 	struct ring *r = calloc(1, sizeof(*r));
-	struct gm_region reg;
-	int fd;
 
 	ASSERT_TRUE(r != NULL);
-	fd = memfd_create("test_vq_packed", MFD_CLOEXEC);
-	if (fd < 0 && errno == ENOSYS) {
-		fprintf(stderr, "memfd_create not supported, skipping\n");
-		exit(T_EXIT_SKIP);
-	}
-	ASSERT_TRUE(fd >= 0);
-	ASSERT_EQ(ftruncate(fd, MEM_SIZE), 0);
-	ASSERT_EQ(gm_region_map(&reg, MEM_GPA, MEM_SIZE, MEM_QVA, 0, fd), 0);
-	close(fd);
-	ASSERT_EQ(gm_table_add(&r->mem, &reg), 0);
-	r->host = reg.host;
+	r->host = test_guest_mem(&r->mem, MEM_GPA, MEM_QVA, MEM_SIZE);
 	r->desc = (struct vring_packed_desc *)(r->host + DESC_OFF);
 	r->drv = (struct vring_packed_event *)(r->host + DRV_OFF);
 	r->dev = (struct vring_packed_event *)(r->host + DEV_OFF);

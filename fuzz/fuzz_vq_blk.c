@@ -28,7 +28,7 @@
  *
  * Input: struct fz_hdr, then hdr.mem_len bytes copied to the start of
  * guest memory (the rest of it reads zero), then, with FZ_INFLIGHT, the
- * in-flight region image (zero-padded to vq_inflight_region_size(num)).
+ * in-flight region image (zero-padded to vq_inflight_region_size_packed(num)).
  * fuzz/make-seeds.py writes valid examples.
  */
 #include <errno.h>
@@ -313,7 +313,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fuzz_take(&in, fz.guest, n);
 	if ((h.flags & FZ_INFLIGHT) && num <= VRING_MAX_NUM) {
 		/* Exactly the region's size, so ASan sees any overrun. */
-		size_t len = vq_inflight_region_size(num);
+		size_t len = vq_inflight_region_size_packed(num);
 
 		inflight = malloc(len);
 		if (!inflight)
@@ -349,6 +349,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	su.cfg.event_idx = h.flags & FZ_EVENT_IDX;
 	su.cfg.indirect = h.flags & FZ_INDIRECT;
 	su.cfg.inflight = inflight;
+	su.cfg.inflight_packed_room = true;
 	su.mem = fz.mem;
 	su.kick_fd = fz.kick_fd;
 	su.call_fd = (h.flags & FZ_CALL_FD) ? fz.call_fd : -1;

@@ -79,6 +79,7 @@ struct vu_server {
 	uint8_t *inflight;
 	size_t inflight_size;
 	unsigned inflight_queues, inflight_qsize;
+	uint64_t inflight_stride;	/* bytes per queue: with packed room or not */
 	unsigned nqueues;
 	struct vu_vring *vr;
 	/* The disk is ours while rings run (ops->claim). */
@@ -295,10 +296,12 @@ static int vu_vring_start(struct vu_server *s, unsigned idx)
 	su.cfg.event_idx = s->acked & (1ull << VIRTIO_RING_F_EVENT_IDX);
 	su.cfg.indirect = s->acked & (1ull << VIRTIO_RING_F_INDIRECT_DESC);
 	if (s->inflight) {
-		if (idx < s->inflight_queues && vr->num == s->inflight_qsize)
+		if (idx < s->inflight_queues && vr->num == s->inflight_qsize) {
 			su.cfg.inflight = (struct vq_inflight_region *)(s->inflight +
-				idx * vq_inflight_region_size(s->inflight_qsize));
-		else
+				idx * s->inflight_stride);
+			su.cfg.inflight_packed_room = s->inflight_stride >=
+				vq_inflight_region_size_packed(vr->num);
+		} else
 			log_warn("ring %u: size %u does not match the in-flight region "
 				 "(%u queues of %u); not tracked", idx, vr->num,
 				 s->inflight_queues, s->inflight_qsize);
@@ -961,7 +964,7 @@ static int vu_get_inflight_fd(struct vu_server *s, struct vu_msg *m)
 
 	if (!vu_inflight_desc_ok(s, in) || vu_rings_running(s))
 		return VU_MALFORMED;
-	size = in->num_queues * vq_inflight_region_size(in->queue_size);
+	size = in->num_queues * vq_inflight_region_size_packed(in->queue_size);
 	fd = memfd_create("vblkd-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
@@ -981,6 +984,7 @@ static int vu_get_inflight_fd(struct vu_server *s, struct vu_msg *m)
 	s->inflight_size = size;
 	s->inflight_queues = in->num_queues;
 	s->inflight_qsize = in->queue_size;
+	s->inflight_stride = vq_inflight_region_size_packed(in->queue_size);
 	in->mmap_size = size;
 	in->mmap_offset = 0;
 	m->hdr.size = sizeof(*in);
@@ -1024,6 +1028,12 @@ static int vu_set_inflight_fd(struct vu_server *s, struct vu_msg *m)
 	s->inflight_size = in->mmap_size;
 	s->inflight_queues = in->num_queues;
 	s->inflight_qsize = in->queue_size;
+	/* Ours (GET_INFLIGHT_FD) has packed room; an older vblkd's region
+	 * is the split size per queue. */
+	s->inflight_stride = in->mmap_size >= in->num_queues *
+			     vq_inflight_region_size_packed(in->queue_size) ?
+			     vq_inflight_region_size_packed(in->queue_size) :
+			     vq_inflight_region_size(in->queue_size);
 	log_info("in-flight region from the frontend: %u queues of %u entries",
 		 in->num_queues, in->queue_size);
 	return 0;

@@ -9,7 +9,7 @@
 #include "util/compiler.h"
 #include "util/log.h"
 
-static int cmp_counter(const void *a, const void *b, void *arg)
+int vq_cmp_counter(const void *a, const void *b, void *arg)
 {
 	const struct vq_inflight_region *r = arg;
 	uint64_t ca = r->desc[*(const uint16_t *)a].counter;
@@ -67,7 +67,7 @@ static int vq_inflight_init(struct vq *vq, struct vq_inflight_region *r)
 		vq->resubmit[n++] = (uint16_t)i;
 		max_counter = MAX(max_counter, READ_ONCE(r->desc[i].counter));
 	}
-	qsort_r(vq->resubmit, n, sizeof(*vq->resubmit), cmp_counter, r);
+	qsort_r(vq->resubmit, n, sizeof(*vq->resubmit), vq_cmp_counter, r);
 	vq->resubmit_n = n;
 	vq->inflight_counter = max_counter + 1;
 	/* Every head taken is either returned (counted in used->idx) or in
@@ -102,10 +102,6 @@ int vq_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *m
 
 		if (r == 0)
 			vq_set_log(vq, &cfg->log);
-		if (r == 0 && cfg->inflight)
-			log_warn("queue %u: in-flight tracking is not implemented for "
-				 "packed rings: requests in flight when vblkd dies are "
-				 "not resubmitted", vq->index);
 		return r;
 	}
 	/* virtio 1.2, 2.7 table "Virtqueue Part Alignment": desc 16,

@@ -56,12 +56,41 @@ struct vq_inflight_region {
 };
 
 STATIC_ASSERT(sizeof(struct vq_inflight_desc) == 16, "inflight desc");
+
+/*
+ * The same region on a packed ring (version 2; vq_packed.c): entries by
+ * buffer id, and the header's used_idx is the next used position | used
+ * wrap << 15, updated after every used descriptor.  Not the spec's packed
+ * layout (which mirrors the driver's descriptor ring): a packed ring's
+ * positions are nowhere in guest memory, so what a restarted backend needs
+ * is where each request in flight starts, how many descriptors it took,
+ * and where the next used descriptor goes; the next to take follows.
+ */
+struct vq_inflight_packed_desc {
+	uint8_t inflight;	/* 1 in flight, 2 being returned, 0 free */
+	uint8_t padding;
+	uint16_t len;		/* ring descriptors the request took */
+	uint16_t head;		/* its first descriptor: position | avail wrap << 15 */
+	uint16_t used_at;	/* being returned: where its used descriptor goes */
+	uint64_t counter;	/* order taken in */
+};
+STATIC_ASSERT(sizeof(struct vq_inflight_packed_desc) == 16, "packed inflight desc");
 STATIC_ASSERT(sizeof(struct vq_inflight_region) == 16, "inflight region header");
 
 /* Bytes of one queue's region, as we lay them out (64-byte aligned). */
 static inline uint64_t vq_inflight_region_size(unsigned num)
 {
 	return (16 + 16ull * num + 63) & ~63ull;
+}
+
+/* With room for a packed ring too: after the num entries, a copy of each
+ * ring descriptor a request in flight took (vq_packed.c), since on a packed
+ * ring the used descriptors of other requests overwrite them.  What vblkd
+ * creates (GET_INFLIGHT_FD); a region of the smaller size (from an older
+ * vblkd) still tracks split rings. */
+static inline uint64_t vq_inflight_region_size_packed(unsigned num)
+{
+	return (16 + 32ull * num + 63) & ~63ull;
 }
 
 /*
@@ -96,6 +125,7 @@ struct vq_config {
 	/* INFLIGHT_SHMFD: this queue's region (vq_inflight_region_size(num)
 	 * bytes), or NULL. */
 	struct vq_inflight_region *inflight;
+	bool inflight_packed_room;	/* it is vq_inflight_region_size_packed(num) */
 	struct vq_log log;
 };
 

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "util/barrier.h"
 #include "util/log.h"
@@ -24,6 +25,8 @@ static inline bool desc_avail(uint16_t flags, bool wrap)
 	return !!(flags & VRING_PACKED_DESC_F_AVAIL) == wrap &&
 	       !!(flags & VRING_PACKED_DESC_F_USED) != wrap;
 }
+
+static int vqp_inflight_init(struct vq *vq, struct vq_inflight_region *r);
 
 int vqp_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem)
 {
@@ -57,10 +60,16 @@ int vqp_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *
 	vq->avail_wrap = cfg->last_avail_idx >> 15;
 	vq->used_idx = used;
 	vq->used_wrap = cfg->used_idx >> 15;
+	if (cfg->inflight && !cfg->inflight_packed_room)
+		log_warn("queue %u: the in-flight region has no room for a packed ring "
+			 "(made by an older vblkd): not tracked", vq->index);
+	else if (cfg->inflight)
+		return vqp_inflight_init(vq, cfg->inflight);
 	if (avail != used || vq->avail_wrap != vq->used_wrap)
 		log_warn("queue %u: packed ring starts with descriptors %u..%u taken and "
-			 "never used (a backend died with requests in flight?); they are "
-			 "not resubmitted", vq->index, used, avail);
+			 "never used (a backend died with requests in flight?), and there "
+			 "is no in-flight region to resubmit them from", vq->index, used,
+			 avail);
 	return 0;
 }
 
@@ -119,18 +128,24 @@ static void walk_indirect(struct vq *vq, struct vq_elem *e, uint64_t addr, uint3
 	}
 }
 
-int vqp_pop(struct vq *vq, struct vq_elem *e)
+/*
+ * Walk the list whose first descriptor is at (*pos, *wrap) of ring (the
+ * ring itself, or the in-flight region's copy of it) into e: 1 with *n
+ * descriptors and its buffer id in *id (the request may still have failed:
+ * *err), 0 if that descriptor is not available, -EIO if the ring is
+ * broken.  Moves (*pos, *wrap) past the list.  With copy, each descriptor
+ * read is also stored there at its position.
+ */
+static int walk_list(struct vq *vq, const struct vring_packed_desc *ring,
+		     struct vring_packed_desc *copy, struct vq_elem *e, uint16_t *posp,
+		     bool *wrapp, unsigned *np, uint16_t *idp, const char **err,
+		     uint64_t *last_addr, uint32_t *last_len, bool *last_write)
 {
-	uint16_t pos = vq->last_avail_idx, flags, id;
-	bool wrap = vq->avail_wrap, seen_write = false, last_write = false;
-	uint64_t last_addr = 0;
-	uint32_t last_len = 0;
-	const char *err = NULL;
+	uint16_t pos = *posp, flags, id;
+	bool wrap = *wrapp, seen_write = false;
 	unsigned n = 0, niov = 0;
 
-	if (unlikely(vq->broken))
-		return -EIO;
-	flags = READ_ONCE(vq->pdesc[pos].flags);
+	flags = READ_ONCE(ring[pos].flags);
 	if (!desc_avail(flags, wrap))
 		return 0;
 	/* Pairs with the driver's barrier before it flips the first
@@ -141,7 +156,7 @@ int vqp_pop(struct vq *vq, struct vq_elem *e)
 	e->out_len = e->in_len = 0;
 	e->last_byte = NULL;
 	for (;;) {
-		const struct vring_packed_desc *s = &vq->pdesc[pos];
+		const struct vring_packed_desc *s = &ring[pos];
 		uint64_t addr = READ_ONCE(s->addr);
 		uint32_t len = READ_ONCE(s->len);
 
@@ -156,6 +171,12 @@ int vqp_pop(struct vq *vq, struct vq_elem *e)
 				return -EIO;
 			}
 		}
+		if (unlikely(copy)) {
+			WRITE_ONCE(copy[pos].addr, addr);
+			WRITE_ONCE(copy[pos].len, len);
+			WRITE_ONCE(copy[pos].id, id);
+			WRITE_ONCE(copy[pos].flags, flags);
+		}
 		n++;
 		if (++pos == vq->num) {
 			pos = 0;
@@ -163,13 +184,12 @@ int vqp_pop(struct vq *vq, struct vq_elem *e)
 		}
 		if (flags & VRING_DESC_F_INDIRECT) {
 			walk_indirect(vq, e, addr, len, n == 1 && !(flags & VRING_DESC_F_NEXT),
-				      &niov, &seen_write, &err, &last_addr, &last_len,
-				      &last_write);
+				      &niov, &seen_write, err, last_addr, last_len, last_write);
 		} else {
-			last_write = flags & VRING_DESC_F_WRITE;
-			vq_add_buf(vq, e, addr, len, last_write, &niov, &seen_write, &err);
-			last_addr = addr;
-			last_len = len;
+			*last_write = flags & VRING_DESC_F_WRITE;
+			vq_add_buf(vq, e, addr, len, *last_write, &niov, &seen_write, err);
+			*last_addr = addr;
+			*last_len = len;
 		}
 		if (!(flags & VRING_DESC_F_NEXT))
 			break;
@@ -179,6 +199,212 @@ int vqp_pop(struct vq *vq, struct vq_elem *e)
 			return -EIO;
 		}
 	}
+	*posp = pos;
+	*wrapp = wrap;
+	*np = n;
+	*idp = id;
+	return 1;
+}
+
+/* ---- In-flight tracking (struct vq_inflight_packed_desc in vq.h) ---- */
+
+#define PACKED_INFLIGHT_VERSION 2
+
+static inline struct vq_inflight_packed_desc *ifd(struct vq *vq, uint16_t id)
+{
+	return (struct vq_inflight_packed_desc *)&vq->inflight->desc[id];
+}
+
+/* The region's copy of the ring (after the num entries). */
+static inline struct vring_packed_desc *ring_copy(struct vq *vq)
+{
+	return (struct vring_packed_desc *)&vq->inflight->desc[vq->num];
+}
+
+static inline uint16_t pos_wrap(uint16_t pos, bool wrap)
+{
+	return (uint16_t)(pos | (wrap ? 0x8000 : 0));
+}
+
+/* (pos, wrap) moved on by n < num descriptors. */
+static inline void ring_advance(const struct vq *vq, uint16_t *pos, bool *wrap, unsigned n)
+{
+	unsigned p = *pos + n;
+
+	if (p >= vq->num) {
+		p -= vq->num;
+		*wrap = !*wrap;
+	}
+	*pos = (uint16_t)p;
+}
+
+/* Taken: everything a restart needs, then the flag (a crash before it
+ * leaves the request where the next backend takes it again). */
+static void inflight_take(struct vq *vq, uint16_t id, uint16_t head, unsigned n)
+{
+	struct vq_inflight_packed_desc *d = ifd(vq, id);
+
+	WRITE_ONCE(d->counter, vq->inflight_counter++);
+	WRITE_ONCE(d->len, (uint16_t)n);
+	WRITE_ONCE(d->head, head);
+	WRITE_ONCE(d->inflight, 1);
+}
+
+/*
+ * A previous backend left this region: where the next used descriptor
+ * goes comes from it (the frontend cannot know: a packed ring's positions
+ * are nowhere in guest memory), the request it was returning when it died
+ * is finished or taken back, the ones in flight are resubmitted oldest
+ * first, and the next descriptor to take is past all of them.
+ */
+static int vqp_inflight_init(struct vq *vq, struct vq_inflight_region *r)
+{
+	uint16_t used = READ_ONCE(r->used_idx), pos, n = 0, apos;
+	unsigned total = 0;
+	uint64_t max_counter = 0;
+	bool wrap, awrap;
+
+	vq->inflight = r;
+	if (READ_ONCE(r->version) == 0) {
+		memset(r->desc, 0, sizeof(r->desc[0]) * vq->num * 2);	/* entries, copy */
+		WRITE_ONCE(r->desc_num, (uint16_t)vq->num);
+		WRITE_ONCE(r->used_idx, pos_wrap(vq->used_idx, vq->used_wrap));
+		WRITE_ONCE(r->last_batch_head, 0);
+		WRITE_ONCE(r->version, PACKED_INFLIGHT_VERSION);
+		return 0;
+	}
+	if (READ_ONCE(r->version) != PACKED_INFLIGHT_VERSION ||
+	    READ_ONCE(r->desc_num) != vq->num || (used & 0x7fff) >= vq->num) {
+		log_err("queue %u: in-flight region has version %u and %u entries; "
+			"expected a packed ring's (version %u) with %u", vq->index,
+			r->version, r->desc_num, PACKED_INFLIGHT_VERSION, vq->num);
+		vq->inflight = NULL;
+		return -EINVAL;
+	}
+	vq->resubmit = calloc(vq->num, sizeof(*vq->resubmit));
+	if (!vq->resubmit)
+		return -ENOMEM;
+	pos = used & 0x7fff;
+	wrap = used >> 15;
+	for (unsigned i = 0; i < vq->num; i++) {
+		struct vq_inflight_packed_desc *d = ifd(vq, (uint16_t)i);
+		uint8_t st = READ_ONCE(d->inflight);
+		uint16_t len = READ_ONCE(d->len), head = READ_ONCE(d->head);
+
+		if (st == 2) {
+			/* Being returned: its used descriptor goes at used_at
+			 * (lap w).  That slot held one of our requests' available
+			 * descriptors of lap w (AVAIL w, USED !w): still so, the
+			 * store did not happen, it is in flight again and the
+			 * used position is used_at.  USED == w: written (used
+			 * in our lap, or the driver already took it and made the
+			 * slot available in its next lap, AVAIL !w, USED w); the
+			 * used position is past it, wherever the header got. */
+			uint16_t at = READ_ONCE(d->used_at), apos2 = at & 0x7fff;
+			bool w = at >> 15;
+			bool u = READ_ONCE(vq->pdesc[apos2 < vq->num ? apos2 : 0].flags) &
+				 VRING_PACKED_DESC_F_USED;
+
+			if (len == 0 || len > vq->num || apos2 >= vq->num) {
+				st = 0;
+			} else if (u == w) {
+				pos = apos2;
+				wrap = w;
+				ring_advance(vq, &pos, &wrap, len);
+				st = 0;
+			} else {
+				pos = apos2;
+				wrap = w;
+				st = 1;
+			}
+			WRITE_ONCE(d->inflight, st);
+		}
+		if (st != 1)
+			continue;
+		if (len == 0 || len > vq->num || (head & 0x7fff) >= vq->num) {
+			log_err("queue %u: in-flight entry %u is corrupt; not resubmitted",
+				vq->index, i);
+			WRITE_ONCE(d->inflight, 0);
+			continue;
+		}
+		vq->resubmit[n++] = (uint16_t)i;
+		max_counter = MAX(max_counter, READ_ONCE(d->counter));
+	}
+	WRITE_ONCE(r->used_idx, pos_wrap(pos, wrap));
+	qsort_r(vq->resubmit, n, sizeof(*vq->resubmit), vq_cmp_counter, r);
+	apos = pos;
+	awrap = wrap;
+	for (unsigned i = 0; i < n; i++) {
+		unsigned len = ifd(vq, vq->resubmit[i])->len;
+
+		total += len;
+		if (total > vq->num) {
+			log_err("queue %u: requests in flight cover more than the ring; "
+				"region ignored", vq->index);
+			vq->resubmit_n = 0;
+			vq->inflight = NULL;
+			return -EINVAL;
+		}
+		ring_advance(vq, &apos, &awrap, len);
+	}
+	vq->used_idx = pos;
+	vq->used_wrap = wrap;
+	vq->last_avail_idx = apos;
+	vq->avail_wrap = awrap;
+	vq->resubmit_n = n;
+	vq->inflight_counter = max_counter + 1;
+	if (n)
+		log_info("queue %u: resubmitting %u requests left in flight; descriptors "
+			 "resume at %u, used at %u", vq->index, n, apos, pos);
+	return 0;
+}
+
+/* The next request a previous backend left in flight: walked again from
+ * the region's copy of its descriptors (in the ring, used descriptors of
+ * requests that completed before it may have overwritten them). */
+static int resubmit_one(struct vq *vq, struct vq_elem *e)
+{
+	uint16_t want = vq->resubmit[vq->resubmit_i++], id;
+	struct vq_inflight_packed_desc *d = ifd(vq, want);
+	uint16_t head = READ_ONCE(d->head), pos = head & 0x7fff;
+	bool wrap = head >> 15, last_write = false;
+	uint64_t last_addr = 0;
+	uint32_t last_len = 0;
+	const char *err = NULL;
+	unsigned n = 0;
+	int r = walk_list(vq, ring_copy(vq), NULL, e, &pos, &wrap, &n, &id, &err,
+			  &last_addr, &last_len, &last_write);
+
+	if (r == 0 || (r == 1 && (id != want || n != d->len))) {
+		vq_set_broken(vq, "a request left in flight is no longer in the ring");
+		return -EIO;
+	}
+	if (r < 0)
+		return r;
+	vq->chain_len[id] = (uint16_t)n;
+	WRITE_ONCE(d->counter, vq->inflight_counter++);
+	e->head = id;
+	return vq_walk_end(vq, e, err, last_addr, last_len, last_write);
+}
+
+int vqp_pop(struct vq *vq, struct vq_elem *e)
+{
+	uint16_t pos = vq->last_avail_idx, head = pos_wrap(pos, vq->avail_wrap), id = 0;
+	bool wrap = vq->avail_wrap, last_write = false;
+	uint64_t last_addr = 0;
+	uint32_t last_len = 0;
+	const char *err = NULL;
+	unsigned n = 0;
+	int r;
+
+	if (unlikely(vq->broken))
+		return -EIO;
+	if (unlikely(vq->resubmit_i < vq->resubmit_n))
+		return resubmit_one(vq, e);
+	r = walk_list(vq, vq->pdesc, vq->inflight ? ring_copy(vq) : NULL, e, &pos, &wrap,
+		      &n, &id, &err, &last_addr, &last_len, &last_write);
+	if (r <= 0)
+		return r;
 	/* The buffer id is the last descriptor's (2.8.6).  It names the
 	 * request until it is used: it must be one the driver can have (we
 	 * size per-id state by num, as the Linux driver numbers them) and
@@ -191,6 +417,8 @@ int vqp_pop(struct vq *vq, struct vq_elem *e)
 	vq->chain_len[id] = (uint16_t)n;
 	vq->last_avail_idx = pos;
 	vq->avail_wrap = wrap;
+	if (vq->inflight)
+		inflight_take(vq, id, head, n);
 	e->head = id;
 	return vq_walk_end(vq, e, err, last_addr, last_len, last_write);
 }
@@ -206,6 +434,14 @@ void vqp_push(struct vq *vq, uint16_t id, uint32_t len)
 	/* 2.8.4: WRITE in a used descriptor says the device wrote len bytes. */
 	if (len)
 		flags |= VRING_DESC_F_WRITE;
+	/* In-flight tracking: "being returned" before the used descriptor,
+	 * the header moved on and the entry cleared after it; a restart in
+	 * between tells which side of the flags store we died on
+	 * (vqp_inflight_init). */
+	if (vq->inflight) {
+		WRITE_ONCE(ifd(vq, id)->used_at, pos_wrap(vq->used_idx, vq->used_wrap));
+		WRITE_ONCE(ifd(vq, id)->inflight, 2);
+	}
 	WRITE_ONCE(u->id, id);
 	WRITE_ONCE(u->len, len);
 	/* The driver reads id and len after it sees the flags. */
@@ -222,6 +458,10 @@ void vqp_push(struct vq *vq, uint16_t id, uint32_t len)
 		vq->used_wrap = !vq->used_wrap;
 	}
 	vq->since_signal += n;
+	if (vq->inflight) {
+		WRITE_ONCE(vq->inflight->used_idx, pos_wrap(vq->used_idx, vq->used_wrap));
+		WRITE_ONCE(ifd(vq, id)->inflight, 0);
+	}
 }
 
 /*

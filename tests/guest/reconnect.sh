@@ -3,7 +3,7 @@
 # verify job (randwrite, QD32) and started again on the same socket and
 # image; QEMU reconnects (chardev reconnect=1), vblkd resubmits what the
 # dead daemon had in flight (INFLIGHT_SHMFD), and the job finishes with
-# zero verify errors.  With 1 and 2 queues.
+# zero verify errors.  With 1 and 2 queues on split rings, 2 on packed.
 # Prints PASS:/FAIL: lines for tests/run.
 set -uo pipefail
 VBLKD=${1:?usage: reconnect.sh PATH/TO/vblkd}
@@ -50,13 +50,17 @@ wait_for() {
 }
 
 resubmitted=0
-for q in 1 2; do
-    name="kill9-${q}q"
+# 1 and 2 queues on split rings, 2 on packed (QEMU packed=on: the ring's
+# positions then live only in vblkd's in-flight region).
+for v in 1 2 2p; do
+    q=${v%p} packed=""
+    [[ $v == *p ]] && packed=1
+    name="kill9-${q}q${packed:+-packed}"
     : >"$logs/$name.vblkd.log"
     rm -f "$work/s.sock" "$logs/$name.console.log"
     truncate -s 256M "$work/disk.img"
     start "$name" "$q" || { fail "$name" "vblkd did not start"; continue; }
-    VBLK_GUEST_CHARDEV_OPTS=",reconnect=1" \
+    VBLK_GUEST_CHARDEV_OPTS=",reconnect=1" VBLK_GUEST_BLK_PROPS="${packed:+,packed=on}" \
         guest_boot "$work/s.sock" "$q" "$work/r.initrd" "$logs/$name.console.log" 500 &
     gpid=$!
     if ! wait_for "$logs/$name.console.log" "reconnect fio start" 120; then
@@ -94,6 +98,10 @@ for q in 1 2; do
         pass "$name-fio-verify-survives"
     else
         fail "$name-fio-verify-survives" "rc=$rc, see $logs/$name.console.log"
+    fi
+    if [[ -n $packed ]]; then
+        grep -q "virtqueues: packed" "$logs/$name.vblkd.log" && pass "$name-rings-packed" ||
+            fail "$name-rings-packed" "vblkd never saw VIRTIO_F_RING_PACKED acked"
     fi
     n=$(sed -n 's/.*resubmitting \([0-9]*\) requests.*/\1/p' "$logs/$name.vblkd.log" |
         awk '{s += $1} END {print s + 0}')

@@ -545,6 +545,136 @@ static void test_device_area(void)
 	ring_free(r);
 }
 
+/* ---- in-flight tracking (restart after a crash) ---- */
+
+static struct vq_inflight_region *region_new(unsigned num)
+{
+	struct vq_inflight_region *g = calloc(1, vq_inflight_region_size_packed(num));
+
+	ASSERT_TRUE(g != NULL);
+	return g;
+}
+
+static struct vq_inflight_packed_desc *state(struct vq_inflight_region *g, uint16_t id)
+{
+	return (struct vq_inflight_packed_desc *)&g->desc[id];
+}
+
+/* The backend dies (no stop, nothing drained) and a new one starts on the
+ * same ring and region, with the stale base the frontend still has. */
+static void crash_and_restart(struct ring *r)
+{
+	vq_release(&r->vq);
+	r->cfg.last_avail_idx = 0x8000;
+	r->cfg.used_idx = 0x8000;
+	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
+}
+
+static void test_inflight_fresh_region_initialized(void)
+{
+	struct ring *r = ring_new(8);
+	struct vq_inflight_region *g = region_new(8);
+
+	r->cfg.inflight = g;
+	r->cfg.inflight_packed_room = true;
+	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
+	ASSERT_EQ(g->version, 2);
+	ASSERT_EQ(g->desc_num, 8);
+	ASSERT_EQ(g->used_idx, 0x8000);
+	/* A split ring's region (version 1) is refused on a packed ring. */
+	vq_release(&r->vq);
+	g->version = 1;
+	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), -EINVAL);
+	ring_free(r);
+	free(g);
+}
+
+/* Three requests taken (one a list of three), one used out of order, then
+ * a crash: the other two come back oldest first, walked where they were,
+ * and the next descriptor to take and the next used position are where
+ * they really are, not where the stale base says. */
+static void test_inflight_resubmits_after_crash(void)
+{
+	struct ring *r = ring_new(8);
+	struct vq_inflight_region *g = region_new(8);
+
+	r->cfg.inflight = g;
+	r->cfg.inflight_packed_room = true;
+	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
+	avail_one(r, 0, 0);
+	avail_one(r, 1, 1);
+	avail_blk(r, 2, 2);
+	ASSERT_EQ(pop(r), 1);
+	ASSERT_EQ(pop(r), 1);
+	ASSERT_EQ(pop(r), 1);
+	vq_push(&r->vq, 1, 0);
+	ASSERT_EQ(used_read(r, NULL, 1), 1);
+	crash_and_restart(r);
+	ASSERT_EQ(vq_base(&r->vq), (0x8000u | 5) | (0x8000u | 1) << 16);
+	ASSERT_EQ(pop(r), 1);
+	ASSERT_EQ(r->e.head, 0);
+	ASSERT_PTR_EQ(r->e.iov[0].iov_base, buf_host(r, 0));
+	ASSERT_EQ(pop(r), 1);
+	ASSERT_EQ(r->e.head, 2);
+	check_blk(r, 2);
+	ASSERT_EQ(pop(r), 0);
+	/* Both go back to the driver where it expects them. */
+	vq_push(&r->vq, 2, 1);
+	vq_push(&r->vq, 0, 0);
+	ASSERT_EQ(used_read(r, NULL, 3), 2);
+	ASSERT_EQ(used_read(r, NULL, 1), 0);
+	/* And the ring goes on. */
+	avail_one(r, 4, 0);
+	ASSERT_EQ(pop(r), 1);
+	ASSERT_EQ(r->e.head, 4);
+	ring_free(r);
+	free(g);
+}
+
+/* Dying while returning a request: before its used descriptor (it is
+ * resubmitted), after it (it is not, and the used position moves past
+ * it), and after the header moved but before the entry was cleared. */
+static void test_inflight_crash_while_returning(void)
+{
+	for (int when = 0; when < 3; when++) {
+		struct ring *r = ring_new(8);
+		struct vq_inflight_region *g = region_new(8);
+
+		r->cfg.inflight = g;
+		r->cfg.inflight_packed_room = true;
+		ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
+		avail_blk(r, 3, 0);
+		avail_one(r, 4, 5);
+		ASSERT_EQ(pop(r), 1);
+		ASSERT_EQ(pop(r), 1);
+		if (when == 0) {
+			/* Marked "being returned", descriptor not written. */
+			state(g, 3)->used_at = 0x8000;
+			state(g, 3)->inflight = 2;
+		} else {
+			vq_push(&r->vq, 3, 1);
+			state(g, 3)->inflight = 2;
+			if (when == 1)
+				g->used_idx = 0x8000;	/* header not moved yet */
+		}
+		crash_and_restart(r);
+		ASSERT_EQ(pop(r), 1);
+		if (when == 0) {
+			ASSERT_EQ(r->e.head, 3);	/* back in flight */
+			ASSERT_EQ(pop(r), 1);
+			ASSERT_EQ(r->e.head, 4);
+			ASSERT_EQ(vq_base(&r->vq), (0x8000u | 4) | 0x8000u << 16);
+		} else {
+			ASSERT_EQ(r->e.head, 4);	/* 3 was returned */
+			ASSERT_EQ(vq_base(&r->vq), (0x8000u | 4) | (0x8000u | 3) << 16);
+			ASSERT_EQ(used_read(r, NULL, 3), 3);
+		}
+		ASSERT_EQ(pop(r), 0);
+		ring_free(r);
+		free(g);
+	}
+}
+
 int main(void)
 {
 	RUN(test_init_checks_alignment_and_positions);
@@ -563,5 +693,8 @@ int main(void)
 	RUN(test_driver_area_enable_disable);
 	RUN(test_driver_area_desc_event);
 	RUN(test_device_area);
+	RUN(test_inflight_fresh_region_initialized);
+	RUN(test_inflight_resubmits_after_crash);
+	RUN(test_inflight_crash_while_returning);
 	return 0;
 }

@@ -59,12 +59,15 @@ STATIC_ASSERT(sizeof(struct vq_inflight_desc) == 16, "inflight desc");
 
 /*
  * The same region on a packed ring (version 2; vq_packed.c): entries by
- * buffer id, and the header's used_idx is the next used position | used
- * wrap << 15, updated after every used descriptor.  Not the spec's packed
- * layout (which mirrors the driver's descriptor ring): a packed ring's
- * positions are nowhere in guest memory, so what a restarted backend needs
- * is where each request in flight starts, how many descriptors it took,
- * and where the next used descriptor goes; the next to take follows.
+ * buffer id, then (vq_inflight_region_size_packed) a copy of the ring's
+ * descriptors as each request took them; the header's used_idx is the next
+ * used position | used wrap << 15, updated after every used descriptor.
+ * Not the spec's packed layout (which mirrors the driver's free list): a
+ * packed ring's positions are nowhere in guest memory, and used
+ * descriptors overwrite the ring slots of requests still in flight, so what
+ * a restarted backend needs is each request's descriptors, their position
+ * and count, and where the next used descriptor goes; the next to take
+ * follows.
  */
 struct vq_inflight_packed_desc {
 	uint8_t inflight;	/* 1 in flight, 2 being returned, 0 free */

@@ -91,7 +91,7 @@ sys.exit(0 if data == bytes([0x5a, 0x5b, 0x5c, 0x5d]) * (1 << 18) else 1)
 PY
 }
 
-# 1. One queue: fio verify; then the disk grows from 256 to 320 MiB under
+# 1. One queue, packed rings: fio verify; then the disk grows from 256 to 320 MiB under
 #    the running guest (vblkctl resize when the guest says it is ready): the
 #    guest must see the new size without a reboot (CONFIG_CHANGE_MSG on the
 #    backend channel, QEMU re-reads the config and interrupts the guest)
@@ -105,7 +105,8 @@ truncate -s 256M "$work/q1.img"
 } >"$work/verify-resize.sh"
 if daemon_start q1 --disk "$work/q1.img" --queues 1 --control "$work/q1.ctl" &&
    guest_initrd "$work/verify-resize.sh" "$work/q1.initrd" "$gb" &&
-   guest_qemu_start "$work/q1.sock" 1 "$work/q1.initrd" "$logs/q1.console.log" 300; then
+   VBLK_GUEST_BLK_PROPS=",packed=on" \
+       guest_qemu_start "$work/q1.sock" 1 "$work/q1.initrd" "$logs/q1.console.log" 300; then
     qpid=$VBLK_GUEST_QEMU_PID t0=$SECONDS resized=""
     if guest_wait_log "$logs/q1.console.log" "VBLK-RESIZE: ready" 280 "$qpid"; then
         resized=$("$VBLKCTL" --control "$work/q1.ctl" resize 320M 2>&1)

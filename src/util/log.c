@@ -12,6 +12,16 @@
 static enum log_level log_threshold = LOG_INFO;
 static __thread char log_thread[16] = "main";
 
+/* syslog priorities (sd-daemon's "<N>" line prefix) for journald. */
+static const char *const level_prio[] = {
+	[LOG_ERR] = "<3>", [LOG_WARN] = "<4>", [LOG_INFO] = "<6>", [LOG_DEBUG] = "<7>",
+};
+
+/* Under systemd (JOURNAL_STREAM: stderr is the journal) journald stamps
+ * each line and reads its priority from a "<N>" prefix, so we write no
+ * time of our own; elsewhere an ISO 8601 UTC time to the millisecond. */
+static int log_journal = -1;	/* -1: not looked at yet */
+
 static const char *const level_names[] = {
 	[LOG_ERR] = "error", [LOG_WARN] = "warn",
 	[LOG_INFO] = "info", [LOG_DEBUG] = "debug",
@@ -44,9 +54,21 @@ void log_msg(enum log_level level, const char *fmt, ...)
 
 	if (level > log_threshold)
 		return;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	n = snprintf(line, sizeof(line), "vblkd[%s] %ld.%03ld %s: ", log_thread,
-		     (long)ts.tv_sec, ts.tv_nsec / 1000000, level_names[level]);
+	if (log_journal < 0)
+		log_journal = getenv("JOURNAL_STREAM") != NULL;
+	if (log_journal) {
+		n = snprintf(line, sizeof(line), "%svblkd[%s] %s: ", level_prio[level],
+			     log_thread, level_names[level]);
+	} else {
+		struct tm tm;
+		char when[32];
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		gmtime_r(&ts.tv_sec, &tm);
+		strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+		n = snprintf(line, sizeof(line), "vblkd[%s] %s.%03ldZ %s: ", log_thread, when,
+			     ts.tv_nsec / 1000000, level_names[level]);
+	}
 	va_start(ap, fmt);
 	m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
 	va_end(ap);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Description: user-facing errors and lifecycle of the vblkd command line:
 # one clear line and exit 1 for every mistake, nothing half-created, stale
-# sockets replaced, live ones left alone, SIGTERM exits 0 and cleans up.
+# sockets replaced, live ones left alone, SIGTERM exits 0 and cleans up;
+# log lines timestamped in ISO 8601, or for journald under systemd.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 VBLKD=${1:?usage: test_cli.sh PATH/TO/vblkd}
@@ -165,6 +166,23 @@ if start_daemon "$tmp/iot.log" --socket "$tmp/iot.sock" --disk "$tmp/disk.img" -
     pass iothreads-and-queue-map-start
 else
     fail iothreads-and-queue-map-start "$(cat "$tmp/iot.log")"
+fi
+kill "${pids[-1]}" 2>/dev/null
+
+# Log lines: an ISO 8601 UTC time of their own; under systemd (stderr is
+# the journal, JOURNAL_STREAM set) none, and a syslog priority prefix.
+if start_daemon "$tmp/iso.log" --socket "$tmp/iso.sock" --backend null --size 1M &&
+   grep -qE '^vblkd\[main\] [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z info: serving' "$tmp/iso.log"; then
+    pass log-lines-iso-8601
+else
+    fail log-lines-iso-8601 "$(head -2 "$tmp/iso.log")"
+fi
+kill "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
+if JOURNAL_STREAM=8:1234 start_daemon "$tmp/jrn.log" --socket "$tmp/jrn.sock" --backend null --size 1M &&
+   grep -qE '^<6>vblkd\[main\] info: serving' "$tmp/jrn.log"; then
+    pass log-lines-journald
+else
+    fail log-lines-journald "$(head -2 "$tmp/jrn.log")"
 fi
 kill "${pids[-1]}" 2>/dev/null
 exit 0

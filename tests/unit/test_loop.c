@@ -1371,6 +1371,29 @@ static void tdev_fd_cb(void *opaque, uint32_t events)
 	}
 }
 
+/* Run t (its loop t->l set up, not started) as a poll handler with ops
+ * until its rounds are done; the loop is joined but not freed.  Returns
+ * the handler's poll counters (every hit is one the device saw polled). */
+static struct loop_poll_stats tdev_run_on(struct tdev *t, const struct loop_poll_ops *ops)
+{
+	struct loop_poll_stats ps;
+
+	t->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	ASSERT_TRUE(t->tfd >= 0);
+	ASSERT_EQ(loop_fd_add(t->l, t->tfd, EPOLLIN, tdev_fd_cb, t, &t->h), 0);
+	loop_fd_set_poll(t->h, ops);
+	t->due = sys_now_ns() + t->gap_ns;
+	tdev_arm(t, t->due);
+	ASSERT_EQ(loop_thread_start(t->l), 0);
+	ASSERT_TRUE(wait_for(&t->finished, 1));
+	loop_thread_join(t->l);
+	loop_fd_poll_stats(t->h, &ps);
+	ASSERT_EQ(ps.hits, t->by_poll);
+	loop_fd_del(t->l, t->h);
+	close(t->tfd);
+	return ps;
+}
+
 /*
  * Requests come steadily gap_ns apart, gap_ns well below max_ns: the
  * window must grow until polling catches them (hits).  1.1 ms is just
@@ -1386,25 +1409,13 @@ static void test_poll_window_grows_to_catch_steady_gap(void)
 		struct tdev t = { .l = l, .gap_ns = gap, .rounds = 40 };
 		struct loop_stats ls;
 
-		t.tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-		ASSERT_TRUE(t.tfd >= 0);
-		ASSERT_EQ(loop_fd_add(l, t.tfd, EPOLLIN, tdev_fd_cb, &t, &t.h), 0);
-		loop_fd_set_poll(t.h, &tdev_ops);
-		t.due = sys_now_ns() + gap;
-		tdev_arm(&t, t.due);
-		ASSERT_EQ(loop_thread_start(l), 0);
-		ASSERT_TRUE(wait_for(&t.finished, 1));
-		loop_thread_join(l);
-		loop_fd_poll_stats(t.h, &ps);
+		ps = tdev_run_on(&t, &tdev_ops);
 		loop_get_stats(l, &ls);
 		fprintf(stderr, "    attempt %d: window %llu ns, hits %llu, misses %llu, "
 			"contended %llu\n", attempt, (unsigned long long)ps.poll_ns,
 			(unsigned long long)ps.hits, (unsigned long long)ps.misses,
 			(unsigned long long)ls.contended);
-		ASSERT_EQ(ps.hits, t.by_poll);
-		loop_fd_del(l, t.h);
 		loop_free(l);
-		close(t.tfd);
 	}
 	if (!ps.hits)
 		T_FAIL("window stuck at %llu ns, below the %llu ns gap: no hits",
@@ -1439,20 +1450,8 @@ static struct loop_poll_stats tdev_completion_run(uint64_t gap, uint64_t max_ns,
 	struct loop_poll_stats ps;
 
 	loop_set_poll_params(l, &p);
-	t.tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-	ASSERT_TRUE(t.tfd >= 0);
-	ASSERT_EQ(loop_fd_add(l, t.tfd, EPOLLIN, tdev_fd_cb, &t, &t.h), 0);
-	loop_fd_set_poll(t.h, &tdev_completion_ops);
-	t.due = sys_now_ns() + gap;
-	tdev_arm(&t, t.due);
-	ASSERT_EQ(loop_thread_start(l), 0);
-	ASSERT_TRUE(wait_for(&t.finished, 1));
-	loop_thread_join(l);
-	loop_fd_poll_stats(t.h, &ps);
-	ASSERT_EQ(ps.hits, t.by_poll);
-	loop_fd_del(l, t.h);
+	ps = tdev_run_on(&t, &tdev_completion_ops);
 	loop_free(l);
-	close(t.tfd);
 	return ps;
 }
 

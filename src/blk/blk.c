@@ -1293,6 +1293,29 @@ void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 	}
 }
 
+int blk_stats_snapshot(struct blk_dev *d, struct blk_stats *s)
+{
+	*s = (struct blk_stats){ .num_queues = d->num_queues,
+				 .num_iothreads = d->num_iothreads };
+	s->queues = calloc(s->num_queues, sizeof(*s->queues));
+	s->iothreads = calloc(s->num_iothreads, sizeof(*s->iothreads));
+	if (!s->queues || !s->iothreads) {
+		blk_stats_release(s);
+		return -ENOMEM;
+	}
+	blk_get_stats(d, s->queues, s->iothreads);
+	blk_get_poll_params(d, &s->poll);
+	return 0;
+}
+
+void blk_stats_release(struct blk_stats *s)
+{
+	free(s->queues);
+	free(s->iothreads);
+	s->queues = NULL;
+	s->iothreads = NULL;
+}
+
 unsigned blk_dev_num_queues(const struct blk_dev *d)
 {
 	return d->num_queues;

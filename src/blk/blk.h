@@ -88,6 +88,20 @@ void blk_dev_free(struct blk_dev *d);
  * iothread). */
 void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		   struct blk_iothread_stats *ts);
+
+/* Every counter and the polling knobs at one moment, in arrays of their
+ * own: what the control socket's "stats" and the metrics show. */
+struct blk_stats {
+	unsigned num_queues, num_iothreads;
+	struct blk_queue_stats *queues;		/* num_queues entries */
+	struct blk_iothread_stats *iothreads;	/* num_iothreads entries */
+	struct loop_poll_params poll;
+};
+/* Fill s (blk_get_stats, blk_get_poll_params).  Returns 0 or -ENOMEM
+ * (s then holds nothing to release).  Main thread. */
+int blk_stats_snapshot(struct blk_dev *d, struct blk_stats *s);
+/* Free s's arrays.  Any thread. */
+void blk_stats_release(struct blk_stats *s);
 unsigned blk_dev_num_queues(const struct blk_dev *d);
 unsigned blk_dev_num_iothreads(const struct blk_dev *d);
 /* Polling knobs, at runtime.  Any thread. */

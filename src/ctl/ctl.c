@@ -1,9 +1,10 @@
 #include "ctl/ctl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <json-c/json.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +16,22 @@
 #include "util/compiler.h"
 #include "util/log.h"
 #include "util/sock.h"
+#include "util/sys.h"
 
 #define CTL_MAX_REQ 4096
-#define CTL_MAX_REPLY 65536
+/* Requests are flat objects: anything nested deeper is refused. */
+#define CTL_MAX_DEPTH 8
+/* The main thread waits at most this long on one client, each way. */
+#define CTL_CLIENT_MS 1000
+/* Key/value spacing as the hand-written replies had ("key": value), and
+ * paths in error messages left as they are ("/", not "\/"). */
+#define CTL_JSON_FLAGS (JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE)
+
+struct ctl_cmd {
+	char *name;
+	ctl_cmd_fn fn;
+	void *opaque;
+};
 
 struct ctl_server {
 	char *path;
@@ -25,199 +39,434 @@ struct ctl_server {
 	struct loop *loop;
 	struct loop_fd *h;
 	struct blk_dev *dev;
+	struct ctl_cmd *cmds;		/* ctl_server_add_cmd */
+	unsigned ncmds;
 };
 
-/* Append to a bounded buffer; *n becomes > len on overflow. */
-static void put(char *buf, size_t len, size_t *n, const char *fmt, ...)
-{
-	va_list ap;
-	int r;
+/* ---- Replies ---- */
 
-	va_start(ap, fmt);
-	r = vsnprintf(*n < len ? buf + *n : NULL, *n < len ? len - *n : 0, fmt, ap);
-	va_end(ap);
-	if (r > 0)
-		*n += (size_t)r;
+/* json_object_object_add that remembers a failed allocation in *ok. */
+static void add(struct json_object *o, const char *key, struct json_object *v, bool *ok)
+{
+	if (!v || json_object_object_add(o, key, v) < 0) {
+		json_object_put(v);
+		*ok = false;
+	}
 }
 
-static void put_poll(struct blk_dev *d, char *buf, size_t len, size_t *n)
+static struct json_object *poll_object(const struct loop_poll_params *p)
 {
-	struct loop_poll_params p;
+	struct json_object *o = json_object_new_object();
+	bool ok = o != NULL;
 
-	blk_get_poll_params(d, &p);
-	put(buf, len, n, "\"poll\": {\"max_ns\": %" PRIu64 ", \"completion_max_ns\": %" PRIu64
-	    ", \"grow\": %u, \"shrink\": %u}", p.max_ns, p.completion_max_ns, p.grow, p.shrink);
+	if (!o)
+		return NULL;
+	add(o, "max_ns", json_object_new_uint64(p->max_ns), &ok);
+	add(o, "completion_max_ns", json_object_new_uint64(p->completion_max_ns), &ok);
+	add(o, "grow", json_object_new_uint64(p->grow), &ok);
+	add(o, "shrink", json_object_new_uint64(p->shrink), &ok);
+	if (!ok) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
+static struct json_object *queue_object(const struct blk_queue_stats *q)
+{
+	struct json_object *o = json_object_new_object();
+	bool ok = o != NULL;
+
+	if (!o)
+		return NULL;
+	add(o, "iothread", json_object_new_uint64(q->iothread), &ok);
+	add(o, "requests", json_object_new_uint64(q->requests), &ok);
+	add(o, "kicks", json_object_new_uint64(q->kicks), &ok);
+	add(o, "calls", json_object_new_uint64(q->calls), &ok);
+	add(o, "calls_early", json_object_new_uint64(q->calls_early), &ok);
+	add(o, "calls_suppressed", json_object_new_uint64(q->calls_suppressed), &ok);
+	add(o, "calls_held", json_object_new_uint64(q->calls_held), &ok);
+	add(o, "completions_coalesced", json_object_new_uint64(q->completions_coalesced), &ok);
+	add(o, "hold_ns_max", json_object_new_uint64(q->hold_ns_max), &ok);
+	add(o, "hold_ns_total", json_object_new_uint64(q->hold_ns_total), &ok);
+	add(o, "bad_requests", json_object_new_uint64(q->bad_requests), &ok);
+	add(o, "poll_hits", json_object_new_uint64(q->poll_hits), &ok);
+	add(o, "poll_misses", json_object_new_uint64(q->poll_misses), &ok);
+	add(o, "poll_ns", json_object_new_uint64(q->poll_ns), &ok);
+	if (!ok) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
+static struct json_object *iothread_object(const struct blk_iothread_stats *t)
+{
+	struct json_object *o = json_object_new_object();
+	bool ok = o != NULL;
+
+	if (!o)
+		return NULL;
+	add(o, "busy_ns", json_object_new_uint64(t->busy_ns), &ok);
+	add(o, "cpu_ns", json_object_new_uint64(t->cpu_ns), &ok);
+	add(o, "poll_ns_total", json_object_new_uint64(t->poll_ns_total), &ok);
+	add(o, "contended", json_object_new_uint64(t->contended), &ok);
+	add(o, "cpu", json_object_new_int(t->cpu), &ok);
+	if (!ok) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* The "stats" reply's members, added to reply. */
+static int stats_fill(struct blk_dev *d, struct json_object *reply)
+{
+	struct json_object *qa = json_object_new_array(), *ta = json_object_new_array();
+	struct blk_stats st;
+	bool ok = qa && ta;
+	int r;
+
+	r = blk_stats_snapshot(d, &st);
+	if (r < 0 || !ok) {
+		json_object_put(qa);
+		json_object_put(ta);
+		if (!r)
+			blk_stats_release(&st);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < st.num_queues && ok; i++) {
+		struct json_object *q = queue_object(&st.queues[i]);
+
+		if (!q || json_object_array_add(qa, q) < 0) {
+			json_object_put(q);
+			ok = false;
+		}
+	}
+	for (unsigned i = 0; i < st.num_iothreads && ok; i++) {
+		struct json_object *t = iothread_object(&st.iothreads[i]);
+
+		if (!t || json_object_array_add(ta, t) < 0) {
+			json_object_put(t);
+			ok = false;
+		}
+	}
+	add(reply, "queues", qa, &ok);
+	add(reply, "iothreads", ta, &ok);
+	add(reply, "poll", poll_object(&st.poll), &ok);
+	blk_stats_release(&st);
+	return ok ? 0 : -ENOMEM;
 }
 
 int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 {
-	unsigned nq = blk_dev_num_queues(d), nt = blk_dev_num_iothreads(d);
-	struct blk_queue_stats *qs = calloc(nq, sizeof(*qs));
-	struct blk_iothread_stats *ts = calloc(nt, sizeof(*ts));
-	size_t n = 0;
+	struct json_object *o = json_object_new_object();
+	const char *s;
+	size_t n;
+	int r;
 
-	if (!qs || !ts) {
-		free(qs);
-		free(ts);
+	if (!o)
 		return -ENOMEM;
+	r = stats_fill(d, o);
+	if (r < 0)
+		goto out;
+	s = json_object_to_json_string_length(o, CTL_JSON_FLAGS, &n);
+	if (!s) {
+		r = -ENOMEM;
+	} else if (n >= len) {
+		r = -ENOSPC;
+	} else {
+		memcpy(buf, s, n + 1);
+		r = (int)n;
 	}
-	blk_get_stats(d, qs, ts);
-	put(buf, len, &n, "{\"queues\": [");
-	for (unsigned i = 0; i < nq; i++)
-		put(buf, len, &n, "%s{\"iothread\": %u, \"requests\": %" PRIu64 ", \"kicks\": %" PRIu64
-		    ", \"calls\": %" PRIu64 ", \"calls_early\": %" PRIu64
-		    ", \"calls_suppressed\": %" PRIu64 ", \"calls_held\": %" PRIu64
-		    ", \"completions_coalesced\": %" PRIu64 ", \"hold_ns_max\": %" PRIu64
-		    ", \"hold_ns_total\": %" PRIu64
-		    ", \"bad_requests\": %" PRIu64 ", \"poll_hits\": %" PRIu64
-		    ", \"poll_misses\": %" PRIu64 ", \"poll_ns\": %" PRIu64 "}",
-		    i ? ", " : "", qs[i].iothread, qs[i].requests, qs[i].kicks, qs[i].calls,
-		    qs[i].calls_early, qs[i].calls_suppressed, qs[i].calls_held,
-		    qs[i].completions_coalesced, qs[i].hold_ns_max, qs[i].hold_ns_total,
-		    qs[i].bad_requests,
-		    qs[i].poll_hits, qs[i].poll_misses, qs[i].poll_ns);
-	put(buf, len, &n, "], \"iothreads\": [");
-	for (unsigned i = 0; i < nt; i++)
-		put(buf, len, &n, "%s{\"busy_ns\": %" PRIu64 ", \"cpu_ns\": %" PRIu64
-		    ", \"poll_ns_total\": %" PRIu64 ", \"contended\": %" PRIu64
-		    ", \"cpu\": %d}", i ? ", " : "", ts[i].busy_ns, ts[i].cpu_ns,
-		    ts[i].poll_ns_total, ts[i].contended, ts[i].cpu);
-	put(buf, len, &n, "], ");
-	put_poll(d, buf, len, &n);
-	put(buf, len, &n, "}");
-	free(qs);
-	free(ts);
-	return n < len ? (int)n : -ENOSPC;
+out:
+	json_object_put(o);
+	return r;
 }
 
-/* Minimal JSON field lookup for flat request objects: finds "key": and
- * returns a pointer just past the colon (whitespace skipped), or NULL. */
-static const char *json_field(const char *s, const char *key)
+/* ---- Requests ---- */
+
+/* Field key of req as an unsigned integer: 1 found, 0 absent, -EINVAL
+ * present but not a non-negative JSON integer (a string, 1.5, null...). */
+static int get_u64(struct json_object *req, const char *key, uint64_t *v)
 {
-	size_t kl = strlen(key);
+	struct json_object *f;
 
-	for (const char *p = strchr(s, '"'); p; p = strchr(p + 1, '"')) {
-		const char *q = p + 1;
-
-		if (strncmp(q, key, kl) == 0 && q[kl] == '"') {
-			q += kl + 1;
-			while (*q == ' ' || *q == '\t')
-				q++;
-			if (*q != ':')
-				continue;
-			q++;
-			while (*q == ' ' || *q == '\t')
-				q++;
-			return q;
-		}
-	}
-	return NULL;
-}
-
-/* Unsigned number field: 1 found, 0 absent, -1 malformed. */
-static int json_u64(const char *s, const char *key, uint64_t *v)
-{
-	const char *p = json_field(s, key);
-	char *end;
-
-	if (!p)
+	if (!json_object_object_get_ex(req, key, &f))
 		return 0;
-	if (*p < '0' || *p > '9')
-		return -1;
-	errno = 0;
-	*v = strtoull(p, &end, 10);
-	if (errno || (*end && *end != ',' && *end != '}' && *end != ' ' && *end != '\n'))
-		return -1;
+	if (!json_object_is_type(f, json_type_int) || json_object_get_int64(f) < 0)
+		return -EINVAL;
+	*v = json_object_get_uint64(f);
 	return 1;
 }
 
-/* Returns the bytes written (snprintf's would-be length clamped to what
- * fit), as ctl_handle promises. */
-static int reply_error(char *out, size_t outlen, const char *msg)
+static int cmd_stats(void *opaque, struct json_object *req, struct json_object *reply,
+		     char *err, size_t errlen)
 {
-	size_t n = 0;
+	int r = stats_fill(opaque, reply);
 
-	put(out, outlen, &n, "{\"error\": \"");
-	/* msg may quote a user's path: escape what JSON needs escaped. */
-	for (const char *p = msg; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			put(out, outlen, &n, "\\%c", *p);
-		else if ((unsigned char)*p < 0x20)
-			put(out, outlen, &n, "\\u%04x", *p);
-		else
-			put(out, outlen, &n, "%c", *p);
+	if (r < 0)
+		snprintf(err, errlen, "out of memory");
+	return r;
+}
+
+/* One knob of set-poll: absent leaves *v, present must be in lo..hi. */
+static int poll_knob(struct json_object *req, const char *key, uint64_t lo, uint64_t hi,
+		     uint64_t *v, char *err, size_t errlen)
+{
+	uint64_t x;
+	int r = get_u64(req, key, &x);
+
+	if (r < 0 || (r && (x < lo || x > hi))) {
+		snprintf(err, errlen, "%s must be %" PRIu64 "..%" PRIu64, key, lo, hi);
+		return -EINVAL;
 	}
-	put(out, outlen, &n, "\"}");
-	return outlen ? (int)MIN(n, outlen - 1) : 0;
+	if (r)
+		*v = x;
+	return 0;
+}
+
+static int cmd_set_poll(void *opaque, struct json_object *req, struct json_object *reply,
+			char *err, size_t errlen)
+{
+	struct blk_dev *d = opaque;
+	struct loop_poll_params p;
+	uint64_t grow, shrink;
+	bool ok = true;
+
+	/* Every knob checked before any changes. */
+	blk_get_poll_params(d, &p);
+	grow = p.grow;
+	shrink = p.shrink;
+	if (poll_knob(req, "max_ns", 0, 1000000000, &p.max_ns, err, errlen) < 0 ||
+	    poll_knob(req, "completion_max_ns", 0, 1000000000, &p.completion_max_ns, err,
+		      errlen) < 0 ||
+	    poll_knob(req, "grow", 2, 1024, &grow, err, errlen) < 0 ||
+	    poll_knob(req, "shrink", 0, 1024, &shrink, err, errlen) < 0)
+		return -EINVAL;
+	p.grow = (unsigned)grow;
+	p.shrink = (unsigned)shrink;
+	blk_set_poll_params(d, &p);
+	log_info("polling set: max %" PRIu64 " ns, completions %" PRIu64 " ns, grow %u, "
+		 "shrink %u", p.max_ns, p.completion_max_ns, p.grow, p.shrink);
+	blk_get_poll_params(d, &p);
+	add(reply, "ok", json_object_new_boolean(1), &ok);
+	add(reply, "poll", poll_object(&p), &ok);
+	if (!ok) {
+		/* The knobs are set; only the reply could not be built. */
+		snprintf(err, errlen, "polling set, but out of memory for the reply");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int cmd_resize(void *opaque, struct json_object *req, struct json_object *reply,
+		      char *err, size_t errlen)
+{
+	uint64_t size;
+	bool ok = true;
+	int r;
+
+	if (get_u64(req, "size", &size) != 1) {
+		snprintf(err, errlen, "resize needs \"size\": BYTES");
+		return -EINVAL;
+	}
+	r = blk_dev_resize(opaque, size, err, errlen);
+	if (r < 0)
+		return r;
+	add(reply, "ok", json_object_new_boolean(1), &ok);
+	add(reply, "size", json_object_new_uint64(size), &ok);
+	add(reply, "notified", json_object_new_boolean(r > 0), &ok);
+	if (!ok) {
+		snprintf(err, errlen, "resized, but out of memory for the reply");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/* Built-in commands: their opaque is the device. */
+static const struct ctl_cmd builtin_cmds[] = {
+	{ "stats", cmd_stats, NULL },
+	{ "set-poll", cmd_set_poll, NULL },
+	{ "resize", cmd_resize, NULL },
+};
+
+static const struct ctl_cmd *find_cmd(const struct ctl_cmd *cmds, unsigned n, const char *name,
+				      size_t len)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (strlen(cmds[i].name) == len && !memcmp(cmds[i].name, name, len))
+			return &cmds[i];
+	return NULL;
+}
+
+/* "unknown cmd 'x': use stats, set-poll, resize, ..." */
+static void unknown_cmd(const struct ctl_cmd *extra, unsigned nextra, const char *name,
+			char *err, size_t errlen)
+{
+	size_t n = (size_t)snprintf(err, errlen, "unknown cmd '%.64s': use", name);
+
+	for (unsigned i = 0; i < ARRAY_SIZE(builtin_cmds) + nextra && n < errlen; i++) {
+		const struct ctl_cmd *c = i < ARRAY_SIZE(builtin_cmds) ? &builtin_cmds[i] :
+					  &extra[i - ARRAY_SIZE(builtin_cmds)];
+
+		n += (size_t)snprintf(err + n, errlen - n, "%s %s", i ? "," : "", c->name);
+	}
+}
+
+/* Run req: 0 and reply filled, or -errno with one line in err. */
+static int run(struct blk_dev *d, const struct ctl_cmd *extra, unsigned nextra,
+	       const char *req, struct json_object *reply, char *err, size_t errlen)
+{
+	struct json_tokener *tok = json_tokener_new_ex(CTL_MAX_DEPTH);
+	size_t len = strlen(req), end;
+	const struct ctl_cmd *c;
+	struct json_object *o = NULL, *cmd;
+	enum json_tokener_error e;
+	const char *name;
+	int r = -EINVAL;
+
+	if (!tok) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+	o = json_tokener_parse_ex(tok, req, (int)MIN(len, (size_t)INT32_MAX));
+	e = json_tokener_get_error(tok);
+	end = json_tokener_get_parse_end(tok);
+	if (e == json_tokener_continue) {
+		snprintf(err, errlen, "request is not a whole JSON object");
+		goto out;
+	}
+	if (e != json_tokener_success) {
+		snprintf(err, errlen, "request is not JSON: %s at byte %zu",
+			 json_tokener_error_desc(e), end);
+		goto out;
+	}
+	/* One object, then nothing but white space (the line's end). */
+	if (strspn(req + end, " \t\r\n") != len - end) {
+		snprintf(err, errlen, "request has more after its JSON object (byte %zu)", end);
+		goto out;
+	}
+	if (!json_object_is_type(o, json_type_object)) {
+		snprintf(err, errlen, "request must be a JSON object, not %s",
+			 json_type_to_name(json_object_get_type(o)));
+		goto out;
+	}
+	if (!json_object_object_get_ex(o, "cmd", &cmd) ||
+	    !json_object_is_type(cmd, json_type_string)) {
+		snprintf(err, errlen, "request needs a \"cmd\" string");
+		goto out;
+	}
+	/* The length, not strlen: "stats\u0000x" is not "stats". */
+	name = json_object_get_string(cmd);
+	len = (size_t)json_object_get_string_len(cmd);
+	c = find_cmd(builtin_cmds, ARRAY_SIZE(builtin_cmds), name, len);
+	if (c) {
+		r = c->fn(d, o, reply, err, errlen);
+	} else if ((c = find_cmd(extra, nextra, name, len))) {
+		r = c->fn(c->opaque, o, reply, err, errlen);
+	} else {
+		unknown_cmd(extra, nextra, name, err, errlen);
+		r = -EINVAL;
+	}
+out:
+	json_object_put(o);
+	json_tokener_free(tok);
+	return r;
+}
+
+/* The reply to req, serialized (malloc'd, the caller frees), or NULL when
+ * out of memory. */
+static char *handle(struct blk_dev *d, const struct ctl_cmd *extra, unsigned nextra,
+		    const char *req)
+{
+	struct json_object *reply = json_object_new_object();
+	char err[512] = "";
+	const char *text;
+	char *s = NULL;
+	int r;
+
+	if (!reply)
+		return NULL;
+	r = run(d, extra, nextra, req, reply, err, sizeof(err));
+	if (r < 0) {
+		/* Whatever the handler added goes: an error reply is only that. */
+		json_object_put(reply);
+		reply = json_object_new_object();
+		if (!reply)
+			return NULL;
+		if (!err[0])
+			snprintf(err, sizeof(err), "%s", strerror(-r));
+		if (json_object_object_add(reply, "error", json_object_new_string(err)) < 0)
+			goto out;
+	}
+	text = json_object_to_json_string_ext(reply, CTL_JSON_FLAGS);
+	if (text)
+		s = strdup(text);
+out:
+	json_object_put(reply);
+	return s;
+}
+
+/* Copy s into out, NUL-terminated within outlen; returns what was written. */
+static int copy_out(const char *s, char *out, size_t outlen)
+{
+	size_t n;
+
+	if (!outlen)
+		return 0;
+	n = MIN(strlen(s), outlen - 1);
+	memcpy(out, s, n);
+	out[n] = '\0';
+	return (int)n;
 }
 
 int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
 {
-	const char *cmd = json_field(req, "cmd");
-	size_t n = 0;
+	static const char too_large[] = "{ \"error\": \"reply too large\" }";
+	static const char no_memory[] = "{ \"error\": \"out of memory\" }";
+	char *s = handle(d, NULL, 0, req);
+	int n;
 
-	if (!cmd || *cmd != '"')
-		return reply_error(out, outlen, "request needs a \"cmd\" string");
-	cmd++;
-	if (!strncmp(cmd, "stats\"", 6)) {
-		int r = ctl_stats_json(d, out, outlen);
+	if (!s)
+		return copy_out(no_memory, out, outlen);
+	n = strlen(s) < outlen ? copy_out(s, out, outlen) : copy_out(too_large, out, outlen);
+	free(s);
+	return n;
+}
 
-		return r < 0 ? reply_error(out, outlen, "reply too large") : r;
+/* ---- The socket ---- */
+
+/* Send all of buf within CTL_CLIENT_MS (a client that stops reading a
+ * large reply does not hold the main thread longer). */
+static void send_all(int fd, const char *buf, size_t len)
+{
+	uint64_t deadline = sys_now_ns() + CTL_CLIENT_MS * 1000000ull;
+
+	while (len) {
+		struct pollfd p = { .fd = fd, .events = POLLOUT };
+		uint64_t now = sys_now_ns();
+		ssize_t r;
+
+		if (now >= deadline || poll(&p, 1, (int)((deadline - now) / 1000000) + 1) <= 0)
+			return;
+		r = send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (r < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (r <= 0)
+			return;
+		buf += r;
+		len -= (size_t)r;
 	}
-	if (!strncmp(cmd, "set-poll\"", 9)) {
-		struct loop_poll_params p;
-		uint64_t v;
-		int r;
-
-		blk_get_poll_params(d, &p);
-		if ((r = json_u64(req, "max_ns", &v)) < 0 || (r && v > 1000000000ull))
-			return reply_error(out, outlen, "max_ns must be 0..1000000000");
-		if (r)
-			p.max_ns = v;
-		if ((r = json_u64(req, "completion_max_ns", &v)) < 0 ||
-		    (r && v > 1000000000ull))
-			return reply_error(out, outlen, "completion_max_ns must be 0..1000000000");
-		if (r)
-			p.completion_max_ns = v;
-		if ((r = json_u64(req, "grow", &v)) < 0 || (r && (v < 2 || v > 1024)))
-			return reply_error(out, outlen, "grow must be 2..1024");
-		if (r)
-			p.grow = (unsigned)v;
-		if ((r = json_u64(req, "shrink", &v)) < 0 || (r && v > 1024))
-			return reply_error(out, outlen, "shrink must be 0..1024");
-		if (r)
-			p.shrink = (unsigned)v;
-		blk_set_poll_params(d, &p);
-		log_info("polling set: max %" PRIu64 " ns, completions %" PRIu64 " ns, grow %u, "
-			 "shrink %u", p.max_ns, p.completion_max_ns, p.grow, p.shrink);
-		put(out, outlen, &n, "{\"ok\": true, ");
-		put_poll(d, out, outlen, &n);
-		put(out, outlen, &n, "}");
-		return outlen ? (int)MIN(n, outlen - 1) : 0;
-	}
-	if (!strncmp(cmd, "resize\"", 7)) {
-		char err[256];
-		uint64_t v;
-		int r;
-
-		if (json_u64(req, "size", &v) != 1)
-			return reply_error(out, outlen, "resize needs \"size\": BYTES");
-		r = blk_dev_resize(d, v, err, sizeof(err));
-		if (r < 0)
-			return reply_error(out, outlen, err);
-		put(out, outlen, &n, "{\"ok\": true, \"size\": %" PRIu64 ", \"notified\": %s}",
-		    v, r > 0 ? "true" : "false");
-		return outlen ? (int)MIN(n, outlen - 1) : 0;
-	}
-	return reply_error(out, outlen, "unknown cmd: use stats, set-poll or resize");
 }
 
 static void ctl_accept_cb(void *opaque, uint32_t events)
 {
 	struct ctl_server *s = opaque;
-	char req[CTL_MAX_REQ], *reply;
+	char req[CTL_MAX_REQ + 1], *reply;
 	size_t got = 0;
-	int fd, n;
+	int fd;
 
 	fd = accept4(s->fd, NULL, NULL, SOCK_CLOEXEC);
 	if (fd < 0)
@@ -228,7 +477,7 @@ static void ctl_accept_cb(void *opaque, uint32_t events)
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		ssize_t r;
 
-		if (poll(&p, 1, 1000) <= 0)
+		if (poll(&p, 1, CTL_CLIENT_MS) <= 0)
 			break;
 		r = recv(fd, req + got, sizeof(req) - 1 - got, MSG_DONTWAIT);
 		if (r <= 0)
@@ -236,57 +485,136 @@ static void ctl_accept_cb(void *opaque, uint32_t events)
 		got += (size_t)r;
 	}
 	req[got] = '\0';
-	reply = malloc(CTL_MAX_REPLY);
+	reply = handle(s->dev, s->cmds, s->ncmds, req);
 	if (reply) {
-		n = ctl_handle(s->dev, req, reply, CTL_MAX_REPLY - 1);
-		if (n >= 0) {
-			reply[n++] = '\n';
-			(void)!send(fd, reply, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
-		}
+		size_t n = strlen(reply);
+
+		reply[n] = '\n';	/* over the NUL: the line's end */
+		send_all(fd, reply, n + 1);
 		free(reply);
 	}
 	close(fd);
 }
 
-int ctl_server_new(const char *path, struct loop *l, struct blk_dev *d,
-		   struct ctl_server **out, char *err, size_t errlen)
+/* The server around fd, a listening socket at path (owned on success). */
+static int server_start(const char *path, int fd, struct loop *l, struct blk_dev *d,
+			struct ctl_server **out, char *err, size_t errlen)
 {
 	struct ctl_server *s = calloc(1, sizeof(*s));
 	int r;
 
-	if (!s) {
+	if (!s || !(s->path = strdup(path))) {
+		free(s);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	s->path = strdup(path);
+	s->fd = fd;
 	s->loop = l;
 	s->dev = d;
-	r = sock_listen_unix(path, err, errlen);
-	if (r < 0)
-		goto err_free;
-	s->fd = r;
 	r = loop_fd_add(l, s->fd, EPOLLIN, ctl_accept_cb, s, &s->h);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot watch '%s': %s", path, strerror(-r));
-		close(s->fd);
-		unlink(path);
-		goto err_free;
+		free(s->path);
+		free(s);
+		return r;
 	}
 	*out = s;
 	return 0;
-err_free:
-	free(s->path);
-	free(s);
+}
+
+int ctl_server_new(const char *path, struct loop *l, struct blk_dev *d,
+		   struct ctl_server **out, char *err, size_t errlen)
+{
+	int fd = sock_listen_unix(path, err, errlen), r;
+
+	if (fd < 0)
+		return fd;
+	r = server_start(path, fd, l, d, out, err, errlen);
+	if (r < 0) {
+		close(fd);
+		unlink(path);
+	}
 	return r;
 }
 
-void ctl_server_free(struct ctl_server *s)
+int ctl_server_new_fd(const char *path, int listen_fd, struct loop *l, struct blk_dev *d,
+		      struct ctl_server **out, char *err, size_t errlen)
+{
+	int type = 0, listening = 0, fl;
+	socklen_t tl = sizeof(type), ll = sizeof(listening);
+
+	if (getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0) {
+		int r = -errno;
+
+		snprintf(err, errlen, "control socket fd %d: %s", listen_fd, strerror(-r));
+		return r;
+	}
+	if (type != SOCK_STREAM ||
+	    getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) < 0 || !listening) {
+		snprintf(err, errlen, "control socket fd %d is not a listening stream socket",
+			 listen_fd);
+		return -EINVAL;
+	}
+	fl = fcntl(listen_fd, F_GETFL);
+	if (fl < 0 || fcntl(listen_fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+	    fcntl(listen_fd, F_SETFD, FD_CLOEXEC) < 0) {
+		int r = -errno;
+
+		snprintf(err, errlen, "control socket fd %d: %s", listen_fd, strerror(-r));
+		return r;
+	}
+	return server_start(path, listen_fd, l, d, out, err, errlen);
+}
+
+int ctl_server_listen_fd(const struct ctl_server *s)
+{
+	return s->fd;
+}
+
+int ctl_server_add_cmd(struct ctl_server *s, const char *name, ctl_cmd_fn fn, void *opaque)
+{
+	struct ctl_cmd *c;
+
+	if (!*name)
+		return -EINVAL;
+	if (find_cmd(builtin_cmds, ARRAY_SIZE(builtin_cmds), name, strlen(name)) ||
+	    find_cmd(s->cmds, s->ncmds, name, strlen(name)))
+		return -EEXIST;
+	c = realloc(s->cmds, (s->ncmds + 1) * sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	s->cmds = c;
+	c = &s->cmds[s->ncmds];
+	c->name = strdup(name);
+	if (!c->name)
+		return -ENOMEM;
+	c->fn = fn;
+	c->opaque = opaque;
+	s->ncmds++;
+	return 0;
+}
+
+static void server_free(struct ctl_server *s, bool unlink_path)
 {
 	if (!s)
 		return;
 	loop_fd_del(s->loop, s->h);
 	close(s->fd);
-	unlink(s->path);
+	if (unlink_path)
+		unlink(s->path);
+	for (unsigned i = 0; i < s->ncmds; i++)
+		free(s->cmds[i].name);
+	free(s->cmds);
 	free(s->path);
 	free(s);
+}
+
+void ctl_server_free(struct ctl_server *s)
+{
+	server_free(s, true);
+}
+
+void ctl_server_free_keep_path(struct ctl_server *s)
+{
+	server_free(s, false);
 }

@@ -1,14 +1,23 @@
 /*
  * Description: the control-socket protocol (ctl_handle, ctl_stats_json)
- * against a real device on the null engine, no socket: the stats reply is
- * valid JSON with every counter, set-poll updates (all or some) knobs and
- * rejects bad values without changing any, malformed requests get an
- * error, and replies stay inside the caller's buffer.
+ * against a real device on the null engine: the stats reply is valid JSON
+ * with every counter, set-poll updates (all or some) knobs and rejects bad
+ * values without changing any, resize grows and refuses the rest,
+ * malformed requests (not JSON, not an object, wrong types) get an error,
+ * unknown fields are ignored, the wire format is pinned, and replies stay
+ * inside the caller's buffer; then the server over its socket: added
+ * commands, and the listening socket handed to a new server.
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -18,6 +27,7 @@
 #include "ctl/ctl.h"
 #include "util/compiler.h"
 #include "util/log.h"
+#include "util/sock.h"
 
 #define NUM_QUEUES	2
 #define BIG		65536
@@ -162,51 +172,72 @@ static void json_self_test(void)
 
 /* ---- Helpers ---- */
 
-static unsigned count_str(const char *s, const char *needle)
+/* s as a JSON object (json-c, strict), or the test fails. */
+static struct json_object *parse_object(const char *s)
 {
-	unsigned n = 0;
+	struct json_tokener *tok = json_tokener_new();
+	struct json_object *o;
 
-	for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
-		n++;
-	return n;
+	json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
+	o = json_tokener_parse_ex(tok, s, (int)strlen(s));
+	if (!o || json_tokener_get_error(tok) != json_tokener_success ||
+	    !json_object_is_type(o, json_type_object))
+		T_FAIL("not a JSON object: %s", s);
+	json_tokener_free(tok);
+	return o;
 }
 
-/* The number after the first "key": at or after from. */
-static uint64_t json_get_u64(const char *from, const char *key)
+/* Member key of o, which must be there. */
+static struct json_object *member(struct json_object *o, const char *key)
 {
-	char pat[64];
-	const char *p;
-	char *end;
-	uint64_t v;
+	struct json_object *v;
 
-	snprintf(pat, sizeof(pat), "\"%s\": ", key);
-	p = strstr(from, pat);
-	if (!p)
-		T_FAIL("no %s in %s", pat, from);
-	errno = 0;
-	v = strtoull(p + strlen(pat), &end, 10);
-	if (errno || end == p + strlen(pat))
-		T_FAIL("%s is not a number in %s", pat, from);
+	if (!json_object_object_get_ex(o, key, &v) || !v)
+		T_FAIL("no \"%s\" in %s", key, json_object_to_json_string(o));
 	return v;
+}
+
+/* Member key of o as a non-negative integer. */
+static uint64_t member_u64(struct json_object *o, const char *key)
+{
+	struct json_object *v = member(o, key);
+
+	if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
+		T_FAIL("\"%s\" is not a non-negative integer in %s", key,
+		       json_object_to_json_string(o));
+	return json_object_get_uint64(v);
 }
 
 /* The "poll" object of a reply, as params. */
 static struct loop_poll_params reply_poll(const char *reply)
 {
-	const char *p = strstr(reply, "\"poll\": {");
+	struct json_object *o = parse_object(reply), *p = member(o, "poll");
 	struct loop_poll_params pp;
 
-	if (!p)
-		T_FAIL("no \"poll\" object in %s", reply);
-	pp.max_ns = json_get_u64(p, "max_ns");
-	pp.grow = (unsigned)json_get_u64(p, "grow");
-	pp.shrink = (unsigned)json_get_u64(p, "shrink");
+	ASSERT_EQ(json_object_object_length(p), 4);
+	pp.max_ns = member_u64(p, "max_ns");
+	pp.completion_max_ns = member_u64(p, "completion_max_ns");
+	pp.grow = (unsigned)member_u64(p, "grow");
+	pp.shrink = (unsigned)member_u64(p, "shrink");
+	json_object_put(o);
 	return pp;
+}
+
+/* "ok": true in reply. */
+static bool reply_ok(const char *reply)
+{
+	struct json_object *o = parse_object(reply), *v;
+	bool ok = json_object_object_get_ex(o, "ok", &v) &&
+		  json_object_is_type(v, json_type_boolean) && json_object_get_boolean(v);
+
+	json_object_put(o);
+	return ok;
 }
 
 static void params_eq(const struct loop_poll_params *a, const struct loop_poll_params *b)
 {
 	ASSERT_EQ(a->max_ns, b->max_ns);
+	ASSERT_EQ(a->completion_max_ns, b->completion_max_ns);
 	ASSERT_EQ(a->grow, b->grow);
 	ASSERT_EQ(a->shrink, b->shrink);
 }
@@ -221,7 +252,7 @@ static struct loop_poll_params dev_params(void)
 
 static void set_params(uint64_t max_ns, unsigned grow, unsigned shrink)
 {
-	struct loop_poll_params p = { max_ns, grow, shrink };
+	struct loop_poll_params p = { max_ns, grow, shrink, 262144 };
 
 	blk_set_poll_params(dev, &p);
 }
@@ -242,19 +273,28 @@ static const char *handle(const char *req)
 	return out;
 }
 
+/* An error reply is {"error": "a line"} and nothing else. */
+static void check_error_reply(const char *req, const char *rep)
+{
+	struct json_object *o = parse_object(rep), *e;
+
+	if (json_object_object_length(o) != 1 || !json_object_object_get_ex(o, "error", &e) ||
+	    !json_object_is_type(e, json_type_string) || !json_object_get_string_len(e) ||
+	    strchr(json_object_get_string(e), '\n'))
+		T_FAIL("request %.80s: want {\"error\": \"...\"}, got %s", req, rep);
+	json_object_put(o);
+}
+
 static void expect_error(const char *req)
 {
-	const char *rep = handle(req);
-
-	if (strncmp(rep, "{\"error\": \"", 11) != 0)
-		T_FAIL("request %.80s: want an error, got %s", req, rep);
-	ASSERT_EQ(count_str(rep, "\"ok\""), 0);
+	check_error_reply(req, handle(req));
 }
 
 /* ---- stats ---- */
 
 static const char *const queue_keys[] = {
-	"iothread", "requests", "kicks", "calls", "calls_early", "calls_suppressed", "bad_requests",
+	"iothread", "requests", "kicks", "calls", "calls_early", "calls_suppressed",
+	"calls_held", "completions_coalesced", "hold_ns_max", "hold_ns_total", "bad_requests",
 	"poll_hits", "poll_misses", "poll_ns",
 };
 
@@ -262,35 +302,43 @@ static const char *const iothread_keys[] = {
 	"busy_ns", "cpu_ns", "poll_ns_total", "contended", "cpu",
 };
 
+/* queues: 2 objects with exactly the queue keys, integers; iothreads: one
+ * with exactly its keys; poll: the four knobs. */
 static void check_stats(const char *rep)
 {
-	char pat[64];
-	const char *q, *t;
+	struct json_object *o, *qa, *ta;
 
 	ASSERT_TRUE(json_object_valid(rep));
-	q = strstr(rep, "\"queues\": [");
-	t = strstr(rep, "\"iothreads\": [");
-	ASSERT_TRUE(q != NULL);
-	ASSERT_TRUE(t != NULL);
-	ASSERT_EQ(count_str(rep, "\"queues\": ["), 1);
-	/* Two queue objects, each with every key once. */
-	ASSERT_EQ(count_str(rep, "{\"iothread\": "), NUM_QUEUES);
-	for (size_t i = 0; i < ARRAY_SIZE(queue_keys); i++) {
-		snprintf(pat, sizeof(pat), "\"%s\": ", queue_keys[i]);
-		if (count_str(q, pat) != NUM_QUEUES)
-			T_FAIL("%s appears %u times in %s", pat, count_str(q, pat), rep);
+	o = parse_object(rep);
+	ASSERT_EQ(json_object_object_length(o), 3);
+	qa = member(o, "queues");
+	ta = member(o, "iothreads");
+	ASSERT_TRUE(json_object_is_type(qa, json_type_array));
+	ASSERT_TRUE(json_object_is_type(ta, json_type_array));
+	ASSERT_EQ(json_object_array_length(qa), NUM_QUEUES);
+	ASSERT_EQ(json_object_array_length(ta), 1);
+	for (size_t i = 0; i < NUM_QUEUES; i++) {
+		struct json_object *q = json_object_array_get_idx(qa, i);
+
+		ASSERT_EQ(json_object_object_length(q), ARRAY_SIZE(queue_keys));
+		for (size_t k = 0; k < ARRAY_SIZE(queue_keys); k++)
+			member_u64(q, queue_keys[k]);
+		/* Nothing connected: no traffic. */
+		ASSERT_EQ(member_u64(q, "requests"), 0);
+		ASSERT_EQ(member_u64(q, "iothread"), 0);
 	}
-	/* One iothread. */
-	for (size_t i = 0; i < ARRAY_SIZE(iothread_keys); i++) {
-		snprintf(pat, sizeof(pat), "\"%s\": ", iothread_keys[i]);
-		if (count_str(t, pat) != 1)
-			T_FAIL("%s appears %u times in iothreads of %s", pat,
-			       count_str(t, pat), rep);
+	{
+		struct json_object *t = json_object_array_get_idx(ta, 0);
+
+		ASSERT_EQ(json_object_object_length(t), ARRAY_SIZE(iothread_keys));
+		for (size_t k = 0; k + 1 < ARRAY_SIZE(iothread_keys); k++)
+			member_u64(t, iothread_keys[k]);
+		/* Not pinned. */
+		ASSERT_EQ(json_object_get_int(member(t, "cpu")), -1);
+		/* The iothread ran (it took our calls): it used some CPU. */
+		ASSERT_TRUE(member_u64(t, "cpu_ns") > 0);
 	}
-	/* The iothread ran (it took our calls): it used some CPU. */
-	ASSERT_TRUE(json_get_u64(t, "cpu_ns") > 0);
-	/* Nothing connected: no traffic. */
-	ASSERT_EQ(json_get_u64(q, "requests"), 0);
+	json_object_put(o);
 	reply_poll(rep);
 }
 
@@ -343,8 +391,8 @@ static void test_set_poll_updates_params(void)
 
 	set_params(32768, 2, 2);
 	got = reply_poll(handle("{\"cmd\":\"set-poll\",\"max_ns\":1000,\"shrink\":0}"));
-	ASSERT_EQ(count_str(out, "\"ok\": true"), 1);
-	want = (struct loop_poll_params){ 1000, 2, 0 };
+	ASSERT_TRUE(reply_ok(out));
+	want = (struct loop_poll_params){ 1000, 2, 0, 262144 };
 	params_eq(&got, &want);
 	got = dev_params();
 	params_eq(&got, &want);
@@ -360,22 +408,28 @@ static void test_set_poll_partial_update_keeps_others(void)
 		const char *req;
 		struct loop_poll_params want;
 	} steps[] = {
-		{ "{\"cmd\": \"set-poll\", \"grow\": 4}", { 5000, 4, 3 } },
-		{ "{\"cmd\": \"set-poll\", \"max_ns\": 0}", { 0, 4, 3 } },
-		{ "{\"cmd\": \"set-poll\", \"shrink\": 0}", { 0, 4, 0 } },
+		{ "{\"cmd\": \"set-poll\", \"grow\": 4}", { 5000, 4, 3, 262144 } },
+		{ "{\"cmd\": \"set-poll\", \"max_ns\": 0}", { 0, 4, 3, 262144 } },
+		{ "{\"cmd\": \"set-poll\", \"shrink\": 0}", { 0, 4, 0, 262144 } },
 		{ "{\"cmd\": \"set-poll\", \"max_ns\": 1000000000, \"grow\": 1024}",
-		  { 1000000000, 1024, 0 } },
+		  { 1000000000, 1024, 0, 262144 } },
 		{ "{\"cmd\": \"set-poll\", \"shrink\": 1024, \"grow\": 2}",
-		  { 1000000000, 2, 1024 } },
-		{ "{\"cmd\": \"set-poll\"}", { 1000000000, 2, 1024 } },
-		{ "{\"max_ns\": 7, \"cmd\": \"set-poll\"}", { 7, 2, 1024 } },
+		  { 1000000000, 2, 1024, 262144 } },
+		{ "{\"cmd\": \"set-poll\", \"completion_max_ns\": 1000}",
+		  { 1000000000, 2, 1024, 1000 } },
+		{ "{\"cmd\": \"set-poll\"}", { 1000000000, 2, 1024, 1000 } },
+		{ "{\"max_ns\": 7, \"cmd\": \"set-poll\", \"completion_max_ns\": 0}",
+		  { 7, 2, 1024, 0 } },
+		/* Fields set-poll does not know are ignored. */
+		{ "{\"cmd\": \"set-poll\", \"grow\": 8, \"speed\": \"fast\", \"x\": [1, {}]}",
+		  { 7, 8, 1024, 0 } },
 	};
 	struct loop_poll_params got;
 
 	set_params(5000, 2, 3);
 	for (size_t i = 0; i < ARRAY_SIZE(steps); i++) {
 		got = reply_poll(handle(steps[i].req));
-		if (count_str(out, "\"ok\": true") != 1)
+		if (!reply_ok(out))
 			T_FAIL("%s: %s", steps[i].req, out);
 		params_eq(&got, &steps[i].want);
 		got = dev_params();
@@ -403,10 +457,12 @@ static void test_set_poll_bad_values_change_nothing(void)
 		"{\"cmd\": \"set-poll\", \"max_ns\": null}",
 		"{\"cmd\": \"set-poll\", \"max_ns\": true}",
 		"{\"cmd\": \"set-poll\", \"max_ns\": \"100\"}",
-		"{\"cmd\": \"set-poll\", \"max_ns\": }",
-		"{\"cmd\": \"set-poll\", \"max_ns\":",
 		"{\"cmd\": \"set-poll\", \"max_ns\": 5000, \"grow\": 1}",
 		"{\"cmd\": \"set-poll\", \"max_ns\": 5000, \"shrink\": -1}",
+		"{\"cmd\": \"set-poll\", \"completion_max_ns\": 1000000001}",
+		"{\"cmd\": \"set-poll\", \"completion_max_ns\": [1]}",
+		"{\"cmd\": \"set-poll\", \"grow\": {\"value\": 4}}",
+		"{\"cmd\": \"set-poll\", \"grow\": 4, \"shrink\": false}",
 	};
 	struct loop_poll_params before, got;
 
@@ -450,6 +506,29 @@ static void test_bad_requests_get_error(void)
 		"{\"c\\\"cmd\\\": \\\"stats\": 1}",
 		"not json at all",
 		"\"\"\"\"\"\"",
+		/* Not an object. */
+		"[{\"cmd\": \"stats\"}]",
+		"\"stats\"",
+		"5",
+		"null",
+		"true",
+		/* More after the object. */
+		"{\"cmd\": \"stats\"} x",
+		"{\"cmd\": \"stats\"}{\"cmd\": \"stats\"}",
+		"{\"cmd\": \"stats\"},",
+		"{\"cmd\": \"stats\"}\n{\"cmd\": \"stats\"}",
+		/* Not strict JSON. */
+		"{\"cmd\": \"stats\",}",
+		"{cmd: \"stats\"}",
+		/* A NUL inside the name: not "stats". */
+		"{\"cmd\": \"stats\\u0000x\"}",
+		/* Not UTF-8. */
+		"{\"cmd\": \"stats\", \"x\": \"\xff\xfe\"}",
+		/* Nested deeper than any request needs. */
+		"{\"cmd\": \"stats\", \"x\": [[[[[[[[[[[[1]]]]]]]]]]]]}",
+		/* Broken JSON never gets as far as set-poll. */
+		"{\"cmd\": \"set-poll\", \"max_ns\": }",
+		"{\"cmd\": \"set-poll\", \"max_ns\":",
 	};
 
 	for (size_t i = 0; i < ARRAY_SIZE(reqs); i++)
@@ -481,6 +560,281 @@ static void test_long_junk_requests_get_error(void)
 	memset(req, ' ', sizeof(req) - 1);
 	memcpy(req + sizeof(req) - 1 - 16, "{\"cmd\": \"stats\"}", 16);
 	check_stats(handle(req));
+}
+
+/* Each way of not being one JSON object says so in its error. */
+static void test_not_one_object_says_why(void)
+{
+	static const struct {
+		const char *req, *why;
+	} cases[] = {
+		{ "[1]", "must be a JSON object, not array" },
+		{ "\"stats\"", "must be a JSON object, not string" },
+		{ "{\"cmd\": \"stats\"} x", "not JSON: unexpected character at byte 17" },
+		{ "{\"cmd\": \"stats\"", "not a whole JSON object" },
+		{ "", "not a whole JSON object" },
+		{ "{\"cmd\": 01}", "not JSON" },
+		{ "{\"cmd\": 5}", "needs a \\\"cmd\\\" string" },
+		{ "{\"cmd\": \"stat\"}", "unknown cmd 'stat': use stats, set-poll, resize" },
+	};
+
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		expect_error(cases[i].req);
+		if (!strstr(out, cases[i].why))
+			T_FAIL("%s: want \"%s\" in %s", cases[i].req, cases[i].why, out);
+	}
+}
+
+/* Fields stats does not know are ignored, whatever their type. */
+static void test_unknown_fields_ignored(void)
+{
+	check_stats(handle("{\"cmd\": \"stats\", \"verbose\": true, \"x\": {\"y\": [1, 2.5, null]}}"));
+	check_stats(handle("{\"cmd\": \"stats\", \"size\": \"big\"}"));
+}
+
+/* The wire format, pinned: json-c's spaced style, "key": value as the
+ * replies always had; paths keep their slashes. */
+static void test_reply_format_pinned(void)
+{
+	const char *rep = handle("{\"cmd\": \"set-poll\", \"max_ns\": 1000, \"grow\": 2, "
+				 "\"shrink\": 0, \"completion_max_ns\": 5000}");
+
+	if (strcmp(rep, "{ \"ok\": true, \"poll\": { \"max_ns\": 1000, \"completion_max_ns\": "
+		   "5000, \"grow\": 2, \"shrink\": 0 } }"))
+		T_FAIL("set-poll reply: %s", rep);
+	rep = handle("{\"cmd\": \"set-poll\", \"grow\": 1}");
+	if (strcmp(rep, "{ \"error\": \"grow must be 2..1024\" }"))
+		T_FAIL("error reply: %s", rep);
+	rep = handle("{\"cmd\": \"a/b\\\"c\"}");
+	if (!strstr(rep, "unknown cmd 'a/b\\\"c'"))
+		T_FAIL("error with a slash and a quote: %s", rep);
+	rep = handle("{\"cmd\": \"stats\"}");
+	if (strncmp(rep, "{ \"queues\": [ { \"iothread\": 0, \"requests\": 0, ", 44))
+		T_FAIL("stats reply: %s", rep);
+}
+
+/* ---- resize ---- */
+
+/* Grows (no frontend to tell: notified false), the same size again is
+ * fine, shrinking and sizes that are not whole blocks are refused, and a
+ * size of the wrong type is refused before anything happens. */
+static void test_resize_command(void)
+{
+	static const char *const bad_types[] = {
+		"{\"cmd\": \"resize\"}",
+		"{\"cmd\": \"resize\", \"size\": \"4M\"}",
+		"{\"cmd\": \"resize\", \"size\": -4096}",
+		"{\"cmd\": \"resize\", \"size\": 4194304.0}",
+		"{\"cmd\": \"resize\", \"size\": 4e6}",
+		"{\"cmd\": \"resize\", \"size\": null}",
+		"{\"cmd\": \"resize\", \"size\": [4194304]}",
+		"{\"cmd\": \"resize\", \"Size\": 4194304}",
+	};
+	const char *rep;
+
+	ASSERT_EQ(bdev.size, 1 << 20);
+	rep = handle("{\"cmd\": \"resize\", \"size\": 2097152}");
+	if (strcmp(rep, "{ \"ok\": true, \"size\": 2097152, \"notified\": false }"))
+		T_FAIL("resize reply: %s", rep);
+	ASSERT_EQ(bdev.size, 2 << 20);
+	ASSERT_TRUE(reply_ok(handle("{\"cmd\": \"resize\", \"size\": 2097152}")));
+	expect_error("{\"cmd\": \"resize\", \"size\": 1048576}");
+	if (!strstr(out, "shrinking"))
+		T_FAIL("shrink: %s", out);
+	expect_error("{\"cmd\": \"resize\", \"size\": 3000001}");
+	for (size_t i = 0; i < ARRAY_SIZE(bad_types); i++) {
+		expect_error(bad_types[i]);
+		if (!strstr(out, "resize needs \\\"size\\\": BYTES"))
+			T_FAIL("%s: %s", bad_types[i], out);
+	}
+	ASSERT_EQ(bdev.size, 2 << 20);
+}
+
+/* ---- The server: a socket, added commands, handing the socket over ---- */
+
+struct asker {
+	struct loop *l;
+	const char *path, *req;
+	char reply[BIG];
+};
+
+static void *asker_thread(void *arg)
+{
+	struct asker *a = arg;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t got = 0;
+	int fd;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", a->path);
+	a->reply[0] = '\0';
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    send(fd, a->req, strlen(a->req), MSG_NOSIGNAL) >= 0) {
+		ssize_t r;
+
+		while (got < sizeof(a->reply) - 1 &&
+		       (r = recv(fd, a->reply + got, sizeof(a->reply) - 1 - got, 0)) > 0)
+			got += (size_t)r;
+		a->reply[got] = '\0';
+	}
+	if (fd >= 0)
+		close(fd);
+	loop_stop(a->l);
+	return NULL;
+}
+
+/* req over the socket at path while this thread runs the main loop, as
+ * vblkd's main thread does; returns the reply line. */
+static const char *ask(struct loop *l, const char *path, const char *req)
+{
+	static struct asker a;
+	pthread_t t;
+
+	a = (struct asker){ .l = l, .path = path, .req = req };
+	ASSERT_EQ(pthread_create(&t, NULL, asker_thread, &a), 0);
+	ASSERT_EQ(loop_run(l), 0);
+	ASSERT_EQ(pthread_join(t, NULL), 0);
+	return a.reply;
+}
+
+static struct loop *main_loop;
+static char sock_dir[] = "/tmp/vblk-test-ctl.XXXXXX";
+static char sock_path[96];	/* fits sun_path */
+
+/* A command added by whoever runs the server (vblkd adds "metrics"). */
+static int cmd_count(void *opaque, struct json_object *req, struct json_object *reply,
+		     char *err, size_t errlen)
+{
+	unsigned *calls = opaque;
+	struct json_object *f;
+
+	(*calls)++;
+	/* What a handler put in before failing never reaches the client. */
+	json_object_object_add(reply, "partial", json_object_new_int(1));
+	if (json_object_object_get_ex(req, "fail", &f)) {
+		snprintf(err, errlen, "asked to fail");
+		return -EINVAL;
+	}
+	json_object_object_add(reply, "calls", json_object_new_int((int)*calls));
+	return 0;
+}
+
+static int cmd_other(void *opaque, struct json_object *req, struct json_object *reply,
+		     char *err, size_t errlen)
+{
+	return 0;
+}
+
+/* Over the socket: built-ins answer, an added command answers with its
+ * opaque, its error replaces whatever it added, the unknown-command error
+ * lists it; taken or empty names are refused; free unlinks the path. */
+static void test_server_added_command(void)
+{
+	struct ctl_server *s;
+	unsigned calls = 0;
+	char err[256];
+	const char *rep;
+
+	ASSERT_EQ(ctl_server_new(sock_path, main_loop, dev, &s, err, sizeof(err)), 0);
+	ASSERT_EQ(ctl_server_add_cmd(s, "count", cmd_count, &calls), 0);
+	ASSERT_EQ(ctl_server_add_cmd(s, "count", cmd_other, NULL), -EEXIST);
+	ASSERT_EQ(ctl_server_add_cmd(s, "stats", cmd_other, NULL), -EEXIST);
+	ASSERT_EQ(ctl_server_add_cmd(s, "", cmd_other, NULL), -EINVAL);
+	ASSERT_EQ(ctl_server_add_cmd(s, "other", cmd_other, NULL), 0);
+
+	rep = ask(main_loop, sock_path, "{\"cmd\": \"stats\"}\n");
+	ASSERT_TRUE(strlen(rep) > 0 && rep[strlen(rep) - 1] == '\n');
+	check_stats(rep);
+	rep = ask(main_loop, sock_path, "{\"cmd\": \"count\"}\n");
+	if (strcmp(rep, "{ \"partial\": 1, \"calls\": 1 }\n"))
+		T_FAIL("count: %s", rep);
+	rep = ask(main_loop, sock_path, "{\"cmd\": \"count\", \"fail\": true}\n");
+	if (strcmp(rep, "{ \"error\": \"asked to fail\" }\n"))
+		T_FAIL("count failing: %s", rep);
+	ASSERT_EQ(calls, 2);
+	rep = ask(main_loop, sock_path, "{\"cmd\": \"nope\"}\n");
+	if (!strstr(rep, "use stats, set-poll, resize, count, other\""))
+		T_FAIL("unknown: %s", rep);
+	rep = ask(main_loop, sock_path, "[\"count\"]\n");
+	check_error_reply("[\"count\"]", rep);
+	ASSERT_EQ(calls, 2);
+	/* Added commands belong to a server: ctl_handle has none. */
+	expect_error("{\"cmd\": \"count\"}");
+	ASSERT_EQ(calls, 2);
+
+	ASSERT_EQ(ctl_server_listen_fd(s) >= 0, 1);
+	ctl_server_free(s);
+	ASSERT_EQ(access(sock_path, F_OK), -1);
+}
+
+/* Upgrade in place: the listening socket, handed to a new server (here a
+ * dup, as a new process would get it), serves the same path; the server
+ * that let go keeps the path on free, the last one unlinks it. */
+static void test_server_listen_fd_handed_over(void)
+{
+	struct ctl_server *a, *b;
+	char err[256];
+	int fd, dupfd;
+
+	fd = sock_listen_unix(sock_path, err, sizeof(err));
+	ASSERT_TRUE(fd >= 0);
+	dupfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	ASSERT_TRUE(dupfd >= 0);
+	ASSERT_EQ(ctl_server_new_fd(sock_path, fd, main_loop, dev, &a, err, sizeof(err)), 0);
+	ASSERT_EQ(ctl_server_listen_fd(a), fd);
+	ASSERT_TRUE(fcntl(fd, F_GETFL) & O_NONBLOCK);
+	ASSERT_TRUE(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	check_stats(ask(main_loop, sock_path, "{\"cmd\": \"stats\"}\n"));
+	ctl_server_free_keep_path(a);
+	ASSERT_EQ(access(sock_path, F_OK), 0);
+	ASSERT_EQ(fcntl(fd, F_GETFD), -1);	/* its copy is closed */
+
+	ASSERT_EQ(ctl_server_new_fd(sock_path, dupfd, main_loop, dev, &b, err, sizeof(err)), 0);
+	ASSERT_EQ(ctl_server_listen_fd(b), dupfd);
+	check_stats(ask(main_loop, sock_path, "{\"cmd\": \"stats\"}\n"));
+	ctl_server_free(b);
+	ASSERT_EQ(access(sock_path, F_OK), -1);
+
+	/* ctl_server_new's own socket, freed keeping its path. */
+	ASSERT_EQ(ctl_server_new(sock_path, main_loop, dev, &a, err, sizeof(err)), 0);
+	ctl_server_free_keep_path(a);
+	ASSERT_EQ(access(sock_path, F_OK), 0);
+	unlink(sock_path);
+}
+
+/* An fd that is not a listening stream socket is refused with one line,
+ * and stays the caller's (open). */
+static void test_server_new_fd_refuses_non_listener(void)
+{
+	struct ctl_server *s = NULL;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char err[256];
+	int p[2], fd;
+
+	ASSERT_EQ(pipe(p), 0);
+	ASSERT_EQ(ctl_server_new_fd(sock_path, p[0], main_loop, dev, &s, err, sizeof(err)),
+		  -ENOTSOCK);
+	ASSERT_TRUE(strstr(err, "control socket fd") != NULL);
+	ASSERT_TRUE(fcntl(p[0], F_GETFD) >= 0);
+	close(p[0]);
+	close(p[1]);
+
+	/* Bound, not listening. */
+	fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock_path);
+	ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ASSERT_EQ(ctl_server_new_fd(sock_path, fd, main_loop, dev, &s, err, sizeof(err)),
+		  -EINVAL);
+	ASSERT_TRUE(strstr(err, "is not a listening stream socket") != NULL);
+	ASSERT_TRUE(fcntl(fd, F_GETFD) >= 0);
+	close(fd);
+	/* A datagram socket. */
+	fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+	ASSERT_EQ(ctl_server_new_fd(sock_path, fd, main_loop, dev, &s, err, sizeof(err)),
+		  -EINVAL);
+	close(fd);
+	ASSERT_TRUE(s == NULL);
+	unlink(sock_path);
 }
 
 /* ---- Bounded output ---- */
@@ -562,8 +916,21 @@ int main(void)
 	RUN(test_set_poll_partial_update_keeps_others);
 	RUN(test_set_poll_bad_values_change_nothing);
 	RUN(test_bad_requests_get_error);
+	RUN(test_not_one_object_says_why);
+	RUN(test_unknown_fields_ignored);
+	RUN(test_reply_format_pinned);
 	RUN(test_long_junk_requests_get_error);
 	RUN(test_reply_never_overflows_small_buffer);
+	RUN(test_resize_command);
+
+	ASSERT_TRUE(mkdtemp(sock_dir) != NULL);
+	snprintf(sock_path, sizeof(sock_path), "%s/c.sock", sock_dir);
+	ASSERT_EQ(loop_new("main", &main_loop), 0);
+	RUN(test_server_added_command);
+	RUN(test_server_listen_fd_handed_over);
+	RUN(test_server_new_fd_refuses_non_listener);
+	loop_free(main_loop);
+	rmdir(sock_dir);
 
 	blk_dev_free(dev);
 	bdev_close(&bdev);

@@ -5,11 +5,14 @@
  *   vblkctl --control PATH set-poll [--poll-max-ns N] [--completion-poll-max-ns N]
  *                                   [--poll-grow N] [--poll-shrink N]
  *   vblkctl --control PATH resize SIZE      (bytes, or with K/M/G/T)
+ *   vblkctl --control PATH metrics          (Prometheus text format)
  *
- * Prints the daemon's JSON reply; exit 1 on an error reply or no daemon.
+ * Prints the daemon's JSON reply (metrics: the text it carries); exit 1 on
+ * an error reply or no daemon.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <json-c/json.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -45,6 +48,47 @@ static const char *num(const char *opt, const char *s)
 	return s;
 }
 
+/* The whole reply (up to EOF), NUL-terminated; malloc'd. */
+static char *read_reply(int fd, const char *path)
+{
+	size_t got = 0, cap = 65536;
+	char *buf = malloc(cap);
+
+	if (!buf)
+		die("out of memory");
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		ssize_t r;
+
+		if (got + 1 == cap) {
+			char *nb = cap < (64u << 20) ? realloc(buf, cap * 2) : NULL;
+
+			if (!nb)
+				die("reply from '%s' is too large", path);
+			buf = nb;
+			cap *= 2;
+		}
+		if (poll(&p, 1, 5000) <= 0)
+			die("no reply from '%s' within 5 s", path);
+		r = recv(fd, buf + got, cap - 1 - got, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	buf[got] = '\0';
+	if (!got)
+		die("empty reply from '%s'", path);
+	return buf;
+}
+
+/* Add key: the number in s (checked by num()) to req. */
+static void add_num(struct json_object *req, const char *key, const char *s)
+{
+	json_object_object_add(req, key, json_object_new_uint64(strtoull(s, NULL, 10)));
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -56,12 +100,14 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
+	static const char commands[] = "stats, set-poll, resize SIZE or metrics";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
-	uint64_t size;
+	struct json_object *req, *rep, *v;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	char req[512], reply[65536];
-	size_t got = 0;
-	int c, fd, n;
+	const char *line;
+	char *reply;
+	uint64_t size;
+	int c, fd, rc;
 
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
@@ -76,10 +122,13 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
 			       "[--completion-poll-max-ns N] [--poll-grow N] [--poll-shrink N]\n"
 			       "       vblkctl --control PATH resize SIZE\n"
+			       "       vblkctl --control PATH metrics\n"
 			       "\n"
 			       "resize grows the disk under the running guest to SIZE bytes (K, M, G, T:\n"
 			       "binary units): a file is extended; a block device or RBD image must have\n"
-			       "grown first (lvextend, rbd resize).  The guest is told at once.\n");
+			       "grown first (lvextend, rbd resize).  The guest is told at once.\n"
+			       "metrics prints the counters in the Prometheus text format (what vblkd\n"
+			       "--metrics serves over HTTP), e.g. for promtool or a textfile collector.\n");
 			return 0;
 		case ':': die("option '%s' needs a value", argv[optind - 1]);
 		default: die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
@@ -88,36 +137,41 @@ int main(int argc, char **argv)
 	if (!path)
 		die("missing --control PATH: the socket given to vblkd --control");
 	if (optind >= argc)
-		die("give one command: stats, set-poll or resize SIZE");
+		die("give one command: %s", commands);
 	cmd = argv[optind];
 	if (optind + 1 != argc && !(optind + 2 == argc && !strcmp(cmd, "resize")))
-		die("give one command: stats, set-poll or resize SIZE");
+		die("give one command: %s", commands);
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink))
 		die("--poll-* options go with set-poll");
+	req = json_object_new_object();
+	if (!req)
+		die("out of memory");
 	if (!strcmp(cmd, "resize")) {
 		if (optind + 2 != argc)
 			die("resize needs a SIZE: bytes, or with K, M, G or T (e.g. 20G)");
 		if (parse_size(argv[optind + 1], &size) < 0)
 			die("resize: '%s' is not a size: give bytes, or with K, M, G or T "
 			    "(e.g. 20G)", argv[optind + 1]);
-		snprintf(req, sizeof(req), "{\"cmd\": \"resize\", \"size\": %llu}\n",
-			 (unsigned long long)size);
-	} else if (!strcmp(cmd, "stats")) {
-		snprintf(req, sizeof(req), "{\"cmd\": \"stats\"}\n");
+		json_object_object_add(req, "cmd", json_object_new_string("resize"));
+		json_object_object_add(req, "size", json_object_new_uint64(size));
+	} else if (!strcmp(cmd, "stats") || !strcmp(cmd, "metrics")) {
+		json_object_object_add(req, "cmd", json_object_new_string(cmd));
 	} else if (!strcmp(cmd, "set-poll")) {
-		n = snprintf(req, sizeof(req), "{\"cmd\": \"set-poll\"");
+		json_object_object_add(req, "cmd", json_object_new_string("set-poll"));
 		if (max)
-			n += snprintf(req + n, sizeof(req) - n, ", \"max_ns\": %s", max);
+			add_num(req, "max_ns", max);
 		if (cmax)
-			n += snprintf(req + n, sizeof(req) - n, ", \"completion_max_ns\": %s", cmax);
+			add_num(req, "completion_max_ns", cmax);
 		if (grow)
-			n += snprintf(req + n, sizeof(req) - n, ", \"grow\": %s", grow);
+			add_num(req, "grow", grow);
 		if (shrink)
-			n += snprintf(req + n, sizeof(req) - n, ", \"shrink\": %s", shrink);
-		snprintf(req + n, sizeof(req) - n, "}\n");
+			add_num(req, "shrink", shrink);
 	} else {
-		die("unknown command '%s': use stats, set-poll or resize SIZE", cmd);
+		die("unknown command '%s': use %s", cmd, commands);
 	}
+	line = json_object_to_json_string_ext(req, JSON_C_TO_STRING_SPACED);
+	if (!line)
+		die("out of memory");
 	if (strlen(path) >= sizeof(sa.sun_path))
 		die("control path '%s' is too long", path);
 	strcpy(sa.sun_path, path);
@@ -125,23 +179,27 @@ int main(int argc, char **argv)
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		die("cannot connect to '%s': %s: is vblkd running with --control %s?", path,
 		    strerror(errno), path);
-	if (send(fd, req, strlen(req), MSG_NOSIGNAL) < 0)
+	if (send(fd, line, strlen(line), MSG_NOSIGNAL) < 0 ||
+	    send(fd, "\n", 1, MSG_NOSIGNAL) < 0)
 		die("cannot send to '%s': %s", path, strerror(errno));
-	while (got < sizeof(reply) - 1) {
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		ssize_t r;
-
-		if (poll(&p, 1, 5000) <= 0)
-			die("no reply from '%s' within 5 s", path);
-		r = recv(fd, reply + got, sizeof(reply) - 1 - got, 0);
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-	}
-	reply[got] = '\0';
+	json_object_put(req);
+	reply = read_reply(fd, path);
 	close(fd);
-	if (!got)
-		die("empty reply from '%s'", path);
-	fputs(reply, stdout);
-	return strstr(reply, "\"error\"") ? 1 : 0;
+	rep = json_tokener_parse(reply);
+	if (!json_object_is_type(rep, json_type_object))
+		die("reply from '%s' is not a JSON object: %.200s", path, reply);
+	rc = json_object_object_get_ex(rep, "error", NULL) ? 1 : 0;
+	if (!rc && !strcmp(cmd, "metrics")) {
+		/* The text itself, as an HTTP scrape would get it. */
+		if (!json_object_object_get_ex(rep, "metrics", &v) ||
+		    !json_object_is_type(v, json_type_string))
+			die("reply from '%s' has no \"metrics\" text: %.200s", path, reply);
+		fwrite(json_object_get_string(v), 1, (size_t)json_object_get_string_len(v),
+		       stdout);
+	} else {
+		fputs(reply, stdout);
+	}
+	json_object_put(rep);
+	free(reply);
+	return rc;
 }

@@ -23,6 +23,7 @@
 #include "util/log.h"
 #include "util/parse.h"
 #include "mem/gm.h"
+#include "metrics/metrics.h"
 #include "vhost/vu.h"
 
 struct vblkd {
@@ -67,7 +68,8 @@ static void usage(FILE *f)
 "  --size SIZE          null backend without --disk: disk size, e.g. 1G\n"
 "  --uring-sqpoll       io_uring: a kernel thread polls submissions\n"
 "  --log-level L        error, warn, info (default) or debug\n"
-"  --control PATH       control socket for vblkctl (stats, polling knobs, resize)\n"
+"  --control PATH       control socket for vblkctl (stats, polling knobs, resize,\n"
+"                       metrics)\n"
 "\n"
 "Notifications (see docs/architecture.md):\n"
 "  --poll-max-ns N      cap of the adaptive polling window for kicks (default\n"
@@ -291,6 +293,7 @@ int main(int argc, char **argv)
 	struct blk_opts ko = { .num_queues = 1, .poll = &poll,
 			       .irq_moderation_max_ns = BLK_IRQ_MODERATION_DEFAULT_NS };
 	const char *sock = NULL, *ctl_path = NULL, *map_arg = NULL;
+	struct metrics_source ms;
 	unsigned qmap[BLK_MAX_QUEUES];
 	int cpus[BLK_MAX_QUEUES];
 	struct ctl_server *ctl = NULL;
@@ -438,10 +441,19 @@ int main(int argc, char **argv)
 			 strerror(errno));
 		goto err_loop;
 	}
+	/* Metrics (vblkctl metrics) read what ctl's stats read,
+	 * on this thread; the frontend counters once srv exists. */
+	metrics_source_init(&ms, v.dev, &b);
 	if (ctl_path) {
 		r = ctl_server_new(ctl_path, v.loop, v.dev, &ctl, msg, sizeof(msg));
 		if (r < 0) {
 			snprintf(err, sizeof(err), "--control: %s", msg);
+			goto err_loop;
+		}
+		r = ctl_server_add_cmd(ctl, "metrics", metrics_ctl_cmd, &ms);
+		if (r < 0) {
+			snprintf(err, sizeof(err), "--control: %s", strerror(-r));
+			ctl_server_free(ctl);
 			goto err_loop;
 		}
 	}
@@ -452,6 +464,7 @@ int main(int argc, char **argv)
 		goto err_loop;
 	}
 	v.srv = srv;
+	ms.srv = srv;
 	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */
 	blk_dev_set_config_notify(v.dev, config_changed_cb, srv);
 	v.gfd = gm_guard_init();

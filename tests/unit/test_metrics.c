@@ -1,0 +1,526 @@
+/*
+ * Description: the Prometheus renderer and its HTTP server: every line of
+ * the text format 0.0.4 well formed (HELP and TYPE once per family before
+ * its samples, vblkd_ names, _total on counters, labels quoted), the
+ * family names pinned, label values escaped, ns printed as exact seconds,
+ * counters never going backwards between scrapes of a real device, the
+ * "metrics" control command.
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#include "backend/bdev.h"
+#include "blk/blk.h"
+#include "loop/loop.h"
+#include "metrics/metrics.h"
+#include "util/compiler.h"
+#include "util/log.h"
+
+#define NUM_QUEUES	3
+#define NUM_IOTHREADS	2
+
+static struct bdev bdev;
+static struct blk_dev *dev;
+static struct metrics_source src;
+
+/* Every family, in the order rendered: the names are a contract with
+ * whoever writes dashboards and alerts (README "Watching it"). */
+static const char *const families[] = {
+	"vblkd_build_info",
+	"vblkd_start_time_seconds",
+	"vblkd_process_cpu_seconds_total",
+	"vblkd_frontend_connected",
+	"vblkd_frontend_connections_total",
+	"vblkd_disk_info",
+	"vblkd_disk_size_bytes",
+	"vblkd_disk_read_only",
+	"vblkd_poll_max_seconds",
+	"vblkd_completion_poll_max_seconds",
+	"vblkd_poll_grow",
+	"vblkd_poll_shrink",
+	"vblkd_queue_iothread",
+	"vblkd_queue_requests_total",
+	"vblkd_queue_bad_requests_total",
+	"vblkd_queue_kicks_total",
+	"vblkd_queue_calls_total",
+	"vblkd_queue_calls_early_total",
+	"vblkd_queue_calls_suppressed_total",
+	"vblkd_queue_calls_held_total",
+	"vblkd_queue_completions_coalesced_total",
+	"vblkd_queue_hold_seconds_total",
+	"vblkd_queue_hold_max_seconds",
+	"vblkd_queue_poll_hits_total",
+	"vblkd_queue_poll_misses_total",
+	"vblkd_queue_poll_window_seconds",
+	"vblkd_iothread_busy_seconds_total",
+	"vblkd_iothread_cpu_seconds_total",
+	"vblkd_iothread_poll_seconds_total",
+	"vblkd_iothread_contended_total",
+	"vblkd_iothread_pinned_cpu",
+};
+
+/* ---- A checker for the text format ---- */
+
+struct sample {
+	char name[96];
+	char labels[256];	/* as written between the braces */
+	double value;
+};
+
+#define MAX_SAMPLES 256
+
+struct parsed {
+	char fam[64][96];	/* in order */
+	char type[64][16];
+	unsigned nfam;
+	struct sample s[MAX_SAMPLES];
+	unsigned ns;
+};
+
+static bool name_ok(const char *s, size_t n)
+{
+	if (!n || !(isalpha((unsigned char)s[0]) || s[0] == '_' || s[0] == ':'))
+		return false;
+	for (size_t i = 1; i < n; i++)
+		if (!(isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == ':'))
+			return false;
+	return true;
+}
+
+/* {k="v",...}: names valid, values quoted with only \\ \" \n escapes.
+ * Returns the length up to and with the closing brace, or 0. */
+static size_t labels_len(const char *s)
+{
+	const char *p = s + 1;
+
+	if (*s != '{')
+		return 0;
+	while (*p != '}') {
+		const char *k = p;
+
+		while (isalnum((unsigned char)*p) || *p == '_')
+			p++;
+		if (!name_ok(k, (size_t)(p - k)) || *p++ != '=' || *p++ != '"')
+			return 0;
+		while (*p != '"') {
+			if (*p == '\n' || !*p)
+				return 0;
+			if (*p == '\\') {
+				p++;
+				if (*p != '\\' && *p != '"' && *p != 'n')
+					return 0;
+			}
+			p++;
+		}
+		p++;
+		if (*p == ',')
+			p++;
+		else if (*p != '}')
+			return 0;
+	}
+	return (size_t)(p - s) + 1;
+}
+
+/* Parse text, failing the test on anything the format (or our own rules)
+ * does not allow. */
+static void parse(const char *text, struct parsed *out)
+{
+	const char *line = text;
+	bool help_seen = false;
+
+	memset(out, 0, sizeof(*out));
+	if (!*text || text[strlen(text) - 1] != '\n')
+		T_FAIL("the text does not end with a line feed");
+	while (*line) {
+		const char *nl = strchr(line, '\n');
+		size_t len = (size_t)(nl - line);
+		char buf[512];
+
+		if (len >= sizeof(buf))
+			T_FAIL("line too long: %.80s", line);
+		memcpy(buf, line, len);
+		buf[len] = '\0';
+		line = nl + 1;
+		if (!strncmp(buf, "# HELP ", 7)) {
+			char *name = buf + 7, *sp = strchr(name, ' ');
+
+			if (!sp || !sp[1] || !name_ok(name, (size_t)(sp - name)))
+				T_FAIL("bad HELP line: %s", buf);
+			*sp = '\0';
+			for (unsigned i = 0; i < out->nfam; i++)
+				if (!strcmp(out->fam[i], name))
+					T_FAIL("family %s twice", name);
+			if (out->nfam == 64)
+				T_FAIL("too many families");
+			snprintf(out->fam[out->nfam], sizeof(out->fam[0]), "%.95s", name);
+			help_seen = true;
+			continue;
+		}
+		if (!strncmp(buf, "# TYPE ", 7)) {
+			char *name = buf + 7, *sp = strchr(name, ' ');
+
+			if (!help_seen || !sp)
+				T_FAIL("TYPE without HELP first: %s", buf);
+			*sp = '\0';
+			if (strcmp(name, out->fam[out->nfam]))
+				T_FAIL("TYPE %s after HELP %s", name, out->fam[out->nfam]);
+			if (strcmp(sp + 1, "counter") && strcmp(sp + 1, "gauge"))
+				T_FAIL("type %s of %s", sp + 1, name);
+			snprintf(out->type[out->nfam], sizeof(out->type[0]), "%.15s", sp + 1);
+			out->nfam++;
+			help_seen = false;
+			continue;
+		}
+		if (buf[0] == '#' || !out->nfam || help_seen)
+			T_FAIL("sample outside a family: %s", buf);
+		{
+			struct sample *s = &out->s[out->ns];
+			const char *fam = out->fam[out->nfam - 1];
+			size_t nl2 = strcspn(buf, "{ "), ll = 0;
+			char *end;
+
+			if (out->ns == MAX_SAMPLES)
+				T_FAIL("too many samples");
+			if (nl2 != strlen(fam) || strncmp(buf, fam, nl2))
+				T_FAIL("sample %s in family %s", buf, fam);
+			if (buf[nl2] == '{') {
+				ll = labels_len(buf + nl2);
+				if (!ll)
+					T_FAIL("bad labels: %s", buf);
+				snprintf(s->labels, sizeof(s->labels), "%.*s", (int)ll - 2,
+					 buf + nl2 + 1);
+			}
+			if (buf[nl2 + ll] != ' ' || !buf[nl2 + ll + 1])
+				T_FAIL("no value: %s", buf);
+			s->value = strtod(buf + nl2 + ll + 1, &end);
+			if (*end)
+				T_FAIL("value is not a number: %s", buf);
+			memcpy(s->name, fam, strlen(fam) + 1);	/* a family name: fits */
+			out->ns++;
+		}
+	}
+	if (help_seen)
+		T_FAIL("HELP without TYPE at the end");
+}
+
+/* The sample of name with exactly these labels ("" for none). */
+static const struct sample *sample(const struct parsed *p, const char *name, const char *labels)
+{
+	for (unsigned i = 0; i < p->ns; i++)
+		if (!strcmp(p->s[i].name, name) && !strcmp(p->s[i].labels, labels))
+			return &p->s[i];
+	T_FAIL("no sample %s{%s}", name, labels);
+}
+
+/* The line of text that starts with prefix. */
+static const char *line_of(const char *text, const char *prefix)
+{
+	const char *p = text;
+
+	while (p && *p) {
+		if (!strncmp(p, prefix, strlen(prefix)))
+			return p;
+		p = strchr(p, '\n');
+		p = p ? p + 1 : NULL;
+	}
+	T_FAIL("no line %s in:\n%s", prefix, text);
+}
+
+static void expect_line(const char *text, const char *want)
+{
+	const char *l = line_of(text, want);
+
+	if (l[strlen(want)] != '\n')
+		T_FAIL("want line \"%s\", got \"%.*s\"", want, (int)strcspn(l, "\n"), l);
+}
+
+/* ---- Synthetic snapshots ---- */
+
+static struct blk_queue_stats fake_q[2];
+static struct blk_iothread_stats fake_t[1];
+static struct blk_stats fake_blk = {
+	.num_queues = 2, .num_iothreads = 1, .queues = fake_q, .iothreads = fake_t,
+	.poll = { .max_ns = 65536, .grow = 2, .shrink = 0, .completion_max_ns = 262144 },
+};
+
+static struct metrics_snapshot fake(void)
+{
+	return (struct metrics_snapshot){
+		.blk = &fake_blk, .version = "1.2.3", .disk_path = "/dev/vg/disk1",
+		.engine = "io_uring", .disk_size = 1ull << 30, .frontend_connected = true,
+		.frontend_connections = 3, .start_time_ns = 1700000000123000000ull,
+		.process_cpu_ns = 2500000000ull,
+	};
+}
+
+static char *format(const struct metrics_snapshot *s)
+{
+	char *text;
+	int n = metrics_format(s, &text);
+
+	ASSERT_TRUE(n > 0);
+	ASSERT_EQ(n, strlen(text));
+	return text;
+}
+
+/* Every line well formed; the families are exactly the list, counters end
+ * in _total and nothing else does; a series per queue and per iothread. */
+static void test_format_lines_and_families(void)
+{
+	static struct parsed p;
+	struct metrics_snapshot s = fake();
+	char *text = format(&s);
+
+	parse(text, &p);
+	ASSERT_EQ(p.nfam, ARRAY_SIZE(families));
+	for (unsigned i = 0; i < p.nfam; i++) {
+		size_t l = strlen(p.fam[i]);
+		bool total = l > 6 && !strcmp(p.fam[i] + l - 6, "_total");
+		unsigned n = 0;
+
+		if (strcmp(p.fam[i], families[i]))
+			T_FAIL("family %u is %s, want %s", i, p.fam[i], families[i]);
+		if (total != !strcmp(p.type[i], "counter"))
+			T_FAIL("%s is a %s", p.fam[i], p.type[i]);
+		for (unsigned j = 0; j < p.ns; j++)
+			n += !strcmp(p.s[j].name, p.fam[i]);
+		if (!strncmp(p.fam[i], "vblkd_queue_", 12))
+			ASSERT_EQ(n, 2);
+		else
+			ASSERT_EQ(n, 1);
+	}
+	ASSERT_TRUE(strstr(text, "\n\n") == NULL);
+	expect_line(text, "vblkd_build_info{version=\"1.2.3\"} 1");
+	expect_line(text, "vblkd_disk_info{path=\"/dev/vg/disk1\",engine=\"io_uring\"} 1");
+	expect_line(text, "vblkd_disk_size_bytes 1073741824");
+	expect_line(text, "vblkd_frontend_connected 1");
+	expect_line(text, "vblkd_frontend_connections_total 3");
+	expect_line(text, "vblkd_queue_requests_total{queue=\"1\"} 0");
+	expect_line(text, "vblkd_iothread_pinned_cpu{iothread=\"0\"} 0");
+	expect_line(text, "# TYPE vblkd_queue_requests_total counter");
+	free(text);
+}
+
+/* Each counter lands in its own family, for the right queue. */
+static void test_fields_map_to_families(void)
+{
+	static struct parsed p;
+	struct metrics_snapshot s = fake();
+	char *text;
+
+	memset(fake_q, 0, sizeof(fake_q));
+	fake_q[1] = (struct blk_queue_stats){
+		.iothread = 0, .requests = 101, .kicks = 102, .calls = 103, .calls_early = 104,
+		.calls_suppressed = 105, .calls_held = 106, .completions_coalesced = 107,
+		.hold_ns_max = 108, .hold_ns_total = 109, .bad_requests = 110, .poll_hits = 111,
+		.poll_misses = 112, .poll_ns = 113,
+	};
+	fake_t[0] = (struct blk_iothread_stats){ .busy_ns = 1, .cpu_ns = 2, .poll_ns_total = 3,
+						 .contended = 4, .cpu = -1 };
+	text = format(&s);
+	parse(text, &p);
+	ASSERT_EQ(sample(&p, "vblkd_queue_requests_total", "queue=\"1\"")->value, 101);
+	ASSERT_EQ(sample(&p, "vblkd_queue_kicks_total", "queue=\"1\"")->value, 102);
+	ASSERT_EQ(sample(&p, "vblkd_queue_calls_total", "queue=\"1\"")->value, 103);
+	ASSERT_EQ(sample(&p, "vblkd_queue_calls_early_total", "queue=\"1\"")->value, 104);
+	ASSERT_EQ(sample(&p, "vblkd_queue_calls_suppressed_total", "queue=\"1\"")->value, 105);
+	ASSERT_EQ(sample(&p, "vblkd_queue_calls_held_total", "queue=\"1\"")->value, 106);
+	ASSERT_EQ(sample(&p, "vblkd_queue_completions_coalesced_total", "queue=\"1\"")->value,
+		  107);
+	expect_line(text, "vblkd_queue_hold_max_seconds{queue=\"1\"} 0.000000108");
+	expect_line(text, "vblkd_queue_hold_seconds_total{queue=\"1\"} 0.000000109");
+	ASSERT_EQ(sample(&p, "vblkd_queue_bad_requests_total", "queue=\"1\"")->value, 110);
+	ASSERT_EQ(sample(&p, "vblkd_queue_poll_hits_total", "queue=\"1\"")->value, 111);
+	ASSERT_EQ(sample(&p, "vblkd_queue_poll_misses_total", "queue=\"1\"")->value, 112);
+	expect_line(text, "vblkd_queue_poll_window_seconds{queue=\"1\"} 0.000000113");
+	ASSERT_EQ(sample(&p, "vblkd_queue_requests_total", "queue=\"0\"")->value, 0);
+	expect_line(text, "vblkd_iothread_busy_seconds_total{iothread=\"0\"} 0.000000001");
+	expect_line(text, "vblkd_iothread_cpu_seconds_total{iothread=\"0\"} 0.000000002");
+	expect_line(text, "vblkd_iothread_poll_seconds_total{iothread=\"0\"} 0.000000003");
+	expect_line(text, "vblkd_iothread_contended_total{iothread=\"0\"} 4");
+	expect_line(text, "vblkd_iothread_pinned_cpu{iothread=\"0\"} -1");
+	free(text);
+}
+
+/* ns become seconds exactly: no rounding, no exponent, no trailing
+ * zeros, the largest counter whole. */
+static void test_seconds_conversion_exact(void)
+{
+	static const struct {
+		uint64_t ns;
+		const char *s;
+	} cases[] = {
+		{ 0, "0" },
+		{ 1, "0.000000001" },
+		{ 10, "0.00000001" },
+		{ 65536, "0.000065536" },
+		{ 999999999, "0.999999999" },
+		{ 1000000000, "1" },
+		{ 1500000000, "1.5" },
+		{ 12345678901, "12.345678901" },
+		{ 86400000000000, "86400" },
+		{ UINT64_MAX, "18446744073.709551615" },
+	};
+	struct metrics_snapshot s = fake();
+	char want[128];
+
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		char *text;
+
+		fake_q[0].hold_ns_total = cases[i].ns;
+		fake_t[0].cpu_ns = cases[i].ns;
+		s.process_cpu_ns = cases[i].ns;
+		text = format(&s);
+		snprintf(want, sizeof(want), "vblkd_queue_hold_seconds_total{queue=\"0\"} %s",
+			 cases[i].s);
+		expect_line(text, want);
+		snprintf(want, sizeof(want), "vblkd_iothread_cpu_seconds_total{iothread=\"0\"} %s",
+			 cases[i].s);
+		expect_line(text, want);
+		snprintf(want, sizeof(want), "vblkd_process_cpu_seconds_total %s", cases[i].s);
+		expect_line(text, want);
+		free(text);
+	}
+	s = fake();
+	{
+		char *text = format(&s);
+
+		expect_line(text, "vblkd_start_time_seconds 1700000000.123");
+		expect_line(text, "vblkd_poll_max_seconds 0.000065536");
+		expect_line(text, "vblkd_completion_poll_max_seconds 0.000262144");
+		free(text);
+	}
+}
+
+/* Label values are escaped as the format says: backslash, double quote
+ * and line feed; nothing else (a tab, UTF-8) is touched. */
+static void test_label_values_escaped(void)
+{
+	static struct parsed p;
+	struct metrics_snapshot s = fake();
+	char *text;
+
+	s.disk_path = "/img/a\"b\\c\nd\te-\xc3\xa9";
+	s.version = "0.1\"x";
+	text = format(&s);
+	expect_line(text, "vblkd_disk_info{path=\"/img/a\\\"b\\\\c\\nd\te-\xc3\xa9\","
+		    "engine=\"io_uring\"} 1");
+	expect_line(text, "vblkd_build_info{version=\"0.1\\\"x\"} 1");
+	parse(text, &p);
+	free(text);
+	/* No path (a disk without one): an empty label value. */
+	s.disk_path = NULL;
+	text = format(&s);
+	expect_line(text, "vblkd_disk_info{path=\"\",engine=\"io_uring\"} 1");
+	free(text);
+}
+
+/* ---- A real device ---- */
+
+/* Two scrapes of a running device: same series, no counter goes back,
+ * the iothreads' CPU time is there and grows; queues labelled 0..2 on
+ * iothreads q mod 2. */
+static void test_real_device_counters_monotone(void)
+{
+	static struct parsed a, b;
+	char *t1, *t2;
+	double cpu_a = 0, cpu_b = 0;
+
+	ASSERT_TRUE(metrics_render(&src, &t1) > 0);
+	parse(t1, &a);
+	for (int i = 0; i < 200; i++) {
+		struct blk_stats st;
+
+		ASSERT_EQ(blk_stats_snapshot(dev, &st), 0);	/* work for the iothreads */
+		blk_stats_release(&st);
+	}
+	ASSERT_TRUE(metrics_render(&src, &t2) > 0);
+	parse(t2, &b);
+	ASSERT_EQ(a.nfam, ARRAY_SIZE(families));
+	ASSERT_EQ(a.ns, b.ns);
+	for (unsigned i = 0; i < a.ns; i++) {
+		size_t l = strlen(a.s[i].name);
+
+		ASSERT_TRUE(!strcmp(a.s[i].name, b.s[i].name));
+		ASSERT_TRUE(!strcmp(a.s[i].labels, b.s[i].labels));
+		if (l > 6 && !strcmp(a.s[i].name + l - 6, "_total") && b.s[i].value < a.s[i].value)
+			T_FAIL("%s{%s} went from %.9f to %.9f", a.s[i].name, a.s[i].labels,
+			       a.s[i].value, b.s[i].value);
+	}
+	for (unsigned t = 0; t < NUM_IOTHREADS; t++) {
+		char lab[32];
+
+		snprintf(lab, sizeof(lab), "iothread=\"%u\"", t);
+		cpu_a += sample(&a, "vblkd_iothread_cpu_seconds_total", lab)->value;
+		cpu_b += sample(&b, "vblkd_iothread_cpu_seconds_total", lab)->value;
+	}
+	ASSERT_TRUE(cpu_a > 0);
+	ASSERT_TRUE(cpu_b > cpu_a);
+	ASSERT_TRUE(sample(&b, "vblkd_process_cpu_seconds_total", "")->value >=
+		    sample(&a, "vblkd_process_cpu_seconds_total", "")->value);
+	ASSERT_EQ(sample(&a, "vblkd_queue_iothread", "queue=\"2\"")->value, 0);
+	ASSERT_EQ(sample(&a, "vblkd_queue_iothread", "queue=\"1\"")->value, 1);
+	ASSERT_EQ(sample(&a, "vblkd_disk_size_bytes", "")->value, 1 << 20);
+	ASSERT_EQ(sample(&a, "vblkd_frontend_connected", "")->value, 0);
+	expect_line(t1, "vblkd_disk_info{path=\"(null)\",engine=\"null\"} 1");
+	free(t1);
+	free(t2);
+}
+
+/* The control command: {"metrics": TEXT}, TEXT the rendered metrics. */
+static void test_ctl_command_carries_text(void)
+{
+	struct json_object *req = json_tokener_parse("{\"cmd\": \"metrics\"}");
+	struct json_object *reply = json_object_new_object(), *m;
+	static struct parsed p;
+	char err[128] = "";
+
+	ASSERT_EQ(metrics_ctl_cmd(&src, req, reply, err, sizeof(err)), 0);
+	ASSERT_EQ(json_object_object_length(reply), 1);
+	ASSERT_TRUE(json_object_object_get_ex(reply, "metrics", &m));
+	ASSERT_TRUE(json_object_is_type(m, json_type_string));
+	parse(json_object_get_string(m), &p);
+	ASSERT_EQ(p.nfam, ARRAY_SIZE(families));
+	json_object_put(req);
+	json_object_put(reply);
+}
+
+int main(void)
+{
+	struct bdev_opts bo = { .engine = "null", .size = 1 << 20 };
+	char err[256];
+	int r;
+
+	log_set_level(LOG_WARN);
+	alarm(120);
+	r = bdev_open(&bo, &bdev, err, sizeof(err));
+	if (r < 0)
+		T_FAIL("bdev_open: %s", err);
+	ASSERT_EQ(blk_dev_new(&bdev, &(struct blk_opts){ .num_queues = NUM_QUEUES,
+							 .num_iothreads = NUM_IOTHREADS }, &dev), 0);
+	metrics_source_init(&src, dev, &bdev);
+
+	RUN(test_format_lines_and_families);
+	RUN(test_fields_map_to_families);
+	RUN(test_seconds_conversion_exact);
+	RUN(test_label_values_escaped);
+	RUN(test_real_device_counters_monotone);
+	RUN(test_ctl_command_carries_text);
+
+	blk_dev_free(dev);
+	bdev_close(&bdev);
+	return T_EXIT_PASS;
+}

@@ -6,11 +6,17 @@
  * queue="N", per-iothread ones iothread="N".  The families are listed in
  * README.md ("Watching it").
  *
- * Rendered on the main thread, where the control socket's "stats" reads
- * the same counters (blk_stats_snapshot: relaxed atomics, read on each
- * iothread through loop_call_sync), and served as the control command
- * "metrics" (metrics_ctl_cmd, added by vblkd with ctl_server_add_cmd):
- * {"metrics": "TEXT"}; vblkctl metrics prints TEXT.
+ * Served two ways, both rendered on the main thread, where the control
+ * socket's "stats" reads the same counters (blk_stats_snapshot: relaxed
+ * atomics, read on each iothread through loop_call_sync; no new thread
+ * ever touches the data path):
+ *   - the control command "metrics" (metrics_ctl_cmd, added by vblkd with
+ *     ctl_server_add_cmd): {"metrics": "TEXT"}; vblkctl metrics prints TEXT;
+ *   - vblkd --metrics ADDR:PORT: HTTP GET /metrics (metrics_http_*), by
+ *     libmicrohttpd in its epoll mode with no thread of its own: its epoll
+ *     fd is watched by the main loop, MHD_run runs when it is readable, and
+ *     a main-loop timer runs it when MHD_get_timeout asks (idle
+ *     connections are closed after 10 s).
  */
 #ifndef VBLK_METRICS_H
 #define VBLK_METRICS_H
@@ -23,6 +29,7 @@ struct bdev;
 struct blk_dev;
 struct blk_stats;
 struct json_object;
+struct loop;
 struct vu_server;
 
 /* Where a scrape's values come from.  Filled by vblkd's main; read on
@@ -65,5 +72,35 @@ int metrics_render(const struct metrics_source *src, char **out);
  * metrics_source): reply {"metrics": TEXT}.  Main thread. */
 int metrics_ctl_cmd(void *opaque, struct json_object *req, struct json_object *reply,
 		    char *err, size_t errlen);
+
+/* ---- HTTP: vblkd --metrics ---- */
+
+struct metrics_http;
+
+/*
+ * Serve src's metrics at http://ADDR:PORT/metrics (GET or HEAD; other
+ * paths 404, other methods 405) on loop l, the main loop.
+ * addr: "127.0.0.1:9720", "[::1]:9720", or ":9720" for every address
+ * (IPv6 and IPv4); numeric only; port 0 takes a free one
+ * (metrics_http_port says which).  With listen_fd >= 0 that listening TCP
+ * socket is served instead (handed over by the process we replace: upgrade
+ * in place) and addr is not used.
+ * Returns 0, or -errno with one line for the user in err: -EINVAL a bad
+ * addr or listen_fd, -EADDRINUSE the port is taken, -ENOTSUP built without
+ * libmicrohttpd.  Nothing is left behind on failure, and a listen_fd given
+ * stays the caller's; on success the server owns it.  Main thread; src
+ * must outlive the server.
+ */
+int metrics_http_new(const char *addr, int listen_fd, struct loop *l,
+		     const struct metrics_source *src, struct metrics_http **out,
+		     char *err, size_t errlen);
+/* The listening socket (to hand over to a new process) and its port.
+ * Any thread. */
+int metrics_http_listen_fd(const struct metrics_http *h);
+unsigned metrics_http_port(const struct metrics_http *h);
+/* Close every connection and our copy of the listening socket (never
+ * shut down: a copy handed to another process keeps listening).  NULL is
+ * a no-op.  Main thread. */
+void metrics_http_free(struct metrics_http *h);
 
 #endif

@@ -70,6 +70,8 @@ static void usage(FILE *f)
 "  --log-level L        error, warn, info (default) or debug\n"
 "  --control PATH       control socket for vblkctl (stats, polling knobs, resize,\n"
 "                       metrics)\n"
+"  --metrics ADDR:PORT  serve Prometheus metrics at http://ADDR:PORT/metrics,\n"
+"                       e.g. 127.0.0.1:9720, [::1]:9720, :9720 (every address)\n"
 "\n"
 "Notifications (see docs/architecture.md):\n"
 "  --poll-max-ns N      cap of the adaptive polling window for kicks (default\n"
@@ -268,6 +270,7 @@ int main(int argc, char **argv)
 		{ "ceph-id", required_argument, NULL, 'I' },
 		{ "size", required_argument, NULL, 'z' },
 		{ "control", required_argument, NULL, 'C' },
+		{ "metrics", required_argument, NULL, 'X' },
 		{ "iothreads", required_argument, NULL, 'T' },
 		{ "uring-sqpoll", no_argument, NULL, 'Q' },
 		{ "queue-map", required_argument, NULL, 'M' },
@@ -292,8 +295,9 @@ int main(int argc, char **argv)
 					 .completion_max_ns = BLK_COMPLETION_POLL_DEFAULT_NS };
 	struct blk_opts ko = { .num_queues = 1, .poll = &poll,
 			       .irq_moderation_max_ns = BLK_IRQ_MODERATION_DEFAULT_NS };
-	const char *sock = NULL, *ctl_path = NULL, *map_arg = NULL;
+	const char *sock = NULL, *ctl_path = NULL, *map_arg = NULL, *metrics_addr = NULL;
 	struct metrics_source ms;
+	struct metrics_http *mh = NULL;
 	unsigned qmap[BLK_MAX_QUEUES];
 	int cpus[BLK_MAX_QUEUES];
 	struct ctl_server *ctl = NULL;
@@ -338,6 +342,7 @@ int main(int argc, char **argv)
 		case 'I': bo.ceph_id = optarg; break;
 		case 'z': bo.size = size_arg("--size", optarg); break;
 		case 'C': ctl_path = optarg; break;
+		case 'X': metrics_addr = optarg; break;
 		case 'T':
 			ko.num_iothreads = parse_uint("--iothreads", optarg, 1, BLK_MAX_QUEUES);
 			break;
@@ -441,7 +446,7 @@ int main(int argc, char **argv)
 			 strerror(errno));
 		goto err_loop;
 	}
-	/* Metrics (vblkctl metrics) read what ctl's stats read,
+	/* Metrics (vblkctl metrics, --metrics) read what ctl's stats read,
 	 * on this thread; the frontend counters once srv exists. */
 	metrics_source_init(&ms, v.dev, &b);
 	if (ctl_path) {
@@ -457,9 +462,20 @@ int main(int argc, char **argv)
 			goto err_loop;
 		}
 	}
+	if (metrics_addr) {
+		r = metrics_http_new(metrics_addr, -1, v.loop, &ms, &mh, msg, sizeof(msg));
+		if (r < 0) {
+			snprintf(err, sizeof(err), "--metrics %s", msg);
+			ctl_server_free(ctl);
+			goto err_loop;
+		}
+		log_info("metrics at http://%s/metrics (port %u)", metrics_addr,
+			 metrics_http_port(mh));
+	}
 	r = vu_server_new(sock, v.loop, &blk_vu_ops, v.dev, &srv, msg, sizeof(msg));
 	if (r < 0) {
 		snprintf(err, sizeof(err), "--socket: %s", msg);
+		metrics_http_free(mh);
 		ctl_server_free(ctl);
 		goto err_loop;
 	}
@@ -472,6 +488,7 @@ int main(int argc, char **argv)
 		snprintf(err, sizeof(err), "cannot set up the SIGBUS guard: %s",
 			 strerror(v.gfd < 0 ? -v.gfd : errno));
 		vu_server_free(srv);
+		metrics_http_free(mh);
 		ctl_server_free(ctl);
 		goto err_loop;
 	}
@@ -490,6 +507,7 @@ int main(int argc, char **argv)
 
 	r = loop_run(v.loop);
 
+	metrics_http_free(mh);
 	loop_fd_del(v.loop, v.gfd_h);
 	vu_server_free(srv);
 	log_stats(&v);

@@ -4,7 +4,10 @@
  * its samples, vblkd_ names, _total on counters, labels quoted), the
  * family names pinned, label values escaped, ns printed as exact seconds,
  * counters never going backwards between scrapes of a real device, the
- * "metrics" control command.
+ * "metrics" control command; then GET /metrics over HTTP on a main loop
+ * (200 with the format's content type, HEAD, 404, 405, a stalled client
+ * not blocking others), addresses refused with one line and no fd left
+ * open, a busy port, and the listening socket adopted and handed over.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -498,9 +501,262 @@ static void test_ctl_command_carries_text(void)
 	json_object_put(reply);
 }
 
+/* ---- HTTP ---- */
+
+static struct loop *main_loop;
+
+static unsigned count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	unsigned n = 0;
+
+	ASSERT_TRUE(d != NULL);
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* A listening TCP socket on 127.0.0.1, any port. */
+static int tcp_listener(unsigned *port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ASSERT_TRUE(fd >= 0);
+	ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ASSERT_EQ(listen(fd, 8), 0);
+	ASSERT_EQ(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	*port = ntohs(sa.sin_port);
+	return fd;
+}
+
+struct client {
+	unsigned port;
+	const char *req;
+	bool stall;		/* a second client first leaves a request half sent */
+	char reply[65536];
+};
+
+static int connect_port(unsigned port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void *client_thread(void *arg)
+{
+	struct client *c = arg;
+	int stalled = -1, fd;
+	size_t got = 0;
+	ssize_t r;
+
+	c->reply[0] = '\0';
+	if (c->stall) {
+		stalled = connect_port(c->port);
+		if (stalled >= 0)
+			(void)!send(stalled, "GET /metr", 9, MSG_NOSIGNAL);
+		usleep(100000);
+	}
+	fd = connect_port(c->port);
+	if (fd >= 0 && send(fd, c->req, strlen(c->req), MSG_NOSIGNAL) >= 0) {
+		while (got < sizeof(c->reply) - 1 &&
+		       (r = recv(fd, c->reply + got, sizeof(c->reply) - 1 - got, 0)) > 0)
+			got += (size_t)r;
+		c->reply[got] = '\0';
+	}
+	if (fd >= 0)
+		close(fd);
+	if (stalled >= 0)
+		close(stalled);
+	loop_stop(main_loop);
+	return NULL;
+}
+
+/* One HTTP exchange while this thread runs the main loop. */
+static const char *http(unsigned port, const char *req, bool stall)
+{
+	static struct client c;
+	pthread_t t;
+
+	c = (struct client){ .port = port, .req = req, .stall = stall };
+	ASSERT_EQ(pthread_create(&t, NULL, client_thread, &c), 0);
+	ASSERT_EQ(loop_run(main_loop), 0);
+	ASSERT_EQ(pthread_join(t, NULL), 0);
+	return c.reply;
+}
+
+static const char *body_of(const char *reply)
+{
+	const char *b = strstr(reply, "\r\n\r\n");
+
+	if (!b)
+		T_FAIL("no HTTP header end in: %.200s", reply);
+	return b + 4;
+}
+
+static void test_http_get_head_404_405(void)
+{
+	static struct parsed p;
+	struct metrics_http *h;
+	char err[256];
+	const char *rep;
+	unsigned port;
+
+	ASSERT_EQ(metrics_http_new("127.0.0.1:0", -1, main_loop, &src, &h, err, sizeof(err)), 0);
+	port = metrics_http_port(h);
+	ASSERT_TRUE(port > 0);
+
+	rep = http(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", false);
+	if (strncmp(rep, "HTTP/1.1 200 ", 13) ||
+	    !strstr(rep, "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"))
+		T_FAIL("GET /metrics: %.300s", rep);
+	parse(body_of(rep), &p);
+	ASSERT_EQ(p.nfam, ARRAY_SIZE(families));
+
+	rep = http(port, "HEAD /metrics HTTP/1.0\r\n\r\n", false);
+	ASSERT_TRUE(!strncmp(rep, "HTTP/1.1 200 ", 13));
+	ASSERT_EQ(strlen(body_of(rep)), 0);
+
+	rep = http(port, "GET /metrics?name[]=x HTTP/1.0\r\n\r\n", false);
+	ASSERT_TRUE(!strncmp(rep, "HTTP/1.1 200 ", 13));
+
+	rep = http(port, "GET / HTTP/1.0\r\n\r\n", false);
+	if (strncmp(rep, "HTTP/1.1 404 ", 13))
+		T_FAIL("GET /: %.200s", rep);
+	rep = http(port, "GET /metricsx HTTP/1.0\r\n\r\n", false);
+	ASSERT_TRUE(!strncmp(rep, "HTTP/1.1 404 ", 13));
+
+	rep = http(port, "POST /metrics HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc", false);
+	if (strncmp(rep, "HTTP/1.1 405 ", 13) || !strstr(rep, "\r\nAllow: GET, HEAD\r\n"))
+		T_FAIL("POST: %.200s", rep);
+	rep = http(port, "DELETE /metrics HTTP/1.0\r\n\r\n", false);
+	ASSERT_TRUE(!strncmp(rep, "HTTP/1.1 405 ", 13));
+	rep = http(port, "PUT /other HTTP/1.0\r\nContent-Length: 0\r\n\r\n", false);
+	ASSERT_TRUE(!strncmp(rep, "HTTP/1.1 405 ", 13));
+
+	/* A client that stops mid-request does not hold up the next one:
+	 * nothing in the main loop waits on a client. */
+	rep = http(port, "GET /metrics HTTP/1.0\r\n\r\n", true);
+	ASSERT_TRUE(!strncmp(rep, "HTTP/1.1 200 ", 13));
+	metrics_http_free(h);
+	ASSERT_EQ(connect_port(port), -1);
+}
+
+/* Bad addresses: -EINVAL and one line naming the problem; a busy port:
+ * -EADDRINUSE; either way no fd is left open. */
+static void test_http_bad_addresses_refused(void)
+{
+	static const struct {
+		const char *addr, *why;
+	} cases[] = {
+		{ "", "is not ADDRESS:PORT" },
+		{ "9720", "is not ADDRESS:PORT" },
+		{ "127.0.0.1", "is not ADDRESS:PORT" },
+		{ "127.0.0.1:", "port must be a number from 0 to 65535" },
+		{ "127.0.0.1:65536", "port must be a number from 0 to 65535" },
+		{ "127.0.0.1:99999999999999999999", "port must be a number" },
+		{ "127.0.0.1:-1", "port must be a number" },
+		{ "127.0.0.1:97x", "port must be a number" },
+		{ "127.0.0.1: 9720", "port must be a number" },
+		{ "::1:9720", "put an IPv6 address in brackets" },
+		{ "[::1:9720", "is not ADDRESS:PORT" },
+		{ "[]:9720", "is not ADDRESS:PORT" },
+		{ "localhost:9720", "'localhost' is not a numeric IPv4 or IPv6 address" },
+		{ "1.2.3.4.5:9720", "is not a numeric" },
+		{ "[127.0.0.1]x:9720", "is not ADDRESS:PORT" },
+		{ "192.0.2.1:9720", "no network interface of this machine has that address" },
+	};
+	struct metrics_http *h = NULL;
+	unsigned fds = count_fds(), port;
+	char err[256], addr[64];
+	int fd;
+
+	for (size_t i = 0; i < ARRAY_SIZE(cases); i++) {
+		err[0] = '\0';
+		ASSERT_TRUE(metrics_http_new(cases[i].addr, -1, main_loop, &src, &h, err,
+					     sizeof(err)) < 0);
+		if (!strstr(err, cases[i].why) || strchr(err, '\n'))
+			T_FAIL("%s: want \"%s\" in one line, got \"%s\"", cases[i].addr,
+			       cases[i].why, err);
+		ASSERT_EQ(count_fds(), fds);
+	}
+	fd = tcp_listener(&port);
+	snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+	ASSERT_EQ(metrics_http_new(addr, -1, main_loop, &src, &h, err, sizeof(err)),
+		  -EADDRINUSE);
+	if (!strstr(err, "the port is in use by another process"))
+		T_FAIL("busy port: %s", err);
+	ASSERT_EQ(count_fds(), fds + 1);
+	close(fd);
+	ASSERT_TRUE(h == NULL);
+}
+
+/* Upgrade in place: a listening socket given to metrics_http_new is
+ * served (the getter returns it); after free, a copy of it (what a new
+ * process would hold) still listens and serves through a second server. */
+static void test_http_listen_fd_adopted_and_handed_over(void)
+{
+	struct metrics_http *a, *b;
+	unsigned port, fds = count_fds();
+	char err[256];
+	int fd, copy;
+
+	fd = tcp_listener(&port);
+	copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	ASSERT_EQ(metrics_http_new(NULL, fd, main_loop, &src, &a, err, sizeof(err)), 0);
+	ASSERT_EQ(metrics_http_listen_fd(a), fd);
+	ASSERT_EQ(metrics_http_port(a), port);
+	ASSERT_TRUE(fcntl(fd, F_GETFL) & O_NONBLOCK);
+	ASSERT_TRUE(!strncmp(http(port, "GET /metrics HTTP/1.0\r\n\r\n", false),
+			     "HTTP/1.1 200 ", 13));
+	metrics_http_free(a);
+	ASSERT_EQ(fcntl(fd, F_GETFD), -1);
+
+	ASSERT_EQ(metrics_http_new(NULL, copy, main_loop, &src, &b, err, sizeof(err)), 0);
+	ASSERT_TRUE(!strncmp(http(port, "GET /metrics HTTP/1.0\r\n\r\n", false),
+			     "HTTP/1.1 200 ", 13));
+	metrics_http_free(b);
+	ASSERT_EQ(count_fds(), fds);
+}
+
+/* What is not a listening TCP socket is refused, and stays open. */
+static void test_http_listen_fd_refused(void)
+{
+	struct metrics_http *h = NULL;
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	char err[256];
+	int fds[4], p[2];
+
+	ASSERT_EQ(pipe(p), 0);
+	fds[0] = p[0];
+	fds[1] = socket(AF_UNIX, SOCK_STREAM, 0);
+	fds[2] = socket(AF_INET, SOCK_STREAM, 0);	/* bound, not listening */
+	ASSERT_EQ(bind(fds[2], (struct sockaddr *)&sa, sizeof(sa)), 0);
+	fds[3] = socket(AF_INET, SOCK_DGRAM, 0);
+	for (int i = 0; i < 4; i++) {
+		ASSERT_EQ(metrics_http_new(NULL, fds[i], main_loop, &src, &h, err, sizeof(err)),
+			  -EINVAL);
+		ASSERT_TRUE(strstr(err, "metrics socket fd") != NULL);
+		ASSERT_TRUE(fcntl(fds[i], F_GETFD) >= 0);
+		close(fds[i]);
+	}
+	close(p[1]);
+	ASSERT_TRUE(h == NULL);
+}
+
 int main(void)
 {
 	struct bdev_opts bo = { .engine = "null", .size = 1 << 20 };
+	struct metrics_http *h;
 	char err[256];
 	int r;
 
@@ -519,6 +775,20 @@ int main(void)
 	RUN(test_label_values_escaped);
 	RUN(test_real_device_counters_monotone);
 	RUN(test_ctl_command_carries_text);
+
+	ASSERT_EQ(loop_new("main", &main_loop), 0);
+	r = metrics_http_new("127.0.0.1:0", -1, main_loop, &src, &h, err, sizeof(err));
+	if (r == -ENOTSUP) {
+		fprintf(stderr, "  (no HTTP tests: %s)\n", err);
+	} else {
+		ASSERT_EQ(r, 0);
+		metrics_http_free(h);
+		RUN(test_http_get_head_404_405);
+		RUN(test_http_bad_addresses_refused);
+		RUN(test_http_listen_fd_adopted_and_handed_over);
+		RUN(test_http_listen_fd_refused);
+	}
+	loop_free(main_loop);
 
 	blk_dev_free(dev);
 	bdev_close(&bdev);

@@ -1,0 +1,427 @@
+/*
+ * vblkd --metrics: GET /metrics over HTTP (libmicrohttpd), on the main
+ * loop.  MHD runs in its epoll mode without a thread: the main loop
+ * watches MHD's epoll fd and calls MHD_run when it is readable, and a
+ * main-loop timer calls it when MHD_get_timeout asks (connection
+ * timeouts, and data MHD read but has not processed yet: timeout 0).  So
+ * every request, and every read of the counters, happens on the main
+ * thread, as the control socket's do.
+ */
+#include "metrics/metrics.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "loop/loop.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+#ifdef HAVE_MICROHTTPD
+#include <microhttpd.h>
+
+/* Scrapers are few; a slow or idle client is dropped after this. */
+#define METRICS_HTTP_MAX_CONNECTIONS 16
+#define METRICS_HTTP_TIMEOUT_S 10
+
+struct metrics_http {
+	const struct metrics_source *src;
+	struct loop *loop;
+	int fd;			/* our listening socket (MHD works on a dup) */
+	unsigned port;
+	struct MHD_Daemon *mhd;
+	struct loop_fd *epoll_h;	/* MHD's epoll fd in the main loop */
+	struct loop_timer *timer;	/* MHD_get_timeout's deadline */
+};
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *text,
+			     const char *allow)
+{
+	struct MHD_Response *r;
+	enum MHD_Result ret;
+
+	r = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+	if (!r)
+		return MHD_NO;
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+	if (allow)
+		MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+	ret = MHD_queue_response(c, status, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+/* MHD's access handler: the first call for each request answers it (any
+ * body a client sends is not needed). */
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+				  const char *method, const char *version,
+				  const char *upload_data, size_t *upload_data_size,
+				  void **req_cls)
+{
+	struct metrics_http *h = cls;
+	struct MHD_Response *r;
+	enum MHD_Result ret;
+	char *text;
+	int n;
+
+	if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
+		return reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed: use GET\n",
+			     "GET, HEAD");
+	if (strcmp(url, "/metrics"))
+		return reply(c, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n",
+			     NULL);
+	n = metrics_render(h->src, &text);
+	if (n < 0)
+		return reply(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "cannot render the metrics\n",
+			     NULL);
+	r = MHD_create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(text);
+		return MHD_NO;
+	}
+	/* The exposition format's own content type (text format 0.0.4). */
+	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+				"text/plain; version=0.0.4; charset=utf-8");
+	ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
+/* MHD_run as often as MHD wants it: at its next timeout, or never (no
+ * timer) if it has none. */
+static void run(struct metrics_http *h)
+{
+	MHD_UNSIGNED_LONG_LONG ms;
+
+	MHD_run(h->mhd);
+	if (MHD_get_timeout(h->mhd, &ms) == MHD_YES)
+		loop_timer_mod(h->timer, sys_now_ns() + (uint64_t)ms * 1000000u);
+	else
+		loop_timer_del(h->timer);
+}
+
+static void on_epoll(void *opaque, uint32_t events)
+{
+	run(opaque);
+}
+
+static void on_timer(void *opaque)
+{
+	run(opaque);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char buf[256];
+	size_t n;
+
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	n = strlen(buf);
+	while (n && buf[n - 1] == '\n')
+		buf[--n] = '\0';
+	/* Mostly what clients got wrong: not worth more than debug. */
+	log_debug("metrics http: %s", buf);
+}
+
+static unsigned sock_port(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+
+	if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+		return 0;
+	if (ss.ss_family == AF_INET)
+		return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	if (ss.ss_family == AF_INET6)
+		return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	return 0;
+}
+
+/* Serve on fd, a listening TCP socket (ours on success only). */
+static int start(int fd, struct loop *l, const struct metrics_source *src,
+		 struct metrics_http **out, char *err, size_t errlen)
+{
+	struct metrics_http *h = calloc(1, sizeof(*h));
+	const union MHD_DaemonInfo *info;
+	int mhd_fd, r;
+
+	if (!h) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	h->src = src;
+	h->loop = l;
+	h->fd = fd;
+	h->port = sock_port(fd);
+	r = loop_timer_new(l, on_timer, h, &h->timer);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot make a timer: %s", strerror(-r));
+		goto err_free;
+	}
+	/* MHD closes the socket it is given when it stops; ours stays ours
+	 * (the getter's, and open if MHD fails to start). */
+	mhd_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (mhd_fd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot duplicate the listening socket: %s", strerror(-r));
+		goto err_timer;
+	}
+	h->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+				  on_request, h,
+				  MHD_OPTION_LISTEN_SOCKET, mhd_fd,
+				  MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_HTTP_MAX_CONNECTIONS,
+				  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_HTTP_TIMEOUT_S,
+				  MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
+				  MHD_OPTION_END);
+	if (!h->mhd) {
+		/* Whether MHD closed mhd_fd on failure is not documented: it
+		 * is left alone rather than risk closing an fd reused since. */
+		r = -ENOMEM;
+		snprintf(err, errlen, "libmicrohttpd could not start");
+		goto err_timer;
+	}
+	info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+	r = info ? loop_fd_add(l, info->epoll_fd, EPOLLIN, on_epoll, h, &h->epoll_h) : -EINVAL;
+	if (r < 0) {
+		snprintf(err, errlen, "cannot watch libmicrohttpd's epoll fd: %s", strerror(-r));
+		goto err_mhd;
+	}
+	run(h);
+	*out = h;
+	return 0;
+
+err_mhd:
+	MHD_stop_daemon(h->mhd);
+err_timer:
+	loop_timer_free(h->timer);
+err_free:
+	free(h);
+	return r;
+}
+
+int metrics_http_listen_fd(const struct metrics_http *h)
+{
+	return h->fd;
+}
+
+unsigned metrics_http_port(const struct metrics_http *h)
+{
+	return h->port;
+}
+
+void metrics_http_free(struct metrics_http *h)
+{
+	if (!h)
+		return;
+	loop_fd_del(h->loop, h->epoll_h);
+	loop_timer_free(h->timer);
+	/* External polling: MHD closes its dup of the listening socket and
+	 * never shuts it down (shutdown would stop a copy handed to another
+	 * process from listening too). */
+	MHD_stop_daemon(h->mhd);
+	close(h->fd);
+	free(h);
+}
+
+#else /* !HAVE_MICROHTTPD */
+
+struct metrics_http {
+	int fd;
+};
+
+static int start(int fd, struct loop *l, const struct metrics_source *src,
+		 struct metrics_http **out, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "needs libmicrohttpd: this vblkd was built without it (rebuild "
+		 "with libmicrohttpd-dev installed, or use vblkctl metrics)");
+	return -ENOTSUP;
+}
+
+int metrics_http_listen_fd(const struct metrics_http *h)
+{
+	return h->fd;
+}
+
+unsigned metrics_http_port(const struct metrics_http *h)
+{
+	return 0;
+}
+
+void metrics_http_free(struct metrics_http *h)
+{
+}
+
+#endif /* HAVE_MICROHTTPD */
+
+/*
+ * "HOST:PORT", "[HOST6]:PORT" or ":PORT" into a host (NULL: every
+ * address) and a port in 0..65535.  host points into buf.  Returns 0 or
+ * -EINVAL with one line in err.
+ */
+static int parse_addr(const char *addr, char *buf, size_t buflen, const char **host,
+		      unsigned *port, char *err, size_t errlen)
+{
+	const char *colon = strrchr(addr, ':'), *p;
+	unsigned long v = 0;
+	size_t hl;
+
+	if (!colon)
+		goto bad;
+	for (p = colon + 1; *p; p++) {
+		if (*p < '0' || *p > '9' || v > 65535)
+			break;
+		v = v * 10 + (unsigned long)(*p - '0');
+	}
+	if (p == colon + 1 || *p || v > 65535) {
+		snprintf(err, errlen, "'%s': the port must be a number from 0 to 65535", addr);
+		return -EINVAL;
+	}
+	*port = (unsigned)v;
+	hl = (size_t)(colon - addr);
+	if (addr[0] == '[') {
+		if (hl < 3 || addr[hl - 1] != ']')
+			goto bad;
+		addr++;
+		hl -= 2;
+	} else if (memchr(addr, ':', hl)) {
+		snprintf(err, errlen, "'%s': put an IPv6 address in brackets, e.g. [::1]:9720",
+			 addr);
+		return -EINVAL;
+	}
+	if (hl >= buflen)
+		goto bad;
+	memcpy(buf, addr, hl);
+	buf[hl] = '\0';
+	*host = hl ? buf : NULL;
+	return 0;
+bad:
+	snprintf(err, errlen, "'%s' is not ADDRESS:PORT (e.g. 127.0.0.1:9720, [::1]:9720, "
+		 "or :9720 for every address)", addr);
+	return -EINVAL;
+}
+
+/* A listening TCP socket on ai, or -errno. */
+static int listen_on(const struct addrinfo *ai)
+{
+	int fd, one = 1, zero = 0, r;
+
+	fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		    ai->ai_protocol);
+	if (fd < 0)
+		return -errno;
+	/* A restart must not wait for TIME_WAIT; a live listener still
+	 * makes bind fail (Linux). */
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	/* Every address means IPv4 too. */
+	if (ai->ai_family == AF_INET6)
+		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 16) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+/* Bind and listen on addr: the fd, or -errno with one line in err. */
+static int bind_addr(const char *addr, char *err, size_t errlen)
+{
+	static const char *const any[] = { "::", "0.0.0.0" };
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
+				  .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE };
+	char host[128], service[8];
+	const char *h;
+	unsigned port;
+	int r;
+
+	r = parse_addr(addr, host, sizeof(host), &h, &port, err, errlen);
+	if (r < 0)
+		return r;
+	snprintf(service, sizeof(service), "%u", port);
+	/* Every address: IPv6's, which takes IPv4 too, or IPv4's alone on a
+	 * machine without IPv6. */
+	for (unsigned i = 0; i < (h ? 1u : 2u); i++) {
+		struct addrinfo *ai;
+
+		r = getaddrinfo(h ? h : any[i], service, &hints, &ai);
+		if (r) {
+			snprintf(err, errlen, "'%s': '%s' is not a numeric IPv4 or IPv6 address",
+				 addr, h);
+			return -EINVAL;
+		}
+		r = listen_on(ai);
+		freeaddrinfo(ai);
+		if (r >= 0 || (r != -EAFNOSUPPORT && r != -EADDRNOTAVAIL))
+			break;
+	}
+	if (r == -EADDRINUSE)
+		snprintf(err, errlen, "%s: the port is in use by another process: stop it or "
+			 "choose another port", addr);
+	else if (r == -EADDRNOTAVAIL)
+		snprintf(err, errlen, "%s: no network interface of this machine has that "
+			 "address", addr);
+	else if (r < 0)
+		snprintf(err, errlen, "cannot listen on %s: %s", addr, strerror(-r));
+	return r;
+}
+
+/* listen_fd must be a listening TCP socket (IPv4 or IPv6). */
+static int check_listen_fd(int fd, char *err, size_t errlen)
+{
+	int type = 0, domain = 0, listening = 0, fl;
+	socklen_t len = sizeof(int);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0) {
+		int r = -errno;
+
+		snprintf(err, errlen, "metrics socket fd %d: %s", fd, strerror(-r));
+		return r == -ENOTSOCK ? -EINVAL : r;
+	}
+	len = sizeof(int);
+	getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len);
+	len = sizeof(int);
+	getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len);
+	if (type != SOCK_STREAM || (domain != AF_INET && domain != AF_INET6) || !listening) {
+		snprintf(err, errlen, "metrics socket fd %d is not a listening TCP socket", fd);
+		return -EINVAL;
+	}
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+	    fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+		int r = -errno;
+
+		snprintf(err, errlen, "metrics socket fd %d: %s", fd, strerror(-r));
+		return r;
+	}
+	return 0;
+}
+
+int metrics_http_new(const char *addr, int listen_fd, struct loop *l,
+		     const struct metrics_source *src, struct metrics_http **out,
+		     char *err, size_t errlen)
+{
+	int fd, r;
+
+#ifndef HAVE_MICROHTTPD
+	/* Before looking at addr: nothing else would help. */
+	return start(-1, l, src, out, err, errlen);
+#endif
+	if (listen_fd >= 0) {
+		r = check_listen_fd(listen_fd, err, errlen);
+		return r < 0 ? r : start(listen_fd, l, src, out, err, errlen);
+	}
+	fd = bind_addr(addr, err, errlen);
+	if (fd < 0)
+		return fd;
+	r = start(fd, l, src, out, err, errlen);
+	if (r < 0)
+		close(fd);
+	return r;
+}

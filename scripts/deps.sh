@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Install what vblkd needs to build, test and demo, on Debian 12 as root.
 # Installs only what is missing; apt-get update runs once, only if needed.
-# Usage: scripts/deps.sh [build|remote|all]   (default: all)
+# Usage: scripts/deps.sh [build|ops|remote|all]   (default: all)
 #   build    compilers, meson, and the libraries vblkd links (liburing,
 #            json-c, libaio, librbd, libnbd, libmicrohttpd)
+#   ops      build, plus what tests/ops scrapes and checks metrics with
+#            (curl, promtool from the prometheus package)
 #   remote   build, plus the remote-storage test rig: a Ceph mon + OSD
 #            (scripts/ceph-cluster.sh), NBD servers (nbdkit, qemu-nbd), and
 #            qemu-storage-daemon with its rbd driver (qemu-block-extra)
-#   all      everything: build, remote, and the guest tests' QEMU, kernel,
+#   all      everything: build, ops, remote, and the guest tests' QEMU, kernel,
 #            busybox and fio
 set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev libaio-dev
             librbd-dev libnbd-dev libmicrohttpd-dev)
+ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)
 remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common
@@ -21,9 +24,10 @@ remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common
 want=("${build_pkgs[@]}")
 case "${1:-all}" in
 build) ;;
+ops) want+=("${ops_pkgs[@]}") ;;
 remote) want+=("${remote_pkgs[@]}") ;;
-all) want+=("${guest_pkgs[@]}" "${remote_pkgs[@]}") ;;
-*) echo "usage: scripts/deps.sh [build|remote|all]" >&2; exit 1 ;;
+all) want+=("${ops_pkgs[@]}" "${guest_pkgs[@]}" "${remote_pkgs[@]}") ;;
+*) echo "usage: scripts/deps.sh [build|ops|remote|all]" >&2; exit 1 ;;
 esac
 
 missing=()
@@ -40,5 +44,15 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 echo "deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
+# We want promtool, not a Prometheus server: packages with a service
+# (prometheus) must not start it.  Without a policy-rc.d (a container
+# without systemd as PID 1, where invoke-rc.d would run the init script, or
+# a host with systemd) one that refuses every start stands in while apt runs.
+if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\n# scripts/deps.sh: no service starts while it installs\nexit 101\n' \
+        >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+fi
 apt-get update -qq >/dev/null
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

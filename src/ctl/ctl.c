@@ -25,6 +25,8 @@ struct ctl_server {
 	struct loop *loop;
 	struct loop_fd *h;
 	struct blk_dev *dev;
+	ctl_upgrade_fn upgrade;
+	void *upgrade_opaque;
 };
 
 /* Append to a bounded buffer; *n becomes > len on overflow. */
@@ -212,6 +214,29 @@ int ctl_handle(struct blk_dev *d, const char *req, char *out, size_t outlen)
 	return reply_error(out, outlen, "unknown cmd: use stats, set-poll or resize");
 }
 
+/* {"cmd": "upgrade", "exec": "PATH"} ("exec" optional; no escapes). */
+static int ctl_upgrade(struct ctl_server *s, const char *req, char *out, size_t outlen)
+{
+	const char *e = json_field(req, "exec");
+	char exec[4096], err[600];
+	size_t n = 0;
+	int pid;
+
+	if (e) {
+		const char *q = *e == '"' ? strchr(e + 1, '"') : NULL;
+
+		if (!q || (size_t)(q - e - 1) >= sizeof(exec) || memchr(e + 1, '\\', (size_t)(q - e - 1)))
+			return reply_error(out, outlen, "\"exec\" must be a path string");
+		memcpy(exec, e + 1, (size_t)(q - e - 1));
+		exec[q - e - 1] = '\0';
+	}
+	pid = s->upgrade(s->upgrade_opaque, e ? exec : NULL, err, sizeof(err));
+	if (pid < 0)
+		return reply_error(out, outlen, err);
+	put(out, outlen, &n, "{\"ok\": true, \"pid\": %d, \"message\": \"%s\"}", pid, err);
+	return outlen ? (int)MIN(n, outlen - 1) : 0;
+}
+
 static void ctl_accept_cb(void *opaque, uint32_t events)
 {
 	struct ctl_server *s = opaque;
@@ -238,7 +263,12 @@ static void ctl_accept_cb(void *opaque, uint32_t events)
 	req[got] = '\0';
 	reply = malloc(CTL_MAX_REPLY);
 	if (reply) {
-		n = ctl_handle(s->dev, req, reply, CTL_MAX_REPLY - 1);
+		const char *cmd = json_field(req, "cmd");
+
+		if (s->upgrade && cmd && !strncmp(cmd, "\"upgrade\"", 9))
+			n = ctl_upgrade(s, req, reply, CTL_MAX_REPLY - 1);
+		else
+			n = ctl_handle(s->dev, req, reply, CTL_MAX_REPLY - 1);
 		if (n >= 0) {
 			reply[n++] = '\n';
 			(void)!send(fd, reply, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -248,8 +278,25 @@ static void ctl_accept_cb(void *opaque, uint32_t events)
 	close(fd);
 }
 
+void ctl_server_set_upgrade(struct ctl_server *s, ctl_upgrade_fn fn, void *opaque)
+{
+	s->upgrade = fn;
+	s->upgrade_opaque = opaque;
+}
+
+int ctl_server_listen_fd(const struct ctl_server *s)
+{
+	return s->fd;
+}
+
 int ctl_server_new(const char *path, struct loop *l, struct blk_dev *d,
 		   struct ctl_server **out, char *err, size_t errlen)
+{
+	return ctl_server_new_fd(path, -1, l, d, out, err, errlen);
+}
+
+int ctl_server_new_fd(const char *path, int listen_fd, struct loop *l, struct blk_dev *d,
+		      struct ctl_server **out, char *err, size_t errlen)
 {
 	struct ctl_server *s = calloc(1, sizeof(*s));
 	int r;
@@ -261,7 +308,7 @@ int ctl_server_new(const char *path, struct loop *l, struct blk_dev *d,
 	s->path = strdup(path);
 	s->loop = l;
 	s->dev = d;
-	r = sock_listen_unix(path, err, errlen);
+	r = listen_fd >= 0 ? listen_fd : sock_listen_unix(path, err, errlen);
 	if (r < 0)
 		goto err_free;
 	s->fd = r;

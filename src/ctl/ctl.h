@@ -32,6 +32,17 @@ struct ctl_server;
 int ctl_server_new(const char *path, struct loop *l, struct blk_dev *d,
 		   struct ctl_server **out, char *err, size_t errlen);
 void ctl_server_free(struct ctl_server *s);
+/* The same on listen_fd, a listener inherited from the process this one
+ * takes over from (upgrade in place); -1: bind path. */
+int ctl_server_new_fd(const char *path, int listen_fd, struct loop *l, struct blk_dev *d,
+		      struct ctl_server **out, char *err, size_t errlen);
+int ctl_server_listen_fd(const struct ctl_server *s);
+
+/* {"cmd": "upgrade", "exec": PATH (optional)}: fn upgrades in place; it
+ * returns the new process's pid with a line for the reply in msg, or
+ * -errno with the reason in msg.  -> {"ok": true, "pid": N, "message"}. */
+typedef int (*ctl_upgrade_fn)(void *opaque, const char *exec, char *msg, size_t msglen);
+void ctl_server_set_upgrade(struct ctl_server *s, ctl_upgrade_fn fn, void *opaque);
 
 /* The "stats" answer as a JSON object in buf.  Returns its length or
  * -ENOSPC. */

@@ -5,11 +5,13 @@
  *   vblkctl --control PATH set-poll [--poll-max-ns N] [--completion-poll-max-ns N]
  *                                   [--poll-grow N] [--poll-shrink N]
  *   vblkctl --control PATH resize SIZE      (bytes, or with K/M/G/T)
+ *   vblkctl --control PATH upgrade [--exec BINARY]
  *
  * Prints the daemon's JSON reply; exit 1 on an error reply or no daemon.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -53,10 +55,14 @@ int main(int argc, char **argv)
 		{ "completion-poll-max-ns", required_argument, NULL, 'C' },
 		{ "poll-grow", required_argument, NULL, 'g' },
 		{ "poll-shrink", required_argument, NULL, 's' },
+		{ "exec", required_argument, NULL, 'e' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
+	const char *exec = NULL;
+	char exec_abs[PATH_MAX];
+	int wait_ms = 5000;
 	uint64_t size;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char req[512], reply[65536];
@@ -71,15 +77,23 @@ int main(int argc, char **argv)
 		case 'C': cmax = num("--completion-poll-max-ns", optarg); break;
 		case 'g': grow = num("--poll-grow", optarg); break;
 		case 's': shrink = num("--poll-shrink", optarg); break;
+		case 'e': exec = optarg; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
 			       "[--completion-poll-max-ns N] [--poll-grow N] [--poll-shrink N]\n"
 			       "       vblkctl --control PATH resize SIZE\n"
+			       "       vblkctl --control PATH upgrade [--exec BINARY]\n"
 			       "\n"
 			       "resize grows the disk under the running guest to SIZE bytes (K, M, G, T:\n"
 			       "binary units): a file is extended; a block device or RBD image must have\n"
-			       "grown first (lvextend, rbd resize).  The guest is told at once.\n");
+			       "grown first (lvextend, rbd resize).  The guest is told at once.\n"
+			       "\n"
+			       "upgrade replaces the running vblkd with a new process of BINARY (default:\n"
+			       "the file it was started from, e.g. after a package upgrade) with the same\n"
+			       "options, handing it the guest's connection, rings and disk: the VM sees a\n"
+			       "pause of milliseconds, no disconnect.  If the new one fails, the old one\n"
+			       "serves on.  Prints the new process's pid.\n");
 			return 0;
 		case ':': die("option '%s' needs a value", argv[optind - 1]);
 		default: die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
@@ -88,12 +102,14 @@ int main(int argc, char **argv)
 	if (!path)
 		die("missing --control PATH: the socket given to vblkd --control");
 	if (optind >= argc)
-		die("give one command: stats, set-poll or resize SIZE");
+		die("give one command: stats, set-poll, resize SIZE or upgrade");
 	cmd = argv[optind];
 	if (optind + 1 != argc && !(optind + 2 == argc && !strcmp(cmd, "resize")))
-		die("give one command: stats, set-poll or resize SIZE");
+		die("give one command: stats, set-poll, resize SIZE or upgrade");
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink))
 		die("--poll-* options go with set-poll");
+	if (strcmp(cmd, "upgrade") && exec)
+		die("--exec goes with upgrade");
 	if (!strcmp(cmd, "resize")) {
 		if (optind + 2 != argc)
 			die("resize needs a SIZE: bytes, or with K, M, G or T (e.g. 20G)");
@@ -115,8 +131,22 @@ int main(int argc, char **argv)
 		if (shrink)
 			n += snprintf(req + n, sizeof(req) - n, ", \"shrink\": %s", shrink);
 		snprintf(req + n, sizeof(req) - n, "}\n");
+	} else if (!strcmp(cmd, "upgrade")) {
+		if (exec) {
+			if (!realpath(exec, exec_abs) || access(exec_abs, X_OK) < 0)
+				die("--exec '%s' is not an executable file", exec);
+			if (strpbrk(exec_abs, "\"\\") || strlen(exec_abs) > 400)
+				die("--exec '%s': the path has quotes or backslashes or is too "
+				    "long: use a plain path", exec);
+			snprintf(req, sizeof(req), "{\"cmd\": \"upgrade\", \"exec\": \"%s\"}\n",
+				 exec_abs);
+		} else {
+			snprintf(req, sizeof(req), "{\"cmd\": \"upgrade\"}\n");
+		}
+		/* The new process may connect to a network disk first. */
+		wait_ms = 60000;
 	} else {
-		die("unknown command '%s': use stats, set-poll or resize SIZE", cmd);
+		die("unknown command '%s': use stats, set-poll, resize SIZE or upgrade", cmd);
 	}
 	if (strlen(path) >= sizeof(sa.sun_path))
 		die("control path '%s' is too long", path);
@@ -131,8 +161,8 @@ int main(int argc, char **argv)
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		ssize_t r;
 
-		if (poll(&p, 1, 5000) <= 0)
-			die("no reply from '%s' within 5 s", path);
+		if (poll(&p, 1, wait_ms) <= 0)
+			die("no reply from '%s' within %d s", path, wait_ms / 1000);
 		r = recv(fd, reply + got, sizeof(reply) - 1 - got, 0);
 		if (r <= 0)
 			break;

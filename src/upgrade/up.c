@@ -21,7 +21,7 @@ extern char **environ;
 #define UP_HELLO    0x76620010u	/* struct up_hello */
 #define UP_WELCOME  0x76620011u	/* u64 version; fds as up_fds says which */
 #define UP_PREPARED 0x76620012u
-#define UP_READY    0x76620013u	/* u64: 0, or the errno of the failure */
+#define UP_READY    0x76620013u	/* struct up_ready */
 #define UP_COMMIT   0x76620014u
 
 /* How long each side waits for the other (ms).  Starting may connect to a
@@ -34,6 +34,12 @@ extern char **environ;
 struct up_hello {
 	uint32_t version;
 	uint32_t pid;
+};
+
+/* The new process's verdict on the state: 0, or an errno and why. */
+struct up_ready {
+	uint32_t err;
+	char why[236];
 };
 
 /* Which of up_fds a WELCOME carries, in this order. */
@@ -168,7 +174,8 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 	struct up_hello h;
 	int sv[2], send_fds[4];
 	unsigned nsend = 0;
-	uint64_t t0, ready = 0;
+	struct up_ready ready = { 0 };
+	uint64_t t0;
 	pid_t pid;
 	int r;
 
@@ -222,19 +229,28 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 	/* The guest's pause starts here. */
 	t0 = sys_now_ns();
 	r = vu_server_handover_save(srv, sv[0], fds->disk < 0, err, errlen);
-	if (r < 0)
+	if (r < 0) {
+		/* It may have stopped reading because it refused the state:
+		 * then it said why. */
+		if (up_expect(sv[0], 1000, UP_READY, &ready, sizeof(ready), NULL, NULL) == 0 &&
+		    ready.err) {
+			ready.why[sizeof(ready.why) - 1] = '\0';
+			snprintf(err, errlen, "the new vblkd (pid %d) refused the state: %s; "
+				 "still serving here", (int)pid, ready.why);
+		}
 		goto fail;
+	}
 	r = up_expect(sv[0], UP_STATE_MS, UP_READY, &ready, sizeof(ready), NULL, NULL);
-	if (r == 0 && ready)
-		r = -(int)ready;
+	if (r == 0 && ready.err)
+		r = -(int)ready.err;
 	if (r == 0)
 		r = vu_handover_send(sv[0], UP_COMMIT, NULL, 0, NULL, 0);
 	if (r < 0) {
 		vu_server_handover_resume(srv);
-		if (ready && r == -(int)ready)
-			snprintf(err, errlen, "the new vblkd (pid %d) refused the state (%s; "
-				 "its log says why); still serving here", (int)pid,
-				 strerror((int)ready));
+		ready.why[sizeof(ready.why) - 1] = '\0';
+		if (ready.err && r == -(int)ready.err)
+			snprintf(err, errlen, "the new vblkd (pid %d) refused the state: %s; "
+				 "still serving here", (int)pid, ready.why);
 		else
 			up_child_gone(pid, r, "taking over", err, errlen);
 		goto fail;
@@ -306,7 +322,7 @@ int up_child_begin(struct up_child *c, char *err, size_t errlen)
 
 int up_child_finish(struct up_child *c, struct vu_server *srv, char *err, size_t errlen)
 {
-	uint64_t ready;
+	struct up_ready ready = { 0 };
 	int r;
 
 	r = vu_handover_send(c->sock, UP_PREPARED, NULL, 0, NULL, 0);
@@ -315,7 +331,10 @@ int up_child_finish(struct up_child *c, struct vu_server *srv, char *err, size_t
 		goto out;
 	}
 	r = vu_server_handover_load(srv, c->sock, UP_STATE_MS, err, errlen);
-	ready = r < 0 ? (uint64_t)-r : 0;
+	if (r < 0) {
+		ready.err = (uint32_t)-r;
+		snprintf(ready.why, sizeof(ready.why), "%s", err);
+	}
 	if (vu_handover_send(c->sock, UP_READY, &ready, sizeof(ready), NULL, 0) < 0 && !r) {
 		snprintf(err, errlen, "upgrade: the old vblkd went away before we were ready");
 		r = -ECONNRESET;

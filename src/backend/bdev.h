@@ -36,6 +36,11 @@ struct bdev_opts {
 	bool no_early_submit;	/* io_uring: always batch submissions (ablation) */
 	const char *ceph_conf;	/* rbd: ceph.conf (NULL: librados' search) */
 	const char *ceph_id;	/* rbd: client id (NULL: admin) */
+	/* take_fd: serve fd, the disk the previous process had open (upgrade
+	 * in place: the same open file, so the same image lock), instead of
+	 * opening path.  bdev_open owns fd from then on. */
+	bool take_fd;
+	int fd;
 };
 
 enum bdev_op {

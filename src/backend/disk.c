@@ -182,7 +182,7 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 		}
 		return 0;
 	}
-	if (stat(o->path, &st) < 0) {
+	if ((o->take_fd ? fstat(o->fd, &st) : stat(o->path, &st)) < 0) {
 		r = -errno;
 		if (r == -ENOENT)
 			snprintf(err, errlen, "disk '%s' does not exist: create it "
@@ -200,7 +200,18 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 	}
 
 	fd = -1;
-	if (want_direct) {
+	if (o->take_fd) {
+		int fl = fcntl(o->fd, F_GETFL);
+
+		fd = o->fd;
+		if (fl < 0 || (!o->read_only && (fl & O_ACCMODE) == O_RDONLY)) {
+			snprintf(err, errlen, "the disk handed over is not open for writing: "
+				 "give the new vblkd the old one's options");
+			r = -EINVAL;
+			goto err_close;
+		}
+		b->direct = fl & O_DIRECT;
+	} else if (want_direct) {
 		fd = open(o->path, flags | O_DIRECT);
 		if (fd < 0 && errno == EINVAL && o->cache == BDEV_CACHE_NONE) {
 			snprintf(err, errlen, "disk '%s' does not support O_DIRECT "
@@ -210,7 +221,9 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 		if (fd < 0 && errno != EINVAL)
 			goto open_err;
 	}
-	if (fd >= 0) {
+	if (o->take_fd) {
+		/* b->direct as the previous process opened it */
+	} else if (fd >= 0) {
 		b->direct = true;
 	} else {
 		fd = open(o->path, flags);
@@ -254,6 +267,13 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 				 "I/O but the block size is %u: use --block-size %u or "
 				 "--cache=writeback", o->path, off_align, b->block_size,
 				 off_align);
+			r = -EINVAL;
+			goto err_close;
+		}
+		if (o->take_fd) {
+			snprintf(err, errlen, "disk '%s' handed over with O_DIRECT needs "
+				 "%u-byte aligned I/O, more than the block size %u",
+				 o->path, off_align, b->block_size);
 			r = -EINVAL;
 			goto err_close;
 		}

@@ -939,6 +939,30 @@ static int blk_set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32
 	return 0;
 }
 
+/* Upgrade in place (vu.h): the write cache mode the guest chose.  Byte 0
+ * is this blob's version, byte 1 the writeback byte. */
+static size_t blk_save_state(void *opaque, uint8_t *buf, size_t len)
+{
+	struct blk_dev *d = opaque;
+
+	if (len < 2)
+		return 0;
+	buf[0] = 1;
+	buf[1] = d->wce;
+	return 2;
+}
+
+static int blk_load_state(void *opaque, const uint8_t *buf, size_t len)
+{
+	struct blk_dev *d = opaque;
+
+	if (len < 2 || buf[0] != 1 || buf[1] > 1)
+		return -EINVAL;
+	d->wce = buf[1];
+	blk_update_cache_mode(d);
+	return 0;
+}
+
 static void blk_set_features(void *opaque, uint64_t features)
 {
 	struct blk_dev *d = opaque;
@@ -1025,6 +1049,8 @@ const struct vu_dev_ops blk_vu_ops = {
 	.claim = blk_claim,
 	.release = blk_release,
 	.needs_reset = blk_needs_reset,
+	.save_state = blk_save_state,
+	.load_state = blk_load_state,
 };
 
 /* ---- Resize (main thread) ---- */

@@ -41,6 +41,8 @@ struct ctl_server {
 	struct blk_dev *dev;
 	struct ctl_cmd *cmds;		/* ctl_server_add_cmd */
 	unsigned ncmds;
+	ctl_upgrade_fn upgrade;		/* ctl_server_set_upgrade */
+	void *upgrade_opaque;
 };
 
 /* ---- Replies ---- */
@@ -543,6 +545,8 @@ int ctl_server_new_fd(const char *path, int listen_fd, struct loop *l, struct bl
 	int type = 0, listening = 0, fl;
 	socklen_t tl = sizeof(type), ll = sizeof(listening);
 
+	if (listen_fd < 0)
+		return ctl_server_new(path, l, d, out, err, errlen);
 	if (getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0) {
 		int r = -errno;
 
@@ -592,6 +596,44 @@ int ctl_server_add_cmd(struct ctl_server *s, const char *name, ctl_cmd_fn fn, vo
 	c->opaque = opaque;
 	s->ncmds++;
 	return 0;
+}
+
+/* {"cmd": "upgrade", "exec": PATH}: the pid and message fn gives. */
+static int cmd_upgrade(void *opaque, struct json_object *req, struct json_object *reply,
+		       char *err, size_t errlen)
+{
+	struct ctl_server *s = opaque;
+	struct json_object *e = NULL;
+	bool ok = true;
+	int pid;
+
+	if (json_object_object_get_ex(req, "exec", &e) &&
+	    (!json_object_is_type(e, json_type_string) || !json_object_get_string_len(e) ||
+	     strlen(json_object_get_string(e)) != (size_t)json_object_get_string_len(e))) {
+		snprintf(err, errlen, "\"exec\" must be a path string");
+		return -EINVAL;
+	}
+	pid = s->upgrade(s->upgrade_opaque, e ? json_object_get_string(e) : NULL, err, errlen);
+	if (pid < 0)
+		return pid;
+	add(reply, "ok", json_object_new_boolean(1), &ok);
+	add(reply, "pid", json_object_new_int(pid), &ok);
+	add(reply, "message", json_object_new_string(err), &ok);
+	if (!ok) {
+		/* Too late to take it back: the reply is all that failed. */
+		snprintf(err, errlen, "upgraded to pid %d, but out of memory for the reply", pid);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void ctl_server_set_upgrade(struct ctl_server *s, ctl_upgrade_fn fn, void *opaque)
+{
+	s->upgrade = fn;
+	s->upgrade_opaque = opaque;
+	if (!find_cmd(s->cmds, s->ncmds, "upgrade", 7) &&
+	    ctl_server_add_cmd(s, "upgrade", cmd_upgrade, s) < 0)
+		log_err("control socket: cannot add the upgrade command: out of memory");
 }
 
 static void server_free(struct ctl_server *s, bool unlink_path)

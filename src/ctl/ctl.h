@@ -17,7 +17,8 @@
  *     -> {"ok": true, "poll": {...}}
  *   {"cmd": "resize", "size": BYTES}   (grow the disk; blk_dev_resize)
  *     -> {"ok": true, "size": N, "notified": true|false (the frontend told)}
- *   commands added with ctl_server_add_cmd (vblkd adds "metrics")
+ *   commands added with ctl_server_add_cmd (vblkd adds "metrics") or
+ *   ctl_server_set_upgrade ("upgrade")
  *   anything else -> {"error": "..."}
  *
  * A request that is not one JSON object, has no "cmd" string, names an
@@ -44,10 +45,11 @@ int ctl_server_new(const char *path, struct loop *l, struct blk_dev *d,
 /*
  * Serve on listen_fd, a unix stream socket already bound to path and
  * listening (one handed over by the process we replace: upgrade in
- * place).  The fd is made non-blocking and close-on-exec.  On success the
- * server owns it; on failure (-errno, one line in err; -ENOTSOCK or
- * -EINVAL for an fd that is not a listening stream socket) the caller
- * still does.  path is what ctl_server_free unlinks.
+ * place); -1: bind path, as ctl_server_new.  The fd is made non-blocking
+ * and close-on-exec.  On success the server owns it; on failure (-errno,
+ * one line in err; -ENOTSOCK or -EINVAL for an fd that is not a listening
+ * stream socket) the caller still does.  path is what ctl_server_free
+ * unlinks.
  */
 int ctl_server_new_fd(const char *path, int listen_fd, struct loop *l, struct blk_dev *d,
 		      struct ctl_server **out, char *err, size_t errlen);
@@ -65,7 +67,9 @@ void ctl_server_free_keep_path(struct ctl_server *s);
  * empty object the handler fills (json_object_object_add).  Returns 0:
  * reply is sent; or -errno with one line in err: the client gets
  * {"error": err} instead, and the handler must have changed nothing.
- * Runs on the main thread, inside the main loop: it must not block.
+ * Runs on the main thread, inside the main loop, which waits for it (the
+ * control socket serves one client at a time): block only as long as the
+ * command itself must (upgrade does, for the handover).
  */
 typedef int (*ctl_cmd_fn)(void *opaque, struct json_object *req,
 			  struct json_object *reply, char *err, size_t errlen);
@@ -76,6 +80,15 @@ typedef int (*ctl_cmd_fn)(void *opaque, struct json_object *req,
  * -EINVAL for an empty name, -ENOMEM.  Main thread.
  */
 int ctl_server_add_cmd(struct ctl_server *s, const char *name, ctl_cmd_fn fn, void *opaque);
+
+/*
+ * {"cmd": "upgrade", "exec": PATH (optional string)}: fn upgrades in place
+ * (a command added as with ctl_server_add_cmd).  fn returns the new
+ * process's pid with a line for the reply in msg, or -errno with the
+ * reason in msg.  -> {"ok": true, "pid": N, "message": msg}.  Main thread.
+ */
+typedef int (*ctl_upgrade_fn)(void *opaque, const char *exec, char *msg, size_t msglen);
+void ctl_server_set_upgrade(struct ctl_server *s, ctl_upgrade_fn fn, void *opaque);
 
 /* The "stats" answer as a JSON object in buf.  Returns its length or
  * -ENOSPC (buf cannot hold it with its NUL), -ENOMEM. */

@@ -1,9 +1,11 @@
 #include "mem/gm.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "util/log.h"
 
@@ -22,6 +24,7 @@ int gm_region_map(struct gm_region *r, uint64_t gpa, uint64_t size,
 	void *p;
 
 	memset(r, 0, sizeof(*r));
+	r->fd = -1;
 	if (size == 0 || gpa + size < gpa || qva + size < qva ||
 	    __builtin_add_overflow(mmap_offset, size, &end) || end > SIZE_MAX)
 		return -EINVAL;
@@ -39,6 +42,14 @@ int gm_region_map(struct gm_region *r, uint64_t gpa, uint64_t size,
 		munmap(p, (size_t)end);
 		return -ENOSPC;
 	}
+	r->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (r->fd < 0) {
+		int e = -errno;
+
+		gm_guard_del(p);
+		munmap(p, (size_t)end);
+		return e;
+	}
 	r->gpa = gpa;
 	r->size = size;
 	r->qva = qva;
@@ -54,8 +65,11 @@ void gm_region_unmap(struct gm_region *r)
 	if (r->mmap_addr) {
 		gm_guard_del(r->mmap_addr);
 		munmap(r->mmap_addr, r->mmap_size);
+		if (r->fd >= 0)
+			close(r->fd);
 	}
 	memset(r, 0, sizeof(*r));
+	r->fd = -1;
 }
 
 int gm_table_add(struct gm_table *t, const struct gm_region *r)

@@ -26,6 +26,9 @@ struct gm_region {
 	void *mmap_addr;	/* our mapping, from fd offset 0 */
 	size_t mmap_size;
 	uint8_t *host;		/* mmap_addr + mmap_offset */
+	/* Our own copy of the frontend's fd (close-on-exec), valid while
+	 * mapped: an upgrade in place hands it to the next process. */
+	int fd;
 };
 
 struct gm_table {
@@ -36,7 +39,8 @@ struct gm_table {
 /*
  * Map a region described by the frontend.  Validates sizes and offsets
  * (no overflow, fd large enough so access can never SIGBUS on a short file)
- * and mmaps fd shared read/write.  Does not take ownership of fd.
+ * and mmaps fd shared read/write.  Does not take ownership of fd: keeps a
+ * duplicate in r->fd, closed by gm_region_unmap.
  * Returns 0 or -errno (-EINVAL for a malformed description).
  */
 int gm_region_map(struct gm_region *r, uint64_t gpa, uint64_t size,

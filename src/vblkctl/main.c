@@ -6,6 +6,7 @@
  *                                   [--poll-grow N] [--poll-shrink N]
  *   vblkctl --control PATH resize SIZE      (bytes, or with K/M/G/T)
  *   vblkctl --control PATH metrics          (Prometheus text format)
+ *   vblkctl --control PATH upgrade [--exec BINARY]
  *
  * Prints the daemon's JSON reply (metrics: the text it carries); exit 1 on
  * an error reply or no daemon.
@@ -13,6 +14,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <json-c/json.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -48,8 +50,9 @@ static const char *num(const char *opt, const char *s)
 	return s;
 }
 
-/* The whole reply (up to EOF), NUL-terminated; malloc'd. */
-static char *read_reply(int fd, const char *path)
+/* The whole reply (up to EOF, each read within wait_ms), NUL-terminated;
+ * malloc'd. */
+static char *read_reply(int fd, const char *path, int wait_ms)
 {
 	size_t got = 0, cap = 65536;
 	char *buf = malloc(cap);
@@ -68,8 +71,8 @@ static char *read_reply(int fd, const char *path)
 			buf = nb;
 			cap *= 2;
 		}
-		if (poll(&p, 1, 5000) <= 0)
-			die("no reply from '%s' within 5 s", path);
+		if (poll(&p, 1, wait_ms) <= 0)
+			die("no reply from '%s' within %d s", path, wait_ms / 1000);
 		r = recv(fd, buf + got, cap - 1 - got, 0);
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -97,11 +100,15 @@ int main(int argc, char **argv)
 		{ "completion-poll-max-ns", required_argument, NULL, 'C' },
 		{ "poll-grow", required_argument, NULL, 'g' },
 		{ "poll-shrink", required_argument, NULL, 's' },
+		{ "exec", required_argument, NULL, 'e' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	static const char commands[] = "stats, set-poll, resize SIZE or metrics";
+	static const char commands[] = "stats, set-poll, resize SIZE, metrics or upgrade";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
+	const char *exec = NULL;
+	char exec_abs[PATH_MAX];
+	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	const char *line;
@@ -117,18 +124,26 @@ int main(int argc, char **argv)
 		case 'C': cmax = num("--completion-poll-max-ns", optarg); break;
 		case 'g': grow = num("--poll-grow", optarg); break;
 		case 's': shrink = num("--poll-shrink", optarg); break;
+		case 'e': exec = optarg; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
 			       "[--completion-poll-max-ns N] [--poll-grow N] [--poll-shrink N]\n"
 			       "       vblkctl --control PATH resize SIZE\n"
 			       "       vblkctl --control PATH metrics\n"
+			       "       vblkctl --control PATH upgrade [--exec BINARY]\n"
 			       "\n"
 			       "resize grows the disk under the running guest to SIZE bytes (K, M, G, T:\n"
 			       "binary units): a file is extended; a block device or RBD image must have\n"
 			       "grown first (lvextend, rbd resize).  The guest is told at once.\n"
 			       "metrics prints the counters in the Prometheus text format (what vblkd\n"
-			       "--metrics serves over HTTP), e.g. for promtool or a textfile collector.\n");
+			       "--metrics serves over HTTP), e.g. for promtool or a textfile collector.\n"
+			       "\n"
+			       "upgrade replaces the running vblkd with a new process of BINARY (default:\n"
+			       "the file it was started from, e.g. after a package upgrade) with the same\n"
+			       "options, handing it the guest's connection, rings and disk: the VM sees a\n"
+			       "pause of milliseconds, no disconnect.  If the new one fails, the old one\n"
+			       "serves on.  Prints the new process's pid.\n");
 			return 0;
 		case ':': die("option '%s' needs a value", argv[optind - 1]);
 		default: die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
@@ -143,6 +158,8 @@ int main(int argc, char **argv)
 		die("give one command: %s", commands);
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink))
 		die("--poll-* options go with set-poll");
+	if (strcmp(cmd, "upgrade") && exec)
+		die("--exec goes with upgrade");
 	req = json_object_new_object();
 	if (!req)
 		die("out of memory");
@@ -166,6 +183,15 @@ int main(int argc, char **argv)
 			add_num(req, "grow", grow);
 		if (shrink)
 			add_num(req, "shrink", shrink);
+	} else if (!strcmp(cmd, "upgrade")) {
+		json_object_object_add(req, "cmd", json_object_new_string("upgrade"));
+		if (exec) {
+			if (!realpath(exec, exec_abs) || access(exec_abs, X_OK) < 0)
+				die("--exec '%s' is not an executable file", exec);
+			json_object_object_add(req, "exec", json_object_new_string(exec_abs));
+		}
+		/* The new process may connect to a network disk first. */
+		wait_ms = 60000;
 	} else {
 		die("unknown command '%s': use %s", cmd, commands);
 	}
@@ -183,7 +209,7 @@ int main(int argc, char **argv)
 	    send(fd, "\n", 1, MSG_NOSIGNAL) < 0)
 		die("cannot send to '%s': %s", path, strerror(errno));
 	json_object_put(req);
-	reply = read_reply(fd, path);
+	reply = read_reply(fd, path, wait_ms);
 	close(fd);
 	rep = json_tokener_parse(reply);
 	if (!json_object_is_type(rep, json_type_object))

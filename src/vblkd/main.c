@@ -22,8 +22,10 @@
 #include "loop/loop.h"
 #include "util/log.h"
 #include "util/parse.h"
+#include "util/sys.h"
 #include "mem/gm.h"
 #include "metrics/metrics.h"
+#include "upgrade/up.h"
 #include "vhost/vu.h"
 
 struct vblkd {
@@ -35,6 +37,10 @@ struct vblkd {
 	struct vu_server *srv;
 	int gfd;			/* SIGBUS guard eventfd (gm.h) */
 	struct loop_fd *gfd_h;
+	struct ctl_server *ctl;
+	struct metrics_http *mh;
+	struct bdev *b;
+	pid_t successor;		/* upgraded in place: who serves now */
 };
 
 static void usage(FILE *f)
@@ -223,6 +229,48 @@ static int config_changed_cb(void *opaque)
 	return vu_server_config_changed(opaque);
 }
 
+/* Started by an upgrade, the control socket's path is the old process's
+ * still (it serves on if we fail): leave it. */
+static void ctl_free_on_error(struct ctl_server *ctl, bool handover)
+{
+	if (handover)
+		ctl_server_free_keep_path(ctl);
+	else
+		ctl_server_free(ctl);
+}
+
+/* vblkctl upgrade: hand everything to a new process (up.h). */
+static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
+{
+	struct vblkd *v = opaque;
+	struct up_fds f = {
+		.listen = vu_server_listen_fd(v->srv),
+		.control = v->ctl ? ctl_server_listen_fd(v->ctl) : -1,
+		.metrics = v->mh ? metrics_http_listen_fd(v->mh) : -1,
+		/* Files and block devices go over as they are; network disks
+		 * are opened again by the new process. */
+		.disk = v->b->engine->open ? -1 : v->b->fd,
+	};
+	struct up_result res;
+	int r;
+
+	if (v->successor) {
+		snprintf(msg, msglen, "already handed over to pid %d", (int)v->successor);
+		return -EALREADY;
+	}
+	r = up_start(v->srv, &f, exec, &res, msg, msglen);
+	if (r < 0) {
+		log_err("upgrade failed: %s", msg);
+		return r;
+	}
+	v->successor = res.pid;
+	snprintf(msg, msglen, "pid %d serves now; the rings paused for %llu us",
+		 (int)res.pid, (unsigned long long)(res.pause_ns / 1000));
+	log_info("upgrade: %s; exiting", msg);
+	loop_stop(v->loop);
+	return (int)res.pid;
+}
+
 static void signal_cb(void *opaque, uint32_t events)
 {
 	struct vblkd *v = opaque;
@@ -304,10 +352,13 @@ int main(int argc, char **argv)
 	char serial[32], err[600], msg[512];
 	struct vblkd v = { .sfd = -1, .gfd = -1 };
 	struct vu_server *srv = NULL;
+	struct up_child uc;
+	bool handover;
 	struct bdev b;
 	sigset_t mask;
 	int c, r;
 
+	up_init(argv);
 	opterr = 0;	/* our own one-line messages below */
 	while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
 		switch (c) {
@@ -420,6 +471,19 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	/* Started by vblkctl upgrade: the old process hands us its sockets
+	 * and disk now, its rings once we are set up (up.h). */
+	r = up_child_begin(&uc, err, sizeof(err));
+	if (r < 0)
+		die("%s", err);
+	handover = r == 1;
+	if (handover && uc.fds.disk >= 0) {
+		bo.take_fd = true;
+		bo.fd = uc.fds.disk;
+	}
+	if (handover && uc.fds.listen < 0)
+		die("upgrade: the old vblkd handed over no vhost-user socket");
+
 	r = bdev_open(&bo, &b, err, sizeof(err));
 	if (r < 0)
 		die("%s", err);
@@ -450,37 +514,50 @@ int main(int argc, char **argv)
 	 * on this thread; the frontend counters once srv exists. */
 	metrics_source_init(&ms, v.dev, &b);
 	if (ctl_path) {
-		r = ctl_server_new(ctl_path, v.loop, v.dev, &ctl, msg, sizeof(msg));
+		r = ctl_server_new_fd(ctl_path, uc.fds.control, v.loop, v.dev, &ctl, msg,
+				      sizeof(msg));
 		if (r < 0) {
 			snprintf(err, sizeof(err), "--control: %s", msg);
 			goto err_loop;
 		}
+		uc.fds.control = -1;
 		r = ctl_server_add_cmd(ctl, "metrics", metrics_ctl_cmd, &ms);
 		if (r < 0) {
 			snprintf(err, sizeof(err), "--control: %s", strerror(-r));
-			ctl_server_free(ctl);
+			ctl_free_on_error(ctl, handover);
 			goto err_loop;
 		}
 	}
 	if (metrics_addr) {
-		r = metrics_http_new(metrics_addr, -1, v.loop, &ms, &mh, msg, sizeof(msg));
+		/* Upgraded in place: the old process's listener, no gap. */
+		r = metrics_http_new(metrics_addr, uc.fds.metrics, v.loop, &ms, &mh, msg,
+				     sizeof(msg));
 		if (r < 0) {
 			snprintf(err, sizeof(err), "--metrics %s", msg);
-			ctl_server_free(ctl);
+			ctl_free_on_error(ctl, handover);
 			goto err_loop;
 		}
+		uc.fds.metrics = -1;
 		log_info("metrics at http://%s/metrics (port %u)", metrics_addr,
 			 metrics_http_port(mh));
 	}
-	r = vu_server_new(sock, v.loop, &blk_vu_ops, v.dev, &srv, msg, sizeof(msg));
+	sys_close(&uc.fds.control);
+	sys_close(&uc.fds.metrics);
+	r = vu_server_new_fd(sock, uc.fds.listen, v.loop, &blk_vu_ops, v.dev, &srv, msg,
+			     sizeof(msg));
 	if (r < 0) {
 		snprintf(err, sizeof(err), "--socket: %s", msg);
 		metrics_http_free(mh);
-		ctl_server_free(ctl);
+		ctl_free_on_error(ctl, handover);
 		goto err_loop;
 	}
 	v.srv = srv;
 	ms.srv = srv;
+	v.ctl = ctl;
+	v.mh = mh;
+	v.b = &b;
+	if (ctl)
+		ctl_server_set_upgrade(ctl, upgrade_cb, &v);
 	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */
 	blk_dev_set_config_notify(v.dev, config_changed_cb, srv);
 	v.gfd = gm_guard_init();
@@ -489,7 +566,7 @@ int main(int argc, char **argv)
 			 strerror(v.gfd < 0 ? -v.gfd : errno));
 		vu_server_free(srv);
 		metrics_http_free(mh);
-		ctl_server_free(ctl);
+		ctl_free_on_error(ctl, handover);
 		goto err_loop;
 	}
 
@@ -505,8 +582,18 @@ int main(int argc, char **argv)
 		log_info("disk %s is being written by another process now: rings "
 			 "start here once it stops (as at the end of a migration)", b.path);
 
+	if (handover && up_child_finish(&uc, srv, err, sizeof(err)) < 0)
+		die("%s", err);
+
 	r = loop_run(v.loop);
 
+	if (v.successor) {
+		/* Everything is the new process's now, the socket files and
+		 * the image lock included: leave without touching any of it. */
+		log_info("exited: handed over to pid %d", (int)v.successor);
+		fflush(NULL);
+		_exit(0);
+	}
 	metrics_http_free(mh);
 	loop_fd_del(v.loop, v.gfd_h);
 	vu_server_free(srv);

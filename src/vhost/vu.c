@@ -78,6 +78,8 @@ struct vu_server {
 	/* INFLIGHT_SHMFD: the frontend's region, mapped (NULL if none). */
 	uint8_t *inflight;
 	size_t inflight_size;
+	int inflight_fd;		/* our copy of its fd (upgrade in place) */
+	uint64_t inflight_offset;
 	unsigned inflight_queues, inflight_qsize;
 	uint64_t inflight_stride;	/* bytes per queue: with packed room or not */
 	unsigned nqueues;
@@ -94,6 +96,15 @@ struct vu_server {
 	/* The device status the frontend set (SET_STATUS; STATUS protocol
 	 * feature), without NEEDS_RESET, which is ours to report. */
 	uint8_t status;
+	/* Upgrade in place ("Upgrade in place" below).  held: the state is
+	 * being replayed from the previous process: no replies, rings wait
+	 * for the commit; ho_nack: a replayed message was refused.
+	 * ho_conn_fd: the frontend's connection, adopted at commit.
+	 * ho_restart: rings the old process stopped for the handover.
+	 * keep_path: the socket file is not ours to remove (yet). */
+	bool held, ho_nack, keep_path;
+	int ho_conn_fd;
+	bool ho_restart[VU_MAX_QUEUES];
 };
 
 static const uint64_t vu_proto_features =
@@ -274,6 +285,9 @@ static int vu_vring_start(struct vu_server *s, unsigned idx)
 	int r;
 
 	if (vr->started || vr->kick_fd < 0)
+		return 0;
+	/* Replaying a handover: the previous process starts nothing. */
+	if (s->held)
 		return 0;
 	if (!vr->num || !vr->addr_set || !s->mem) {
 		log_err("frontend started ring %u before setting its size, "
@@ -930,6 +944,8 @@ static void vu_inflight_unmap(struct vu_server *s)
 	}
 	s->inflight = NULL;
 	s->inflight_size = 0;
+	s->inflight_offset = 0;
+	sys_close(&s->inflight_fd);
 }
 
 static bool vu_inflight_desc_ok(struct vu_server *s, const struct vhost_user_inflight *in)
@@ -982,6 +998,7 @@ static int vu_get_inflight_fd(struct vu_server *s, struct vu_msg *m)
 	vu_inflight_unmap(s);
 	s->inflight = p;
 	s->inflight_size = size;
+	s->inflight_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
 	s->inflight_queues = in->num_queues;
 	s->inflight_qsize = in->queue_size;
 	s->inflight_stride = vq_inflight_region_size_packed(in->queue_size);
@@ -1026,6 +1043,8 @@ static int vu_set_inflight_fd(struct vu_server *s, struct vu_msg *m)
 	vu_inflight_unmap(s);
 	s->inflight = p;
 	s->inflight_size = in->mmap_size;
+	s->inflight_fd = vu_take_fd(m, 0);
+	s->inflight_offset = in->mmap_offset;
 	s->inflight_queues = in->num_queues;
 	s->inflight_qsize = in->queue_size;
 	/* Ours (GET_INFLIGHT_FD) has packed room; an older vblkd's region
@@ -1164,6 +1183,14 @@ static int vu_send(struct vu_server *s, struct vu_msg *m)
 	size_t len = sizeof(m->hdr) + m->hdr.size;
 	ssize_t n;
 
+	if (s->held) {
+		/* A replayed message's ack goes nowhere; a nack fails the
+		 * handover (vu_server_handover_load). */
+		if (m->hdr.size == sizeof(m->p.u64) && m->p.u64)
+			s->ho_nack = true;
+		sys_close(&m->reply_fd);
+		return 0;
+	}
 	if (m->reply_fd >= 0)
 		(void)sock_msg_set_fds(&mh, cbuf, sizeof(cbuf), &m->reply_fd, 1);
 	m->hdr.flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK;
@@ -1352,10 +1379,10 @@ static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
 
 static void vu_listen_cb(void *opaque, uint32_t events);
 
-static void vu_disconnect(struct vu_server *s)
+/* Everything a frontend set, gone: rings stopped (drained), memory and
+ * regions unmapped, features cleared. */
+static void vu_state_clear(struct vu_server *s)
 {
-	if (s->conn_fd < 0)
-		return;
 	for (unsigned i = 0; i < s->nqueues; i++) {
 		vu_vring_stop(s, i);
 		vu_vring_reset(&s->vr[i]);
@@ -1371,6 +1398,13 @@ static void vu_disconnect(struct vu_server *s)
 	s->status = 0;
 	sys_close(&s->backend_fd);
 	s->ops->set_features(s->dev, 0);
+}
+
+static void vu_disconnect(struct vu_server *s)
+{
+	if (s->conn_fd < 0)
+		return;
+	vu_state_clear(s);
 	loop_fd_del(s->loop, s->conn_h);
 	s->conn_h = NULL;
 	sys_close(&s->conn_fd);
@@ -1458,6 +1492,13 @@ static void vu_listen_cb(void *opaque, uint32_t events)
 int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops,
 		  void *dev, struct vu_server **out, char *err, size_t errlen)
 {
+	return vu_server_new_fd(path, -1, l, ops, dev, out, err, errlen);
+}
+
+int vu_server_new_fd(const char *path, int listen_fd, struct loop *l,
+		     const struct vu_dev_ops *ops, void *dev, struct vu_server **out,
+		     char *err, size_t errlen)
+{
 	struct vu_server *s = calloc(1, sizeof(*s));
 	int r;
 
@@ -1472,6 +1513,8 @@ int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops
 	s->backend_fd = -1;
 	s->listen_fd = -1;
 	s->log_call_fd = -1;
+	s->inflight_fd = -1;
+	s->ho_conn_fd = -1;
 	s->features = ops->features(dev);
 	s->nqueues = ops->num_queues(dev);
 	if (s->nqueues > VU_MAX_QUEUES) {
@@ -1490,7 +1533,10 @@ int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops
 	/* calloc'ed fds read 0 (stdin): mark them closed, never close them. */
 	for (unsigned i = 0; i < s->nqueues; i++)
 		s->vr[i].kick_fd = s->vr[i].call_fd = s->vr[i].err_fd = -1;
-	r = sock_listen_unix(path, err, errlen);
+	/* An inherited listener (upgrade in place) stays the previous
+	 * process's until the handover commits. */
+	s->keep_path = listen_fd >= 0;
+	r = listen_fd >= 0 ? listen_fd : sock_listen_unix(path, err, errlen);
 	if (r < 0)
 		goto err_free;
 	s->listen_fd = r;
@@ -1503,7 +1549,8 @@ int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops
 	return 0;
 
 err_unbind:
-	unlink(path);
+	if (!s->keep_path)
+		unlink(path);
 	close(s->listen_fd);
 err_free:
 	free(s->vr);
@@ -1522,9 +1569,11 @@ void vu_server_free(struct vu_server *s)
 	if (s->listen_fd >= 0) {
 		close(s->listen_fd);
 		s->listen_fd = -1;
-		unlink(s->path);
+		if (!s->keep_path)
+			unlink(s->path);
 	}
 	vu_disconnect(s);
+	sys_close(&s->ho_conn_fd);
 	free(s->vr);
 	free(s->path);
 	free(s);
@@ -1546,4 +1595,383 @@ unsigned vu_server_connections(const struct vu_server *s)
 bool vu_server_connected(const struct vu_server *s)
 {
 	return s->conn_fd >= 0;
+}
+
+/* ---- Upgrade in place (docs/architecture.md "Upgrade in place") ----
+ *
+ * The old process stops its rings (draining them, as for GET_VRING_BASE)
+ * and tells the new one everything the frontend told it, as the
+ * vhost-user messages that would set it again, with their fds; the new
+ * process replays them through the same handlers and checks, so a state
+ * it would not have accepted from a frontend it does not accept from a
+ * predecessor either.  Replies go nowhere and rings do not start until
+ * vu_server_handover_commit: until then the old process may still take
+ * everything back (vu_server_handover_resume).
+ */
+
+int vu_handover_send(int sock, uint32_t req, const void *p, uint32_t size, const int *fds,
+		     unsigned nfds)
+{
+	struct vhost_user_hdr h = { .request = req, .flags = VHOST_USER_VERSION, .size = size };
+	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)p, size } };
+	char cbuf[CMSG_SPACE(VHOST_USER_MAX_FDS * sizeof(int))];
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = size ? 2 : 1 };
+	ssize_t n;
+
+	if (nfds > VHOST_USER_MAX_FDS || size > sizeof(union vhost_user_payload) ||
+	    sock_msg_set_fds(&mh, cbuf, sizeof(cbuf), fds, nfds) < 0)
+		return -EINVAL;
+	do
+		n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	return n == (ssize_t)(sizeof(h) + size) ? 0 : -EIO;
+}
+
+/* One message within timeout_ms: 0, -ETIMEDOUT, -ECONNRESET (the peer
+ * went away), VU_MALFORMED. */
+static int vu_ho_recv(int sock, struct vu_msg *m, int timeout_ms)
+{
+	uint64_t deadline = sys_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+
+	m->reply_fd = -1;
+	m->nfds = 0;
+	for (;;) {
+		struct pollfd pf = { .fd = sock, .events = POLLIN };
+		uint64_t now = sys_now_ns();
+		int r;
+
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		r = poll(&pf, 1, (int)((deadline - now) / 1000000 + 1));
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (r <= 0)
+			continue;
+		r = vu_recv(sock, m);
+		if (r != -EAGAIN)
+			return r;
+	}
+}
+
+int vu_handover_recv(int sock, int timeout_ms, uint32_t *req, void *p, uint32_t *size,
+		     int *fds, unsigned *nfds)
+{
+	struct vu_msg m;
+	int r = vu_ho_recv(sock, &m, timeout_ms);
+
+	if (r < 0) {
+		vu_close_fds(&m);
+		return r == VU_MALFORMED ? -EPROTO : r;
+	}
+	if (m.hdr.size > *size || m.nfds > *nfds) {
+		vu_close_fds(&m);
+		return -EPROTO;
+	}
+	*req = m.hdr.request;
+	memcpy(p, &m.p, m.hdr.size);
+	*size = m.hdr.size;
+	memcpy(fds, m.fds, m.nfds * sizeof(int));
+	*nfds = m.nfds;
+	return 0;
+}
+
+/* The messages vu_ho_put sends: all that a replay may contain. */
+static bool vu_ho_replayable(uint32_t req)
+{
+	switch (req) {
+	case VHOST_USER_SET_OWNER:
+	case VHOST_USER_SET_FEATURES:
+	case VHOST_USER_SET_PROTOCOL_FEATURES:
+	case VHOST_USER_ADD_MEM_REG:
+	case VHOST_USER_SET_INFLIGHT_FD:
+	case VHOST_USER_SET_BACKEND_REQ_FD:
+	case VHOST_USER_SET_VRING_NUM:
+	case VHOST_USER_SET_VRING_ADDR:
+	case VHOST_USER_SET_VRING_BASE:
+	case VHOST_USER_SET_VRING_CALL:
+	case VHOST_USER_SET_VRING_ERR:
+	case VHOST_USER_SET_VRING_ENABLE:
+	case VHOST_USER_SET_VRING_KICK:
+	case VHOST_USER_SET_STATUS:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static int vu_ho_u64(int sock, uint32_t req, uint64_t v, int fd)
+{
+	return vu_handover_send(sock, req, &v, sizeof(v), &fd, fd >= 0);
+}
+
+static int vu_ho_state(int sock, uint32_t req, uint32_t index, uint32_t num)
+{
+	struct vhost_vring_state st = { index, num };
+
+	return vu_handover_send(sock, req, &st, sizeof(st), NULL, 0);
+}
+
+/* What the frontend set on ring i, as it would set it. */
+static int vu_ho_put_ring(struct vu_server *s, int sock, unsigned i)
+{
+	const struct vu_vring *vr = &s->vr[i];
+	int r = 0;
+
+	if (vr->num)
+		r = vu_ho_state(sock, VHOST_USER_SET_VRING_NUM, i, vr->num);
+	if (!r && vr->addr_set) {
+		struct vhost_vring_addr a = {
+			.index = i,
+			.flags = vr->log_used ? 1u << VHOST_VRING_F_LOG : 0,
+			.desc_user_addr = vr->desc,
+			.used_user_addr = vr->used,
+			.avail_user_addr = vr->avail,
+			.log_guest_addr = vr->log_addr,
+		};
+
+		r = vu_handover_send(sock, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0);
+	}
+	if (!r)
+		r = vu_ho_state(sock, VHOST_USER_SET_VRING_BASE, i, vr->base);
+	if (!r)
+		r = vu_ho_u64(sock, VHOST_USER_SET_VRING_CALL, i |
+			      (vr->call_fd < 0 ? VHOST_USER_VRING_NOFD_MASK : 0), vr->call_fd);
+	if (!r)
+		r = vu_ho_u64(sock, VHOST_USER_SET_VRING_ERR, i |
+			      (vr->err_fd < 0 ? VHOST_USER_VRING_NOFD_MASK : 0), vr->err_fd);
+	if (!r)
+		r = vu_ho_state(sock, VHOST_USER_SET_VRING_ENABLE, i, vr->enabled);
+	if (!r && vr->kick_fd >= 0)
+		r = vu_ho_u64(sock, VHOST_USER_SET_VRING_KICK, i, vr->kick_fd);
+	return r;
+}
+
+static int vu_ho_put(struct vu_server *s, int sock)
+{
+	struct vu_ho_begin b = { .version = VU_HO_VERSION, .nqueues = s->nqueues,
+				 .nconn = s->nconn };
+	uint8_t dev[VU_HO_DEVICE_MAX];
+	int r;
+
+	r = vu_handover_send(sock, VU_HO_BEGIN, &b, sizeof(b), &s->conn_fd, s->conn_fd >= 0);
+	if (r < 0 || s->conn_fd < 0)
+		goto end;
+	r = vu_handover_send(sock, VHOST_USER_SET_OWNER, NULL, 0, NULL, 0);
+	if (!r)
+		r = vu_ho_u64(sock, VHOST_USER_SET_FEATURES, s->acked, -1);
+	if (!r && (s->acked & (1ull << VHOST_USER_F_PROTOCOL_FEATURES)))
+		r = vu_ho_u64(sock, VHOST_USER_SET_PROTOCOL_FEATURES, s->proto_acked, -1);
+	for (unsigned i = 0; !r && s->mem && i < s->mem->nregions; i++) {
+		const struct gm_region *g = &s->mem->r[i];
+		struct vhost_user_mem_reg mr = {
+			.region = { g->gpa, g->size, g->qva, g->mmap_offset },
+		};
+
+		r = vu_handover_send(sock, VHOST_USER_ADD_MEM_REG, &mr, sizeof(mr), &g->fd, 1);
+	}
+	if (!r && s->inflight) {
+		struct vhost_user_inflight in = {
+			.mmap_size = s->inflight_size,
+			.mmap_offset = s->inflight_offset,
+			.num_queues = (uint16_t)s->inflight_queues,
+			.queue_size = (uint16_t)s->inflight_qsize,
+		};
+
+		r = vu_handover_send(sock, VHOST_USER_SET_INFLIGHT_FD, &in, sizeof(in),
+				     &s->inflight_fd, 1);
+	}
+	if (!r && s->backend_fd >= 0)
+		r = vu_handover_send(sock, VHOST_USER_SET_BACKEND_REQ_FD, NULL, 0,
+				     &s->backend_fd, 1);
+	for (unsigned i = 0; !r && i < s->nqueues; i++)
+		r = vu_ho_put_ring(s, sock, i);
+	if (!r && s->status)
+		r = vu_ho_u64(sock, VHOST_USER_SET_STATUS, s->status, -1);
+	if (!r && s->ops->save_state) {
+		size_t n = s->ops->save_state(s->dev, dev, sizeof(dev));
+
+		r = vu_handover_send(sock, VU_HO_DEVICE, dev, (uint32_t)n, NULL, 0);
+	}
+end:
+	if (!r)
+		r = vu_handover_send(sock, VU_HO_END, NULL, 0, NULL, 0);
+	return r;
+}
+
+int vu_server_handover_save(struct vu_server *s, int sock, bool release, char *err,
+			    size_t errlen)
+{
+	int r;
+
+	if (vu_logging(s)) {
+		snprintf(err, errlen, "a migration is in progress (dirty logging is on): "
+			 "upgrade once it has ended");
+		return -EBUSY;
+	}
+	if (s->inflight_fd < 0 && s->inflight) {
+		snprintf(err, errlen, "the in-flight region cannot be handed on");
+		return -EIO;
+	}
+	/* From here on the frontend's messages wait in the socket for
+	 * whoever serves it next. */
+	loop_fd_del(s->loop, s->listen_h);
+	s->listen_h = NULL;
+	loop_fd_del(s->loop, s->conn_h);
+	s->conn_h = NULL;
+	for (unsigned i = 0; i < s->nqueues; i++) {
+		s->ho_restart[i] = s->vr[i].started;
+		vu_vring_stop(s, i);
+	}
+	/* The next claim is the new process's (a resume claims again). */
+	if (release)
+		vu_release_if_idle(s);
+	r = vu_ho_put(s, sock);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot send the state to the new process: %s",
+			 strerror(-r));
+		vu_server_handover_resume(s);
+	}
+	return r;
+}
+
+void vu_server_handover_resume(struct vu_server *s)
+{
+	int r = 0;
+
+	for (unsigned i = 0; i < s->nqueues; i++) {
+		if (s->ho_restart[i] && r == 0)
+			r = vu_vring_start(s, i);
+		s->ho_restart[i] = false;
+	}
+	if (s->conn_fd >= 0) {
+		if (r == 0)
+			r = loop_fd_add(s->loop, s->conn_fd, EPOLLIN, vu_conn_cb, s, &s->conn_h);
+		if (r < 0) {
+			log_err("cannot resume serving the frontend after the upgrade "
+				"failed: dropping it (it may reconnect)");
+			vu_disconnect(s);
+		}
+	} else if (loop_fd_add(s->loop, s->listen_fd, EPOLLIN, vu_listen_cb, s,
+			       &s->listen_h) < 0) {
+		log_err("cannot watch the listening socket again");
+	}
+}
+
+int vu_server_handover_load(struct vu_server *s, int sock, int timeout_ms, char *err,
+			    size_t errlen)
+{
+	struct vu_ho_begin b;
+	struct vu_msg m;
+	int r;
+
+	r = vu_ho_recv(sock, &m, timeout_ms);
+	if (r == 0 && (m.hdr.request != VU_HO_BEGIN || m.hdr.size != sizeof(b) ||
+		       m.nfds > 1))
+		r = VU_MALFORMED;
+	if (r < 0) {
+		vu_close_fds(&m);
+		snprintf(err, errlen, "no state from the old process: %s",
+			 r == VU_MALFORMED ? "malformed" : strerror(-r));
+		return r == VU_MALFORMED ? -EPROTO : r;
+	}
+	memcpy(&b, &m.p, sizeof(b));
+	if (b.version != VU_HO_VERSION || b.nqueues != s->nqueues) {
+		vu_close_fds(&m);
+		snprintf(err, errlen, b.version != VU_HO_VERSION ?
+			 "state format %u, this vblkd reads %u" :
+			 "the old process has %u queues, this one %u: give it the same --queues",
+			 b.version != VU_HO_VERSION ? b.version : b.nqueues,
+			 b.version != VU_HO_VERSION ? VU_HO_VERSION : s->nqueues);
+		return -EPROTO;
+	}
+	s->ho_conn_fd = m.nfds ? vu_take_fd(&m, 0) : -1;
+	s->nconn = b.nconn;
+	s->held = true;
+	s->ho_nack = false;
+	for (;;) {
+		uint32_t req;
+
+		r = vu_ho_recv(sock, &m, timeout_ms);
+		if (r < 0) {
+			vu_close_fds(&m);
+			snprintf(err, errlen, "the state stopped short: %s",
+				 r == VU_MALFORMED ? "malformed" : strerror(-r));
+			break;
+		}
+		req = m.hdr.request;
+		if (req == VU_HO_END) {
+			vu_close_fds(&m);
+			break;
+		}
+		if (req == VU_HO_DEVICE) {
+			vu_close_fds(&m);
+			r = s->ops->load_state ? s->ops->load_state(s->dev, (uint8_t *)&m.p,
+								    m.hdr.size) : -ENOTSUP;
+			if (r < 0) {
+				snprintf(err, errlen, "the device state was refused: %s",
+					 strerror(-r));
+				break;
+			}
+			continue;
+		}
+		if (!vu_ho_replayable(req)) {
+			vu_close_fds(&m);
+			snprintf(err, errlen, "%s (%u) has no place in a handover",
+				 vu_req_name(req), req);
+			r = -EPROTO;
+			break;
+		}
+		/* Acked, so a refusal shows (vu_send records it). */
+		m.hdr.flags |= VHOST_USER_NEED_REPLY_MASK;
+		r = vu_dispatch(s, &m);
+		if (r == 0 && s->ho_nack)
+			r = -EINVAL;
+		if (r < 0) {
+			snprintf(err, errlen, "%s from the old process was refused",
+				 vu_req_name(req));
+			break;
+		}
+	}
+	if (r < 0) {
+		vu_state_clear(s);
+		sys_close(&s->ho_conn_fd);
+		s->held = false;
+		return r == VU_MALFORMED ? -EPROTO : r;
+	}
+	return 0;
+}
+
+int vu_server_handover_commit(struct vu_server *s)
+{
+	int r = 0;
+
+	s->held = false;
+	s->keep_path = false;
+	if (s->ho_conn_fd >= 0) {
+		r = loop_fd_add(s->loop, s->ho_conn_fd, EPOLLIN, vu_conn_cb, s, &s->conn_h);
+		if (r < 0) {
+			log_err("cannot watch the frontend's connection: %s", strerror(-r));
+			vu_state_clear(s);
+			sys_close(&s->ho_conn_fd);
+			return r;
+		}
+		s->conn_fd = s->ho_conn_fd;
+		s->ho_conn_fd = -1;
+		loop_fd_del(s->loop, s->listen_h);
+		s->listen_h = NULL;
+	}
+	for (unsigned i = 0; i < s->nqueues && r == 0; i++)
+		r = vu_vring_start(s, i);
+	if (r < 0) {
+		vu_server_drop(s, "a ring it had running cannot start here");
+		return -EIO;
+	}
+	return 0;
+}
+
+int vu_server_listen_fd(const struct vu_server *s)
+{
+	return s->listen_fd;
 }

@@ -74,6 +74,13 @@ struct vu_dev_ops {
 	 * stopped it; see vq.h): the driver must reset the device.  Reported
 	 * as NEEDS_RESET in GET_STATUS.  Optional. */
 	bool (*needs_reset)(void *dev);
+	/* Upgrade in place: the device's own state that the frontend set and
+	 * vhost-user messages do not carry (virtio-blk: the write cache
+	 * mode), at most VU_HO_DEVICE_MAX bytes into buf, returning the
+	 * length; load_state takes it in the next process (0 or -errno).
+	 * Optional. */
+	size_t (*save_state)(void *dev, uint8_t *buf, size_t len);
+	int (*load_state)(void *dev, const uint8_t *buf, size_t len);
 };
 
 struct vu_server;
@@ -82,7 +89,8 @@ struct vu_server;
  * Bind and listen on path.  A live listener already there is an error; a
  * stale socket file (nobody accepts) is replaced.  On failure returns
  * -errno, writes one line for the user into err, and leaves nothing
- * behind.  Main thread.
+ * behind.  Main thread.  (vu_server_new_fd below: on a listener inherited
+ * from the process it takes over from.)
  */
 int vu_server_new(const char *path, struct loop *l, const struct vu_dev_ops *ops,
 		  void *dev, struct vu_server **out, char *err, size_t errlen);
@@ -117,6 +125,62 @@ void vu_server_drop(struct vu_server *s, const char *why);
 /* Number of frontends served so far and whether one is connected. */
 unsigned vu_server_connections(const struct vu_server *s);
 bool vu_server_connected(const struct vu_server *s);
+
+/*
+ * Upgrade in place (docs/architecture.md "Upgrade in place"): hand the
+ * frontend, with everything it set, to a new process over sock (a unix
+ * stream socket), as vhost-user messages and their fds framed by
+ * VU_HO_BEGIN (the connection's fd, if one) and VU_HO_END.  Main thread.
+ *
+ * Old process: vu_server_handover_save refuses (-EBUSY, reason in err)
+ * while dirty logging is on; otherwise it stops watching the frontend
+ * and the listener, stops every ring (in-flight I/O completes first),
+ * gives up the disk's claim if release (a disk the new process opens
+ * anew: it claims it), and sends the state.  Then either the new process takes over and this one
+ * exits without touching anything shared (no vu_server_free: it would
+ * remove the socket file), or vu_server_handover_resume restarts the
+ * rings that ran and serves on.  (On a send failure save resumes
+ * itself.)
+ *
+ * New process (vu_server_new_fd on the inherited listener):
+ * vu_server_handover_load replays the state through the message
+ * handlers, ring starts held, replies nowhere; 0, or -errno with the
+ * reason in err and nothing kept.  vu_server_handover_commit, once the
+ * old process has let go, adopts the connection and starts the rings.
+ */
+#define VU_HO_VERSION 1
+#define VU_HO_BEGIN  0x76620001u	/* struct vu_ho_begin, the connection's fd */
+#define VU_HO_DEVICE 0x76620002u	/* save_state's bytes */
+#define VU_HO_END    0x76620003u
+#define VU_HO_DEVICE_MAX 64
+
+struct vu_ho_begin {
+	uint32_t version;	/* VU_HO_VERSION */
+	uint32_t nqueues;
+	uint32_t nconn;		/* frontends served so far */
+	uint32_t padding;
+};
+
+int vu_server_new_fd(const char *path, int listen_fd, struct loop *l,
+		     const struct vu_dev_ops *ops, void *dev, struct vu_server **out,
+		     char *err, size_t errlen);
+int vu_server_listen_fd(const struct vu_server *s);
+int vu_server_handover_save(struct vu_server *s, int sock, bool release, char *err,
+			    size_t errlen);
+void vu_server_handover_resume(struct vu_server *s);
+int vu_server_handover_load(struct vu_server *s, int sock, int timeout_ms, char *err,
+			    size_t errlen);
+int vu_server_handover_commit(struct vu_server *s);
+
+/* The handover's framing, also for the upgrade's own messages (up.h):
+ * a vhost-user header (request req), size payload bytes, nfds fds.
+ * recv waits up to timeout_ms for the message to start; *size and *nfds
+ * give the room on entry and what came on return.  0, -ETIMEDOUT,
+ * -ECONNRESET (peer gone), -EPROTO, -errno. */
+int vu_handover_send(int sock, uint32_t req, const void *p, uint32_t size, const int *fds,
+		     unsigned nfds);
+int vu_handover_recv(int sock, int timeout_ms, uint32_t *req, void *p, uint32_t *size,
+		     int *fds, unsigned *nfds);
 
 /* The device's config space changed (a resize): tell the frontend with
  * CONFIG_CHANGE_MSG on the backend channel, never waiting for it.

@@ -3,6 +3,7 @@
 # GET /metrics that promtool accepts, with the format's content type; its
 # counters move with I/O driven by vblk-bench and agree with vblkctl stats;
 # the frontend gauge and the disk size follow connections and resize;
+# the listener passes to the new process on vblkctl upgrade;
 # other paths 404, other methods 405; vblkctl metrics prints text that
 # promtool accepts; an idle daemon with a scraper connected uses no CPU;
 # a busy port or a bad address is one line and exit 1 with nothing left
@@ -12,9 +13,9 @@ set -uo pipefail
 BUILD=${1:?usage: test_ops.sh BUILD_DIR}
 VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench CTL=$BUILD/vblkctl
 tmp=$(mktemp -d /tmp/vblk-ops.XXXXXX)
-dpid="" bpid="" ipid=""
+dpid="" bpid="" ipid="" npid=""
 cleanup() {
-    for p in $dpid $bpid $ipid; do kill "$p" 2>/dev/null; done
+    for p in $dpid $bpid $ipid $npid; do kill "$p" 2>/dev/null; done
     wait 2>/dev/null; rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -192,7 +193,32 @@ for a in "9720" "127.0.0.1:65536" "127.0.0.1:x" "::1:9720" "localhost:9720" "[::
 done
 ((rc == 1)) && pass metrics-bad-address-one-line
 
-# 9. Every address (:0) takes IPv4 and, where there is IPv6, IPv6 too.
+# 9. Upgrade in place: the new process takes the metrics listener too, so
+#    the same port answers throughout, now with the new process's start.
+start && {
+    before=$(value "$(scrape)" vblkd_start_time_seconds)
+    sleep 0.1
+    if "$CTL" --control "$tmp/c.sock" upgrade >"$tmp/up.out" 2>&1; then
+        npid=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$tmp/up.out")
+        wait "$dpid" 2>/dev/null; dpid=""
+        after=$(value "$(scrape)" vblkd_start_time_seconds)
+        if [[ -n $after && $after != "$before" ]] && kill -0 "$npid" 2>/dev/null &&
+            [[ $(readlink "/proc/$npid/exe") == "$(readlink -f "$VBLKD")" ]] &&
+            scrape | promtool check metrics >/dev/null 2>&1; then
+            pass metrics-survive-upgrade-in-place
+        else
+            fail metrics-survive-upgrade-in-place "start time $before -> ${after:-no answer}"
+        fi
+        kill -TERM "$npid" 2>/dev/null
+        for _ in $(seq 100); do kill -0 "$npid" 2>/dev/null || break; sleep 0.05; done
+        npid=""
+    else
+        fail metrics-survive-upgrade-in-place "$(cat "$tmp/up.out")"
+        stop
+    fi
+}
+
+# 10. Every address (:0) takes IPv4 and, where there is IPv6, IPv6 too.
 rm -f "$tmp/d.sock"
 "$VBLKD" --socket "$tmp/d.sock" --backend null --metrics :0 >"$tmp/vblkd.log" 2>&1 &
 dpid=$!

@@ -6,12 +6,13 @@
 # restarted under load, an NBD server killed under load (vblkd survives
 # both and serves the next frontend); every user mistake (bad URI or spec,
 # missing pool or image, no cluster, no server) one line and exit 1 in
-# bounded time, no socket left.  Every step runs under timeout.
+# bounded time, no socket left; upgrade in place under verified I/O on
+# each.  Every step runs under timeout.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 BUILD=${1:?usage: test_remote.sh BUILD_DIR}
 BUILD=$(cd "$BUILD" && pwd)
-VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench
+VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench CTL=$BUILD/vblkctl
 top=$(cd "$(dirname "$0")/../.." && pwd)
 CLUSTER=$top/scripts/ceph-cluster.sh
 # A user mistake must be reported within this many seconds (vblkd gives a
@@ -182,6 +183,46 @@ if ((have_qnbd)); then
     verify_case nbd-unix-verify-1job 1 --disk "$nbd_unix"
     verify_case nbd-unix-verify-2jobs 2 --disk "$nbd_unix"
 fi
+
+# ---- Upgrade in place ----
+# The new process opens the disk anew (its own librbd handle, its own NBD
+# connection) while the old one serves; once the old one has drained its
+# rings it flushes and gives up its claim (RBD: the exclusive lock), and
+# the new one takes it when its rings start.  Verified I/O runs across.
+gone() { [[ ! -e /proc/$1/stat ]] || [[ $(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) == Z ]]; }
+upgrade_case() {	# NAME VBLKD-ARGS...
+    local name=$1 old new rc; shift
+    start "$name" "$@" --queues 2 --control "$tmp/c.sock" || return
+    old=$dpid
+    timeout -k 5 60 "$BENCH" --socket "$tmp/d.sock" --json --rw randrw --bs 4k --iodepth 8 \
+        --numjobs 2 --runtime 4 --ramp 0 --size 8M --rate-iops 1000 --verify \
+        >"$tmp/$name.json" 2>"$tmp/$name.err" &
+    local b=$!
+    sleep 1.5
+    if timeout 70 "$CTL" --control "$tmp/c.sock" upgrade >"$tmp/$name.up" 2>&1; then
+        new=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$tmp/$name.up")
+        pass "$name-upgraded" "$(grep -o 'paused for [0-9]* us' "$tmp/$name.up")"
+    else
+        fail "$name-upgraded" "$(cat "$tmp/$name.up")"
+    fi
+    wait "$b"; rc=$?
+    if ((rc == 0)); then pass "$name-bench-exit-0"; else fail "$name-bench-exit-0" "rc=$rc $(head -2 "$tmp/$name.err")"; fi
+    check "$name-data" "$(cat "$tmp/$name.json")" \
+        "r['errors'] == 0 and r['verify_errors'] == 0 and r['verified'] >= 500"
+    if [[ -n ${new:-} ]]; then
+        wait "$old"; rc=$?
+        ((rc == 0)) && gone "$old" && pass "$name-old-exit-0" || fail "$name-old-exit-0" "rc=$rc"
+        kill -TERM "$new"
+        for _ in $(seq 300); do gone "$new" && break; sleep 0.1; done
+        gone "$new" && pass "$name-new-stops" || { kill -9 "$new"; fail "$name-new-stops"; }
+        dpid=""
+    else
+        stop "$name"
+    fi
+}
+((have_ceph)) && upgrade_case rbd-upgrade --disk rbd:rbd/v1 --ceph-conf "$conf"
+((have_nbdkit)) && upgrade_case nbd-tcp-upgrade --disk "$nbd_tcp"
+((have_qnbd)) && upgrade_case nbd-unix-upgrade --disk "$nbd_unix"
 
 # ---- Discard reaches the backend ----
 # vblk-bench --rw trim; tests/guest/remote.sh checks the same from a

@@ -6,7 +6,8 @@
  * malformed requests (not JSON, not an object, wrong types) get an error,
  * unknown fields are ignored, the wire format is pinned, and replies stay
  * inside the caller's buffer; then the server over its socket: added
- * commands, and the listening socket handed to a new server.
+ * commands, the upgrade command, and the listening socket handed to a new
+ * server.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -767,6 +768,72 @@ static void test_server_added_command(void)
 	ASSERT_EQ(access(sock_path, F_OK), -1);
 }
 
+/* What vblkd's upgrade_cb would do, recorded. */
+static char upgrade_exec[256];
+static int upgrade_calls;
+
+static int fake_upgrade(void *opaque, const char *exec, char *msg, size_t msglen)
+{
+	upgrade_calls++;
+	snprintf(upgrade_exec, sizeof(upgrade_exec), "%s", exec ? exec : "(none)");
+	if (exec && !strcmp(exec, "/bad")) {
+		snprintf(msg, msglen, "the new vblkd said: no");
+		return -EPROTO;
+	}
+	snprintf(msg, msglen, "pid %d serves now", *(int *)opaque);
+	return *(int *)opaque;
+}
+
+/* ctl_server_set_upgrade: "upgrade" with or without "exec" (any path, its
+ * quotes and backslashes too), the pid and message in the reply; an
+ * "exec" that is not a non-empty string is refused before fn runs; fn's
+ * refusal is the error.  ctl_server_new_fd with -1 binds the path. */
+static void test_server_upgrade_command(void)
+{
+	struct ctl_server *s;
+	char err[256];
+	const char *rep;
+	int pid = 4242;
+
+	ASSERT_EQ(ctl_server_new_fd(sock_path, -1, main_loop, dev, &s, err, sizeof(err)), 0);
+	rep = ask(main_loop, sock_path, "{\"cmd\": \"upgrade\"}\n");
+	if (!strstr(rep, "unknown cmd 'upgrade'"))
+		T_FAIL("before set_upgrade: %s", rep);
+	ctl_server_set_upgrade(s, fake_upgrade, &pid);
+	ctl_server_set_upgrade(s, fake_upgrade, &pid);	/* again: still one command */
+
+	rep = ask(main_loop, sock_path, "{\"cmd\": \"upgrade\"}\n");
+	if (strcmp(rep, "{ \"ok\": true, \"pid\": 4242, \"message\": \"pid 4242 serves now\" }\n"))
+		T_FAIL("upgrade: %s", rep);
+	ASSERT_TRUE(!strcmp(upgrade_exec, "(none)"));
+	rep = ask(main_loop, sock_path,
+		  "{\"cmd\": \"upgrade\", \"exec\": \"/opt/v \\\"1\\\"\\\\vblkd\"}\n");
+	ASSERT_TRUE(strstr(rep, "\"pid\": 4242") != NULL);
+	if (strcmp(upgrade_exec, "/opt/v \"1\"\\vblkd"))
+		T_FAIL("exec passed as %s", upgrade_exec);
+	ASSERT_EQ(upgrade_calls, 2);
+	static const char *const bad[] = {
+		"{\"cmd\": \"upgrade\", \"exec\": 5}\n",
+		"{\"cmd\": \"upgrade\", \"exec\": null}\n",
+		"{\"cmd\": \"upgrade\", \"exec\": \"\"}\n",
+		"{\"cmd\": \"upgrade\", \"exec\": \"/a\\u0000b\"}\n",
+		"{\"cmd\": \"upgrade\", \"exec\": [\"/a\"]}\n",
+	};
+	for (size_t i = 0; i < ARRAY_SIZE(bad); i++) {
+		rep = ask(main_loop, sock_path, bad[i]);
+		if (strcmp(rep, "{ \"error\": \"\\\"exec\\\" must be a path string\" }\n"))
+			T_FAIL("%s: %s", bad[i], rep);
+	}
+	ASSERT_EQ(upgrade_calls, 2);
+	rep = ask(main_loop, sock_path, "{\"cmd\": \"upgrade\", \"exec\": \"/bad\"}\n");
+	if (strcmp(rep, "{ \"error\": \"the new vblkd said: no\" }\n"))
+		T_FAIL("refused: %s", rep);
+	rep = ask(main_loop, sock_path, "{\"cmd\": \"nope\"}\n");
+	ASSERT_TRUE(strstr(rep, "use stats, set-poll, resize, upgrade\"") != NULL);
+	ctl_server_free(s);
+	ASSERT_EQ(access(sock_path, F_OK), -1);
+}
+
 /* Upgrade in place: the listening socket, handed to a new server (here a
  * dup, as a new process would get it), serves the same path; the server
  * that let go keeps the path on free, the last one unlinks it. */
@@ -927,6 +994,7 @@ int main(void)
 	snprintf(sock_path, sizeof(sock_path), "%s/c.sock", sock_dir);
 	ASSERT_EQ(loop_new("main", &main_loop), 0);
 	RUN(test_server_added_command);
+	RUN(test_server_upgrade_command);
 	RUN(test_server_listen_fd_handed_over);
 	RUN(test_server_new_fd_refuses_non_listener);
 	loop_free(main_loop);

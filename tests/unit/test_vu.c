@@ -10,6 +10,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -340,20 +341,25 @@ static void barrier(int c)
 
 /* Connect and wait until we are the frontend being served: the previous
  * one is then fully disconnected and its device calls are over. */
-static int conn_open(void)
+static int conn_open_at(const char *path)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timeval tv = { .tv_sec = CLIENT_TIMEOUT_S };
 	int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	ASSERT_TRUE(c >= 0);
-	strcpy(sa.sun_path, sock_path);
+	strcpy(sa.sun_path, path);
 	if (connect(c, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		T_FAIL("connect %s: %s", sock_path, strerror(errno));
+		T_FAIL("connect %s: %s", path, strerror(errno));
 	ASSERT_EQ(setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
 	ASSERT_EQ(setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)), 0);
 	barrier(c);
 	return c;
+}
+
+static int conn_open(void)
+{
+	return conn_open_at(sock_path);
 }
 
 /* The server dropped us: EOF, not a reply and not a timeout. */
@@ -1523,6 +1529,259 @@ static void remove_socket_dir(void)
 	rmdir(sock_dir);
 }
 
+/* ---- Upgrade in place (vu_server_handover_*) ---- */
+
+static const struct vu_dev_ops *ho_ops_b = &fake_ops;
+
+static unsigned one_queue(void *dev)
+{
+	return 1;
+}
+
+/* What the loop thread does for a handover from a to b (created here on
+ * the listener a had, as the new process does), in one go. */
+struct ho_run {
+	struct vu_server *a, *b;
+	bool commit, resume, create_b, free_a;
+	int r_save, r_load, r_commit;
+	char err[256];
+};
+
+static void ho_run_cb(void *opaque)
+{
+	struct ho_run *h = opaque;
+	int sv[2];
+
+	h->r_save = h->r_load = h->r_commit = -1;
+	ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	if (h->create_b) {
+		char path[128];
+
+		snprintf(path, sizeof(path), "%s/ho.sock", sock_dir);
+		ASSERT_EQ(vu_server_new_fd(path, fcntl(vu_server_listen_fd(h->a), F_DUPFD_CLOEXEC, 3),
+					   loop, ho_ops_b, NULL, &h->b, h->err, sizeof(h->err)), 0);
+	}
+	h->r_save = vu_server_handover_save(h->a, sv[0], false, h->err, sizeof(h->err));
+	if (h->r_save == 0)
+		h->r_load = vu_server_handover_load(h->b, sv[1], 2000, h->err, sizeof(h->err));
+	if (h->r_load == 0 && h->commit)
+		h->r_commit = vu_server_handover_commit(h->b);
+	if (h->resume)
+		vu_server_handover_resume(h->a);
+	if (h->free_a)
+		vu_server_free(h->a);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+static void ho_new_server(void *opaque)
+{
+	struct ho_run *h = opaque;
+	char path[128];
+
+	snprintf(path, sizeof(path), "%s/ho.sock", sock_dir);
+	ASSERT_EQ(vu_server_new(path, loop, &fake_ops, NULL, &h->a, h->err, sizeof(h->err)), 0);
+}
+
+static void ho_commit_cb(void *opaque)
+{
+	struct ho_run *h = opaque;
+
+	h->r_commit = vu_server_handover_commit(h->b);
+}
+
+static void ho_free_a_cb(void *opaque)
+{
+	vu_server_free(((struct ho_run *)opaque)->a);
+}
+
+static void ho_free_b(void *opaque)
+{
+	vu_server_free(((struct ho_run *)opaque)->b);
+}
+
+/* A frontend of server h->a with ring 0 running: status, an in-flight
+ * region and a call fd set.  Returns the connection. */
+static int ho_session(struct ho_run *h, int mem, int kick, int call, int *inflight)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES, v, ring0 = 0;
+	struct vhost_user_inflight in = { .num_queues = 1, .queue_size = RING_NUM };
+	struct vhost_vring_state st = { 0, 5 };
+	char path[128];
+	int c;
+
+	snprintf(path, sizeof(path), "%s/ho.sock", sock_dir);
+	loop_call_sync(loop, ho_new_server, h);
+	c = conn_open_at(path);
+	send_u64(c, VHOST_USER_SET_PROTOCOL_FEATURES, PROTO_STATUS |
+		 1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD, NULL, 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_FEATURES, &f, sizeof(f), NULL, 0), 0);
+	send_mem_table(c, mem, 0, FL_ACK);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_SET_MEM_TABLE, &v, sizeof(v)), 8);
+	send_msg(c, VHOST_USER_GET_INFLIGHT_FD, FL, &in, sizeof(in), NULL, 0);
+	{
+		struct vhost_user_hdr hdr;
+		char cbuf[CMSG_SPACE(sizeof(int))];
+		struct iovec iov[2] = { { &hdr, sizeof(hdr) }, { &in, sizeof(in) } };
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2, .msg_control = cbuf,
+				     .msg_controllen = sizeof(cbuf) };
+
+		ASSERT_EQ(recvmsg(c, &mh, MSG_WAITALL), (ssize_t)(sizeof(hdr) + sizeof(in)));
+		ASSERT_TRUE(CMSG_FIRSTHDR(&mh) != NULL);
+		memcpy(inflight, CMSG_DATA(CMSG_FIRSTHDR(&mh)), sizeof(int));
+	}
+	v = 0x0f;
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_STATUS, &v, 8, NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_BASE, &st, sizeof(st), NULL, 0), 0);
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_CALL, &ring0, 8, &call, 1), 0);
+	st = (struct vhost_vring_state){ 0, 1 };
+	ASSERT_EQ(send_acked(c, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), NULL, 0), 0);
+	ring_start(c, 0, kick);
+	ASSERT_EQ(fake_get().nstart, 1);
+	return c;
+}
+
+/* The frontend, its memory, ring, fds, in-flight region and status move
+ * to the new server; the ring starts there only at commit, where it
+ * stopped, on the same fds and memory; the connection stays open. */
+static void test_handover_moves_frontend_and_rings(void)
+{
+	int mem = guest_memfd(GUEST_SIZE), kick = test_eventfd(0), call = test_eventfd(0);
+	struct ho_run h = { .commit = true, .create_b = true };
+	struct vhost_vring_state st = { 0, 0 };
+	struct fake_calls r;
+	uint8_t *g, *inf;
+	uint64_t v;
+	int c, infd = -1;
+
+	fake_reset();
+	c = ho_session(&h, mem, kick, call, &infd);
+	ASSERT_EQ(read(call, &v, sizeof(v)), sizeof(v));	/* the first start's */
+	g = mmap(NULL, GUEST_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, mem, 0);
+	inf = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, infd, 0);
+	ASSERT_TRUE(g != MAP_FAILED && inf != MAP_FAILED);
+	g[0x100] = 0xa5;
+	inf[8] = 0x5a;
+	v = 9;
+	ASSERT_EQ(write(kick, &v, sizeof(v)), sizeof(v));
+
+	/* Held: replayed, nothing started until commit. */
+	h.commit = false;
+	loop_call_sync(loop, ho_run_cb, &h);
+	if (h.r_load)
+		T_FAIL("handover: %s", h.err);
+	r = fake_get();
+	ASSERT_EQ(r.nstop, 1);
+	ASSERT_EQ(r.nstart, 1);
+	ASSERT_EQ(r.nrelease, 0);		/* the claim carries over */
+	loop_call_sync(loop, ho_commit_cb, &h);
+	ASSERT_EQ(h.r_commit, 0);
+
+	r = fake_get();
+	ASSERT_EQ(r.nstart, 2);
+	ASSERT_EQ(r.setup.cfg.num, RING_NUM);
+	ASSERT_EQ(r.setup.cfg.last_avail_idx, STOP_AVAIL);	/* where a stopped it */
+	ASSERT_EQ(r.setup.cfg.desc_qva, GUEST_QVA);
+	ASSERT_EQ(r.kick_value, 9);				/* our kick eventfd */
+	ASSERT_EQ(read(call, &v, sizeof(v)), sizeof(v));	/* our call eventfd */
+	ASSERT_TRUE(r.setup.enabled);
+	ASSERT_EQ(r.setup.features, DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES);
+	g = gm_qva_to_host(r.setup.mem, GUEST_QVA + 0x100, 1);
+	ASSERT_TRUE(g != NULL);
+	ASSERT_EQ(*g, 0xa5);					/* our memory */
+	ASSERT_TRUE(r.setup.cfg.inflight != NULL);
+	ASSERT_EQ(((uint8_t *)r.setup.cfg.inflight)[8], 0x5a);	/* our region */
+
+	/* The old server lets go without a word to the frontend... */
+	loop_call_sync(loop, ho_free_a_cb, &h);
+	/* ...which the new one serves, with what the old one was told. */
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0x0f);
+	send_msg(c, VHOST_USER_GET_VRING_BASE, FL, &st, sizeof(st), NULL, 0);
+	ASSERT_EQ(recv_reply(c, VHOST_USER_GET_VRING_BASE, &st, sizeof(st)), sizeof(st));
+	ASSERT_EQ(st.num, STOP_AVAIL);
+	ASSERT_EQ(vu_server_connections(h.b), 1);
+	close(c);
+	loop_call_sync(loop, ho_free_b, &h);
+	munmap(inf, 4096);
+	close(infd);
+	close(mem);
+	close(kick);
+	close(call);
+}
+
+/* A new server that cannot take the state (another queue count; a
+ * feature it does not offer) keeps nothing; the old one resumes: its
+ * ring restarts where it stopped and it serves the same connection. */
+static void test_handover_refused_old_resumes(void)
+{
+	static const struct vu_dev_ops one_q = {
+		.features = fake_features, .num_queues = one_queue, .get_config = fake_get_config,
+		.set_config = fake_set_config, .set_features = fake_set_features,
+		.queue_start = fake_queue_start, .queue_stop = fake_queue_stop,
+		.queue_set_fds = fake_queue_set_fds, .queue_set_enable = fake_queue_set_enable,
+		.queue_set_log = fake_queue_set_log, .claim = fake_claim, .release = fake_release,
+	};
+	int mem = guest_memfd(GUEST_SIZE), kick = test_eventfd(0), call = test_eventfd(0);
+	struct ho_run h = { .resume = true, .create_b = true };
+	struct fake_calls r;
+	unsigned fds;
+	int c, infd = -1;
+
+	fake_reset();
+	c = ho_session(&h, mem, kick, call, &infd);
+	ho_ops_b = &one_q;
+	fds = count_fds();
+	loop_call_sync(loop, ho_run_cb, &h);
+	ho_ops_b = &fake_ops;
+	ASSERT_EQ(h.r_save, 0);
+	ASSERT_EQ(h.r_load, -EPROTO);
+	if (!strstr(h.err, "queues"))
+		T_FAIL("refusal says '%s', not the queue counts", h.err);
+	loop_call_sync(loop, ho_free_b, &h);
+	/* Nothing of the state stayed with b (the listener dup went with it). */
+	ASSERT_EQ(count_fds(), fds);
+	r = fake_get();
+	ASSERT_EQ(r.nstop, 1);
+	ASSERT_EQ(r.nstart, 2);			/* resumed */
+	ASSERT_EQ(r.setup.cfg.last_avail_idx, STOP_AVAIL);
+	ASSERT_EQ(r.nrelease, 0);
+	ASSERT_EQ(get_u64(c, VHOST_USER_GET_STATUS), 0x0f);	/* a serves on */
+	close(c);
+	loop_call_sync(loop, ho_free_a_cb, &h);
+	close(infd);
+	close(mem);
+	close(kick);
+	close(call);
+}
+
+/* Dirty logging on (a migration): no handover, nothing stopped. */
+static void test_handover_refused_while_logging(void)
+{
+	uint64_t f = DEV_FEATURES | 1ull << VHOST_USER_F_PROTOCOL_FEATURES | F_LOG_ALL;
+	int mem = guest_memfd(GUEST_SIZE), kick = test_eventfd(0), lfd = guest_memfd(4096);
+	struct ho_run h = { 0 };
+	int c;
+
+	fake_reset();
+	c = conn_open();
+	send_u64(c, VHOST_USER_SET_PROTOCOL_FEATURES, PROTO_LOG, NULL, 0);
+	ASSERT_EQ(set_log_base(c, lfd, 4096, 0), 0);
+	log_session(c, mem, f);
+	ring_start(c, 0, kick);
+	h.a = srv;
+	h.create_b = false;
+	loop_call_sync(loop, ho_run_cb, &h);
+	ASSERT_EQ(h.r_save, -EBUSY);
+	if (!strstr(h.err, "migration"))
+		T_FAIL("refusal says '%s'", h.err);
+	ASSERT_EQ(fake_get().nstop, 0);
+	barrier(c);
+	close(c);
+	close(mem);
+	close(kick);
+	close(lfd);
+}
+
 int main(void)
 {
 	char err[256];
@@ -1582,6 +1841,9 @@ int main(void)
 	RUN(test_stalled_payload_times_out);
 	RUN(test_message_deadline_covers_header_and_payload);
 	RUN(test_unread_replies_do_not_block_loop);
+	RUN(test_handover_moves_frontend_and_rings);
+	RUN(test_handover_refused_old_resumes);
+	RUN(test_handover_refused_while_logging);
 
 	loop_thread_join(loop);
 	vu_server_free(srv);

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Description: upgrade in place (vblkctl upgrade) with vblk-bench as the
+# frontend: three upgrades in a row under verified I/O on split rings and
+# one on packed rings, with no reconnect and the image lock carried over;
+# a new binary that fails to start, speaks another handover version or
+# refuses the state leaves the old daemon serving; an upgrade with no
+# frontend; one-line errors for bad --exec.
+# Prints PASS:/FAIL:/SKIP: lines for tests/run.
+set -uo pipefail
+BUILD=${1:?usage: test_upgrade.sh BUILD_DIR}
+VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench CTL=$BUILD/vblkctl
+tmp=$(mktemp -d /tmp/vblk-upg.XXXXXX)
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+pass() { echo "PASS: $1"; }
+fail() { echo "FAIL: $1${2:+: $2}"; }
+ok() { if eval "$2"; then pass "$1"; else fail "$1" "${3:-}"; fi; }
+
+start() {	# start LOG ARGS...: vblkd on $tmp/d.sock with control $tmp/c.sock
+    local log=$1; shift
+    rm -f "$tmp/d.sock" "$tmp/c.sock"
+    "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" "$@" >"$log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do [[ -S $tmp/c.sock ]] && return 0; sleep 0.05; done
+    fail "daemon-start" "$(tail -3 "$log")"; return 1
+}
+# upgrade [ARGS]: prints the new pid; the reply goes to $tmp/up.out
+upgrade() {
+    "$CTL" --control "$tmp/c.sock" upgrade "$@" >"$tmp/up.out" 2>&1 || return 1
+    python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$tmp/up.out"
+}
+serving_pid() {	# the pid answering on the control socket... by elimination
+    local p
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && echo "$p"; done
+}
+# gone PID: exited (a zombie counts: an old daemon's successor is not our
+# child, and this machine's init may be slow to reap)
+gone() { [[ ! -e /proc/$1/stat ]] || [[ $(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) == Z ]]; }
+alive() { ! gone "$1"; }
+bench_ok() {	# NAME JSON-FILE: exit 0, no error, data verified
+    python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+ok = r['errors'] == 0 and r['verify_errors'] == 0 and r['verified'] >= 500 and \
+     r['requests_submitted'] == r['requests_completed'] and r['bad_used'] == 0
+if not ok: print({k: r.get(k) for k in ('ios', 'errors', 'verify_errors', 'verified')})
+sys.exit(0 if ok else 1)" "$2" && pass "$1" || fail "$1"
+}
+
+truncate -s 64M "$tmp/disk.img"
+
+# Three upgrades in a row under verified randrw on 2 queues, then one on
+# packed rings.  vblk-bench dies on a disconnect, so exit 0 with every
+# block verified means the frontend never saw one.
+for variant in "2 3" "1 1 --packed"; do
+    set -- $variant
+    jobs=$1 n=$2 ring=${3:-}
+    name="upgrade-x$n-${jobs}q${ring:+-packed}"
+    start "$tmp/$name.log" --disk "$tmp/disk.img" --queues 2 || continue
+    first=${pids[-1]}
+    "$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 16 --numjobs "$jobs" $ring \
+        --runtime $((n * 2 + 2)) --ramp 0 --size 16M --rate-iops 3000 --verify --json \
+        >"$tmp/$name.json" 2>"$tmp/$name.err" &
+    bpid=$!
+    sleep 1.5
+    prev=$first okn=0 pauses=""
+    for i in $(seq "$n"); do
+        if p=$(upgrade); then
+            pids+=("$p")
+            sleep 0.3
+            gone "$prev" && alive "$p" && okn=$((okn + 1))
+            pauses+=" $(grep -o 'paused for [0-9]* us' "$tmp/up.out" | grep -o '[0-9]*')"
+            prev=$p
+        else
+            fail "$name-upgrade-$i" "$(cat "$tmp/up.out")"
+        fi
+        sleep 1.2
+    done
+    ok "$name-each-upgrade-replaced-the-process" "((okn == n))" "$okn of $n"
+    echo "# $name: rings paused (us):$pauses"
+    # The lock went along: a writer of the image is refused meanwhile.
+    if command -v qemu-io >/dev/null; then
+        qemu-io -f raw -c "write 0 4k" "$tmp/disk.img" >"$tmp/qio.out" 2>&1
+        ok "$name-image-lock-carried-over" "grep -q 'lock' '$tmp/qio.out'" "$(head -2 "$tmp/qio.out")"
+    fi
+    # The control socket went along too.
+    "$CTL" --control "$tmp/c.sock" stats >"$tmp/stats.json" 2>&1
+    ok "$name-control-socket-served-by-the-new-process" \
+       "python3 -c \"import json,sys; q=json.load(open('$tmp/stats.json'))['queues']; sys.exit(0 if sum(x['requests'] for x in q) > 0 else 1)\"" \
+       "$(head -c 200 "$tmp/stats.json")"
+    wait "$bpid"; rc=$?
+    ok "$name-bench-exit-0" "((rc == 0))" "rc=$rc $(head -3 "$tmp/$name.err")"
+    bench_ok "$name-data-verified" "$tmp/$name.json"
+    ok "$name-one-connection-no-reconnect" \
+       "(( \$(grep -c 'frontend connected' '$tmp/$name.log') == 1 ))"
+    wait "$first"; rc=$?
+    ok "$name-old-process-exit-0" "((rc == 0))" "rc=$rc"
+    kill -TERM "$prev"
+    for _ in $(seq 100); do gone "$prev" && break; sleep 0.05; done
+    ok "$name-last-process-cleans-up" "gone $prev && [[ ! -e $tmp/d.sock && ! -e $tmp/c.sock ]]"
+done
+
+# Failures before the switch: the old daemon serves on, I/O never stops.
+cat >"$tmp/other-version" <<EOS
+#!/bin/sh
+VBLKD_TEST_HANDOVER_VERSION=99 exec "$VBLKD" "\$@"
+EOS
+cat >"$tmp/one-queue" <<EOS
+#!/bin/sh
+exec "$VBLKD" "\$@" --queues 1
+EOS
+chmod +x "$tmp/other-version" "$tmp/one-queue"
+name=upgrade-failures
+if start "$tmp/$name.log" --disk "$tmp/disk.img" --queues 2; then
+    old=${pids[-1]}
+    "$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 8 --numjobs 2 --runtime 5 --ramp 0 \
+        --size 16M --rate-iops 3000 --verify --json >"$tmp/$name.json" 2>"$tmp/$name.err" &
+    bpid=$!
+    sleep 1
+    for c in "/bin/false:exited with status 1" "$tmp/other-version:handover version 99" \
+             "$tmp/one-queue:queues"; do
+        exe=${c%%:*} why=${c#*:}
+        rc=0; upgrade --exec "$exe" >/dev/null || rc=$?
+        ok "upgrade-refused-$(basename "$exe")-says-why" "((rc != 0)) && grep -q '$why' '$tmp/up.out'" \
+           "rc=$rc $(cat "$tmp/up.out")"
+        ok "upgrade-refused-$(basename "$exe")-old-serves-on" "alive $old"
+        sleep 0.5
+    done
+    wait "$bpid"; rc=$?
+    ok "$name-bench-exit-0" "((rc == 0))" "rc=$rc $(head -3 "$tmp/$name.err")"
+    bench_ok "$name-data-verified" "$tmp/$name.json"
+    # The refused candidates are gone (killed and reaped, no zombie).
+    ok "$name-no-leftover-process" \
+       "! pgrep -f 'VBLKD_TEST_HANDOVER|$tmp/one-queue' >/dev/null && [[ -z \$(ps -o stat= --ppid $old | grep Z) ]]"
+    kill -TERM "$old"; wait "$old"
+fi
+
+# No frontend yet: the upgrade passes the listener; the next frontend is
+# served by the new process.
+name=upgrade-idle
+if start "$tmp/$name.log" --disk "$tmp/disk.img"; then
+    old=${pids[-1]}
+    if p=$(upgrade); then
+        pids+=("$p")
+        wait "$old"
+        "$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 4 --runtime 0.5 --ramp 0 \
+            --size 8M --verify --json >"$tmp/$name.json" 2>"$tmp/$name.err"
+        rc=$?
+        ok "$name-next-frontend-served-by-the-new-process" "((rc == 0)) && alive $p" \
+           "rc=$rc $(head -2 "$tmp/$name.err")"
+        kill -TERM "$p"
+    else
+        fail "$name" "$(cat "$tmp/up.out")"
+    fi
+fi
+
+# Bad --exec: one line, exit 1, nothing started.
+rc=0; "$CTL" --control "$tmp/c.sock" upgrade --exec "$tmp/nonexistent" >"$tmp/e.out" 2>&1 || rc=$?
+ok upgrade-exec-missing-one-line "((rc == 1)) && [[ \$(wc -l <'$tmp/e.out') == 1 ]] && grep -q 'not an executable' '$tmp/e.out'" \
+   "rc=$rc $(cat "$tmp/e.out")"
+rc=0; "$CTL" --control "$tmp/c.sock" stats --exec /bin/true >"$tmp/e.out" 2>&1 || rc=$?
+ok upgrade-exec-only-with-upgrade "((rc == 1)) && grep -q 'goes with upgrade' '$tmp/e.out'"
+rc=0; VBLKD_HANDOVER_FD=abc "$VBLKD" --socket "$tmp/x.sock" --disk "$tmp/disk.img" >"$tmp/e.out" 2>&1 || rc=$?
+ok handover-fd-by-hand-refused "((rc == 1)) && grep -q 'set by vblkctl upgrade' '$tmp/e.out' && [[ ! -e $tmp/x.sock ]]" \
+   "rc=$rc $(cat "$tmp/e.out")"

@@ -195,7 +195,8 @@ int main(int argc, char **argv)
 	} else {
 		die("unknown command '%s': use %s", cmd, commands);
 	}
-	line = json_object_to_json_string_ext(req, JSON_C_TO_STRING_SPACED);
+	line = json_object_to_json_string_ext(req, JSON_C_TO_STRING_SPACED |
+					      JSON_C_TO_STRING_NOSLASHESCAPE);
 	if (!line)
 		die("out of memory");
 	if (strlen(path) >= sizeof(sa.sun_path))

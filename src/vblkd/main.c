@@ -75,7 +75,7 @@ static void usage(FILE *f)
 "  --uring-sqpoll       io_uring: a kernel thread polls submissions\n"
 "  --log-level L        error, warn, info (default) or debug\n"
 "  --control PATH       control socket for vblkctl (stats, polling knobs, resize,\n"
-"                       metrics)\n"
+"                       metrics, upgrade)\n"
 "  --metrics ADDR:PORT  serve Prometheus metrics at http://ADDR:PORT/metrics,\n"
 "                       e.g. 127.0.0.1:9720, [::1]:9720, :9720 (every address)\n"
 "\n"

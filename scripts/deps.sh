@@ -3,7 +3,7 @@
 # Installs only what is missing; apt-get update runs once, only if needed.
 # Usage: scripts/deps.sh [build|remote|all]   (default: all)
 #   build    compilers, meson, and the libraries vblkd links (liburing,
-#            libaio, librbd, libnbd)
+#            libaio, librbd, libnbd, libsystemd for sd_notify readiness)
 #   remote   build, plus the remote-storage test rig: a Ceph mon + OSD
 #            (scripts/ceph-cluster.sh), NBD servers (nbdkit, qemu-nbd), and
 #            qemu-storage-daemon with its rbd driver (qemu-block-extra)
@@ -12,7 +12,7 @@
 set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libaio-dev
-            librbd-dev libnbd-dev)
+            librbd-dev libnbd-dev libsystemd-dev)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)
 remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common

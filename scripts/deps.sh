@@ -2,8 +2,9 @@
 # Install what vblkd needs to build, test and demo, on Debian 12 as root.
 # Installs only what is missing; apt-get update runs once, only if needed.
 # Usage: scripts/deps.sh [build|remote|all]   (default: all)
-#   build    compilers, meson, and the libraries vblkd links (liburing,
-#            libaio, librbd, libnbd, libsystemd for sd_notify readiness)
+#   build    compilers, meson, the libraries vblkd links (liburing, libaio,
+#            librbd, libnbd, libsystemd for sd_notify readiness) and scdoc
+#            for the man pages
 #   remote   build, plus the remote-storage test rig: a Ceph mon + OSD
 #            (scripts/ceph-cluster.sh), NBD servers (nbdkit, qemu-nbd), and
 #            qemu-storage-daemon with its rbd driver (qemu-block-extra)
@@ -12,7 +13,7 @@
 set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libaio-dev
-            librbd-dev libnbd-dev libsystemd-dev)
+            librbd-dev libnbd-dev libsystemd-dev scdoc)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)
 remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common

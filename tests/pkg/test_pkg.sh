@@ -136,6 +136,18 @@ for engine in io_uring aio threads; do
     "$BUILD/vblk-bench" --socket "$tmp/s.sock" --rw trim --packed --runtime 0.3 --ramp 0 >/dev/null 2>&1
     "$BUILD/vblkctl" --control "$tmp/s.ctl" stats >/dev/null
     "$BUILD/vblkctl" --control "$tmp/s.ctl" resize 128M >/dev/null
+    if [[ $engine == io_uring ]]; then
+        # Upgrade in place, a frontend connected (strace follows the new
+        # process, which serves on).
+        "$BUILD/vblk-bench" --socket "$tmp/s.sock" --rw randread --runtime 0.3 --ramp 0 \
+            --hold 2 >/dev/null 2>&1 &
+        bp=$!
+        sleep 0.5
+        np=$("$BUILD/vblkctl" --control "$tmp/s.ctl" upgrade 2>&1 |
+             sed -n 's/.*"pid": *\([0-9]*\).*/\1/p')
+        wait "$bp"
+        [[ -n $np ]] && vp=$np || fail unit-syscall-filter "io_uring: vblkctl upgrade failed"
+    fi
     kill -USR1 "$vp"; sleep 0.1; kill "$vp"; wait "$sp"
     cat "$tmp/trace.$engine" >>"$tmp/trace"
 done
@@ -173,9 +185,12 @@ EOF
 out=$(echo "$out" | xargs)
 [[ -z $out ]] && pass unit-syscall-filter || fail unit-syscall-filter "vblkd calls, the unit forbids: $out"
 
-# ---- readiness: READY=1 once both sockets accept, STOPPING=1 on SIGTERM
+# ---- readiness over NOTIFY_SOCKET: READY=1 once both sockets accept; on
+# an upgrade in place MAINPID= of the new process (waited for with a
+# barrier) and its own READY=1, no STOPPING=1 from the old; STOPPING=1 on
+# SIGTERM.  The listener writes "PID MESSAGE" lines, as systemd sees them.
 python3 - "$tmp/notify.sock" "$tmp/r.sock" "$tmp/r.ctl" "$tmp/notify.out" <<'EOF' &
-import os, socket, sys
+import array, os, socket, struct, sys
 path, vsock, csock, out = sys.argv[1:5]
 def accepts(p):
     c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -187,23 +202,34 @@ def accepts(p):
     finally:
         c.close()
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
 s.bind(path)
 s.settimeout(20)
 with open(out, "w") as f:
-    f.write("bound\n")
+    f.write("0 bound\n")
     f.flush()
     while True:
         try:
-            msg = s.recv(4096).decode().split("\n")
+            data, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(64))
         except socket.timeout:
-            f.write("timeout\n")
+            f.write("0 timeout\n")
             break
-        for line in filter(None, msg):
+        pid = 0
+        for level, kind, cdata in anc:
+            if kind == socket.SCM_CREDENTIALS:
+                pid = struct.unpack("iII", cdata[:12])[0]
+            elif kind == socket.SCM_RIGHTS:
+                # BARRIER=1: closing its fd is the answer.
+                fds = array.array("i")
+                fds.frombytes(cdata[:len(cdata) - len(cdata) % fds.itemsize])
+                for fd in fds:
+                    os.close(fd)
+        for line in filter(None, data.decode().split("\n")):
             if line == "READY=1":
                 line += " socket=%s control=%s" % (accepts(vsock), accepts(csock))
-            f.write(line + "\n")
+            f.write("%d %s\n" % (pid, line))
             f.flush()
-        if "STOPPING=1" in msg:
+        if "STOPPING=1" in data.decode().split("\n"):
             break
 EOF
 pids+=($!)
@@ -213,23 +239,39 @@ NOTIFY_SOCKET=$tmp/notify.sock "$BUILD/vblkd" --socket "$tmp/r.sock" --control "
     --disk "$tmp/disk.img" >"$tmp/r.log" 2>&1 &
 vp=$!
 pids+=($vp)
-if wait_for "$tmp/notify.out" '^READY=1'; then
-    if grep -q '^READY=1 socket=yes control=yes$' "$tmp/notify.out"; then
+if wait_for "$tmp/notify.out" "^$vp READY=1"; then
+    if grep -q "^$vp READY=1 socket=yes control=yes$" "$tmp/notify.out"; then
         pass notify-ready-after-listen
     else
         fail notify-ready-after-listen "$(grep READY "$tmp/notify.out")"
     fi
-    grep -q '^STATUS=' "$tmp/notify.out" && pass notify-status || fail notify-status "no STATUS= with READY=1"
+    grep -q "^$vp STATUS=" "$tmp/notify.out" && pass notify-status ||
+        fail notify-status "no STATUS= with READY=1"
 else
-    fail notify-ready-after-listen "no READY=1 in 10 s (built without libsystemd? meson setup --reconfigure $BUILD): $(cat "$tmp/notify.out")"
+    fail notify-ready-after-listen "no READY=1 from pid $vp in 10 s (built without libsystemd? meson setup --reconfigure $BUILD): $(cat "$tmp/notify.out")"
 fi
-kill -TERM "$vp"
+# The old process's exit waits for the barrier: well under its 5 s.
+np=$("$BUILD/vblkctl" --control "$tmp/r.ctl" upgrade 2>&1 | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p')
+t0=$(date +%s%N)
 rc=0; wait "$vp" || rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+if [[ -z $np ]]; then
+    fail notify-mainpid-on-upgrade "vblkctl upgrade gave no pid: $(tail -3 "$tmp/r.log")"
+    np=$vp
+elif grep -q "^$vp MAINPID=$np$" "$tmp/notify.out" && wait_for "$tmp/notify.out" "^$np READY=1" &&
+     ! grep -q "^$vp STOPPING=1" "$tmp/notify.out" && ((rc == 0 && ms < 3000)); then
+    pass notify-mainpid-on-upgrade
+else
+    fail notify-mainpid-on-upgrade "old pid $vp exit $rc after $ms ms, new pid $np; got: $(tr '\n' ' ' <"$tmp/notify.out")"
+fi
+kill -TERM "$np"
+for _ in $(seq 200); do kill -0 "$np" 2>/dev/null || break; sleep 0.05; done
 wait "$lp"
-if grep -q '^STOPPING=1' "$tmp/notify.out" && ((rc == 0)); then
+if grep -q "^$np STOPPING=1" "$tmp/notify.out" && ! kill -0 "$np" 2>/dev/null; then
     pass notify-stopping-on-sigterm
 else
-    fail notify-stopping-on-sigterm "exit $rc, got: $(tr '\n' ' ' <"$tmp/notify.out")"
+    kill -KILL "$np" 2>/dev/null
+    fail notify-stopping-on-sigterm "got: $(tr '\n' ' ' <"$tmp/notify.out")"
 fi
 
 # ---- the Debian package, built in a copy of the tree (it writes ../*.deb)

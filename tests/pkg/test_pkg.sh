@@ -282,6 +282,9 @@ if git -C "$top" rev-parse --git-dir >/dev/null 2>&1; then
 else
     tar -C "$top" --exclude=./build --exclude='./build-*' --exclude=./.git -c . | tar -x -C "$tmp/deb/src"
 fi
+# The source package first, from the pristine copy, for lintian.
+(cd "$tmp/deb/src" && dpkg-buildpackage -S -us -uc) >"$tmp/deb-source.log" 2>&1 ||
+    fail deb-source-builds "$(tail -15 "$tmp/deb-source.log")"
 t0=$(date +%s)
 if (cd "$tmp/deb/src" && DEB_BUILD_OPTIONS="parallel=$(nproc) noddebs" \
         dpkg-buildpackage -b -us -uc) >"$tmp/deb-build.log" 2>&1; then
@@ -293,7 +296,7 @@ deb=$(ls "$tmp"/deb/vblkd_*.deb 2>/dev/null | head -1)
 if [[ -z $deb ]]; then
     skip deb-lintian "no .deb"
 else
-    lintian -I --pedantic "$deb" >"$tmp/lintian.log" 2>/dev/null
+    lintian -I --pedantic "$deb" "$tmp"/deb/vblkd_*.dsc >"$tmp/lintian.log" 2>/dev/null
     sed 's/^/    lintian: /' "$tmp/lintian.log"
     if grep -q '^E: ' "$tmp/lintian.log"; then
         fail deb-lintian "$(grep '^E: ' "$tmp/lintian.log" | tr '\n' ' ')"

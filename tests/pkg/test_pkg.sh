@@ -120,10 +120,16 @@ grep -q "^EnvironmentFile=$sysconfdir/vblkd/%i.conf$" "$tmp/unit/vblkd@.service"
 # ---- what vblkd calls serving a disk, against the unit's SystemCallFilter=
 truncate -s 64M "$tmp/disk.img"
 : >"$tmp/trace"
+# With --metrics (where this vblkd has it) the HTTP server is traced too.
+metrics=()
+if "$BUILD/vblkd" --help | grep -q -- --metrics; then
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    metrics=(--metrics "127.0.0.1:$port")
+fi
 for engine in io_uring aio threads; do
     strace -f -qq -o "$tmp/trace.$engine" "$BUILD/vblkd" --socket "$tmp/s.sock" \
         --control "$tmp/s.ctl" --disk "$tmp/disk.img" --backend "$engine" --queues 2 \
-        --iothreads 2 --cpu-affinity 0 >"$tmp/strace-$engine.log" 2>&1 &
+        --iothreads 2 --cpu-affinity 0 "${metrics[@]}" >"$tmp/strace-$engine.log" 2>&1 &
     sp=$!
     if ! wait_for "$tmp/strace-$engine.log" serving; then
         fail unit-syscall-filter "$engine: vblkd did not start: $(tail -3 "$tmp/strace-$engine.log")"
@@ -136,6 +142,11 @@ for engine in io_uring aio threads; do
     "$BUILD/vblk-bench" --socket "$tmp/s.sock" --rw trim --packed --runtime 0.3 --ramp 0 >/dev/null 2>&1
     "$BUILD/vblkctl" --control "$tmp/s.ctl" stats >/dev/null
     "$BUILD/vblkctl" --control "$tmp/s.ctl" resize 128M >/dev/null
+    if ((${#metrics[@]})); then
+        python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5).read()' \
+            "http://127.0.0.1:$port/metrics" || fail unit-syscall-filter "$engine: GET /metrics failed"
+        "$BUILD/vblkctl" --control "$tmp/s.ctl" metrics >/dev/null
+    fi
     if [[ $engine == io_uring ]]; then
         # Upgrade in place, a frontend connected (strace follows the new
         # process, which serves on).

@@ -1,33 +1,42 @@
 #!/usr/bin/env bash
 # Install what vblkd needs to build, test and demo, on Debian 12 as root.
 # Installs only what is missing; apt-get update runs once, only if needed.
-# Usage: scripts/deps.sh [build|ops|remote|all]   (default: all)
-#   build    compilers, meson, and the libraries vblkd links (liburing,
-#            json-c, libaio, librbd, libnbd, libmicrohttpd)
+# Usage: scripts/deps.sh [build|ops|remote|pkg|all]   (default: all)
+#   build    compilers, meson, the libraries vblkd links (liburing, json-c,
+#            libaio, librbd, libnbd, libmicrohttpd for --metrics, libsystemd
+#            for sd_notify readiness) and scdoc for the man pages
 #   ops      build, plus what tests/ops scrapes and checks metrics with
 #            (curl, promtool from the prometheus package)
 #   remote   build, plus the remote-storage test rig: a Ceph mon + OSD
 #            (scripts/ceph-cluster.sh), NBD servers (nbdkit, qemu-nbd), and
 #            qemu-storage-daemon with its rbd driver (qemu-block-extra)
-#   all      everything: build, ops, remote, and the guest tests' QEMU, kernel,
-#            busybox and fio
+#   pkg      build, plus what the Debian package and its test need:
+#            debhelper, lintian, the package's other Build-Depends, groff
+#            (man page checks), systemd (systemd-analyze verify), strace
+#            (the unit's system call filter against what vblkd calls), python3
+#   all      everything: build, ops, remote, pkg, and the guest tests' QEMU,
+#            kernel, busybox and fio
 set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev libaio-dev
-            librbd-dev libnbd-dev libmicrohttpd-dev)
+            librbd-dev libnbd-dev libmicrohttpd-dev libsystemd-dev scdoc)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)
 remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common
              qemu-block-extra procps python3)
+# debian/control's Build-Depends must all be here: dpkg-buildpackage checks them.
+pkg_pkgs=(build-essential debhelper dpkg-dev fakeroot lintian libjson-c-dev
+          libmicrohttpd-dev groff man-db systemd strace python3)
 
 want=("${build_pkgs[@]}")
 case "${1:-all}" in
 build) ;;
 ops) want+=("${ops_pkgs[@]}") ;;
 remote) want+=("${remote_pkgs[@]}") ;;
-all) want+=("${ops_pkgs[@]}" "${guest_pkgs[@]}" "${remote_pkgs[@]}") ;;
-*) echo "usage: scripts/deps.sh [build|ops|remote|all]" >&2; exit 1 ;;
+pkg) want+=("${pkg_pkgs[@]}") ;;
+all) want+=("${ops_pkgs[@]}" "${guest_pkgs[@]}" "${remote_pkgs[@]}" "${pkg_pkgs[@]}") ;;
+*) echo "usage: scripts/deps.sh [build|ops|remote|pkg|all]" >&2; exit 1 ;;
 esac
 
 missing=()

@@ -21,6 +21,7 @@
 #include "loop/defer.h"
 #include "loop/loop.h"
 #include "util/log.h"
+#include "util/notify.h"
 #include "util/parse.h"
 #include "util/sys.h"
 #include "mem/gm.h"
@@ -585,15 +586,18 @@ int main(int argc, char **argv)
 	if (handover && up_child_finish(&uc, srv, err, sizeof(err)) < 0)
 		die("%s", err);
 
+	notify_ready();
 	r = loop_run(v.loop);
 
 	if (v.successor) {
 		/* Everything is the new process's now, the socket files and
 		 * the image lock included: leave without touching any of it. */
+		notify_mainpid(v.successor);
 		log_info("exited: handed over to pid %d", (int)v.successor);
 		fflush(NULL);
 		_exit(0);
 	}
+	notify_stopping();
 	metrics_http_free(mh);
 	loop_fd_del(v.loop, v.gfd_h);
 	vu_server_free(srv);

@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,8 +145,9 @@ static int up_spawn(const char *exec, int child_fd, pid_t *pid, char *err, size_
 	return 0;
 }
 
-/* Why the new process stopped answering, for the user. */
-static void up_child_gone(pid_t pid, int r, const char *stage, char *err, size_t errlen)
+/* Why the new process stopped answering, for the user.  Returns true if
+ * it has exited and been reaped (its pid is no longer ours to signal). */
+static bool up_child_gone(pid_t pid, int r, const char *stage, char *err, size_t errlen)
 {
 	int st;
 
@@ -158,12 +160,13 @@ static void up_child_gone(pid_t pid, int r, const char *stage, char *err, size_t
 			snprintf(err, errlen, "the new vblkd (pid %d) was killed by signal "
 				 "%d %s; still serving here", (int)pid,
 				 WIFSIGNALED(st) ? WTERMSIG(st) : 0, stage);
-		return;
+		return true;
 	}
 	snprintf(err, errlen, "the new vblkd (pid %d) %s %s: %s; stopped it, still "
 		 "serving here", (int)pid, r == -ETIMEDOUT ? "did not answer" : "failed",
 		 stage, r == -ETIMEDOUT ? "timed out" : r == -EPROTO ?
 		 "it speaks another handover format" : strerror(-r));
+	return false;
 }
 
 int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
@@ -174,6 +177,7 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 	struct up_hello h;
 	int sv[2], send_fds[4];
 	unsigned nsend = 0;
+	bool reaped = false;
 	struct up_ready ready = { 0 };
 	uint64_t t0;
 	pid_t pid;
@@ -207,7 +211,7 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 		goto fail;
 	}
 	if (r < 0) {
-		up_child_gone(pid, r, "before greeting", err, errlen);
+		reaped = up_child_gone(pid, r, "before greeting", err, errlen);
 		goto fail;
 	}
 	for (unsigned i = 0; i < 4; i++) {
@@ -222,7 +226,7 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 	if (r == 0)
 		r = up_expect(sv[0], UP_START_MS, UP_PREPARED, NULL, 0, NULL, NULL);
 	if (r < 0) {
-		up_child_gone(pid, r, "while starting", err, errlen);
+		reaped = up_child_gone(pid, r, "while starting", err, errlen);
 		goto fail;
 	}
 
@@ -252,7 +256,7 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 			snprintf(err, errlen, "the new vblkd (pid %d) refused the state: %s; "
 				 "still serving here", (int)pid, ready.why);
 		else
-			up_child_gone(pid, r, "taking over", err, errlen);
+			reaped = up_child_gone(pid, r, "taking over", err, errlen);
 		goto fail;
 	}
 	close(sv[0]);
@@ -262,9 +266,11 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 
 fail:
 	/* Whatever it is doing, it must not serve: it never got COMMIT. */
-	kill(pid, SIGKILL);
 	close(sv[0]);
-	(void)waitpid(pid, NULL, 0);
+	if (!reaped) {
+		kill(pid, SIGKILL);
+		(void)waitpid(pid, NULL, 0);
+	}
 	return r;
 }
 

@@ -7,6 +7,7 @@
 #ifndef VBLK_TEST_H
 #define VBLK_TEST_H
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,5 +65,18 @@
 		fprintf(stderr, "  %s\n", #fn);                         \
 		fn();                                                   \
 	} while (0)
+
+/* Open fds in this process, for leak checks. */
+static inline unsigned t_count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	unsigned n = 0;
+
+	ASSERT_TRUE(d != NULL);
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
 
 #endif

@@ -505,18 +505,6 @@ static void test_ctl_command_carries_text(void)
 
 static struct loop *main_loop;
 
-static unsigned count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	unsigned n = 0;
-
-	ASSERT_TRUE(d != NULL);
-	while (readdir(d))
-		n++;
-	closedir(d);
-	return n;
-}
-
 /* A listening TCP socket on 127.0.0.1, any port. */
 static int tcp_listener(unsigned *port)
 {
@@ -676,7 +664,7 @@ static void test_http_bad_addresses_refused(void)
 		{ "192.0.2.1:9720", "no network interface of this machine has that address" },
 	};
 	struct metrics_http *h = NULL;
-	unsigned fds = count_fds(), port;
+	unsigned fds = t_count_fds(), port;
 	char err[256], addr[64];
 	int fd;
 
@@ -687,7 +675,7 @@ static void test_http_bad_addresses_refused(void)
 		if (!strstr(err, cases[i].why) || strchr(err, '\n'))
 			T_FAIL("%s: want \"%s\" in one line, got \"%s\"", cases[i].addr,
 			       cases[i].why, err);
-		ASSERT_EQ(count_fds(), fds);
+		ASSERT_EQ(t_count_fds(), fds);
 	}
 	fd = tcp_listener(&port);
 	snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
@@ -695,7 +683,7 @@ static void test_http_bad_addresses_refused(void)
 		  -EADDRINUSE);
 	if (!strstr(err, "the port is in use by another process"))
 		T_FAIL("busy port: %s", err);
-	ASSERT_EQ(count_fds(), fds + 1);
+	ASSERT_EQ(t_count_fds(), fds + 1);
 	close(fd);
 	ASSERT_TRUE(h == NULL);
 }
@@ -706,7 +694,7 @@ static void test_http_bad_addresses_refused(void)
 static void test_http_listen_fd_adopted_and_handed_over(void)
 {
 	struct metrics_http *a, *b;
-	unsigned port, fds = count_fds();
+	unsigned port, fds = t_count_fds();
 	char err[256];
 	int fd, copy;
 
@@ -725,7 +713,7 @@ static void test_http_listen_fd_adopted_and_handed_over(void)
 	ASSERT_TRUE(!strncmp(http(port, "GET /metrics HTTP/1.0\r\n\r\n", false),
 			     "HTTP/1.1 200 ", 13));
 	metrics_http_free(b);
-	ASSERT_EQ(count_fds(), fds);
+	ASSERT_EQ(t_count_fds(), fds);
 }
 
 /* What is not a listening TCP socket is refused, and stays open. */

@@ -437,17 +437,6 @@ static struct vhost_vring_addr ring_addr(unsigned idx, uint64_t base)
  * connected, since only then do we know the server's state: once the
  * server drops us, our socket and its end are gone, nothing else. */
 #define CONN_FDS 2
-static unsigned count_fds(void)
-{
-	DIR *d = opendir("/proc/self/fd");
-	unsigned n = 0;
-
-	ASSERT_TRUE(d != NULL);
-	while (readdir(d))
-		n++;
-	closedir(d);
-	return n;
-}
 
 static double now_s(void)
 {
@@ -1018,13 +1007,13 @@ static void test_vring_addr_straddling_region_end_disconnects(void)
 static void test_extra_fd_closed_on_disconnect(void)
 {
 	int c = conn_open();
-	unsigned before = count_fds();
+	unsigned before = t_count_fds();
 	int fd = test_eventfd(0);
 
 	send_msg(c, VHOST_USER_GET_FEATURES, FL, NULL, 0, &fd, 1);
 	close(fd);
 	expect_disconnect(c);
-	ASSERT_EQ(count_fds(), before - CONN_FDS);
+	ASSERT_EQ(t_count_fds(), before - CONN_FDS);
 	expect_next_served();
 }
 
@@ -1035,23 +1024,23 @@ static void test_fds_closed_on_recv_errors(void)
 	struct vhost_user_hdr h = { VHOST_USER_GET_FEATURES, 2, 0 };
 	int fds[9];
 	int c = conn_open();
-	unsigned before = count_fds();
+	unsigned before = t_count_fds();
 
 	fds[0] = test_eventfd(0);
 	send_raw(c, &h, NULL, 0, fds, 1);
 	close(fds[0]);
 	expect_disconnect(c);
-	ASSERT_EQ(count_fds(), before - CONN_FDS);
+	ASSERT_EQ(t_count_fds(), before - CONN_FDS);
 
 	c = conn_open();
-	before = count_fds();
+	before = t_count_fds();
 	for (unsigned i = 0; i < 9; i++)
 		fds[i] = test_eventfd(0);
 	send_msg(c, VHOST_USER_GET_FEATURES, FL, NULL, 0, fds, 9);
 	for (unsigned i = 0; i < 9; i++)
 		close(fds[i]);
 	expect_disconnect(c);
-	ASSERT_EQ(count_fds(), before - CONN_FDS);
+	ASSERT_EQ(t_count_fds(), before - CONN_FDS);
 	expect_next_served();
 }
 
@@ -1730,7 +1719,7 @@ static void test_handover_refused_old_resumes(void)
 	fake_reset();
 	c = ho_session(&h, mem, kick, call, &infd);
 	ho_ops_b = &one_q;
-	fds = count_fds();
+	fds = t_count_fds();
 	loop_call_sync(loop, ho_run_cb, &h);
 	ho_ops_b = &fake_ops;
 	ASSERT_EQ(h.r_save, 0);
@@ -1739,7 +1728,7 @@ static void test_handover_refused_old_resumes(void)
 		T_FAIL("refusal says '%s', not the queue counts", h.err);
 	loop_call_sync(loop, ho_free_b, &h);
 	/* Nothing of the state stayed with b (the listener dup went with it). */
-	ASSERT_EQ(count_fds(), fds);
+	ASSERT_EQ(t_count_fds(), fds);
 	r = fake_get();
 	ASSERT_EQ(r.nstop, 1);
 	ASSERT_EQ(r.nstart, 2);			/* resumed */

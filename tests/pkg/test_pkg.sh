@@ -106,7 +106,8 @@ done
 
 # ---- the unit, its ExecStart pointed at the DESTDIR binary
 mkdir -p "$tmp/unit"
-sed "s|$bindir/vblkd |$dest$bindir/vblkd |" "$dest$unitdir/vblkd@.service" >"$tmp/unit/vblkd@.service"
+sed "s|$bindir/vblkd |$dest$bindir/vblkd |; s|$bindir/vblkctl |$dest$bindir/vblkctl |" \
+    "$dest$unitdir/vblkd@.service" >"$tmp/unit/vblkd@.service"
 if out=$(verify_unit "$tmp/unit/vblkd@.service" "$dest$mandir"); then
     pass unit-verify
 else
@@ -378,6 +379,25 @@ else
         else
             fail deb-service-run "sockets: $modes; outsider connects: $outsider; group member verifies: $member ($(tail -2 "$tmp/member.log"))"
         fi
+        # systemctl reload: the unit's ExecReload, as the unit's user,
+        # upgrades in place; the new process serves as that user too.
+        reload=$(sed -n 's/^ExecReload=//p' /lib/systemd/system/vblkd@.service)
+        reload=${reload//\/run\/vblkd\/%i.ctl/$run/t.ctl}
+        np=""
+        if setpriv --reuid vblkd --regid vblkd --init-groups $reload >"$tmp/reload.out" 2>&1; then
+            np=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$tmp/reload.out")
+            pids+=($np)
+        fi
+        wait "$vp" 2>/dev/null
+        if [[ -n $np ]] && [[ $(stat -c %U "/proc/$np" 2>/dev/null) == vblkd ]] &&
+           setpriv --reuid nobody --regid nogroup --groups vblkd /usr/bin/vblk-bench \
+               --socket "$run/t.sock" --rw randrw --verify --runtime 0.3 --ramp 0 >/dev/null 2>&1; then
+            pass deb-service-reload-upgrades-in-place
+        else
+            fail deb-service-reload-upgrades-in-place "$reload: $(cat "$tmp/reload.out")"
+        fi
+        [[ -n $np ]] && kill "$np" 2>/dev/null
+        for _ in $(seq 100); do [[ -z $np || ! -e /proc/$np ]] && break; sleep 0.05; done
     fi
     kill "$vp" 2>/dev/null; wait "$vp" 2>/dev/null
     rm -f /var/lib/vblkd/test-pkg.img

@@ -3,10 +3,14 @@
 # verify job (randwrite, QD32) and started again on the same socket and
 # image; QEMU reconnects (chardev reconnect=1), vblkd resubmits what the
 # dead daemon had in flight (INFLIGHT_SHMFD), and the job finishes with
-# zero verify errors.  With 1 and 2 queues on split rings, 2 on packed.
+# zero verify errors.  With 1 and 2 queues on split rings, 2 on packed; and
+# 2 on split rings where each process killed is one that had just been
+# upgraded in place (vblkctl upgrade): what it had in flight was recorded in
+# the region it was handed, and must be resubmitted after the restart.
 # Prints PASS:/FAIL: lines for tests/run.
 set -uo pipefail
 VBLKD=${1:?usage: reconnect.sh PATH/TO/vblkd}
+CTL=$(dirname "$VBLKD")/vblkctl
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 set +e
@@ -30,8 +34,9 @@ guest_build_initramfs "$gb" || { fail guest-initramfs; exit 1; }
 guest_initrd "$here/scenarios/reconnect.sh" "$work/r.initrd" "$gb" || { fail initrd; exit 1; }
 
 start() {	# start NAME Q RUN: vblkd on the shared socket
+    rm -f "$work/c.sock"
     "$VBLKD" --socket "$work/s.sock" --disk "$work/disk.img" --queues "$2" \
-        >>"$logs/$1.vblkd.log" 2>&1 &
+        --control "$work/c.sock" >>"$logs/$1.vblkd.log" 2>&1 &
     dpid=$!
     for _ in $(seq 100); do
         grep -q serving "$logs/$1.vblkd.log" 2>/dev/null && return 0
@@ -52,10 +57,11 @@ wait_for() {
 resubmitted=0
 # 1 and 2 queues on split rings, 2 on packed (QEMU packed=on: the ring's
 # positions then live only in vblkd's in-flight region).
-for v in 1 2 2p; do
-    q=${v%p} packed=""
+for v in 1 2 2p 2u; do
+    q=${v%[pu]} packed="" upgraded=""
     [[ $v == *p ]] && packed=1
-    name="kill9-${q}q${packed:+-packed}"
+    [[ $v == *u ]] && upgraded=1
+    name="kill9-${q}q${packed:+-packed}${upgraded:+-after-upgrade}"
     : >"$logs/$name.vblkd.log"
     rm -f "$work/s.sock" "$logs/$name.console.log"
     truncate -s 256M "$work/disk.img"
@@ -73,19 +79,29 @@ for v in 1 2 2p; do
     # is published as soon as it is made, so at a given instant there is
     # often nothing in flight), at most 10 times, never after the guest is
     # done.
-    kills=0
+    kills=0 ups=0
     while ((kills < 10)); do
         sleep 1.2
         if ((kills >= 3)) && grep -q "resubmitting" "$logs/$name.vblkd.log"; then
             break
         fi
         kill -0 "$gpid" 2>/dev/null || break
+        if [[ -n $upgraded ]]; then
+            if "$CTL" --control "$work/c.sock" upgrade >"$work/up.out" 2>&1; then
+                dpid=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" \
+                       "$work/up.out")
+                ups=$((ups + 1))
+                sleep 0.3
+            else
+                fail "$name-upgrade" "$(cat "$work/up.out")"
+            fi
+        fi
         kill -9 "$dpid"; wait "$dpid" 2>/dev/null
         kills=$((kills + 1))
         sleep 0.5
         start "$name" "$q" || { fail "$name" "vblkd did not restart"; break; }
     done
-    echo "  ($name: vblkd killed with SIGKILL $kills times)"
+    echo "  ($name: vblkd killed with SIGKILL $kills times${upgraded:+, each just after an upgrade in place ($ups)})"
     wait "$gpid"; rc=$?; gpid=""
     kill -TERM "$dpid" 2>/dev/null; wait "$dpid"; dpid=""
     if ((kills > 0)) &&
@@ -106,6 +122,10 @@ for v in 1 2 2p; do
     n=$(sed -n 's/.*resubmitting \([0-9]*\) requests.*/\1/p' "$logs/$name.vblkd.log" |
         awk '{s += $1} END {print s + 0}')
     echo "  ($name: $n requests resubmitted after restarts)"
+    if [[ -n $upgraded ]]; then
+        ((n > 0 && ups == kills)) && pass "$name-in-flight-of-upgraded-process-resubmitted" ||
+            fail "$name-in-flight-of-upgraded-process-resubmitted" "$n resubmitted, $ups upgrades for $kills kills"
+    fi
     resubmitted=$((resubmitted + n))
 done
 # Across the restarts, requests the dead daemons had taken must have been

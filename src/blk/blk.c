@@ -68,9 +68,16 @@ struct blk_queue {
 	uint64_t held_until;		/* when it goes out at the latest */
 	uint16_t done;			/* completions so far (wraps) */
 	uint16_t held_done;		/* done when the call was held */
+	bool held_stream;		/* may wait for requests yet to come */
+	bool held_idle;			/* ... and did: nothing was left in flight */
+	uint16_t idle_done;		/* done when it went idle */
 	uint64_t last_done;		/* loop_now() of the last completion */
 	bool busy_before;		/* it left requests in flight */
-	uint64_t gap_ns;		/* EWMA of the time between completions */
+	uint64_t gap_ns;		/* EWMA of the gaps the disk was busy across */
+	uint64_t pace_ns;		/* EWMA of all gaps between completions */
+	uint64_t overlap_ns;		/* loop_now() when >= 2 were last in flight */
+	uint64_t idle_off_until;	/* no idle holds before this (loop_now()) */
+	uint64_t idle_backoff_ns;	/* the next wasted idle hold's back-off */
 	struct blk_req *reqs;		/* vq.num entries */
 	struct iovec *iovs;
 	uint16_t *free_reqs;		/* stack of free request indices */
@@ -80,7 +87,8 @@ struct blk_queue {
 
 	/* Counters: written by the iothread, read by anyone. */
 	_Atomic uint64_t requests, kicks, calls, calls_early, calls_suppressed;
-	_Atomic uint64_t calls_held, completions_coalesced, hold_ns_max, hold_ns_total;
+	_Atomic uint64_t calls_held, calls_held_idle, calls_held_wasted, completions_coalesced;
+	_Atomic uint64_t hold_ns_max, hold_ns_total;
 	_Atomic uint64_t bad_requests;
 	/* Poll counters of kick handlers that are gone (ring restarts). */
 	struct loop_poll_stats poll_base;
@@ -156,6 +164,7 @@ static void blk_notify_bh(void *opaque)
  * share the interrupt.
  */
 static void blk_unhold(struct blk_queue *q, uint64_t now);
+static void blk_hold_went_idle(struct blk_queue *q);
 
 static void blk_queue_notify(void *opaque)
 {
@@ -167,10 +176,13 @@ static void blk_queue_notify(void *opaque)
 	if (q->held) {
 		uint64_t now = sys_now_ns();
 
-		/* Nothing left that could share the held call, or its time
-		 * is up (this section ran long): send it. */
-		if (!q->inflight || now >= q->held_until)
+		/* Its time is up (this section ran long), or nothing is
+		 * left in flight that could share it and it is not a stream
+		 * hold, which waits for requests yet to come: send it. */
+		if (now >= q->held_until || (!q->inflight && !q->held_stream))
 			blk_unhold(q, now);
+		else if (!q->inflight && !q->held_idle)
+			blk_hold_went_idle(q);
 		return;
 	}
 	if (!q->event_idx && defer_batching()) {
@@ -181,40 +193,89 @@ static void blk_queue_notify(void *opaque)
 	blk_queue_signal(q);
 }
 
+/* Interrupt moderation, constants of holds that outlast the requests in
+ * flight (blk_hold). */
+/* A driver that had two requests in flight within this long still has
+ * more than one outstanding: more are coming. */
+#define BLK_OVERLAP_NS 2000000ull
+/* A hold went idle and nothing joined: no more of those for this long,
+ * doubled per wasted hold in a row up to the max. */
+#define BLK_IDLE_BACKOFF_NS 10000000ull
+#define BLK_IDLE_BACKOFF_MAX_NS 1000000000ull
+/* A hold at least this long may be slept: a wake-up's overshoot (tens of
+ * microseconds on a VM) is small beside it.  Shorter holds need the loop
+ * to wait for their timer spinning. */
+#define BLK_HOLD_SLEEP_NS 100000ull
+
+/* The held call now waits for requests the driver has yet to send. */
+static void blk_hold_went_idle(struct blk_queue *q)
+{
+	q->held_idle = true;
+	q->idle_done = q->done;
+	stat_inc(&q->calls_held_idle);
+}
+
 /*
  * Interrupt moderation (docs/architecture.md "Interrupts").  The driver
- * asked for an interrupt at this completion (it sleeps waiting for it),
- * but more requests are in flight and completions have been coming close
- * together: hold the call for about four of the recent gaps between
- * completions, at most irq_mod_max_ns, so that one interrupt covers the
- * ones that follow (a driver drains all it finds).  Never with nothing
- * else in flight (QD1: the request the driver waits for is the only one),
- * never when completions are further apart than half the cap (holding
- * would add latency and save nothing), never when the loop cannot wait
- * for the timer spinning.  Every completion is published at
- * once regardless; only the call waits.  Returns true if the call is now
- * held (or already was).
+ * asked for an interrupt at this completion (it sleeps waiting for it):
+ * hold the call, at most irq_mod_max_ns, so that one interrupt covers the
+ * completions that follow (a driver drains all it finds).  Two kinds:
+ *
+ * - a stream hold, when the driver has kept several requests outstanding
+ *   lately (two in flight at once within BLK_OVERLAP_NS: more are coming)
+ *   and completions have been coming close together at its pace: about
+ *   four of those gaps (pace_ns).  It lasts its time even when nothing is
+ *   left in flight: a driver slower than the disk (a TCG guest, an
+ *   overcommitted host) sends its requests one or two at a time, each
+ *   finds the disk idle, and without this each completion would cost an
+ *   interrupt.  Whether waiting for requests yet to come pays is measured:
+ *   a hold that went idle and that nothing joined backs those off
+ *   (BLK_IDLE_BACKOFF_NS, doubling), so a driver that in fact waits for
+ *   this completion before it sends more loses one hold, rarely;
+ * - otherwise (backed off), a busy hold, when other requests are in
+ *   flight and the disk has been completing them close together: about
+ *   four of the disk's gaps (gap_ns); it ends when the last request in
+ *   flight completes.
+ *
+ * Never at QD1 (never two in flight at once), never when completions are
+ * further apart than half the cap (holding would add latency and cover
+ * nothing), never a short hold when the loop cannot wait for its timer
+ * spinning.  Every completion is published at once regardless; only the
+ * call waits.  Returns true if the call is now held (or already was).
  */
 static bool blk_hold(struct blk_queue *q)
 {
-	uint64_t max = q->dev->irq_mod_max_ns, hold;
+	uint64_t max = q->dev->irq_mod_max_ns, now, hold;
+	bool stream;
 
 	if (q->held)
 		return true;
-	if (!max || !q->inflight || q->gap_ns > max / 2)
+	if (!max)
 		return false;
-	/* The hold's timer must be kept to the microsecond: the loop waits
-	 * for it spinning, which it does not while our CPU is contended (or
-	 * with polling off). */
-	if (!loop_can_spin(q->t->loop))
+	now = loop_now(q->t->loop);
+	stream = now - q->overlap_ns <= BLK_OVERLAP_NS && now >= q->idle_off_until &&
+		 q->pace_ns <= max / 2;
+	if (stream)
+		hold = MIN(8 * q->pace_ns, max);
+	else if (q->inflight && q->gap_ns <= max / 2)
+		hold = MIN(4 * q->gap_ns, max);
+	else
 		return false;
-	hold = MIN(4 * q->gap_ns, max);
+	/* A short hold's timer must be kept to the microsecond: the loop
+	 * waits for it spinning, which it does not while our CPU is
+	 * contended (or with polling off). */
+	if (hold < BLK_HOLD_SLEEP_NS && !loop_can_spin(q->t->loop))
+		return false;
 	q->held = true;
+	q->held_stream = stream;
+	q->held_idle = false;
 	q->held_since = sys_now_ns();
 	q->held_until = q->held_since + hold;
 	q->held_done = q->done;	/* counts from the completion the driver waits for */
 	loop_timer_mod(q->hold_timer, q->held_until);
 	stat_inc(&q->calls_held);
+	if (!q->inflight)
+		blk_hold_went_idle(q);
 	return true;
 }
 
@@ -223,12 +284,25 @@ static bool blk_hold(struct blk_queue *q)
 static void blk_unhold(struct blk_queue *q, uint64_t now)
 {
 	uint64_t held = now - q->held_since;
+	uint16_t joined = (uint16_t)(q->done - q->held_done);
+	uint16_t joined_idle = (uint16_t)(q->done - q->idle_done);
 
 	loop_timer_del(q->hold_timer);
 	q->held = false;
+	if (q->held_idle) {
+		/* Did the driver send more while we held with nothing in
+		 * flight?  If not, it was waiting for us after all: back off. */
+		if (joined_idle) {
+			q->idle_backoff_ns = BLK_IDLE_BACKOFF_NS;
+		} else {
+			stat_inc(&q->calls_held_wasted);
+			q->idle_off_until = loop_now(q->t->loop) + q->idle_backoff_ns;
+			q->idle_backoff_ns = MIN(2 * q->idle_backoff_ns, BLK_IDLE_BACKOFF_MAX_NS);
+		}
+	}
 	atomic_store_explicit(&q->completions_coalesced,
 			      atomic_load_explicit(&q->completions_coalesced, memory_order_relaxed) +
-			      (uint16_t)(q->done - q->held_done), memory_order_relaxed);
+			      joined, memory_order_relaxed);
 	if (held > atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed))
 		atomic_store_explicit(&q->hold_ns_max, held, memory_order_relaxed);
 	atomic_store_explicit(&q->hold_ns_total,
@@ -247,22 +321,23 @@ static void blk_hold_timer_cb(void *opaque)
 }
 
 /*
- * How fast the disk completes, for blk_hold: an EWMA (1/8) of the time
- * between completions, counting only gaps the disk was busy across (the
- * previous completion left requests in flight).  A gap after the queue
- * ran dry measures the driver's pace, not the disk's: the first completion
- * of each batch would otherwise always look slow, and it is exactly the one
- * a sleeping driver waits for.
+ * How fast completions come, for blk_hold: EWMAs (1/8) of the time between
+ * completions, each gap at most 1 ms.  gap_ns, the disk's pace, counts only
+ * gaps the disk was busy across (the previous completion left requests in
+ * flight): a gap after the queue ran dry measures the driver's pace, not
+ * the disk's, and the first completion of each batch, exactly the one a
+ * sleeping driver waits for, would otherwise always look slow.  pace_ns
+ * counts every gap: the pace of a driver that sends one or two at a time.
  */
 static inline void blk_note_completion(struct blk_queue *q)
 {
 	uint64_t now = loop_now(q->t->loop), gap = now - q->last_done;
 
-	if (q->busy_before) {
-		if (gap > 1000000)
-			gap = 1000000;
+	if (gap > 1000000)
+		gap = 1000000;
+	if (q->busy_before)
 		q->gap_ns = q->gap_ns - q->gap_ns / 8 + gap / 8;
-	}
+	q->pace_ns = q->pace_ns - q->pace_ns / 8 + gap / 8;
 	q->last_done = now;
 	q->busy_before = q->inflight > 0;
 }
@@ -445,7 +520,8 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->in_off = out_num;
 	r->in_n = in_num;
 	r->used_len = 1;
-	q->inflight++;
+	if (++q->inflight > 1)
+		q->overlap_ns = loop_now(q->t->loop);
 	stat_inc(&q->requests);
 
 	if (iov_to_buf(out, out_num, 0, &hdr, sizeof(hdr)) < sizeof(hdr)) {
@@ -756,7 +832,9 @@ static void do_queue_start(void *opaque)
 	q->event_idx = s->cfg.event_idx;
 	q->polling = false;
 	q->held = false;
-	q->gap_ns = 1000000;	/* no holding until gaps are measured */
+	q->gap_ns = q->pace_ns = 1000000;	/* no holding until gaps are measured */
+	q->overlap_ns = q->idle_off_until = 0;
+	q->idle_backoff_ns = BLK_IDLE_BACKOFF_NS;
 	q->busy_before = false;
 	q->last_done = loop_now(q->t->loop);
 	r = loop_fd_add(q->t->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);
@@ -1290,6 +1368,10 @@ static void do_stats(void *opaque)
 		o->calls_suppressed = atomic_load_explicit(&q->calls_suppressed,
 							   memory_order_relaxed);
 		o->calls_held = atomic_load_explicit(&q->calls_held, memory_order_relaxed);
+		o->calls_held_idle = atomic_load_explicit(&q->calls_held_idle,
+							  memory_order_relaxed);
+		o->calls_held_wasted = atomic_load_explicit(&q->calls_held_wasted,
+							    memory_order_relaxed);
 		o->completions_coalesced = atomic_load_explicit(&q->completions_coalesced,
 								memory_order_relaxed);
 		o->hold_ns_max = atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed);

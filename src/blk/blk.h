@@ -27,7 +27,7 @@
 #define BLK_POLL_DEFAULT_NS 65536u
 #define BLK_COMPLETION_POLL_DEFAULT_NS 262144u
 /* Default cap of interrupt moderation (blk_opts.irq_moderation_max_ns). */
-#define BLK_IRQ_MODERATION_DEFAULT_NS 50000u
+#define BLK_IRQ_MODERATION_DEFAULT_NS 500000u
 
 struct blk_opts {
 	unsigned num_queues;		/* 1..BLK_MAX_QUEUES */
@@ -60,6 +60,8 @@ struct blk_queue_stats {
 	uint64_t calls_early;		/* of which early: a sleeping driver's first completion */
 	uint64_t calls_suppressed;	/* batches the driver did not want signalled */
 	uint64_t calls_held;		/* calls held back (interrupt moderation) */
+	uint64_t calls_held_idle;	/* of which held on with nothing in flight */
+	uint64_t calls_held_wasted;	/* ... and nothing came (backs those off) */
 	uint64_t completions_coalesced;	/* completed while a call was held */
 	uint64_t hold_ns_max;		/* longest a call was held */
 	uint64_t hold_ns_total;		/* all holds together */

@@ -93,6 +93,8 @@ static struct json_object *queue_object(const struct blk_queue_stats *q)
 	add(o, "calls_early", json_object_new_uint64(q->calls_early), &ok);
 	add(o, "calls_suppressed", json_object_new_uint64(q->calls_suppressed), &ok);
 	add(o, "calls_held", json_object_new_uint64(q->calls_held), &ok);
+	add(o, "calls_held_idle", json_object_new_uint64(q->calls_held_idle), &ok);
+	add(o, "calls_held_wasted", json_object_new_uint64(q->calls_held_wasted), &ok);
 	add(o, "completions_coalesced", json_object_new_uint64(q->completions_coalesced), &ok);
 	add(o, "hold_ns_max", json_object_new_uint64(q->hold_ns_max), &ok);
 	add(o, "hold_ns_total", json_object_new_uint64(q->hold_ns_total), &ok);

@@ -6,7 +6,9 @@
  *
  *   {"cmd": "stats"}
  *     -> {"queues": [{"iothread", "requests", "kicks", "calls",
- *         "calls_early", "calls_suppressed", "calls_held", "completions_coalesced",
+ *         "calls_early", "calls_suppressed", "calls_held", "calls_held_idle",
+ *         "calls_held_wasted",
+ *         "completions_coalesced",
  *         "hold_ns_max", "hold_ns_total", "bad_requests", "poll_hits", "poll_misses",
  *         "poll_ns"}, ...],
  *         "iothreads": [{"busy_ns", "cpu_ns", "poll_ns_total", "contended",

@@ -62,6 +62,8 @@ static const char *const families[] = {
 	"vblkd_queue_calls_early_total",
 	"vblkd_queue_calls_suppressed_total",
 	"vblkd_queue_calls_held_total",
+	"vblkd_queue_calls_held_idle_total",
+	"vblkd_queue_calls_held_wasted_total",
 	"vblkd_queue_completions_coalesced_total",
 	"vblkd_queue_hold_seconds_total",
 	"vblkd_queue_hold_max_seconds",
@@ -329,7 +331,8 @@ static void test_fields_map_to_families(void)
 		.iothread = 0, .requests = 101, .kicks = 102, .calls = 103, .calls_early = 104,
 		.calls_suppressed = 105, .calls_held = 106, .completions_coalesced = 107,
 		.hold_ns_max = 108, .hold_ns_total = 109, .bad_requests = 110, .poll_hits = 111,
-		.poll_misses = 112, .poll_ns = 113,
+		.poll_misses = 112, .poll_ns = 113, .calls_held_idle = 114,
+		.calls_held_wasted = 115,
 	};
 	fake_t[0] = (struct blk_iothread_stats){ .busy_ns = 1, .cpu_ns = 2, .poll_ns_total = 3,
 						 .contended = 4, .cpu = -1 };
@@ -341,6 +344,8 @@ static void test_fields_map_to_families(void)
 	ASSERT_EQ(sample(&p, "vblkd_queue_calls_early_total", "queue=\"1\"")->value, 104);
 	ASSERT_EQ(sample(&p, "vblkd_queue_calls_suppressed_total", "queue=\"1\"")->value, 105);
 	ASSERT_EQ(sample(&p, "vblkd_queue_calls_held_total", "queue=\"1\"")->value, 106);
+	ASSERT_EQ(sample(&p, "vblkd_queue_calls_held_idle_total", "queue=\"1\"")->value, 114);
+	ASSERT_EQ(sample(&p, "vblkd_queue_calls_held_wasted_total", "queue=\"1\"")->value, 115);
 	ASSERT_EQ(sample(&p, "vblkd_queue_completions_coalesced_total", "queue=\"1\"")->value,
 		  107);
 	expect_line(text, "vblkd_queue_hold_max_seconds{queue=\"1\"} 0.000000108");

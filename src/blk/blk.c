@@ -202,6 +202,9 @@ static void blk_queue_notify(void *opaque)
  * doubled per wasted hold in a row up to the max. */
 #define BLK_IDLE_BACKOFF_NS 10000000ull
 #define BLK_IDLE_BACKOFF_MAX_NS 1000000000ull
+/* A busy hold keeps a driver that is waiting for us waiting: at most this
+ * fraction of the cap. */
+#define BLK_BUSY_HOLD_DIV 10
 /* A hold at least this long may be slept: a wake-up's overshoot (tens of
  * microseconds on a VM) is small beside it.  Shorter holds need the loop
  * to wait for their timer spinning. */
@@ -234,8 +237,9 @@ static void blk_hold_went_idle(struct blk_queue *q)
  *   this completion before it sends more loses one hold, rarely;
  * - otherwise (backed off), a busy hold, when other requests are in
  *   flight and the disk has been completing them close together: about
- *   four of the disk's gaps (gap_ns); it ends when the last request in
- *   flight completes.
+ *   four of the disk's gaps (gap_ns), at most a tenth of the cap: the
+ *   driver is waiting for us (its refills wait too, and with them the
+ *   disk); it ends when the last request in flight completes.
  *
  * Never at QD1 (never two in flight at once), never when completions are
  * further apart than half the cap (holding would add latency and cover
@@ -245,7 +249,7 @@ static void blk_hold_went_idle(struct blk_queue *q)
  */
 static bool blk_hold(struct blk_queue *q)
 {
-	uint64_t max = q->dev->irq_mod_max_ns, now, hold;
+	uint64_t max = q->dev->irq_mod_max_ns, busy_max = max / BLK_BUSY_HOLD_DIV, now, hold;
 	bool stream;
 
 	if (q->held)
@@ -257,8 +261,8 @@ static bool blk_hold(struct blk_queue *q)
 		 q->pace_ns <= max / 2;
 	if (stream)
 		hold = MIN(8 * q->pace_ns, max);
-	else if (q->inflight && q->gap_ns <= max / 2)
-		hold = MIN(4 * q->gap_ns, max);
+	else if (q->inflight && q->gap_ns <= busy_max / 2)
+		hold = MIN(4 * q->gap_ns, busy_max);
 	else
 		return false;
 	/* A short hold's timer must be kept to the microsecond: the loop

@@ -70,14 +70,15 @@ struct blk_queue {
 	uint16_t held_done;		/* done when the call was held */
 	bool held_stream;		/* may wait for requests yet to come */
 	bool held_idle;			/* ... and did: nothing was left in flight */
-	uint16_t idle_done;		/* done when it went idle */
+	uint16_t taken;			/* requests taken from the ring (wraps) */
+	uint16_t held_taken;		/* taken when the call was held */
 	uint64_t last_done;		/* loop_now() of the last completion */
 	bool busy_before;		/* it left requests in flight */
 	uint64_t gap_ns;		/* EWMA of the gaps the disk was busy across */
 	uint64_t pace_ns;		/* EWMA of all gaps between completions */
 	uint64_t overlap_ns;		/* loop_now() when >= 2 were last in flight */
-	uint64_t idle_off_until;	/* no idle holds before this (loop_now()) */
-	uint64_t idle_backoff_ns;	/* the next wasted idle hold's back-off */
+	uint64_t stream_off_until;	/* no idle holds before this (loop_now()) */
+	uint64_t stream_backoff_ns;	/* the next wasted idle hold's back-off */
 	struct blk_req *reqs;		/* vq.num entries */
 	struct iovec *iovs;
 	uint16_t *free_reqs;		/* stack of free request indices */
@@ -198,10 +199,11 @@ static void blk_queue_notify(void *opaque)
 /* A driver that had two requests in flight within this long still has
  * more than one outstanding: more are coming. */
 #define BLK_OVERLAP_NS 2000000ull
-/* A hold went idle and nothing joined: no more of those for this long,
- * doubled per wasted hold in a row up to the max. */
-#define BLK_IDLE_BACKOFF_NS 10000000ull
-#define BLK_IDLE_BACKOFF_MAX_NS 1000000000ull
+/* The driver sent nothing during a stream hold (it was waiting for us
+ * after all): no stream holds for this long, doubled per wasted hold in
+ * a row up to the max. */
+#define BLK_STREAM_BACKOFF_NS 10000000ull
+#define BLK_STREAM_BACKOFF_MAX_NS 1000000000ull
 /* A busy hold keeps a driver that is waiting for us waiting: at most this
  * fraction of the cap. */
 #define BLK_BUSY_HOLD_DIV 10
@@ -214,7 +216,6 @@ static void blk_queue_notify(void *opaque)
 static void blk_hold_went_idle(struct blk_queue *q)
 {
 	q->held_idle = true;
-	q->idle_done = q->done;
 	stat_inc(&q->calls_held_idle);
 }
 
@@ -227,14 +228,16 @@ static void blk_hold_went_idle(struct blk_queue *q)
  * - a stream hold, when the driver has kept several requests outstanding
  *   lately (two in flight at once within BLK_OVERLAP_NS: more are coming)
  *   and completions have been coming close together at its pace: about
- *   four of those gaps (pace_ns).  It lasts its time even when nothing is
- *   left in flight: a driver slower than the disk (a TCG guest, an
+ *   eight of those gaps (pace_ns: the EWMA per completion leans towards
+ *   the short gaps inside a burst).  It lasts its time even when nothing
+ *   is left in flight: a driver slower than the disk (a TCG guest, an
  *   overcommitted host) sends its requests one or two at a time, each
  *   finds the disk idle, and without this each completion would cost an
- *   interrupt.  Whether waiting for requests yet to come pays is measured:
- *   a hold that went idle and that nothing joined backs those off
- *   (BLK_IDLE_BACKOFF_NS, doubling), so a driver that in fact waits for
- *   this completion before it sends more loses one hold, rarely;
+ *   interrupt.  Whether it pays is measured: a driver slower than the
+ *   disk goes on sending while we hold; one that sent nothing meanwhile
+ *   was waiting for us after all, and that backs stream holds off
+ *   (BLK_STREAM_BACKOFF_NS, doubling), so such a driver loses a hold
+ *   rarely;
  * - otherwise (backed off), a busy hold, when other requests are in
  *   flight and the disk has been completing them close together: about
  *   four of the disk's gaps (gap_ns), at most a tenth of the cap: the
@@ -257,7 +260,7 @@ static bool blk_hold(struct blk_queue *q)
 	if (!max)
 		return false;
 	now = loop_now(q->t->loop);
-	stream = now - q->overlap_ns <= BLK_OVERLAP_NS && now >= q->idle_off_until &&
+	stream = now - q->overlap_ns <= BLK_OVERLAP_NS && now >= q->stream_off_until &&
 		 q->pace_ns <= max / 2;
 	if (stream)
 		hold = MIN(8 * q->pace_ns, max);
@@ -276,6 +279,7 @@ static bool blk_hold(struct blk_queue *q)
 	q->held_since = sys_now_ns();
 	q->held_until = q->held_since + hold;
 	q->held_done = q->done;	/* counts from the completion the driver waits for */
+	q->held_taken = q->taken;
 	loop_timer_mod(q->hold_timer, q->held_until);
 	stat_inc(&q->calls_held);
 	if (!q->inflight)
@@ -289,19 +293,18 @@ static void blk_unhold(struct blk_queue *q, uint64_t now)
 {
 	uint64_t held = now - q->held_since;
 	uint16_t joined = (uint16_t)(q->done - q->held_done);
-	uint16_t joined_idle = (uint16_t)(q->done - q->idle_done);
 
 	loop_timer_del(q->hold_timer);
 	q->held = false;
-	if (q->held_idle) {
-		/* Did the driver send more while we held with nothing in
-		 * flight?  If not, it was waiting for us after all: back off. */
-		if (joined_idle) {
-			q->idle_backoff_ns = BLK_IDLE_BACKOFF_NS;
+	if (q->held_stream) {
+		/* Did the driver send more while we held?  If not, it was
+		 * waiting for us after all: back off. */
+		if (q->taken != q->held_taken) {
+			q->stream_backoff_ns = BLK_STREAM_BACKOFF_NS;
 		} else {
 			stat_inc(&q->calls_held_wasted);
-			q->idle_off_until = loop_now(q->t->loop) + q->idle_backoff_ns;
-			q->idle_backoff_ns = MIN(2 * q->idle_backoff_ns, BLK_IDLE_BACKOFF_MAX_NS);
+			q->stream_off_until = loop_now(q->t->loop) + q->stream_backoff_ns;
+			q->stream_backoff_ns = MIN(2 * q->stream_backoff_ns, BLK_STREAM_BACKOFF_MAX_NS);
 		}
 	}
 	atomic_store_explicit(&q->completions_coalesced,
@@ -524,6 +527,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->in_off = out_num;
 	r->in_n = in_num;
 	r->used_len = 1;
+	q->taken++;
 	if (++q->inflight > 1)
 		q->overlap_ns = loop_now(q->t->loop);
 	stat_inc(&q->requests);
@@ -837,8 +841,8 @@ static void do_queue_start(void *opaque)
 	q->polling = false;
 	q->held = false;
 	q->gap_ns = q->pace_ns = 1000000;	/* no holding until gaps are measured */
-	q->overlap_ns = q->idle_off_until = 0;
-	q->idle_backoff_ns = BLK_IDLE_BACKOFF_NS;
+	q->overlap_ns = q->stream_off_until = 0;
+	q->stream_backoff_ns = BLK_STREAM_BACKOFF_NS;
 	q->busy_before = false;
 	q->last_done = loop_now(q->t->loop);
 	r = loop_fd_add(q->t->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);

@@ -61,7 +61,7 @@ struct blk_queue_stats {
 	uint64_t calls_suppressed;	/* batches the driver did not want signalled */
 	uint64_t calls_held;		/* calls held back (interrupt moderation) */
 	uint64_t calls_held_idle;	/* of which held on with nothing in flight */
-	uint64_t calls_held_wasted;	/* ... and nothing came (backs those off) */
+	uint64_t calls_held_wasted;	/* stream holds the driver sent nothing in */
 	uint64_t completions_coalesced;	/* completed while a call was held */
 	uint64_t hold_ns_max;		/* longest a call was held */
 	uint64_t hold_ns_total;		/* all holds together */

@@ -51,7 +51,7 @@ static const struct family queue_families[] = {
 	  "Held calls that waited on with nothing in flight, for requests yet to come.",
 	  COUNTER, PLAIN, Q(calls_held_idle) },
 	{ "vblkd_queue_calls_held_wasted_total",
-	  "Of those, held for requests that did not come (each backs such holds off).",
+	  "Stream holds during which the driver sent nothing (each backs such holds off).",
 	  COUNTER, PLAIN, Q(calls_held_wasted) },
 	{ "vblkd_queue_completions_coalesced_total",
 	  "Completions that shared a held call.",

@@ -2,6 +2,7 @@
 # Guest scenario (busybox sh) for bench/guest-irq: 4k randread on /dev/vda,
 # O_DIRECT, libaio, at QD1 and QD32, RUNTIME seconds each (from the kernel
 # command line, vblk.runtime=N, default 5), over the first 64 MiB.  For each:
+#   VBLK-PERF-START: qd=N            (as the job starts)
 #   VBLK-PERF: qd=N iops=X lat_us=X ios=N irqs=N irqs_per_io=X
 # irqs: the virtio queue interrupt lines' counts in /proc/interrupts (the
 # config line excluded), all CPUs, before and after the job.
@@ -31,6 +32,7 @@ jget() {
 fail=""
 for qd in 1 32; do
     b=$(irq_sum)
+    echo "VBLK-PERF-START: qd=$qd"
     fio --name="qd$qd" --eta=never --filename=$DEV --direct=1 --ioengine=$ENG \
         --rw=randread --bs=4k --iodepth="$qd" --size=64M --norandommap \
         --runtime="$RT" --time_based --output-format=json --output=/tmp/p.json

@@ -70,8 +70,7 @@ struct blk_queue {
 	uint16_t held_done;		/* done when the call was held */
 	bool held_stream;		/* may wait for requests yet to come */
 	bool held_idle;			/* ... and did: nothing was left in flight */
-	uint16_t taken;			/* requests taken from the ring (wraps) */
-	uint16_t held_taken;		/* taken when the call was held */
+	uint64_t held_requests;		/* requests (taken) when the call was held */
 	uint64_t last_done;		/* loop_now() of the last completion */
 	bool busy_before;		/* it left requests in flight */
 	uint64_t gap_ns;		/* EWMA of the gaps the disk was busy across */
@@ -279,7 +278,7 @@ static bool blk_hold(struct blk_queue *q)
 	q->held_since = sys_now_ns();
 	q->held_until = q->held_since + hold;
 	q->held_done = q->done;	/* counts from the completion the driver waits for */
-	q->held_taken = q->taken;
+	q->held_requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
 	loop_timer_mod(q->hold_timer, q->held_until);
 	stat_inc(&q->calls_held);
 	if (!q->inflight)
@@ -299,7 +298,7 @@ static void blk_unhold(struct blk_queue *q, uint64_t now)
 	if (q->held_stream) {
 		/* Did the driver send more while we held?  If not, it was
 		 * waiting for us after all: back off. */
-		if (q->taken != q->held_taken) {
+		if (atomic_load_explicit(&q->requests, memory_order_relaxed) != q->held_requests) {
 			q->stream_backoff_ns = BLK_STREAM_BACKOFF_NS;
 		} else {
 			stat_inc(&q->calls_held_wasted);
@@ -527,7 +526,6 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->in_off = out_num;
 	r->in_n = in_num;
 	r->used_len = 1;
-	q->taken++;
 	if (++q->inflight > 1)
 		q->overlap_ns = loop_now(q->t->loop);
 	stat_inc(&q->requests);

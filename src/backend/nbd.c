@@ -38,6 +38,8 @@
 #define NBD_CONNECT_TIMEOUT_MS 10000
 /* Draining waits this long for a server that stopped answering. */
 #define NBD_DRAIN_TIMEOUT_MS 30000
+/* Replies taken in one go before the loop looks at its other fds. */
+#define NBD_REPLIES_PER_WAKE 64
 /* Reconnect delays: 1 s, doubling up to 30 s. */
 #define NBD_RETRY_MIN_S 1
 #define NBD_RETRY_MAX_S 30
@@ -302,12 +304,39 @@ static bool conn_settle(struct bdev_ctx *c)
 	return c->h != NULL;
 }
 
+/* A reply (or the connection's end) waits on the socket: one
+ * recv(MSG_PEEK) syscall. */
+static bool conn_readable(struct bdev_ctx *c)
+{
+	char b;
+
+	return recv(nbd_aio_get_fd(c->h), &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
+}
+
+/*
+ * libnbd reads one reply per nbd_aio_notify_read(): its READY state then
+ * waits for the next notification even when more replies are already on
+ * the socket.  Take all of them now (up to NBD_REPLIES_PER_WAKE), so that
+ * their completions are one batch, one call at most, instead of one loop
+ * iteration and one batch each (regression: NBD randread QD32 ran below
+ * qemu-storage-daemon with a p99 1.6x its, the requests' completions
+ * queued behind a loop iteration each).
+ */
+static void conn_read_replies(struct bdev_ctx *c)
+{
+	for (unsigned n = 1; nbd_aio_notify_read(c->h) == 0; n++) {
+		if (n >= NBD_REPLIES_PER_WAKE || nbd_aio_in_flight(c->h) <= 0 ||
+		    !nbd_aio_is_ready(c->h) || !conn_readable(c))
+			break;
+	}
+}
+
 static void conn_fd_cb(void *opaque, uint32_t events)
 {
 	struct bdev_ctx *c = opaque;
 
 	if (events & (EPOLLIN | EPOLLHUP | EPOLLERR))
-		(void)nbd_aio_notify_read(c->h);
+		conn_read_replies(c);
 	if ((events & EPOLLOUT) && !nbd_aio_is_dead(c->h))
 		(void)nbd_aio_notify_write(c->h);
 	if (!conn_settle(c))
@@ -333,18 +362,15 @@ static void conn_fd_cb(void *opaque, uint32_t events)
 static bool conn_poll(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
-	char b;
 
-	if (c->state != NBD_UP || !c->inflight)
-		return false;
-	return recv(nbd_aio_get_fd(c->h), &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
+	return c->state == NBD_UP && c->inflight && conn_readable(c);
 }
 
 static void conn_poll_run(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	(void)nbd_aio_notify_read(c->h);
+	conn_read_replies(c);
 	(void)conn_settle(c);
 }
 

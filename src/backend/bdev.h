@@ -109,6 +109,9 @@ struct bdev_engine {
 	void (*kick)(struct bdev_ctx *c);
 	/* Block until every submitted I/O has completed and called back. */
 	void (*drain)(struct bdev_ctx *c);
+	/* Optional: how many times kick (or early submission) handed
+	 * queued I/Os to the kernel, one syscall each.  The ctx's thread. */
+	uint64_t (*submits)(const struct bdev_ctx *c);
 
 	/* Engines that are their own disk (network clients: rbd, nbd): open
 	 * the disk --disk names, filling struct bdev (size, block sizes,
@@ -208,6 +211,12 @@ static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 			       struct bdev_ctx **out)
 {
 	return b->engine->ctx_new(b, l, depth, out);
+}
+
+/* The engine's submits counter, 0 for engines without one. */
+static inline uint64_t bdev_ctx_submits(const struct bdev *b, const struct bdev_ctx *c)
+{
+	return b->engine->submits && c ? b->engine->submits(c) : 0;
 }
 
 /* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */

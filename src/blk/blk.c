@@ -1348,6 +1348,7 @@ void blk_dev_free(struct blk_dev *d)
 struct stats_call {
 	struct blk_iothread *t;
 	struct blk_queue_stats *qs;
+	struct blk_iothread_stats *ts;	/* the iothread's */
 };
 
 /* On the iothread: kick handlers come and go with ring restarts, so their
@@ -1357,6 +1358,7 @@ static void do_stats(void *opaque)
 	struct stats_call *c = opaque;
 	struct blk_dev *d = c->t->dev;
 
+	c->ts->backend_submits = bdev_ctx_submits(d->b, c->t->bctx);
 	for (unsigned i = 0; i < d->num_queues; i++) {
 		struct blk_queue *q = &d->q[i];
 		struct blk_queue_stats *o = &c->qs[i];
@@ -1394,7 +1396,7 @@ void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		   struct blk_iothread_stats *ts)
 {
 	for (unsigned i = 0; i < d->num_iothreads; i++) {
-		struct stats_call c = { &d->iot[i], qs };
+		struct stats_call c = { &d->iot[i], qs, &ts[i] };
 		struct loop_stats ls;
 
 		loop_call_sync(d->iot[i].loop, do_stats, &c);

@@ -81,6 +81,9 @@ static const struct family iothread_families[] = {
 	{ "vblkd_iothread_contended_total",
 	  "Times polling stopped because another thread wanted the CPU.",
 	  COUNTER, PLAIN, T(contended) },
+	{ "vblkd_iothread_backend_submits_total",
+	  "Syscalls that handed queued I/O to the disk (io_uring_enter; io_uring only).",
+	  COUNTER, PLAIN, T(backend_submits) },
 };
 #undef T
 

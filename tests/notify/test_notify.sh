@@ -5,7 +5,8 @@
 # request is kicked, batching keeps interrupts below one per request (and
 # early notification is counted and can be switched off), interrupt
 # moderation holds calls only with other requests outstanding and within
-# its cap, holds on for a slow driver and backs off for a waiting one, an
+# its cap, holds on for a slow driver and backs off for a waiting one, a
+# slow disk gets requests at once and in small batches when full, an
 # idle daemon uses no CPU, contention switches polling off, and the
 # control socket reports and changes all of it.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
@@ -203,6 +204,21 @@ start_file && {
     S0=$(stats); R=$(bench --rw randread --iodepth 1 --think-us 50 --runtime 1 --size 16M); S1=$(stats)
     check irq-moderation-never-at-qd1-slow-driver \
         "q['calls_held'] == 0 and r['requests_submitted'] == r['requests_completed'] > 100"
+    stop
+}
+# 6d. Submitting to a slow disk (the file is on the root disk, O_DIRECT):
+# requests go to io_uring as they come while the disk has few, in small
+# batches once it has many (backend_submits counts io_uring_enter calls):
+# at QD32 fewer submissions than requests, but more than one per batch of
+# 32.  QD1 submits each request (nothing to wait for).
+start_file && {
+    S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 0.5 --size 16M); S1=$(stats)
+    check submits-at-once-at-qd1 \
+        "t['backend_submits'] >= 0.9 * q['requests'] > 100 and r['errors'] == 0"
+    S0=$(stats); R=$(bench --rw randwrite --iodepth 32 --runtime 1 --size 16M); S1=$(stats)
+    check submits-in-small-batches-at-qd32 \
+        "(q['requests'] / 16 < t['backend_submits'] < q['requests'] / 2 and
+          r['requests_submitted'] == r['requests_completed'] > 1000 and r['errors'] == 0)"
     stop
 }
 start_file --irq-moderation-max-ns 0 && {

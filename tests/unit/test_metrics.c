@@ -74,6 +74,7 @@ static const char *const families[] = {
 	"vblkd_iothread_cpu_seconds_total",
 	"vblkd_iothread_poll_seconds_total",
 	"vblkd_iothread_contended_total",
+	"vblkd_iothread_backend_submits_total",
 	"vblkd_iothread_pinned_cpu",
 };
 
@@ -335,7 +336,8 @@ static void test_fields_map_to_families(void)
 		.calls_held_wasted = 115,
 	};
 	fake_t[0] = (struct blk_iothread_stats){ .busy_ns = 1, .cpu_ns = 2, .poll_ns_total = 3,
-						 .contended = 4, .cpu = -1 };
+						 .contended = 4, .backend_submits = 5,
+						 .cpu = -1 };
 	text = format(&s);
 	parse(text, &p);
 	ASSERT_EQ(sample(&p, "vblkd_queue_requests_total", "queue=\"1\"")->value, 101);
@@ -359,6 +361,7 @@ static void test_fields_map_to_families(void)
 	expect_line(text, "vblkd_iothread_cpu_seconds_total{iothread=\"0\"} 0.000000002");
 	expect_line(text, "vblkd_iothread_poll_seconds_total{iothread=\"0\"} 0.000000003");
 	expect_line(text, "vblkd_iothread_contended_total{iothread=\"0\"} 4");
+	expect_line(text, "vblkd_iothread_backend_submits_total{iothread=\"0\"} 5");
 	expect_line(text, "vblkd_iothread_pinned_cpu{iothread=\"0\"} -1");
 	free(text);
 }

@@ -123,7 +123,7 @@ static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 	 * already has k requests gets them in batches of k/4.  Waiting for
 	 * a few more costs nothing there (the disk is busy) and saves a
 	 * syscall and a device notification each (measured: randwrite QD32
-	 * +20-40 % over one submission per request, the disk's queue full
+	 * +12-40 % over one submission per request, the disk's queue full
 	 * either way).  The end of the pass submits the rest. */
 	if (c->early && c->queued * URING_EARLY_DIV >= c->inflight - c->queued)
 		uring_kick(c);

@@ -46,8 +46,11 @@ struct loop_fd {
 	struct loop_fd *next_poll;
 	uint64_t poll_ns;
 	uint64_t last_active_ns;
+	bool in_window;		/* its window was the one polled before the
+				 * last sleep (loop_adjust_vain) */
+	bool fired;		/* its fd fired in this wake-up */
 	/* Mirrors for readers on other threads. */
-	_Atomic uint64_t st_hits, st_misses, st_poll_ns;
+	_Atomic uint64_t st_hits, st_misses, st_vain, st_poll_ns;
 };
 
 struct loop_bh {
@@ -300,6 +303,7 @@ void loop_fd_poll_stats(const struct loop_fd *h, struct loop_poll_stats *out)
 {
 	out->hits = atomic_load_explicit(&h->st_hits, memory_order_relaxed);
 	out->misses = atomic_load_explicit(&h->st_misses, memory_order_relaxed);
+	out->vain = atomic_load_explicit(&h->st_vain, memory_order_relaxed);
 	out->poll_ns = atomic_load_explicit(&h->st_poll_ns, memory_order_relaxed);
 }
 
@@ -456,6 +460,13 @@ static void loop_poll_hit(struct loop_fd *h, uint64_t now)
 	st_add(&h->st_hits, 1);
 }
 
+/* Nothing polled in vain: the window found work. */
+static void loop_clear_windows(struct loop *l)
+{
+	for (struct loop_fd *h = l->polls; h; h = h->next_poll)
+		h->in_window = false;
+}
+
 /* The cap of handler h's window: completion handlers (with armed()) have
  * their own; 0 everywhere when polling is off. */
 static uint64_t poll_cap(const struct loop_poll_params *p, const struct loop_fd *h)
@@ -534,6 +545,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	now = sys_now_ns();
 	if (timeout_ns != 0 && p.max_ns && now >= l->contended_until) {
 		for (struct loop_fd *h = l->polls; h; h = h->next_poll) {
+			h->in_window = false;
 			if (h->poll_ns && now - h->last_active_ns > LOOP_POLL_IDLE_NS) {
 				h->poll_ns = 0;
 				st_set(&h->st_poll_ns, 0);
@@ -543,6 +555,12 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 				continue;
 			window = MAX(window, MIN(h->poll_ns, poll_cap(&p, h)));
 		}
+		/* The handlers whose window is the one spun, the longest: a
+		 * shorter one ran inside it and cost nothing of its own (a
+		 * queue's kick window inside io_uring's completion window). */
+		for (struct loop_fd *h = l->polls; window && h; h = h->next_poll)
+			h->in_window = (!h->pops->armed || h->pops->armed(h->opaque)) &&
+				       MIN(h->poll_ns, poll_cap(&p, h)) == window;
 		if (timeout_ns > 0)
 			window = MIN(window, (uint64_t)timeout_ns);
 	}
@@ -568,8 +586,10 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 		st_add(&l->st_poll_ns, now - start);
 		l->polled_in_sample = true;
 		loop_check_contention(l, now);
-		if (progress)
+		if (progress) {
+			loop_clear_windows(l);
 			return true;	/* stay in polling mode, kicks stay off */
+		}
 	}
 	if (l->poll_started && timeout_ns != 0) {
 		/* About to sleep: notifications on, then one last look. */
@@ -636,6 +656,42 @@ static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_n
 			h->poll_ns = cap;
 	}
 	st_set(&h->st_poll_ns, h->poll_ns);
+}
+
+/*
+ * The loop slept block_ns after polling, and another fd ended the sleep:
+ * the handlers whose window that was (the longest) and that did not fire
+ * spent it in vain.  If the wait was beyond their cap, no window of theirs would have
+ * paid: shrink them as if they had missed (the fd that fired adapts in
+ * loop_adjust_poll).  Without this a handler that is hit at one point of
+ * a cycle (a kick just after our call) keeps its window at every other
+ * point (after a submission at QD1, where the next event is the disk's,
+ * hundreds of microseconds later) and spins through it each time: on RBD,
+ * whose completions are made by librbd's threads on our CPU, that spin
+ * delays the very completion we wait for.  QEMU 7.2's single window per
+ * AioContext (Debian 12's qemu-storage-daemon) shrinks after any long
+ * wait, whichever fd ends it (aio_poll, util/aio-posix.c).
+ */
+static void loop_adjust_vain(struct loop *l, const struct epoll_event *evs, int n,
+			     uint64_t block_ns)
+{
+	struct loop_poll_params p;
+
+	for (int i = 0; i < n; i++)
+		((struct loop_fd *)evs[i].data.ptr)->fired = true;
+	loop_get_poll_params(l, &p);
+	for (struct loop_fd *h = l->polls; h; h = h->next_poll) {
+		/* n == 0: our own timer ended it; nothing to learn. */
+		if (n && h->in_window && !h->fired && !h->deleted &&
+		    block_ns > poll_cap(&p, h)) {
+			h->poll_ns = p.shrink ? h->poll_ns / p.shrink : 0;
+			st_set(&h->st_poll_ns, h->poll_ns);
+			st_add(&h->st_vain, 1);
+		}
+		h->in_window = false;
+	}
+	for (int i = 0; i < n; i++)
+		((struct loop_fd *)evs[i].data.ptr)->fired = false;
 }
 
 /* ---- The loop ---- */
@@ -723,6 +779,8 @@ int loop_run(struct loop *l)
 			log_err("loop %s: epoll_wait: %s", l->name, strerror(errno));
 			break;
 		}
+		if (n >= 0 && timeout != 0)
+			loop_adjust_vain(l, evs, n, t1 - idle_start);
 		/* Phases 4 and 5 form one batch for deferred calls (phase 6). */
 		defer_begin();
 		for (int i = 0; i < n; i++) {

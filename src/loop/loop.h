@@ -89,6 +89,8 @@ void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops);
 struct loop_poll_stats {
 	uint64_t hits;		/* polling found work */
 	uint64_t misses;	/* work came by the fd after the loop blocked */
+	uint64_t vain;		/* its window found nothing, and what came next
+				 * came later than any window would reach */
 	uint64_t poll_ns;	/* current window */
 };
 void loop_fd_poll_stats(const struct loop_fd *h, struct loop_poll_stats *out);

@@ -1211,6 +1211,81 @@ static void test_poll_counters_shrink_and_reset(void)
 }
 
 /*
+ * A window polled in vain: A's fd opens A's window; then the loop polls
+ * it, finds nothing and sleeps, and B's fd ends the sleep long after A's
+ * cap.  A shrinks as if it had missed (counter vain), though its own fd
+ * never fired again: before, only the handler that fired adapted, and A
+ * kept its window for ever, spinning through it before every sleep.
+ * Step by step, as above: only "long after the cap" is timing.
+ */
+static void test_poll_vain_window_shrinks(void)
+{
+	struct loop *l = poll_loop(1000000000ull, 2, 2);
+	struct fdev a = { 0 }, b = { 0 };
+	struct loop_poll_stats pa, pb;
+	struct loop_poll_params p;
+	struct fdev_counts c;
+	uint64_t w;
+
+	fdev_init(&a, l);
+	fdev_init(&b, l);
+	a.fd_budget_one = true;
+	for (int i = 0; i < 3; i++)
+		fdev_submit(&a);
+	ASSERT_EQ(loop_thread_start(l), 0);
+	ASSERT_TRUE(wait_for(&a.done, 3));
+	loop_barrier(l);
+	loop_fd_poll_stats(a.h, &pa);
+	ASSERT_EQ(pa.misses, 1);
+	ASSERT_EQ(pa.vain, 0);
+	ASSERT_TRUE(pa.poll_ns > 0);
+	w = pa.poll_ns;
+
+	/* Cap 1 ms; B's request 20 ms later ends the sleep. */
+	p = (struct loop_poll_params){ 1 * MS, 2, 2 };
+	loop_set_poll_params(l, &p);
+	sleep_ns(20 * MS);
+	fdev_submit(&b);
+	ASSERT_TRUE(wait_for(&b.done, 1));
+	loop_barrier(l);
+	loop_fd_poll_stats(a.h, &pa);
+	loop_fd_poll_stats(b.h, &pb);
+	ASSERT_EQ(pa.misses, 1);	/* A's fd did not fire */
+	ASSERT_TRUE(pa.vain >= 1);
+	ASSERT_TRUE(pa.poll_ns <= w / 2);
+	ASSERT_EQ(pb.misses, 1);
+	ASSERT_EQ(pb.vain, 0);		/* B fired: it adapts as a miss */
+
+	/* Shrink 0: A's window resets, and with no window left nothing
+	 * polls any more (A's begin() count stays put). */
+	p.shrink = 0;
+	loop_set_poll_params(l, &p);
+	sleep_ns(20 * MS);
+	fdev_submit(&b);
+	ASSERT_TRUE(wait_for(&b.done, 2));
+	c = fdev_snapshot(&a);
+	loop_fd_poll_stats(a.h, &pa);
+	ASSERT_EQ(pa.poll_ns, 0);
+	sleep_ns(20 * MS);
+	fdev_submit(&b);
+	ASSERT_TRUE(wait_for(&b.done, 3));
+	loop_barrier(l);
+	loop_thread_join(l);
+	fdev_check_clean(&a.c);
+	fdev_check_clean(&b.c);
+	ASSERT_EQ(a.c.nbegin, c.nbegin);
+	ASSERT_EQ(a.c.npoll, c.npoll);
+	loop_fd_poll_stats(a.h, &pa);
+	ASSERT_EQ(pa.poll_ns, 0);
+	ASSERT_EQ(pa.misses, 1);
+	ASSERT_EQ(atomic_load(&a.done), 3);
+	ASSERT_EQ(atomic_load(&b.done), 3);
+	fdev_fini(&a);
+	fdev_fini(&b);
+	loop_free(l);
+}
+
+/*
  * Two poll handlers; A's fd opens the window, then polling finds B's
  * work and B's run() deletes A.  "Safe inside any callback": A's poll(),
  * run(), begin() or end() must not be called once it is deleted.
@@ -1500,6 +1575,7 @@ int main(void)
 	RUN(test_poll_end_work_runs_before_sleep);
 	RUN(test_poll_off_never_begins);
 	RUN(test_poll_counters_shrink_and_reset);
+	RUN(test_poll_vain_window_shrinks);
 	RUN(test_poll_run_deleting_other_handler_skips_it);
 	RUN(test_poll_window_within_lowered_cap);
 	RUN(test_poll_window_grows_to_catch_steady_gap);

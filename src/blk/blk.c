@@ -875,6 +875,7 @@ static void do_queue_stop(void *opaque)
 		loop_fd_poll_stats(q->kick_h, &ps);
 		q->poll_base.hits += ps.hits;
 		q->poll_base.misses += ps.misses;
+		q->poll_base.vain += ps.vain;
 	}
 	loop_fd_del(q->t->loop, q->kick_h);
 	q->kick_h = NULL;
@@ -1388,6 +1389,7 @@ static void do_stats(void *opaque)
 						       memory_order_relaxed);
 		o->poll_hits = q->poll_base.hits + ps.hits;
 		o->poll_misses = q->poll_base.misses + ps.misses;
+		o->poll_vain = q->poll_base.vain + ps.vain;
 		o->poll_ns = ps.poll_ns;
 	}
 }

@@ -68,6 +68,8 @@ struct blk_queue_stats {
 	uint64_t bad_requests;		/* failed for a malformed chain or header */
 	uint64_t poll_hits;		/* polling found requests */
 	uint64_t poll_misses;		/* requests came by kick after we slept */
+	uint64_t poll_vain;		/* windows that found nothing before a
+					 * sleep longer than the cap (shrunk) */
 	uint64_t poll_ns;		/* current polling window of the queue */
 };
 

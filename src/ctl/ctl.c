@@ -101,6 +101,7 @@ static struct json_object *queue_object(const struct blk_queue_stats *q)
 	add(o, "bad_requests", json_object_new_uint64(q->bad_requests), &ok);
 	add(o, "poll_hits", json_object_new_uint64(q->poll_hits), &ok);
 	add(o, "poll_misses", json_object_new_uint64(q->poll_misses), &ok);
+	add(o, "poll_vain", json_object_new_uint64(q->poll_vain), &ok);
 	add(o, "poll_ns", json_object_new_uint64(q->poll_ns), &ok);
 	return done(o, ok);
 }

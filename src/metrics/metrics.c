@@ -65,6 +65,9 @@ static const struct family queue_families[] = {
 	{ "vblkd_queue_poll_misses_total",
 	  "Times requests came by kick after the iothread slept.",
 	  COUNTER, PLAIN, Q(poll_misses) },
+	{ "vblkd_queue_poll_vain_total",
+	  "Polling windows that found nothing before a sleep longer than the cap.",
+	  COUNTER, PLAIN, Q(poll_vain) },
 	{ "vblkd_queue_poll_window_seconds", "The queue's current adaptive polling window.",
 	  GAUGE, NS_AS_SECONDS, Q(poll_ns) },
 };

@@ -297,7 +297,7 @@ static const char *const queue_keys[] = {
 	"iothread", "requests", "kicks", "calls", "calls_early", "calls_suppressed",
 	"calls_held", "calls_held_idle", "calls_held_wasted",
 	"completions_coalesced", "hold_ns_max", "hold_ns_total", "bad_requests",
-	"poll_hits", "poll_misses", "poll_ns",
+	"poll_hits", "poll_misses", "poll_vain", "poll_ns",
 };
 
 static const char *const iothread_keys[] = {

@@ -1497,6 +1497,52 @@ static void test_poll_window_grows_to_catch_steady_gap(void)
 		       (unsigned long long)ps.poll_ns, (unsigned long long)gap);
 }
 
+/*
+ * A thread waiting for the loop's CPU gets it while the loop spins.  Loop
+ * and a busy thread share one CPU; events 1.1 ms apart (a timerfd) make
+ * the loop's window grow, and a window that finds nothing must offer the
+ * CPU (sched_yield), the yields the busy thread took counted.  Before,
+ * the loop spun every window to its end and the counter did not exist.
+ * Only "the scheduler runs a runnable thread when we yield" is assumed.
+ */
+static void *busy_main(void *opaque)
+{
+	atomic_bool *stop = opaque;
+
+	while (!atomic_load(stop))
+		;
+	return NULL;
+}
+
+static void test_poll_yields_to_thread_on_same_cpu(void)
+{
+	struct loop *l = poll_loop(20 * MS, 2, 2);
+	struct tdev t = { .l = l, .gap_ns = 1100000, .rounds = 40 };
+	atomic_bool stop = false;
+	struct loop_stats ls;
+	cpu_set_t old, one;
+	pthread_t busy;
+	int cpu = sched_getcpu();
+
+	ASSERT_TRUE(cpu >= 0);
+	ASSERT_EQ(sched_getaffinity(0, sizeof(old), &old), 0);
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	/* Threads created from here on inherit the one CPU. */
+	ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+	ASSERT_EQ(pthread_create(&busy, NULL, busy_main, &stop), 0);
+	(void)tdev_run_on(&t, &tdev_ops);
+	atomic_store(&stop, true);
+	pthread_join(busy, NULL);
+	ASSERT_EQ(sched_setaffinity(0, sizeof(old), &old), 0);
+
+	loop_get_stats(l, &ls);
+	ASSERT_EQ(t.taken, t.rounds);
+	ASSERT_TRUE(ls.poll_ns_total > 0);
+	ASSERT_TRUE(ls.yields >= 1);
+	loop_free(l);
+}
+
 /* A backend's completions: armed while the device has work (loop.h). */
 static bool tdev_armed(void *opaque)
 {
@@ -1579,6 +1625,7 @@ int main(void)
 	RUN(test_poll_run_deleting_other_handler_skips_it);
 	RUN(test_poll_window_within_lowered_cap);
 	RUN(test_poll_window_grows_to_catch_steady_gap);
+	RUN(test_poll_yields_to_thread_on_same_cpu);
 	RUN(test_completion_handler_own_cap_and_armed);
 	return T_EXIT_PASS;
 }

@@ -540,17 +540,21 @@ static void loop_check_contention(struct loop *l, uint64_t now)
 }
 
 /*
- * A window that finds nothing offers our CPU to a thread that is waiting
- * for it: often the very thread that makes the event we spin for.  The
- * io_uring worker that does a buffered write (io-wq: tmpfs, and files
- * whose writes cannot be done without blocking), librbd's messenger and
- * finisher, a vCPU of the guest left to the scheduler on our core: the
- * scheduler does not preempt a spinning thread for them at once, so a
- * window spun to its cap (256 us for completions) delayed each of them
- * by as much (measured: p99 300-400 us against 60 us with polling off, a
- * page-cache file at QD1).  sched_yield() costs a system call when nobody
- * waits, so the interval doubles while yields come back at once and
- * drops to the minimum when one let another thread run (counted: yields).
+ * A completion window that finds nothing offers our CPU to a thread that
+ * is waiting for it: often the very thread that makes the completion we
+ * spin for, io_uring's worker (io-wq), which does what cannot be done
+ * without blocking (every buffered write to tmpfs, writes to files whose
+ * file system cannot do them without blocking).  It inherits our
+ * affinity, and the scheduler does not preempt a spinning thread for it
+ * at once, so a window spun to its cap (256 us) delayed it by as much
+ * (measured: p99 300-400 us against 60 us with polling off, a page-cache
+ * file at QD1).  Only completion windows (an armed handler's): on the
+ * kick side the producer is the driver, and yielding there cost the null
+ * backend at QD1 in a first version; librbd's handler has no armed() and
+ * showed no gain (docs/benchmarks.md).  sched_yield() costs a system call
+ * when nobody waits, so the interval doubles while yields come back at
+ * once and drops to the minimum when one let another thread run (counted:
+ * yields).
  */
 static uint64_t loop_offer_cpu(struct loop *l, uint64_t now)
 {
@@ -576,7 +580,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 {
 	struct loop_poll_params p;
 	uint64_t now, window = 0;
-	bool progress = false;
+	bool progress = false, awaiting = false;
 
 	if (!l->polls)
 		return false;
@@ -593,6 +597,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 			if (h->pops->armed && !h->pops->armed(h->opaque))
 				continue;
 			window = MAX(window, MIN(h->poll_ns, poll_cap(&p, h)));
+			awaiting |= h->pops->armed && MIN(h->poll_ns, poll_cap(&p, h));
 		}
 		/* The handlers whose window is the one spun, the longest: a
 		 * shorter one ran inside it and cost nothing of its own (a
@@ -612,10 +617,12 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 		window = MAX(window, (uint64_t)timeout_ns);
 	if (window) {
 		uint64_t start = now, yield_at = now + l->yield_ns;
-		/* Not with a timer due by the window's end: a yield may lend
-		 * the core for a whole time slice, and a held call's deadline
-		 * is a cap on latency. */
-		bool may_yield = !(timeout_ns > 0 && (uint64_t)timeout_ns <= window);
+		/* Only while a backend's completion is awaited (loop_offer_cpu),
+		 * and not with a timer due by the window's end: a yield may
+		 * lend the core for a whole time slice, and a held call's
+		 * deadline is a cap on latency. */
+		bool may_yield = awaiting &&
+				 !(timeout_ns > 0 && (uint64_t)timeout_ns <= window);
 
 		if (!l->poll_started) {
 			for (struct loop_fd *h = l->polls; h; h = h->next_poll)

@@ -1407,7 +1407,6 @@ void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		ts[i].cpu_ns = ls.cpu_ns;
 		ts[i].poll_ns_total = ls.poll_ns_total;
 		ts[i].contended = ls.contended;
-		ts[i].poll_yields = ls.yields;
 		ts[i].cpu = d->iot[i].cpu;
 	}
 }

@@ -78,7 +78,6 @@ struct blk_iothread_stats {
 	uint64_t cpu_ns;		/* the thread's CPU time */
 	uint64_t poll_ns_total;		/* wall time spent busy-polling */
 	uint64_t contended;		/* polling stopped: CPU was stolen */
-	uint64_t poll_yields;		/* polling gave the CPU to another thread */
 	uint64_t backend_submits;	/* syscalls handing I/O to the disk (io_uring) */
 	int cpu;			/* pinned to, or -1 */
 };

@@ -117,7 +117,6 @@ static struct json_object *iothread_object(const struct blk_iothread_stats *t)
 	add(o, "cpu_ns", json_object_new_uint64(t->cpu_ns), &ok);
 	add(o, "poll_ns_total", json_object_new_uint64(t->poll_ns_total), &ok);
 	add(o, "contended", json_object_new_uint64(t->contended), &ok);
-	add(o, "poll_yields", json_object_new_uint64(t->poll_yields), &ok);
 	add(o, "backend_submits", json_object_new_uint64(t->backend_submits), &ok);
 	add(o, "cpu", json_object_new_int(t->cpu), &ok);
 	return done(o, ok);

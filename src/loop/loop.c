@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,13 +32,6 @@
  * the end of a fruitless polling window. */
 #define LOOP_STARVE_NS 3000ull
 #define LOOP_STARVE_STREAK 16
-/* While a window finds nothing, offer the CPU every LOOP_YIELD_MIN_NS,
- * backing off to LOOP_YIELD_MAX_NS while nobody takes it; a yield that
- * took LOOP_YIELD_CEDED_NS or more let another thread run
- * (loop_offer_cpu). */
-#define LOOP_YIELD_MIN_NS 4000ull
-#define LOOP_YIELD_MAX_NS 32000ull
-#define LOOP_YIELD_CEDED_NS 3000ull
 
 struct loop_fd {
 	int fd;
@@ -111,14 +103,13 @@ struct loop {
 	uint64_t cs_wall0, cs_cpu0, cs_blocked0;	/* contention sample */
 	bool polled_in_sample;
 	unsigned starve_streak;
-	uint64_t yield_ns;		/* loop_offer_cpu's interval */
 	uint64_t blocked_total;
 
 	/* Knobs (any thread writes) and counters (any thread reads). */
 	_Atomic uint64_t p_max_ns;
 	_Atomic uint64_t p_completion_max_ns;
 	_Atomic unsigned p_grow, p_shrink;
-	_Atomic uint64_t st_busy_ns, st_poll_ns, st_contended, st_yields;
+	_Atomic uint64_t st_busy_ns, st_poll_ns, st_contended;
 	clockid_t cpu_clock;
 	atomic_bool have_cpu_clock;
 
@@ -183,7 +174,6 @@ int loop_new(const char *name, struct loop **out)
 	l->p_max_ns = 32768;
 	l->p_grow = 2;
 	l->p_shrink = 2;
-	l->yield_ns = LOOP_YIELD_MIN_NS;
 	l->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (l->epfd < 0) {
 		r = -errno;
@@ -338,7 +328,6 @@ void loop_get_stats(struct loop *l, struct loop_stats *out)
 	out->busy_ns = atomic_load_explicit(&l->st_busy_ns, memory_order_relaxed);
 	out->poll_ns_total = atomic_load_explicit(&l->st_poll_ns, memory_order_relaxed);
 	out->contended = atomic_load_explicit(&l->st_contended, memory_order_relaxed);
-	out->yields = atomic_load_explicit(&l->st_yields, memory_order_relaxed);
 	out->cpu_ns = atomic_load(&l->have_cpu_clock) && atomic_load(&l->running) ?
 		      clock_ns(l->cpu_clock) : 0;
 }
@@ -540,38 +529,6 @@ static void loop_check_contention(struct loop *l, uint64_t now)
 }
 
 /*
- * A completion window that finds nothing offers our CPU to a thread that
- * is waiting for it: often the very thread that makes the completion we
- * spin for, io_uring's worker (io-wq), which does what cannot be done
- * without blocking (every buffered write to tmpfs, writes to files whose
- * file system cannot do them without blocking).  It inherits our
- * affinity, and the scheduler does not preempt a spinning thread for it
- * at once, so a window spun to its cap (256 us) delayed it by as much
- * (measured: p99 300-400 us against 60 us with polling off, a page-cache
- * file at QD1).  Only completion windows (an armed handler's): on the
- * kick side the producer is the driver, and yielding there cost the null
- * backend at QD1 in a first version; librbd's handler has no armed() and
- * showed no gain (docs/benchmarks.md).  sched_yield() costs a system call
- * when nobody waits, so the interval doubles while yields come back at
- * once and drops to the minimum when one let another thread run (counted:
- * yields).
- */
-static uint64_t loop_offer_cpu(struct loop *l, uint64_t now)
-{
-	uint64_t after;
-
-	sched_yield();
-	after = sys_now_ns();
-	if (after - now >= LOOP_YIELD_CEDED_NS) {
-		l->yield_ns = LOOP_YIELD_MIN_NS;
-		st_add(&l->st_yields, 1);
-	} else if (l->yield_ns < LOOP_YIELD_MAX_NS) {
-		l->yield_ns *= 2;
-	}
-	return after;
-}
-
-/*
  * Phase 2, the one place that decides between polling and sleeping.
  * Returns true if work was found (the caller must not block).
  * timeout_ns is the block time the other phases allow (-1: forever).
@@ -580,7 +537,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 {
 	struct loop_poll_params p;
 	uint64_t now, window = 0;
-	bool progress = false, awaiting = false;
+	bool progress = false;
 
 	if (!l->polls)
 		return false;
@@ -597,7 +554,6 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 			if (h->pops->armed && !h->pops->armed(h->opaque))
 				continue;
 			window = MAX(window, MIN(h->poll_ns, poll_cap(&p, h)));
-			awaiting |= h->pops->armed && MIN(h->poll_ns, poll_cap(&p, h));
 		}
 		/* The handlers whose window is the one spun, the longest: a
 		 * shorter one ran inside it and cost nothing of its own (a
@@ -616,13 +572,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	    now >= l->contended_until)
 		window = MAX(window, (uint64_t)timeout_ns);
 	if (window) {
-		uint64_t start = now, yield_at = now + l->yield_ns;
-		/* Only while a backend's completion is awaited (loop_offer_cpu),
-		 * and not with a timer due by the window's end: a yield may
-		 * lend the core for a whole time slice, and a held call's
-		 * deadline is a cap on latency. */
-		bool may_yield = awaiting &&
-				 !(timeout_ns > 0 && (uint64_t)timeout_ns <= window);
+		uint64_t start = now;
 
 		if (!l->poll_started) {
 			for (struct loop_fd *h = l->polls; h; h = h->next_poll)
@@ -632,10 +582,6 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 		do {
 			progress = loop_poll_once(l, now);
 			now = sys_now_ns();
-			if (may_yield && !progress && now >= yield_at && now - start < window) {
-				now = loop_offer_cpu(l, now);
-				yield_at = now + l->yield_ns;
-			}
 		} while (!progress && now - start < window);
 		st_add(&l->st_poll_ns, now - start);
 		l->polled_in_sample = true;

@@ -112,7 +112,6 @@ struct loop_stats {
 	uint64_t cpu_ns;	/* the thread's CPU time */
 	uint64_t poll_ns_total;	/* wall time spent busy-polling */
 	uint64_t contended;	/* polling windows cut because the CPU was stolen */
-	uint64_t yields;	/* polling gave the CPU to another thread */
 };
 void loop_get_stats(struct loop *l, struct loop_stats *out);
 

@@ -301,8 +301,7 @@ static const char *const queue_keys[] = {
 };
 
 static const char *const iothread_keys[] = {
-	"busy_ns", "cpu_ns", "poll_ns_total", "contended", "poll_yields", "backend_submits",
-	"cpu",
+	"busy_ns", "cpu_ns", "poll_ns_total", "contended", "backend_submits", "cpu",
 };
 
 /* queues: 2 objects with exactly the queue keys, integers; iothreads: one

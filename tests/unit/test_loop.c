@@ -1513,62 +1513,6 @@ static const struct loop_poll_ops tdev_completion_ops = {
 	.armed = tdev_armed,
 };
 
-/*
- * A thread waiting for the loop's CPU gets it while the loop spins for a
- * completion.  Loop and a busy thread share one CPU; completions 1.1 ms
- * apart (a timerfd, an armed completion handler) make the loop's window
- * grow, and a window that finds nothing must offer the CPU
- * (sched_yield), the yields the busy thread took counted.  The same as a
- * kick handler (not armed): no yields.  Before, the loop spun every
- * window to its end and the counter did not exist.  Only "the scheduler
- * runs a runnable thread when we yield" is assumed.
- */
-static void *busy_main(void *opaque)
-{
-	atomic_bool *stop = opaque;
-
-	while (!atomic_load(stop))
-		;
-	return NULL;
-}
-
-static uint64_t yields_with_busy_thread(bool armed)
-{
-	struct loop *l = new_loop("t-yield");
-	struct loop_poll_params p = { 20 * MS, 2, 2, 20 * MS };
-	struct tdev t = { .l = l, .gap_ns = 1100000, .rounds = 40, .armed = armed };
-	atomic_bool stop = false;
-	struct loop_stats ls;
-	cpu_set_t old, one;
-	pthread_t busy;
-	int cpu = sched_getcpu();
-
-	ASSERT_TRUE(cpu >= 0);
-	ASSERT_EQ(sched_getaffinity(0, sizeof(old), &old), 0);
-	CPU_ZERO(&one);
-	CPU_SET(cpu, &one);
-	/* Threads created from here on inherit the one CPU. */
-	ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-	ASSERT_EQ(pthread_create(&busy, NULL, busy_main, &stop), 0);
-	loop_set_poll_params(l, &p);
-	(void)tdev_run_on(&t, armed ? &tdev_completion_ops : &tdev_ops);
-	atomic_store(&stop, true);
-	pthread_join(busy, NULL);
-	ASSERT_EQ(sched_setaffinity(0, sizeof(old), &old), 0);
-
-	loop_get_stats(l, &ls);
-	ASSERT_EQ(t.taken, t.rounds);
-	ASSERT_TRUE(ls.poll_ns_total > 0);
-	loop_free(l);
-	return ls.yields;
-}
-
-static void test_poll_yields_to_thread_on_same_cpu(void)
-{
-	ASSERT_TRUE(yields_with_busy_thread(true) >= 1);
-	ASSERT_EQ(yields_with_busy_thread(false), 0);
-}
-
 /* Run a tdev of `rounds` events gap_ns apart on a loop with the kick cap
  * max_ns and the completion cap cmax_ns, as a completion handler armed or
  * not; returns its poll counters. */
@@ -1635,7 +1579,6 @@ int main(void)
 	RUN(test_poll_run_deleting_other_handler_skips_it);
 	RUN(test_poll_window_within_lowered_cap);
 	RUN(test_poll_window_grows_to_catch_steady_gap);
-	RUN(test_poll_yields_to_thread_on_same_cpu);
 	RUN(test_completion_handler_own_cap_and_armed);
 	return T_EXIT_PASS;
 }

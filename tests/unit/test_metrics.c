@@ -75,7 +75,6 @@ static const char *const families[] = {
 	"vblkd_iothread_cpu_seconds_total",
 	"vblkd_iothread_poll_seconds_total",
 	"vblkd_iothread_contended_total",
-	"vblkd_iothread_poll_yields_total",
 	"vblkd_iothread_backend_submits_total",
 	"vblkd_iothread_pinned_cpu",
 };
@@ -339,7 +338,6 @@ static void test_fields_map_to_families(void)
 	};
 	fake_t[0] = (struct blk_iothread_stats){ .busy_ns = 1, .cpu_ns = 2, .poll_ns_total = 3,
 						 .contended = 4, .backend_submits = 5,
-						 .poll_yields = 6,
 						 .cpu = -1 };
 	text = format(&s);
 	parse(text, &p);
@@ -365,7 +363,6 @@ static void test_fields_map_to_families(void)
 	expect_line(text, "vblkd_iothread_cpu_seconds_total{iothread=\"0\"} 0.000000002");
 	expect_line(text, "vblkd_iothread_poll_seconds_total{iothread=\"0\"} 0.000000003");
 	expect_line(text, "vblkd_iothread_contended_total{iothread=\"0\"} 4");
-	expect_line(text, "vblkd_iothread_poll_yields_total{iothread=\"0\"} 6");
 	expect_line(text, "vblkd_iothread_backend_submits_total{iothread=\"0\"} 5");
 	expect_line(text, "vblkd_iothread_pinned_cpu{iothread=\"0\"} -1");
 	free(text);

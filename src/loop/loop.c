@@ -103,6 +103,7 @@ struct loop {
 	uint64_t cs_wall0, cs_cpu0, cs_blocked0;	/* contention sample */
 	bool polled_in_sample;
 	unsigned starve_streak;
+	bool windows_open;		/* some handler's in_window is set */
 	uint64_t blocked_total;
 
 	/* Knobs (any thread writes) and counters (any thread reads). */
@@ -465,6 +466,7 @@ static void loop_clear_windows(struct loop *l)
 {
 	for (struct loop_fd *h = l->polls; h; h = h->next_poll)
 		h->in_window = false;
+	l->windows_open = false;
 }
 
 /* The cap of handler h's window: completion handlers (with armed()) have
@@ -544,6 +546,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	loop_get_poll_params(l, &p);
 	now = sys_now_ns();
 	if (timeout_ns != 0 && p.max_ns && now >= l->contended_until) {
+		l->windows_open = false;
 		for (struct loop_fd *h = l->polls; h; h = h->next_poll) {
 			h->in_window = false;
 			if (h->poll_ns && now - h->last_active_ns > LOOP_POLL_IDLE_NS) {
@@ -558,9 +561,11 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 		/* The handlers whose window is the one spun, the longest: a
 		 * shorter one ran inside it and cost nothing of its own (a
 		 * queue's kick window inside io_uring's completion window). */
-		for (struct loop_fd *h = l->polls; window && h; h = h->next_poll)
+		for (struct loop_fd *h = l->polls; window && h; h = h->next_poll) {
 			h->in_window = (!h->pops->armed || h->pops->armed(h->opaque)) &&
 				       MIN(h->poll_ns, poll_cap(&p, h)) == window;
+			l->windows_open |= h->in_window;
+		}
 		if (timeout_ns > 0)
 			window = MIN(window, (uint64_t)timeout_ns);
 	}
@@ -677,6 +682,11 @@ static void loop_adjust_vain(struct loop *l, const struct epoll_event *evs, int 
 {
 	struct loop_poll_params p;
 
+	/* Nothing was polled (polling off, no window open): nothing to learn,
+	 * and no walk of the handlers on every wake-up. */
+	if (!l->windows_open)
+		return;
+	l->windows_open = false;
 	for (int i = 0; i < n; i++)
 		((struct loop_fd *)evs[i].data.ptr)->fired = true;
 	loop_get_poll_params(l, &p);

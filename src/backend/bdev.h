@@ -146,6 +146,10 @@ struct bdev {
 	bool read_only;
 	bool is_blockdev;
 	bool direct;		/* opened O_DIRECT */
+	/* A device completes its I/O, not our CPU: O_DIRECT, and not on a
+	 * memory file system (tmpfs).  Only then is a completion window
+	 * worth spinning (uring.c). */
+	bool device_completes;
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
 	bool uring_sqpoll;
 	bool no_early_submit;

@@ -5,11 +5,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -133,6 +135,18 @@ static int open_engine_disk(const struct bdev_opts *o, struct bdev *b, const cha
 		b->path = NULL;
 	}
 	return r;
+}
+
+/* A file on tmpfs or ramfs: O_DIRECT there is a copy made on the CPU
+ * (by io_uring's worker when it cannot be done without blocking), no
+ * device is involved.  (A block device node would report the /dev file
+ * system: ask only for files.) */
+static bool on_memory_fs(int fd)
+{
+	struct statfs sf;
+
+	return fstatfs(fd, &sf) == 0 &&
+	       (sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC);
 }
 
 int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen)
@@ -287,6 +301,7 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 	if (want_direct && !b->direct)
 		log_info("disk %s: O_DIRECT not usable here, using the page cache "
 			 "(--cache=writeback)", o->path);
+	b->device_completes = b->direct && (b->is_blockdev || !on_memory_fs(fd));
 
 	if (size % b->block_size) {
 		log_warn("disk %s: size %llu is not a multiple of %u; the last "

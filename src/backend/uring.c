@@ -240,12 +240,24 @@ static bool uring_poll_end(void *opaque)
 	return io_uring_cq_ready(&c->ring) > 0;
 }
 
-/* Completions are expected while I/O is in flight (loop.h: armed). */
+/*
+ * Completions are expected while I/O is in flight (loop.h: armed) -- and
+ * worth a window of their own only when a device makes them
+ * (b->device_completes: O_DIRECT, not on tmpfs).  Otherwise a request
+ * either completes inside io_uring_enter or is handed to io_uring's worker
+ * thread (io-wq: buffered writes to tmpfs, reads that would block, any
+ * tmpfs O_DIRECT that would), which is our process's thread on our CPUs:
+ * a window spun while it waits for the core delays the completion it polls
+ * for (measured pinned, 4k QD1 in the page cache: p99 170-290 us with the
+ * window, 58-98 us without; docs/benchmarks.md "Issue 12 a fifth time").
+ * Such completions still end a queue's kick window, and otherwise come by
+ * the eventfd.
+ */
 static bool uring_poll_armed(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return c->inflight;
+	return c->inflight && c->b->device_completes;
 }
 
 static const struct loop_poll_ops uring_poll_ops = {

@@ -1359,7 +1359,12 @@ static void do_stats(void *opaque)
 	struct stats_call *c = opaque;
 	struct blk_dev *d = c->t->dev;
 
+	struct loop_poll_stats cs;
+
 	c->ts->backend_submits = bdev_ctx_submits(d->b, c->t->bctx);
+	loop_completion_poll_stats(c->t->loop, &cs);
+	c->ts->completion_poll_hits = cs.hits;
+	c->ts->completion_poll_misses = cs.misses;
 	for (unsigned i = 0; i < d->num_queues; i++) {
 		struct blk_queue *q = &d->q[i];
 		struct blk_queue_stats *o = &c->qs[i];
@@ -1407,6 +1412,7 @@ void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		ts[i].cpu_ns = ls.cpu_ns;
 		ts[i].poll_ns_total = ls.poll_ns_total;
 		ts[i].contended = ls.contended;
+		ts[i].completion_windows = ls.completion_windows;
 		ts[i].cpu = d->iot[i].cpu;
 	}
 }

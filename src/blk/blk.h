@@ -79,6 +79,10 @@ struct blk_iothread_stats {
 	uint64_t poll_ns_total;		/* wall time spent busy-polling */
 	uint64_t contended;		/* polling stopped: CPU was stolen */
 	uint64_t backend_submits;	/* syscalls handing I/O to the disk (io_uring) */
+	/* The backend's completions (engines with a window of their own): */
+	uint64_t completion_windows;	/* polling windows spun for them */
+	uint64_t completion_poll_hits;	/* found by polling (in any window) */
+	uint64_t completion_poll_misses; /* came by their fd after we slept */
 	int cpu;			/* pinned to, or -1 */
 };
 

@@ -100,6 +100,8 @@ struct loop {
 	struct loop_fd *polls;		/* handlers with poll ops */
 	bool poll_started;		/* begin() called, end() not yet */
 	uint64_t contended_until;
+	/* Counters of deleted completion handlers (loop_completion_poll_stats). */
+	struct loop_poll_stats completion_base;
 	uint64_t cs_wall0, cs_cpu0, cs_blocked0;	/* contention sample */
 	bool polled_in_sample;
 	unsigned starve_streak;
@@ -111,6 +113,7 @@ struct loop {
 	_Atomic uint64_t p_completion_max_ns;
 	_Atomic unsigned p_grow, p_shrink;
 	_Atomic uint64_t st_busy_ns, st_poll_ns, st_contended;
+	_Atomic uint64_t st_cwindows;	/* windows spun for a backend's completions */
 	clockid_t cpu_clock;
 	atomic_bool have_cpu_clock;
 
@@ -258,6 +261,18 @@ int loop_fd_mod(struct loop *l, struct loop_fd *h, uint32_t events)
 	return epoll_ctl(l->epfd, EPOLL_CTL_MOD, h->fd, &ev) < 0 ? -errno : 0;
 }
 
+/* Add h's counters to *sum (poll_ns: the longest). */
+static void poll_stats_add(const struct loop_fd *h, struct loop_poll_stats *sum)
+{
+	struct loop_poll_stats s;
+
+	loop_fd_poll_stats(h, &s);
+	sum->hits += s.hits;
+	sum->misses += s.misses;
+	sum->vain += s.vain;
+	sum->poll_ns = MAX(sum->poll_ns, s.poll_ns);
+}
+
 void loop_fd_del(struct loop *l, struct loop_fd *h)
 {
 	if (!h || h->deleted)
@@ -271,6 +286,8 @@ void loop_fd_del(struct loop *l, struct loop_fd *h)
 				*p = h->next_poll;
 				break;
 			}
+		if (h->pops->armed)
+			poll_stats_add(h, &l->completion_base);
 	}
 	/* Events for h may already sit in this iteration's array: keep the
 	 * memory until dispatch is over and let the deleted flag skip them.
@@ -308,6 +325,17 @@ void loop_fd_poll_stats(const struct loop_fd *h, struct loop_poll_stats *out)
 	out->poll_ns = atomic_load_explicit(&h->st_poll_ns, memory_order_relaxed);
 }
 
+void loop_completion_poll_stats(struct loop *l, struct loop_poll_stats *out)
+{
+	/* Handlers deleted so far (a reconnected NBD server) live on in the
+	 * base, so the counters never go back. */
+	*out = l->completion_base;
+	out->poll_ns = 0;
+	for (const struct loop_fd *h = l->polls; h; h = h->next_poll)
+		if (h->pops->armed)
+			poll_stats_add(h, out);
+}
+
 void loop_set_poll_params(struct loop *l, const struct loop_poll_params *p)
 {
 	atomic_store(&l->p_max_ns, p->max_ns);
@@ -329,6 +357,7 @@ void loop_get_stats(struct loop *l, struct loop_stats *out)
 	out->busy_ns = atomic_load_explicit(&l->st_busy_ns, memory_order_relaxed);
 	out->poll_ns_total = atomic_load_explicit(&l->st_poll_ns, memory_order_relaxed);
 	out->contended = atomic_load_explicit(&l->st_contended, memory_order_relaxed);
+	out->completion_windows = atomic_load_explicit(&l->st_cwindows, memory_order_relaxed);
 	out->cpu_ns = atomic_load(&l->have_cpu_clock) && atomic_load(&l->running) ?
 		      clock_ns(l->cpu_clock) : 0;
 }
@@ -539,7 +568,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 {
 	struct loop_poll_params p;
 	uint64_t now, window = 0;
-	bool progress = false;
+	bool progress = false, cwindow = false;
 
 	if (!l->polls)
 		return false;
@@ -565,7 +594,10 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 			h->in_window = (!h->pops->armed || h->pops->armed(h->opaque)) &&
 				       MIN(h->poll_ns, poll_cap(&p, h)) == window;
 			l->windows_open |= h->in_window;
+			cwindow |= h->in_window && h->pops->armed;
 		}
+		if (cwindow)
+			st_add(&l->st_cwindows, 1);
 		if (timeout_ns > 0)
 			window = MIN(window, (uint64_t)timeout_ns);
 	}

@@ -94,6 +94,11 @@ struct loop_poll_stats {
 	uint64_t poll_ns;	/* current window */
 };
 void loop_fd_poll_stats(const struct loop_fd *h, struct loop_poll_stats *out);
+/* The sum of hits, misses and vain of the handlers with armed() (a
+ * backend's completions; a hit is theirs in any window, not only in one
+ * spun for them); poll_ns: the longest current window.  Loop thread (the
+ * handler list is its own). */
+void loop_completion_poll_stats(struct loop *l, struct loop_poll_stats *out);
 
 /* Polling knobs; any thread, take effect at the next window. */
 struct loop_poll_params {
@@ -112,6 +117,8 @@ struct loop_stats {
 	uint64_t cpu_ns;	/* the thread's CPU time */
 	uint64_t poll_ns_total;	/* wall time spent busy-polling */
 	uint64_t contended;	/* polling windows cut because the CPU was stolen */
+	uint64_t completion_windows; /* windows whose length was an armed
+				      * handler's: spun for the disk */
 };
 void loop_get_stats(struct loop *l, struct loop_stats *out);
 

@@ -87,6 +87,15 @@ static const struct family iothread_families[] = {
 	{ "vblkd_iothread_backend_submits_total",
 	  "Syscalls that handed queued I/O to the disk (io_uring_enter; io_uring only).",
 	  COUNTER, PLAIN, T(backend_submits) },
+	{ "vblkd_iothread_completion_windows_total",
+	  "Polling windows spun for the disk's completions (O_DIRECT on a device).",
+	  COUNTER, PLAIN, T(completion_windows) },
+	{ "vblkd_iothread_completion_poll_hits_total",
+	  "Disk completions found by polling (backends with a completion window).",
+	  COUNTER, PLAIN, T(completion_poll_hits) },
+	{ "vblkd_iothread_completion_poll_misses_total",
+	  "Disk completions that came by their fd after the iothread slept.",
+	  COUNTER, PLAIN, T(completion_poll_misses) },
 };
 #undef T
 

@@ -228,6 +228,35 @@ start_file --irq-moderation-max-ns 0 && {
     stop
 }
 
+# 6e. Completion windows only for a device's completions: with a tiny kick
+# cap and a long completion cap, an O_DIRECT disk's completions get
+# windows of their own (they come from the device); in the page cache they
+# never do (they are made inside io_uring_enter or by io_uring's worker
+# thread, on our CPU: spinning would only delay them).  All requests
+# complete either way.
+cwin_opts=(--poll-max-ns 2000 --completion-poll-max-ns 1000000)
+if [[ $(stat -f -c %T "$tmp") == tmpfs ]]; then
+    echo "SKIP: completion-windows-for-the-device ($tmp is on tmpfs: no device)"
+else
+    start_file --cache none "${cwin_opts[@]}" && {
+        S0=$(stats); R=$(bench --rw randread --iodepth 1 --runtime 1 --size 16M); S1=$(stats)
+        check completion-windows-for-the-device \
+            "(t['completion_windows'] > 0 and t['completion_poll_hits'] > 0 and
+              r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+        stop
+    }
+fi
+start_file --cache writeback "${cwin_opts[@]}" && {
+    S0=$(stats)
+    R=$(bench --rw randwrite --iodepth 1 --runtime 0.5 --size 16M) &&
+        R=$(bench --rw randread --iodepth 4 --runtime 0.5 --size 16M)
+    S1=$(stats)
+    check no-completion-windows-in-the-page-cache \
+        "(t['completion_windows'] == 0 and t['completion_poll_hits'] + t['completion_poll_misses'] > 100 and
+          r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+    stop
+}
+
 # 7. Control socket: stats keys, runtime knobs, clear errors.
 start && {
     out=$(stats)

@@ -1522,10 +1522,25 @@ static struct loop_poll_stats tdev_completion_run(uint64_t gap, uint64_t max_ns,
 	struct loop *l = new_loop("t-cpoll");
 	struct loop_poll_params p = { max_ns, 2, 2, cmax_ns };
 	struct tdev t = { .l = l, .gap_ns = gap, .rounds = 40, .armed = armed };
-	struct loop_poll_stats ps;
+	struct loop_poll_stats ps, cs;
+	struct loop_stats ls;
 
 	loop_set_poll_params(l, &p);
 	ps = tdev_run_on(&t, &tdev_completion_ops);
+	/* Windows are spun for it only while it is armed (and it is the only
+	 * handler here: its hits were found in windows of its own). */
+	loop_get_stats(l, &ls);
+	if (!armed)
+		ASSERT_EQ(ls.completion_windows, 0);
+	if (ps.hits)
+		ASSERT_TRUE(ls.completion_windows > 0);
+	/* The handler is deleted by now: the loop's completion counters
+	 * (the iothread's stats) keep what it counted. */
+	loop_completion_poll_stats(l, &cs);
+	ASSERT_EQ(cs.hits, ps.hits);
+	ASSERT_EQ(cs.misses, ps.misses);
+	ASSERT_EQ(cs.vain, ps.vain);
+	ASSERT_TRUE(cs.hits + cs.misses > 0);
 	loop_free(l);
 	return ps;
 }

@@ -76,6 +76,9 @@ static const char *const families[] = {
 	"vblkd_iothread_poll_seconds_total",
 	"vblkd_iothread_contended_total",
 	"vblkd_iothread_backend_submits_total",
+	"vblkd_iothread_completion_windows_total",
+	"vblkd_iothread_completion_poll_hits_total",
+	"vblkd_iothread_completion_poll_misses_total",
 	"vblkd_iothread_pinned_cpu",
 };
 
@@ -338,7 +341,9 @@ static void test_fields_map_to_families(void)
 	};
 	fake_t[0] = (struct blk_iothread_stats){ .busy_ns = 1, .cpu_ns = 2, .poll_ns_total = 3,
 						 .contended = 4, .backend_submits = 5,
-						 .cpu = -1 };
+						 .completion_windows = 6,
+						 .completion_poll_hits = 7,
+						 .completion_poll_misses = 8, .cpu = -1 };
 	text = format(&s);
 	parse(text, &p);
 	ASSERT_EQ(sample(&p, "vblkd_queue_requests_total", "queue=\"1\"")->value, 101);
@@ -364,6 +369,9 @@ static void test_fields_map_to_families(void)
 	expect_line(text, "vblkd_iothread_poll_seconds_total{iothread=\"0\"} 0.000000003");
 	expect_line(text, "vblkd_iothread_contended_total{iothread=\"0\"} 4");
 	expect_line(text, "vblkd_iothread_backend_submits_total{iothread=\"0\"} 5");
+	expect_line(text, "vblkd_iothread_completion_windows_total{iothread=\"0\"} 6");
+	expect_line(text, "vblkd_iothread_completion_poll_hits_total{iothread=\"0\"} 7");
+	expect_line(text, "vblkd_iothread_completion_poll_misses_total{iothread=\"0\"} 8");
 	expect_line(text, "vblkd_iothread_pinned_cpu{iothread=\"0\"} -1");
 	free(text);
 }

@@ -260,12 +260,23 @@ static bool uring_poll_armed(void *opaque)
 	return c->inflight && c->b->device_completes;
 }
 
+/* Without a device every request not completed inside io_uring_enter
+ * (its CQE would be waiting) is with io_uring's worker, on our CPUs: any
+ * spinning now, for kicks or timers too, delays it (loop.h: cpu_bound). */
+static bool uring_poll_cpu_bound(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+
+	return !c->b->device_completes && c->inflight > io_uring_cq_ready(&c->ring);
+}
+
 static const struct loop_poll_ops uring_poll_ops = {
 	.poll = uring_poll,
 	.run = uring_poll_run,
 	.begin = uring_poll_begin,
 	.end = uring_poll_end,
 	.armed = uring_poll_armed,
+	.cpu_bound = uring_poll_cpu_bound,
 };
 
 static void uring_drain(struct bdev_ctx *c)

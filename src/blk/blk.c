@@ -1413,6 +1413,7 @@ void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		ts[i].poll_ns_total = ls.poll_ns_total;
 		ts[i].contended = ls.contended;
 		ts[i].completion_windows = ls.completion_windows;
+		ts[i].poll_yields = ls.yields;
 		ts[i].cpu = d->iot[i].cpu;
 	}
 }

@@ -83,6 +83,8 @@ struct blk_iothread_stats {
 	uint64_t completion_windows;	/* polling windows spun for them */
 	uint64_t completion_poll_hits;	/* found by polling (in any window) */
 	uint64_t completion_poll_misses; /* came by their fd after we slept */
+	uint64_t poll_yields;		/* slept at once: the completion waited
+					 * for was being made on our CPU */
 	int cpu;			/* pinned to, or -1 */
 };
 

@@ -122,6 +122,7 @@ static struct json_object *iothread_object(const struct blk_iothread_stats *t)
 	add(o, "completion_poll_hits", json_object_new_uint64(t->completion_poll_hits), &ok);
 	add(o, "completion_poll_misses", json_object_new_uint64(t->completion_poll_misses),
 	    &ok);
+	add(o, "poll_yields", json_object_new_uint64(t->poll_yields), &ok);
 	add(o, "cpu", json_object_new_int(t->cpu), &ok);
 	return done(o, ok);
 }

@@ -114,6 +114,7 @@ struct loop {
 	_Atomic unsigned p_grow, p_shrink;
 	_Atomic uint64_t st_busy_ns, st_poll_ns, st_contended;
 	_Atomic uint64_t st_cwindows;	/* windows spun for a backend's completions */
+	_Atomic uint64_t st_yields;	/* no window: a handler was cpu_bound() */
 	clockid_t cpu_clock;
 	atomic_bool have_cpu_clock;
 
@@ -358,6 +359,7 @@ void loop_get_stats(struct loop *l, struct loop_stats *out)
 	out->poll_ns_total = atomic_load_explicit(&l->st_poll_ns, memory_order_relaxed);
 	out->contended = atomic_load_explicit(&l->st_contended, memory_order_relaxed);
 	out->completion_windows = atomic_load_explicit(&l->st_cwindows, memory_order_relaxed);
+	out->yields = atomic_load_explicit(&l->st_yields, memory_order_relaxed);
 	out->cpu_ns = atomic_load(&l->have_cpu_clock) && atomic_load(&l->running) ?
 		      clock_ns(l->cpu_clock) : 0;
 }
@@ -559,6 +561,15 @@ static void loop_check_contention(struct loop *l, uint64_t now)
 	l->polled_in_sample = false;
 }
 
+/* Is an event we wait for being made on our CPU (loop.h: cpu_bound)? */
+static bool loop_cpu_bound(const struct loop *l)
+{
+	for (const struct loop_fd *h = l->polls; h; h = h->next_poll)
+		if (h->pops->cpu_bound && h->pops->cpu_bound(h->opaque))
+			return true;
+	return false;
+}
+
 /*
  * Phase 2, the one place that decides between polling and sleeping.
  * Returns true if work was found (the caller must not block).
@@ -568,13 +579,19 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 {
 	struct loop_poll_params p;
 	uint64_t now, window = 0;
-	bool progress = false, cwindow = false;
+	bool progress = false, cwindow = false, spin;
 
 	if (!l->polls)
 		return false;
 	loop_get_poll_params(l, &p);
 	now = sys_now_ns();
-	if (timeout_ns != 0 && p.max_ns && now >= l->contended_until) {
+	spin = timeout_ns != 0 && p.max_ns && now >= l->contended_until;
+	/* What we wait for is made on our CPU: leave it the CPU. */
+	if (spin && loop_cpu_bound(l)) {
+		spin = false;
+		st_add(&l->st_yields, 1);
+	}
+	if (spin) {
 		l->windows_open = false;
 		for (struct loop_fd *h = l->polls; h; h = h->next_poll) {
 			h->in_window = false;
@@ -605,8 +622,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	 * microseconds): wait for it polling, not asleep.  Waking from a sleep
 	 * costs more than that on some machines (a halted vCPU: tens of
 	 * microseconds), and the timer's point is its precision. */
-	if (timeout_ns > 0 && (uint64_t)timeout_ns <= LOOP_SPIN_TIMER_NS && p.max_ns &&
-	    now >= l->contended_until)
+	if (timeout_ns > 0 && (uint64_t)timeout_ns <= LOOP_SPIN_TIMER_NS && spin)
 		window = MAX(window, (uint64_t)timeout_ns);
 	if (window) {
 		uint64_t start = now;
@@ -864,7 +880,7 @@ uint64_t loop_now(const struct loop *l)
 bool loop_can_spin(struct loop *l)
 {
 	return atomic_load_explicit(&l->p_max_ns, memory_order_relaxed) &&
-	       l->now_ns >= l->contended_until;
+	       l->now_ns >= l->contended_until && !loop_cpu_bound(l);
 }
 
 bool loop_in_thread(struct loop *l)

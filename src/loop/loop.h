@@ -82,6 +82,11 @@ struct loop_poll_ops {
 	 * flight is worth waiting for as long as the device takes, an idle
 	 * backend not at all. */
 	bool (*armed)(void *opaque);
+	/* Optional: true while an event is expected that a thread sharing
+	 * our CPUs has to make (io_uring's worker, for page-cache I/O).  The
+	 * loop then spins for nothing, not even a timer: every cycle spun is
+	 * taken from that thread.  It sleeps, and counts it (yields). */
+	bool (*cpu_bound)(void *opaque);
 };
 void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops);
 
@@ -119,6 +124,7 @@ struct loop_stats {
 	uint64_t contended;	/* polling windows cut because the CPU was stolen */
 	uint64_t completion_windows; /* windows whose length was an armed
 				      * handler's: spun for the disk */
+	uint64_t yields;	/* sleeps without a window: cpu_bound() */
 };
 void loop_get_stats(struct loop *l, struct loop_stats *out);
 

@@ -96,6 +96,10 @@ static const struct family iothread_families[] = {
 	{ "vblkd_iothread_completion_poll_misses_total",
 	  "Disk completions that came by their fd after the iothread slept.",
 	  COUNTER, PLAIN, T(completion_poll_misses) },
+	{ "vblkd_iothread_poll_yields_total",
+	  "Sleeps without polling: the completion waited for was being made on the "
+	  "iothread's CPU (io_uring's worker, page cache).",
+	  COUNTER, PLAIN, T(poll_yields) },
 };
 #undef T
 

@@ -19,6 +19,7 @@ cleanup() {
     [[ -n $dpid ]] && kill "$dpid" 2>/dev/null
     [[ -n $hog ]] && kill "$hog" 2>/dev/null
     wait 2>/dev/null; rm -rf "$tmp"
+    if [[ -n ${shm:-} ]]; then rm -f "$shm"; fi
 }
 trap cleanup EXIT
 ncpu=$(nproc)
@@ -256,6 +257,26 @@ start_file --cache writeback "${cwin_opts[@]}" && {
           r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
     stop
 }
+# On tmpfs every buffered write goes to io_uring's worker thread, on our
+# CPU: while one is out the loop sleeps at once instead of polling
+# (poll_yields), and every request completes.
+shm=$(mktemp -p /dev/shm vblk-notify.XXXXXX 2>/dev/null) && [[ $(stat -f -c %T "$shm") == tmpfs ]] &&
+    head -c $((16 << 20)) /dev/zero >"$shm" || shm=""
+if [[ -z $shm ]]; then
+    echo "SKIP: page-cache-worker-gets-the-cpu (no tmpfs at /dev/shm)"
+else
+    rm -f "$tmp/d.sock" "$tmp/c.sock"
+    "${DPIN[@]}" "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" --disk "$shm" \
+        --cache writeback >"$tmp/vblkd.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && break; sleep 0.05; done
+    S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 1); S1=$(stats)
+    check page-cache-worker-gets-the-cpu \
+        "(t['poll_yields'] > 100 and t['completion_windows'] == 0 and
+          r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+    stop
+    rm -f "$shm"
+fi
 
 # 7. Control socket: stats keys, runtime knobs, clear errors.
 start && {

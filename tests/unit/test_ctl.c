@@ -302,7 +302,8 @@ static const char *const queue_keys[] = {
 
 static const char *const iothread_keys[] = {
 	"busy_ns", "cpu_ns", "poll_ns_total", "contended", "backend_submits",
-	"completion_windows", "completion_poll_hits", "completion_poll_misses", "cpu",
+	"completion_windows", "completion_poll_hits", "completion_poll_misses", "poll_yields",
+	"cpu",
 };
 
 /* queues: 2 objects with exactly the queue keys, integers; iothreads: one

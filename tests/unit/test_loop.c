@@ -1568,6 +1568,40 @@ static void test_completion_handler_own_cap_and_armed(void)
 	ASSERT_EQ(ps.hits, 0);
 }
 
+static bool tdev_cpu_bound(void *opaque)
+{
+	return true;
+}
+
+static const struct loop_poll_ops tdev_cpu_bound_ops = {
+	.poll = tdev_poll,
+	.run = tdev_run,
+	.begin = tdev_begin,
+	.end = tdev_end,
+	.cpu_bound = tdev_cpu_bound,
+};
+
+/*
+ * An event being made on our CPU (cpu_bound, io_uring's worker): the loop
+ * never spins, not even for the steady gap that
+ * test_poll_window_grows_to_catch_steady_gap's window learns to catch; it
+ * sleeps, counting yields, and every event still arrives (by its fd).
+ */
+static void test_cpu_bound_never_spins(void)
+{
+	struct loop *l = poll_loop(20 * MS, 2, 2);
+	struct tdev t = { .l = l, .gap_ns = 1100000, .rounds = 40 };
+	struct loop_poll_stats ps = tdev_run_on(&t, &tdev_cpu_bound_ops);
+	struct loop_stats ls;
+
+	loop_get_stats(l, &ls);
+	ASSERT_EQ(ps.hits, 0);
+	ASSERT_EQ(t.by_fd, 40);
+	ASSERT_EQ(ls.poll_ns_total, 0);
+	ASSERT_TRUE(ls.yields >= 20);
+	loop_free(l);
+}
+
 int main(void)
 {
 	log_set_level(LOG_ERR);
@@ -1595,5 +1629,6 @@ int main(void)
 	RUN(test_poll_window_within_lowered_cap);
 	RUN(test_poll_window_grows_to_catch_steady_gap);
 	RUN(test_completion_handler_own_cap_and_armed);
+	RUN(test_cpu_bound_never_spins);
 	return T_EXIT_PASS;
 }

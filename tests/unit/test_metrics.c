@@ -79,6 +79,7 @@ static const char *const families[] = {
 	"vblkd_iothread_completion_windows_total",
 	"vblkd_iothread_completion_poll_hits_total",
 	"vblkd_iothread_completion_poll_misses_total",
+	"vblkd_iothread_poll_yields_total",
 	"vblkd_iothread_pinned_cpu",
 };
 
@@ -343,7 +344,8 @@ static void test_fields_map_to_families(void)
 						 .contended = 4, .backend_submits = 5,
 						 .completion_windows = 6,
 						 .completion_poll_hits = 7,
-						 .completion_poll_misses = 8, .cpu = -1 };
+						 .completion_poll_misses = 8,
+						 .poll_yields = 9, .cpu = -1 };
 	text = format(&s);
 	parse(text, &p);
 	ASSERT_EQ(sample(&p, "vblkd_queue_requests_total", "queue=\"1\"")->value, 101);
@@ -372,6 +374,7 @@ static void test_fields_map_to_families(void)
 	expect_line(text, "vblkd_iothread_completion_windows_total{iothread=\"0\"} 6");
 	expect_line(text, "vblkd_iothread_completion_poll_hits_total{iothread=\"0\"} 7");
 	expect_line(text, "vblkd_iothread_completion_poll_misses_total{iothread=\"0\"} 8");
+	expect_line(text, "vblkd_iothread_poll_yields_total{iothread=\"0\"} 9");
 	expect_line(text, "vblkd_iothread_pinned_cpu{iothread=\"0\"} -1");
 	free(text);
 }

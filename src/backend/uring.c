@@ -19,6 +19,7 @@
  */
 #include <errno.h>
 #include <liburing.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,7 +46,14 @@ struct bdev_ctx {
 	struct bdev_io *probe;	/* the I/O being timed, or NULL */
 	uint64_t probe_ns;	/* loop_now() when it was queued */
 	uint64_t lat_ns;	/* EWMA (1/8) of the timed latencies */
+	/* io_uring's worker threads take the iothread's CPU affinity: on one
+	 * CPU, they share it with us (uring_poll_cpu_bound).  Re-read once a
+	 * second (taskset -p may change it). */
+	bool cpu_alone;
+	uint64_t cpu_alone_ns;	/* loop_now() of the last check; 0: never */
 };
+
+#define URING_AFFINITY_CHECK_NS 1000000000ull
 
 #define URING_EARLY_SUBMIT_NS 20000
 /* Early submission waits for a batch of a quarter of what the disk
@@ -240,34 +248,56 @@ static bool uring_poll_end(void *opaque)
 	return io_uring_cq_ready(&c->ring) > 0;
 }
 
+/* Is the iothread (and with it io_uring's worker) allowed one CPU only? */
+static bool uring_cpu_alone(struct bdev_ctx *c)
+{
+	uint64_t now = loop_now(c->loop);
+
+	if (!c->cpu_alone_ns || now - c->cpu_alone_ns >= URING_AFFINITY_CHECK_NS) {
+		cpu_set_t set;
+
+		c->cpu_alone = sched_getaffinity(0, sizeof(set), &set) == 0 &&
+			       CPU_COUNT(&set) == 1;
+		c->cpu_alone_ns = now ? now : 1;
+	}
+	return c->cpu_alone;
+}
+
 /*
- * Completions are expected while I/O is in flight (loop.h: armed) -- and
- * worth a window of their own only when a device makes them
- * (b->device_completes: O_DIRECT, not on tmpfs).  Otherwise a request
- * either completes inside io_uring_enter or is handed to io_uring's worker
- * thread (io-wq: buffered writes to tmpfs, reads that would block, any
- * tmpfs O_DIRECT that would), which is our process's thread on our CPUs:
- * a window spun while it waits for the core delays the completion it polls
- * for (measured pinned, 4k QD1 in the page cache: p99 170-290 us with the
- * window, 58-98 us without; docs/benchmarks.md "Issue 12 a fifth time").
- * Such completions still end a queue's kick window, and otherwise come by
- * the eventfd.
+ * Are our completions made on our own CPU?  Without a device (the page
+ * cache; tmpfs, whose O_DIRECT is a copy on the CPU: !device_completes) a
+ * request either completes inside io_uring_enter or is handed to
+ * io_uring's worker thread (io-wq: buffered writes to tmpfs, anything that
+ * would block).  The worker takes the iothread's CPU affinity: pinned to
+ * one CPU, it shares ours, and every cycle we spin waiting for it is taken
+ * from it; the scheduler does not always preempt a spinner, so the
+ * completion came when the window ended (measured pinned, 4k QD1 in the
+ * page cache: p99 ~300 us with the window, 44-54 us without;
+ * docs/benchmarks.md "Issue 12 a fifth time").  Allowed other CPUs, the
+ * worker finds one, and spinning spares us a wake-up, as with a device.
  */
+static bool uring_worker_shares_cpu(struct bdev_ctx *c)
+{
+	return !c->b->device_completes && uring_cpu_alone(c);
+}
+
+/* Completions are expected while I/O is in flight (loop.h: armed), worth
+ * a window of their own unless the worker sharing our CPU makes them. */
 static bool uring_poll_armed(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return c->inflight && c->b->device_completes;
+	return c->inflight && !uring_worker_shares_cpu(c);
 }
 
-/* Without a device every request not completed inside io_uring_enter
- * (its CQE would be waiting) is with io_uring's worker, on our CPUs: any
- * spinning now, for kicks or timers too, delays it (loop.h: cpu_bound). */
+/* ... and then, while a request is with that worker (in flight, its CQE
+ * not posted yet), nothing is spun at all, for kicks or timers either
+ * (loop.h: cpu_bound). */
 static bool uring_poll_cpu_bound(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return !c->b->device_completes && c->inflight > io_uring_cq_ready(&c->ring);
+	return c->inflight > io_uring_cq_ready(&c->ring) && uring_worker_shares_cpu(c);
 }
 
 static const struct loop_poll_ops uring_poll_ops = {

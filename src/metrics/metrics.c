@@ -88,7 +88,7 @@ static const struct family iothread_families[] = {
 	  "Syscalls that handed queued I/O to the disk (io_uring_enter; io_uring only).",
 	  COUNTER, PLAIN, T(backend_submits) },
 	{ "vblkd_iothread_completion_windows_total",
-	  "Polling windows spun for the disk's completions (O_DIRECT on a device).",
+	  "Polling windows spun for the disk's completions.",
 	  COUNTER, PLAIN, T(completion_windows) },
 	{ "vblkd_iothread_completion_poll_hits_total",
 	  "Disk completions found by polling (backends with a completion window).",

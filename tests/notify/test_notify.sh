@@ -229,12 +229,13 @@ start_file --irq-moderation-max-ns 0 && {
     stop
 }
 
-# 6e. Completion windows only for a device's completions: with a tiny kick
-# cap and a long completion cap, an O_DIRECT disk's completions get
-# windows of their own (they come from the device); in the page cache they
-# never do (they are made inside io_uring_enter or by io_uring's worker
-# thread, on our CPU: spinning would only delay them).  All requests
-# complete either way.
+# 6e. No completion windows for completions made on our own core: with a
+# tiny kick cap and a long completion cap, an O_DIRECT disk's completions
+# get windows of their own (they come from the device); in the page cache,
+# with the daemon on one CPU (DPIN, or a one-CPU machine), they never do
+# (they are made inside io_uring_enter or by io_uring's worker thread, which
+# has our affinity: spinning would only delay them).  All requests complete
+# either way.
 cwin_opts=(--poll-max-ns 2000 --completion-poll-max-ns 1000000)
 if [[ $(stat -f -c %T "$tmp") == tmpfs ]]; then
     echo "SKIP: completion-windows-for-the-device ($tmp is on tmpfs: no device)"
@@ -275,6 +276,22 @@ else
         "(t['poll_yields'] > 100 and t['completion_windows'] == 0 and
           r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
     stop
+    # Allowed every CPU, the worker can run beside us: the completion
+    # window is kept (as for a device) and nothing yields.
+    if ((ncpu < 2)); then
+        echo "SKIP: page-cache-unpinned-keeps-its-window (one CPU)"
+    else
+        rm -f "$tmp/d.sock" "$tmp/c.sock"
+        "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" --disk "$shm" \
+            --cache writeback "${cwin_opts[@]}" >"$tmp/vblkd.log" 2>&1 &
+        dpid=$!
+        for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && break; sleep 0.05; done
+        S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 1); S1=$(stats)
+        check page-cache-unpinned-keeps-its-window \
+            "(t['poll_yields'] == 0 and t['completion_windows'] > 0 and
+              r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+        stop
+    fi
     rm -f "$shm"
 fi
 

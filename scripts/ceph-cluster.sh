@@ -116,6 +116,7 @@ mon data = $dir/mon/\$name
 osd data = $dir/osd/\$id
 osd objectstore = memstore
 memstore device bytes = 2147483648
+memstore page set = true
 osd fast shutdown = false
 osd pool default size = 1
 osd pool default min size = 1

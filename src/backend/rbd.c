@@ -26,6 +26,7 @@
 #include <poll.h>
 #include <rados/librados.h>
 #include <rbd/librbd.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,7 @@ struct bdev_ctx {
 	int efd;
 	struct loop_fd *efd_h;
 	unsigned inflight;
+	bool librbd_alone;	/* librbd's threads are allowed one CPU */
 	/* Found by the poll handler, run by its run(). */
 	rbd_completion_t found[RBD_BATCH];
 	unsigned nfound;
@@ -433,6 +435,19 @@ static bool img_poll_end(void *opaque)
 	return img_poll(opaque);
 }
 
+/* librbd's threads (messenger, finisher) were started on the main thread
+ * (rados_connect) and have its affinity.  When they and the iothread are
+ * each allowed one CPU (the daemon under taskset -c N), they share it, and
+ * while a request is with them, any spinning takes the CPU that the
+ * reply's decoding and completion need (loop.h: cpu_bound; the same rule
+ * as io_uring's worker in the page cache, uring.c). */
+static bool img_poll_cpu_bound(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+
+	return c->inflight && c->librbd_alone && loop_cpu_alone(c->loop);
+}
+
 /*
  * No armed(): librbd's completions are polled within the kick window
  * (--poll-max-ns), not for as long as a request is in flight under the
@@ -448,6 +463,7 @@ static const struct loop_poll_ops img_poll_ops = {
 	.run = img_poll_run,
 	.begin = img_poll_begin,
 	.end = img_poll_end,
+	.cpu_bound = img_poll_cpu_bound,
 };
 
 static void img_kick(struct bdev_ctx *c)
@@ -491,6 +507,13 @@ static int img_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->b = b;
 	c->d = d;
 	c->loop = l;
+	{
+		cpu_set_t set;
+
+		/* getpid(): the main thread's mask, which librbd's threads took. */
+		c->librbd_alone = sched_getaffinity(getpid(), sizeof(set), &set) == 0 &&
+				  CPU_COUNT(&set) == 1;
+	}
 	c->efd = sys_eventfd();
 	if (c->efd < 0) {
 		r = c->efd;

@@ -19,7 +19,6 @@
  */
 #include <errno.h>
 #include <liburing.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,14 +45,7 @@ struct bdev_ctx {
 	struct bdev_io *probe;	/* the I/O being timed, or NULL */
 	uint64_t probe_ns;	/* loop_now() when it was queued */
 	uint64_t lat_ns;	/* EWMA (1/8) of the timed latencies */
-	/* io_uring's worker threads take the iothread's CPU affinity: on one
-	 * CPU, they share it with us (uring_poll_cpu_bound).  Re-read once a
-	 * second (taskset -p may change it). */
-	bool cpu_alone;
-	uint64_t cpu_alone_ns;	/* loop_now() of the last check; 0: never */
 };
-
-#define URING_AFFINITY_CHECK_NS 1000000000ull
 
 #define URING_EARLY_SUBMIT_NS 20000
 /* Early submission waits for a batch of a quarter of what the disk
@@ -248,21 +240,6 @@ static bool uring_poll_end(void *opaque)
 	return io_uring_cq_ready(&c->ring) > 0;
 }
 
-/* Is the iothread (and with it io_uring's worker) allowed one CPU only? */
-static bool uring_cpu_alone(struct bdev_ctx *c)
-{
-	uint64_t now = loop_now(c->loop);
-
-	if (!c->cpu_alone_ns || now - c->cpu_alone_ns >= URING_AFFINITY_CHECK_NS) {
-		cpu_set_t set;
-
-		c->cpu_alone = sched_getaffinity(0, sizeof(set), &set) == 0 &&
-			       CPU_COUNT(&set) == 1;
-		c->cpu_alone_ns = now ? now : 1;
-	}
-	return c->cpu_alone;
-}
-
 /*
  * Are our completions made on our own CPU?  Without a device (the page
  * cache; tmpfs, whose O_DIRECT is a copy on the CPU: !device_completes) a
@@ -278,7 +255,7 @@ static bool uring_cpu_alone(struct bdev_ctx *c)
  */
 static bool uring_worker_shares_cpu(struct bdev_ctx *c)
 {
-	return !c->b->device_completes && uring_cpu_alone(c);
+	return !c->b->device_completes && loop_cpu_alone(c->loop);
 }
 
 /* Completions are expected while I/O is in flight (loop.h: armed), worth

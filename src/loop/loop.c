@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,8 @@
  * the end of a fruitless polling window. */
 #define LOOP_STARVE_NS 3000ull
 #define LOOP_STARVE_STREAK 16
+/* loop_cpu_alone() re-reads the affinity (taskset -p may change it). */
+#define LOOP_AFFINITY_CHECK_NS 1000000000ull
 
 struct loop_fd {
 	int fd;
@@ -100,6 +103,8 @@ struct loop {
 	struct loop_fd *polls;		/* handlers with poll ops */
 	bool poll_started;		/* begin() called, end() not yet */
 	uint64_t contended_until;
+	bool cpu_alone;		/* loop_cpu_alone(), as last read */
+	uint64_t cpu_alone_ns;	/* when it was read (now_ns); 0: never */
 	/* Counters of deleted completion handlers (loop_completion_poll_stats). */
 	struct loop_poll_stats completion_base;
 	uint64_t cs_wall0, cs_cpu0, cs_blocked0;	/* contention sample */
@@ -559,6 +564,18 @@ static void loop_check_contention(struct loop *l, uint64_t now)
 	l->cs_cpu0 = cpu;
 	l->cs_blocked0 = l->blocked_total;
 	l->polled_in_sample = false;
+}
+
+bool loop_cpu_alone(struct loop *l)
+{
+	if (!l->cpu_alone_ns || l->now_ns - l->cpu_alone_ns >= LOOP_AFFINITY_CHECK_NS) {
+		cpu_set_t set;
+
+		l->cpu_alone = sched_getaffinity(0, sizeof(set), &set) == 0 &&
+			       CPU_COUNT(&set) == 1;
+		l->cpu_alone_ns = l->now_ns ? l->now_ns : 1;
+	}
+	return l->cpu_alone;
 }
 
 /* Is an event we wait for being made on our CPU (loop.h: cpu_bound)? */

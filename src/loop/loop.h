@@ -89,6 +89,10 @@ struct loop_poll_ops {
 	bool (*cpu_bound)(void *opaque);
 };
 void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops);
+/* Is the loop's thread allowed a single CPU?  The threads it starts, and
+ * io_uring's workers, take its affinity: they then share its core (what
+ * a cpu_bound() decides by).  Re-read at most once a second.  Loop thread. */
+bool loop_cpu_alone(struct loop *l);
 
 /* Per poll handler counters, readable from any thread (relaxed). */
 struct loop_poll_stats {

@@ -435,17 +435,22 @@ static bool img_poll_end(void *opaque)
 	return img_poll(opaque);
 }
 
-/* librbd's threads (messenger, finisher) were started on the main thread
+/*
+ * librbd's threads (messenger, finisher) were started on the main thread
  * (rados_connect) and have its affinity.  When they and the iothread are
  * each allowed one CPU (the daemon under taskset -c N), they share it, and
- * while a request is with them, any spinning takes the CPU that the
- * reply's decoding and completion need (loop.h: cpu_bound; the same rule
- * as io_uring's worker in the page cache, uring.c). */
+ * while the one request in flight is with them, the only event coming is
+ * its completion, which they make on our CPU: any spinning takes the CPU
+ * that the reply's decoding and completion need (loop.h: cpu_bound; as
+ * io_uring's worker in the page cache, uring.c).  With more in flight the
+ * driver is still sending, from another CPU, and a kick window pays
+ * (measured both ways: docs/benchmarks.md, issue 11 a sixth time).
+ */
 static bool img_poll_cpu_bound(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return c->inflight && c->librbd_alone && loop_cpu_alone(c->loop);
+	return c->inflight == 1 && c->librbd_alone && loop_cpu_alone(c->loop);
 }
 
 /*

@@ -147,8 +147,9 @@ struct bdev {
 	bool is_blockdev;
 	bool direct;		/* opened O_DIRECT */
 	/* A device completes its I/O, not our CPU: O_DIRECT, and not on a
-	 * memory file system (tmpfs).  Only then is a completion window
-	 * worth spinning (uring.c). */
+	 * memory file system (tmpfs).  Otherwise io_uring's worker does, and
+	 * when it shares the iothread's one CPU nothing is spun for it
+	 * (uring.c). */
 	bool device_completes;
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
 	bool uring_sqpoll;

@@ -59,7 +59,7 @@ struct bdev_ctx {
 	int efd;
 	struct loop_fd *efd_h;
 	unsigned inflight;
-	bool librbd_alone;	/* librbd's threads are allowed one CPU */
+	int librbd_cpu;		/* the one CPU librbd's threads may use, or -1 */
 	/* Found by the poll handler, run by its run(). */
 	rbd_completion_t found[RBD_BATCH];
 	unsigned nfound;
@@ -444,13 +444,16 @@ static bool img_poll_end(void *opaque)
  * that the reply's decoding and completion need (loop.h: cpu_bound; as
  * io_uring's worker in the page cache, uring.c).  With more in flight the
  * driver is still sending, from another CPU, and a kick window pays
- * (measured both ways: docs/benchmarks.md, issue 11 a sixth time).
+ * (measured both ways: docs/benchmarks.md, issue 11 a sixth time).  "Share
+ * it": both allowed one CPU, the same one (an iothread alone on one CPU
+ * runs on it: sched_getcpu, from the vDSO, tells which).
  */
 static bool img_poll_cpu_bound(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return c->inflight == 1 && c->librbd_alone && loop_cpu_alone(c->loop);
+	return c->inflight == 1 && c->librbd_cpu >= 0 && loop_cpu_alone(c->loop) &&
+	       sched_getcpu() == c->librbd_cpu;
 }
 
 /*
@@ -512,12 +515,15 @@ static int img_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->b = b;
 	c->d = d;
 	c->loop = l;
+	c->librbd_cpu = -1;
 	{
 		cpu_set_t set;
 
 		/* getpid(): the main thread's mask, which librbd's threads took. */
-		c->librbd_alone = sched_getaffinity(getpid(), sizeof(set), &set) == 0 &&
-				  CPU_COUNT(&set) == 1;
+		if (sched_getaffinity(getpid(), sizeof(set), &set) == 0 && CPU_COUNT(&set) == 1)
+			for (int i = 0; i < CPU_SETSIZE; i++)
+				if (CPU_ISSET(i, &set))
+					c->librbd_cpu = i;
 	}
 	c->efd = sys_eventfd();
 	if (c->efd < 0) {

@@ -160,14 +160,19 @@ fi
 # preempted mid-hold overshoots (313 us seen under ASan in CI), which is
 # a timing, not behaviour.  Off (0), nothing is held.
 head -c $((16 << 20)) /dev/urandom >"$tmp/mod.img"
-start_file() {	# start_file ARGS...: vblkd on $tmp/mod.img with a control socket
+start_disk() {	# start_disk DISK ARGS...: vblkd on DISK with a control socket,
+		# pinned as DPIN says (UNPINNED=1: not pinned)
+    local disk=$1 pin=("${DPIN[@]}")
+    shift
+    [[ -n ${UNPINNED:-} ]] && pin=()
     rm -f "$tmp/d.sock" "$tmp/c.sock"
-    "${DPIN[@]}" "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" --disk "$tmp/mod.img" "$@" \
+    "${pin[@]}" "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" --disk "$disk" "$@" \
         >"$tmp/vblkd.log" 2>&1 &
     dpid=$!
     for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && return 0; sleep 0.05; done
-    fail start-file "$(tail -3 "$tmp/vblkd.log")"; return 1
+    fail start-disk "$(tail -3 "$tmp/vblkd.log")"; return 1
 }
+start_file() { start_disk "$tmp/mod.img" "$@"; }	# start_file ARGS...
 start_file --irq-moderation-max-ns 80000 && {
     S0=$(stats); R=$(bench --rw randread --iodepth 1 --runtime 1 --size 16M); S1=$(stats)
     check irq-moderation-never-at-qd1 \
@@ -266,31 +271,25 @@ shm=$(mktemp -p /dev/shm vblk-notify.XXXXXX 2>/dev/null) && [[ $(stat -f -c %T "
 if [[ -z $shm ]]; then
     echo "SKIP: page-cache-worker-gets-the-cpu (no tmpfs at /dev/shm)"
 else
-    rm -f "$tmp/d.sock" "$tmp/c.sock"
-    "${DPIN[@]}" "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" --disk "$shm" \
-        --cache writeback >"$tmp/vblkd.log" 2>&1 &
-    dpid=$!
-    for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && break; sleep 0.05; done
-    S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 1); S1=$(stats)
-    check page-cache-worker-gets-the-cpu \
-        "(t['poll_yields'] > 100 and t['completion_windows'] == 0 and
-          r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
-    stop
+    start_disk "$shm" --cache writeback && {
+        S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 1); S1=$(stats)
+        check page-cache-worker-gets-the-cpu \
+            "(t['poll_yields'] > 100 and t['completion_windows'] == 0 and
+              r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+        stop
+    }
     # Allowed every CPU, the worker can run beside us: the completion
     # window is kept (as for a device) and nothing yields.
     if ((ncpu < 2)); then
         echo "SKIP: page-cache-unpinned-keeps-its-window (one CPU)"
     else
-        rm -f "$tmp/d.sock" "$tmp/c.sock"
-        "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" --disk "$shm" \
-            --cache writeback "${cwin_opts[@]}" >"$tmp/vblkd.log" 2>&1 &
-        dpid=$!
-        for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && break; sleep 0.05; done
-        S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 1); S1=$(stats)
-        check page-cache-unpinned-keeps-its-window \
-            "(t['poll_yields'] == 0 and t['completion_windows'] > 0 and
-              r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
-        stop
+        UNPINNED=1 start_disk "$shm" --cache writeback "${cwin_opts[@]}" && {
+            S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 1); S1=$(stats)
+            check page-cache-unpinned-keeps-its-window \
+                "(t['poll_yields'] == 0 and t['completion_windows'] > 0 and
+                  r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+            stop
+        }
     fi
     rm -f "$shm"
 fi

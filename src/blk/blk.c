@@ -88,7 +88,7 @@ struct blk_queue {
 	/* Counters: written by the iothread, read by anyone. */
 	_Atomic uint64_t requests, kicks, calls, calls_early, calls_suppressed;
 	_Atomic uint64_t calls_held, calls_held_idle, calls_held_wasted, completions_coalesced;
-	_Atomic uint64_t hold_ns_max, hold_ns_total;
+	_Atomic uint64_t hold_ns_max, hold_ns_total, hold_late_ns_total;
 	_Atomic uint64_t bad_requests;
 	/* Poll counters of kick handlers that are gone (ring restarts). */
 	struct loop_poll_stats poll_base;
@@ -314,6 +314,13 @@ static void blk_unhold(struct blk_queue *q, uint64_t now)
 	atomic_store_explicit(&q->hold_ns_total,
 			      atomic_load_explicit(&q->hold_ns_total, memory_order_relaxed) + held,
 			      memory_order_relaxed);
+	/* Time past the deadline is the loop's lateness, not the policy's:
+	 * counted apart (the cap bounds what we chose to wait). */
+	if (now > q->held_until)
+		atomic_store_explicit(&q->hold_late_ns_total,
+				      atomic_load_explicit(&q->hold_late_ns_total,
+							   memory_order_relaxed) +
+				      (now - q->held_until), memory_order_relaxed);
 	if (q->started)
 		blk_queue_signal(q);
 }
@@ -1390,6 +1397,8 @@ static void do_stats(void *opaque)
 								memory_order_relaxed);
 		o->hold_ns_max = atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed);
 		o->hold_ns_total = atomic_load_explicit(&q->hold_ns_total, memory_order_relaxed);
+		o->hold_late_ns_total = atomic_load_explicit(&q->hold_late_ns_total,
+							     memory_order_relaxed);
 		o->bad_requests = atomic_load_explicit(&q->bad_requests,
 						       memory_order_relaxed);
 		o->poll_hits = q->poll_base.hits + ps.hits;

@@ -65,6 +65,8 @@ struct blk_queue_stats {
 	uint64_t completions_coalesced;	/* completed while a call was held */
 	uint64_t hold_ns_max;		/* longest a call was held */
 	uint64_t hold_ns_total;		/* all holds together */
+	uint64_t hold_late_ns_total;	/* of which past the holds' deadlines: the
+					 * loop ran late (scheduler, wake-up) */
 	uint64_t bad_requests;		/* failed for a malformed chain or header */
 	uint64_t poll_hits;		/* polling found requests */
 	uint64_t poll_misses;		/* requests came by kick after we slept */

@@ -98,6 +98,7 @@ static struct json_object *queue_object(const struct blk_queue_stats *q)
 	add(o, "completions_coalesced", json_object_new_uint64(q->completions_coalesced), &ok);
 	add(o, "hold_ns_max", json_object_new_uint64(q->hold_ns_max), &ok);
 	add(o, "hold_ns_total", json_object_new_uint64(q->hold_ns_total), &ok);
+	add(o, "hold_late_ns_total", json_object_new_uint64(q->hold_late_ns_total), &ok);
 	add(o, "bad_requests", json_object_new_uint64(q->bad_requests), &ok);
 	add(o, "poll_hits", json_object_new_uint64(q->poll_hits), &ok);
 	add(o, "poll_misses", json_object_new_uint64(q->poll_misses), &ok);

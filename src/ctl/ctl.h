@@ -9,7 +9,7 @@
  *         "calls_early", "calls_suppressed", "calls_held", "calls_held_idle",
  *         "calls_held_wasted",
  *         "completions_coalesced",
- *         "hold_ns_max", "hold_ns_total", "bad_requests", "poll_hits", "poll_misses",
+ *         "hold_ns_max", "hold_ns_total", "hold_late_ns_total", "bad_requests", "poll_hits", "poll_misses",
  *         "poll_ns"}, ...],
  *         "iothreads": [{"busy_ns", "cpu_ns", "poll_ns_total", "contended",
  *         "cpu"}, ...],

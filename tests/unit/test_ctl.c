@@ -296,7 +296,8 @@ static void expect_error(const char *req)
 static const char *const queue_keys[] = {
 	"iothread", "requests", "kicks", "calls", "calls_early", "calls_suppressed",
 	"calls_held", "calls_held_idle", "calls_held_wasted",
-	"completions_coalesced", "hold_ns_max", "hold_ns_total", "bad_requests",
+	"completions_coalesced", "hold_ns_max", "hold_ns_total", "hold_late_ns_total",
+	"bad_requests",
 	"poll_hits", "poll_misses", "poll_vain", "poll_ns",
 };
 

@@ -66,6 +66,7 @@ static const char *const families[] = {
 	"vblkd_queue_calls_held_wasted_total",
 	"vblkd_queue_completions_coalesced_total",
 	"vblkd_queue_hold_seconds_total",
+	"vblkd_queue_hold_late_seconds_total",
 	"vblkd_queue_hold_max_seconds",
 	"vblkd_queue_poll_hits_total",
 	"vblkd_queue_poll_misses_total",
@@ -338,7 +339,7 @@ static void test_fields_map_to_families(void)
 		.calls_suppressed = 105, .calls_held = 106, .completions_coalesced = 107,
 		.hold_ns_max = 108, .hold_ns_total = 109, .bad_requests = 110, .poll_hits = 111,
 		.poll_misses = 112, .poll_ns = 113, .calls_held_idle = 114,
-		.calls_held_wasted = 115, .poll_vain = 116,
+		.calls_held_wasted = 115, .poll_vain = 116, .hold_late_ns_total = 117,
 	};
 	fake_t[0] = (struct blk_iothread_stats){ .busy_ns = 1, .cpu_ns = 2, .poll_ns_total = 3,
 						 .contended = 4, .backend_submits = 5,
@@ -360,6 +361,7 @@ static void test_fields_map_to_families(void)
 		  107);
 	expect_line(text, "vblkd_queue_hold_max_seconds{queue=\"1\"} 0.000000108");
 	expect_line(text, "vblkd_queue_hold_seconds_total{queue=\"1\"} 0.000000109");
+	expect_line(text, "vblkd_queue_hold_late_seconds_total{queue=\"1\"} 0.000000117");
 	ASSERT_EQ(sample(&p, "vblkd_queue_bad_requests_total", "queue=\"1\"")->value, 110);
 	ASSERT_EQ(sample(&p, "vblkd_queue_poll_hits_total", "queue=\"1\"")->value, 111);
 	ASSERT_EQ(sample(&p, "vblkd_queue_poll_misses_total", "queue=\"1\"")->value, 112);

@@ -83,9 +83,11 @@ struct loop_poll_ops {
 	 * backend not at all. */
 	bool (*armed)(void *opaque);
 	/* Optional: true while an event is expected that a thread sharing
-	 * our CPUs has to make (io_uring's worker, for page-cache I/O).  The
-	 * loop then spins for nothing, not even a timer: every cycle spun is
-	 * taken from that thread.  It sleeps, and counts it (yields). */
+	 * our CPUs has to make (io_uring's worker, for page-cache I/O), or
+	 * one that our spinning was measured to delay (a virtual disk whose
+	 * host threads need the CPU our vCPU holds).  The loop then spins
+	 * for nothing, not even a timer: every cycle spun is taken from
+	 * that thread.  It sleeps, and counts it (yields). */
 	bool (*cpu_bound)(void *opaque);
 };
 void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops);

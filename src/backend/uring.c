@@ -28,6 +28,7 @@
 #include "util/iov.h"
 #include "util/log.h"
 #include "util/sys.h"
+#include "util/trim.h"
 
 struct bdev_ctx {
 	struct bdev *b;
@@ -49,7 +50,8 @@ struct bdev_ctx {
 	uint64_t probe_wall;	/* sys_now_ns() when the timed I/O was queued */
 	unsigned spin_phase;	/* URING_SPIN_* */
 	unsigned spin_n;	/* timed I/Os in this phase */
-	uint64_t spin_sum;	/* their latencies */
+	struct trim spin_trim;	/* their latencies (util/trim.h: all but the
+				 * few slowest, which a host stall makes) */
 	uint64_t spin_lat;	/* mean latency measured spinning */
 	bool nospin;		/* no spinning while the device has I/O */
 };
@@ -59,6 +61,7 @@ struct bdev_ctx {
  * before the next measurement. */
 enum { URING_SPIN_MEASURE, URING_SPIN_MEASURE_OFF, URING_SPIN_RUN };
 #define URING_SPIN_PROBES 32
+_Static_assert(TRIM_TOP < URING_SPIN_PROBES, "a measurement keeps most of its samples");
 #define URING_SPIN_RUN 16
 /* Sleeping must be this much faster (percent of the spinning latency) to
  * win: spinning is what pays on most machines. */
@@ -168,38 +171,38 @@ static void uring_submit(struct bdev_ctx *c, struct bdev_io *io)
  * a sixth time").  Nothing on our side shows it (every window hits), so it
  * is measured: URING_SPIN_PROBES timed I/Os (one at a time, submission to
  * reaping, wall clock) with spinning allowed, as many with none while the
- * device has I/O (cpu_bound, below); the faster runs for URING_SPIN_RUN
- * times as long, then again.  Only for a device: in the page cache the
+ * device has I/O (cpu_bound, below), each the mean of all but its
+ * TRIM_TOP slowest (util/trim.h); the faster runs for URING_SPIN_RUN times as
+ * long, then again.  Only for a device: in the page cache the
  * latency is our own CPU's.
  */
 static void uring_spin_note(struct bdev_ctx *c, uint64_t lat)
 {
 	uint64_t mean;
 
-	c->spin_sum += lat;
-	if (++c->spin_n < URING_SPIN_PROBES * (c->spin_phase == URING_SPIN_RUN ? URING_SPIN_RUN : 1))
+	if (c->spin_phase == URING_SPIN_RUN) {
+		if (++c->spin_n < URING_SPIN_PROBES * URING_SPIN_RUN)
+			return;
+		c->spin_n = 0;
+		c->nospin = false;
+		c->spin_phase = URING_SPIN_MEASURE;
 		return;
-	mean = c->spin_sum / c->spin_n;
-	c->spin_sum = 0;
-	c->spin_n = 0;
-	switch (c->spin_phase) {
-	case URING_SPIN_MEASURE:
+	}
+	trim_add(&c->spin_trim, lat);
+	if (c->spin_trim.n < URING_SPIN_PROBES)
+		return;
+	mean = trim_take(&c->spin_trim);
+	if (c->spin_phase == URING_SPIN_MEASURE) {
 		c->spin_lat = mean;
 		c->nospin = true;
 		c->spin_phase = URING_SPIN_MEASURE_OFF;
-		break;
-	case URING_SPIN_MEASURE_OFF:
-		c->nospin = mean * 100 < c->spin_lat * URING_SPIN_MARGIN_PCT;
-		c->spin_phase = URING_SPIN_RUN;
-		log_debug("io_uring: device latency %llu ns spinning, %llu ns not: %s",
-			  (unsigned long long)c->spin_lat, (unsigned long long)mean,
-			  c->nospin ? "no spinning while it works" : "spinning");
-		break;
-	default:
-		c->nospin = false;
-		c->spin_phase = URING_SPIN_MEASURE;
-		break;
+		return;
 	}
+	c->nospin = mean * 100 < c->spin_lat * URING_SPIN_MARGIN_PCT;
+	c->spin_phase = URING_SPIN_RUN;
+	log_debug("io_uring: device latency %llu ns spinning, %llu ns not: %s",
+		  (unsigned long long)c->spin_lat, (unsigned long long)mean,
+		  c->nospin ? "no spinning while it works" : "spinning");
 }
 
 /* The timed I/O completed: update the latency and the policy. */

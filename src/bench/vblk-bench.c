@@ -43,6 +43,7 @@ struct opts {
 	double runtime, ramp, hold;
 	uint64_t rate_iops;		/* per job, 0 = unlimited */
 	uint64_t think_ns;		/* CPU spent per completion pass */
+	uint64_t stall_ns;		/* --stall-s: no progress this long = stranded */
 	uint64_t size, offset;
 	bool verify, poll, json, no_event_idx, packed;
 	unsigned queue_size;
@@ -366,19 +367,19 @@ static void wait_completion(struct job *j, uint64_t deadline_ns)
 }
 
 /* A request that never completes is the worst bug a device can have (a
- * lost kick, a lost interrupt): after BENCH_STALL_NS without progress the
- * job gives up and reports what is stranded. */
-#define BENCH_STALL_NS 5000000000ull
+ * lost kick, a lost interrupt): after --stall-s (default BENCH_STALL_S)
+ * without progress the job gives up and reports what is stranded. */
+#define BENCH_STALL_S 5
 
 static bool stalled(struct job *j)
 {
 	if (j->stalled)
 		return true;
-	if (!vdrv_inflight(j->q) || sys_now_ns() - j->last_progress_ns < BENCH_STALL_NS)
+	if (!vdrv_inflight(j->q) || sys_now_ns() - j->last_progress_ns < j->o->stall_ns)
 		return false;
 	fprintf(stderr, "vblk-bench: job %u: %u requests got no completion in %llu s "
 		"(stranded: lost kick or lost interrupt?)\n", j->id, vdrv_inflight(j->q),
-		BENCH_STALL_NS / 1000000000ull);
+		(unsigned long long)(j->o->stall_ns / 1000000000ull));
 	j->errors += vdrv_inflight(j->q);
 	j->stalled = true;
 	return true;
@@ -531,6 +532,9 @@ static void usage(FILE *f)
 "  --think-us N         spend N us of CPU after each pass that took completions,\n"
 "                       before sending more, interrupts on: a driver slower\n"
 "                       than the disk (a guest under TCG or on a busy host)\n"
+"  --stall-s S          give up on requests with no completion for S seconds\n"
+"                       and report them stranded (default 5; longer for a\n"
+"                       backend that is meant to stall, e.g. a restarting OSD)\n"
 "  --size SIZE          bytes of the disk to use (default: all, from --offset)\n"
 "  --offset SIZE        start of the region (default 0)\n"
 "  --verify             writes carry a header (offset, generation); reads of\n"
@@ -572,6 +576,7 @@ static void parse(int argc, char **argv, struct opts *o)
 		{ "ramp", required_argument, NULL, 'r' },
 		{ "rate-iops", required_argument, NULL, 'R' },
 		{ "think-us", required_argument, NULL, 'k' },
+		{ "stall-s", required_argument, NULL, 'S' },
 		{ "size", required_argument, NULL, 'z' },
 		{ "offset", required_argument, NULL, 'o' },
 		{ "verify", no_argument, NULL, 'v' },
@@ -593,7 +598,8 @@ static void parse(int argc, char **argv, struct opts *o)
 	int c;
 
 	*o = (struct opts){ .rwmixread = 50, .bs = 4096, .iodepth = 1, .numjobs = 1,
-			    .runtime = 5, .ramp = 1, .queue_size = 256 };
+			    .runtime = 5, .ramp = 1, .queue_size = 256,
+			    .stall_ns = BENCH_STALL_S * 1000000000ull };
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
 		switch (c) {
@@ -617,6 +623,7 @@ static void parse(int argc, char **argv, struct opts *o)
 		case 'H': o->hold = parse_secs("--hold", optarg); break;
 		case 'R': o->rate_iops = parse_num("--rate-iops", optarg, 1, 100000000); break;
 		case 'k': o->think_ns = parse_num("--think-us", optarg, 0, 1000000) * 1000; break;
+		case 'S': o->stall_ns = parse_num("--stall-s", optarg, 1, 3600) * 1000000000ull; break;
 		case 'z': o->size = size_arg("--size", optarg); break;
 		case 'o': o->offset = size_arg("--offset", optarg); break;
 		case 'v': o->verify = true; break;

@@ -277,11 +277,14 @@ fi
 # The OSD stopped (connections dropped, memstore saved: see
 # ceph-cluster.sh) and restarted while vblk-bench writes and verifies:
 # librbd holds the requests and resends them; they must complete once it
-# is back, or fail with an error status - never hang (vblk-bench reports a
-# request without completion for 5 s as stranded).  vblkd keeps serving.
+# is back, or fail with an error status - never hang.  vblk-bench waits up
+# to 60 s for a completion (--stall-s; its default 5 s was shorter than
+# the OSD's restart in some CI runs, which then had no verdict) before it
+# reports requests stranded.  vblkd keeps serving.
 if ((have_ceph)) && start rbd-osd-restart --disk rbd:rbd/fault --ceph-conf "$conf" --queues 2; then
     timeout -k 5 90 "$BENCH" --socket "$tmp/d.sock" --json --rw randrw --bs 4k --iodepth 8 \
-        --numjobs 2 --runtime 6 --ramp 0 --size 8M --verify >"$tmp/osd.out" 2>"$tmp/osd.err" &
+        --numjobs 2 --runtime 6 --ramp 0 --size 8M --verify --stall-s 60 \
+        >"$tmp/osd.out" 2>"$tmp/osd.err" &
     bpid=$!
     sleep 1.5
     t1=$SECONDS
@@ -298,9 +301,9 @@ if ((have_ceph)) && start rbd-osd-restart --disk rbd:rbd/fault --ceph-conf "$con
     fi
     if grep -q "got no completion" "$tmp/osd.err"; then
         # vblk-bench's own limit, not a verdict on vblkd: it abandons
-        # requests after 5 s without progress (vblkd then drains them when
+        # requests after 60 s without progress (vblkd then drains them when
         # the OSD is back, checked below by the next frontend).
-        why="vblk-bench gave up after 5 s without a completion (OSD away ~$down s): $(head -1 "$tmp/osd.err")"
+        why="vblk-bench gave up after 60 s without a completion (OSD away ~$down s): $(head -1 "$tmp/osd.err")"
         skip rbd-osd-restart-requests-complete-or-fail-cleanly "$why"
         skip rbd-osd-restart-requests-complete "$why"
     else

@@ -49,9 +49,10 @@ struct bdev_ctx {
 	/* Does spinning pay for the device? (uring_spin_note) */
 	uint64_t probe_wall;	/* sys_now_ns() when the timed I/O was queued */
 	unsigned spin_phase;	/* URING_SPIN_* */
-	unsigned spin_n;	/* timed I/Os in this phase */
-	struct trim spin_trim;	/* their latencies (util/trim.h: all but the
-				 * few slowest, which a host stall makes) */
+	unsigned spin_n;	/* timed I/Os in the run phase */
+	struct trim spin_trim;	/* those of a measuring phase, and their
+				 * latencies (util/trim.h: all but the few
+				 * slowest, which a host stall makes) */
 	uint64_t spin_lat;	/* mean latency measured spinning */
 	bool nospin;		/* no spinning while the device has I/O */
 };

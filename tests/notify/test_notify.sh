@@ -278,10 +278,11 @@ else
     # its completions polling (completion_poll_hits), the second by the
     # eventfd (completion_poll_misses); without the second half all but
     # one or two are hits (checked by turning the second half off).  Not
-    # poll_yields: a yield is counted only where the loop was about to
-    # open a window, and in one CI run 9 of the second half's 29 requests
-    # got one (27-29 in runs here), their completions found by the eventfd
-    # all the same.
+    # poll_yields: cpu_bound() holds only while the request's CQE is not
+    # posted yet, so a yield is counted only if the device has not
+    # completed by the time the loop would spin; in one CI run 9 of the
+    # second half's 29 requests got one (27-29 in runs here), their
+    # completions found by the eventfd all the same.
     start_file --cache none && {
         S0=$(stats); R=$(bench --rw randread --iodepth 1 --rate-iops 100 --runtime 0.6 --size 16M); S1=$(stats)
         check device-spinning-measured-both-ways \

@@ -25,6 +25,13 @@ enum bdev_cache {
 	BDEV_CACHE_WRITEBACK,	/* page cache */
 };
 
+/* Polled I/O (io_uring's IORING_SETUP_IOPOLL), --iopoll. */
+enum bdev_iopoll {
+	BDEV_IOPOLL_AUTO,	/* where the disk's device has poll queues */
+	BDEV_IOPOLL_ON,		/* there, or fail to open */
+	BDEV_IOPOLL_OFF,
+};
+
 struct bdev_opts {
 	const char *path;
 	const char *engine;	/* "io_uring" (default) */
@@ -34,6 +41,7 @@ struct bdev_opts {
 	uint64_t size;		/* engines without a disk (null): bytes */
 	bool uring_sqpoll;	/* io_uring: IORING_SETUP_SQPOLL */
 	bool no_early_submit;	/* io_uring: always batch submissions (ablation) */
+	enum bdev_iopoll iopoll;
 	const char *ceph_conf;	/* rbd: ceph.conf (NULL: librados' search) */
 	const char *ceph_id;	/* rbd: client id (NULL: admin) */
 	/* take_fd: serve fd, the disk the previous process had open (upgrade
@@ -84,6 +92,7 @@ struct bdev_io {
 	int res;
 	bool zero_retried;	/* write zeroes: tried the other way already */
 	bool fua_flush;		/* a FUA write done, its flush running */
+	bool polled;		/* io_uring: on the polled ring */
 	size_t len;
 	void *bounce;		/* aligned copy for misaligned O_DIRECT buffers */
 	struct iovec bounce_iov;
@@ -112,6 +121,8 @@ struct bdev_engine {
 	/* Optional: how many times kick (or early submission) handed
 	 * queued I/Os to the kernel, one syscall each.  The ctx's thread. */
 	uint64_t (*submits)(const struct bdev_ctx *c);
+	/* Optional: I/Os completed by polling the device (IOPOLL). */
+	uint64_t (*polled)(const struct bdev_ctx *c);
 
 	/* Engines that are their own disk (network clients: rbd, nbd): open
 	 * the disk --disk names, filling struct bdev (size, block sizes,
@@ -154,6 +165,9 @@ struct bdev {
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
 	bool uring_sqpoll;
 	bool no_early_submit;
+	/* Reads and writes are polled for (io_uring IOPOLL): the device has
+	 * poll queues, which raise no interrupt (uring.c). */
+	bool iopoll;
 	bool locked;		/* bdev_lock holds the image lock */
 	unsigned caps;		/* BDEV_CAP_*: the engine's, less what this disk lacks */
 	unsigned max_ctxs;	/* iothreads that may serve this disk; 0: any */
@@ -222,6 +236,12 @@ static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 static inline uint64_t bdev_ctx_submits(const struct bdev *b, const struct bdev_ctx *c)
 {
 	return b->engine->submits && c ? b->engine->submits(c) : 0;
+}
+
+/* The engine's polled counter, 0 for engines without one. */
+static inline uint64_t bdev_ctx_polled(const struct bdev *b, const struct bdev_ctx *c)
+{
+	return b->engine->polled && c ? b->engine->polled(c) : 0;
 }
 
 /* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */

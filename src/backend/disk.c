@@ -36,38 +36,83 @@ static bool sysfs_u64(const char *path, uint64_t *v)
 	return ok;
 }
 
+/* One number from the request queue of block device dev in sysfs (a
+ * partition has none of its own: its disk's). */
+static bool queue_attr(dev_t dev, const char *name, uint64_t *v)
+{
+	static const char *const dirs[] = { "queue", "../queue" };
+	char path[160];
+
+	for (unsigned i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/%s/%s", major(dev),
+			 minor(dev), dirs[i], name);
+		if (sysfs_u64(path, v))
+			return true;
+	}
+	return false;
+}
+
 /*
- * Discard limits of a block device from its request queue in sysfs (a
- * partition has none of its own: use its disk's).  A device with
+ * Discard limits of a block device from its request queue in sysfs.  A device with
  * discard_max_bytes 0 cannot discard at all: we then do not offer
  * VIRTIO_BLK_F_DISCARD, rather than fail every discard the guest sends.
  */
 static void blockdev_discard(struct bdev *b, dev_t rdev)
 {
-	static const char *const dirs[] = { "queue", "../queue" };
-	char path[128];
 	uint64_t max = 0, gran = 0;
 
-	for (unsigned i = 0; i < 2; i++) {
-		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/%s/discard_max_bytes",
-			 major(rdev), minor(rdev), dirs[i]);
-		if (!sysfs_u64(path, &max))
-			continue;
-		snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/%s/discard_granularity",
-			 major(rdev), minor(rdev), dirs[i]);
-		(void)sysfs_u64(path, &gran);
-		if (max == 0) {
-			b->no_discard = true;
-			log_info("disk %s: the device cannot discard; DISCARD not offered",
-				 b->path);
-		}
-		b->discard_max_bytes = max;
-		if (gran > b->discard_granularity && gran <= (1u << 30) && !(gran & (gran - 1)))
-			b->discard_granularity = (unsigned)gran;
+	if (!queue_attr(rdev, "discard_max_bytes", &max)) {
+		log_info("disk %s: no discard limits in sysfs, assuming block-sized discards",
+			 b->path);
 		return;
 	}
-	log_info("disk %s: no discard limits in sysfs, assuming block-sized discards",
-		 b->path);
+	(void)queue_attr(rdev, "discard_granularity", &gran);
+	if (max == 0) {
+		b->no_discard = true;
+		log_info("disk %s: the device cannot discard; DISCARD not offered", b->path);
+	}
+	b->discard_max_bytes = max;
+	if (gran > b->discard_granularity && gran <= (1u << 30) && !(gran & (gran - 1)))
+		b->discard_granularity = (unsigned)gran;
+}
+
+/*
+ * Polled I/O (--iopoll): io_uring's IORING_SETUP_IOPOLL for reads and
+ * writes, on a device with poll queues (queue/io_poll 1 in sysfs: NVMe
+ * with nvme.poll_queues=N, virtio-blk with virtio_blk.poll_queues=N,
+ * null_blk with poll_queues=N).  Their requests raise no interrupt: the
+ * iothread finds their completions by asking the kernel to look, and
+ * never sleeps while one is in flight (uring.c).  Elsewhere the kernel
+ * fails every polled request (EOPNOTSUPP), so auto turns it on only where
+ * the queue says it can; on insists, and fails to open otherwise.  dev is
+ * the block device, or for a file the device of its file system (one
+ * that spans devices, btrfs, has no queue of its own: no polling).
+ */
+static int disk_iopoll(const struct bdev_opts *o, struct bdev *b, dev_t dev,
+		       char *err, size_t errlen)
+{
+	uint64_t io_poll = 0;
+	const char *why = NULL;
+
+	if (o->iopoll == BDEV_IOPOLL_OFF)
+		return 0;
+	if (b->engine != &bdev_uring_engine)
+		why = "it needs --backend io_uring";
+	else if (!b->direct)
+		why = "it needs O_DIRECT, and the disk is used through the page cache";
+	else if (!queue_attr(dev, "io_poll", &io_poll) || !io_poll)
+		why = "the device has no poll queues (queue/io_poll is 0 in sysfs; "
+		      "NVMe: nvme.poll_queues=N)";
+	if (why && o->iopoll == BDEV_IOPOLL_ON) {
+		snprintf(err, errlen, "--iopoll on for disk '%s': %s; use --iopoll auto",
+			 o->path, why);
+		return -EINVAL;
+	}
+	b->iopoll = !why;
+	if (b->iopoll)
+		log_info("disk %s: polled I/O (the device has poll queues; --iopoll off "
+			 "to use interrupts)", o->path);
+	return 0;
 }
 
 static void dio_alignment(int fd, unsigned *mem_align, unsigned *off_align)
@@ -118,8 +163,9 @@ static int open_engine_disk(const struct bdev_opts *o, struct bdev *b, const cha
 			 !strcmp(form, "rbd") ? "librbd-dev" : "libnbd-dev");
 		return -ENOTSUP;
 	}
-	if (o->uring_sqpoll) {
-		snprintf(err, errlen, "--uring-sqpoll needs --backend io_uring");
+	if (o->uring_sqpoll || o->iopoll == BDEV_IOPOLL_ON) {
+		snprintf(err, errlen, "%s needs --backend io_uring",
+			 o->uring_sqpoll ? "--uring-sqpoll" : "--iopoll on");
 		return -EINVAL;
 	}
 	b->caps = b->engine->caps;
@@ -177,8 +223,9 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 	b->caps = b->engine->caps;
 	b->uring_sqpoll = o->uring_sqpoll;
 	b->no_early_submit = o->no_early_submit;
-	if (o->uring_sqpoll && b->engine != &bdev_uring_engine) {
-		snprintf(err, errlen, "--uring-sqpoll needs --backend io_uring");
+	if ((o->uring_sqpoll || o->iopoll == BDEV_IOPOLL_ON) && b->engine != &bdev_uring_engine) {
+		snprintf(err, errlen, "%s needs --backend io_uring",
+			 o->uring_sqpoll ? "--uring-sqpoll" : "--iopoll on");
 		return -EINVAL;
 	}
 	if (b->engine->no_disk && !o->path) {
@@ -302,6 +349,9 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 		log_info("disk %s: O_DIRECT not usable here, using the page cache "
 			 "(--cache=writeback)", o->path);
 	b->device_completes = b->direct && (b->is_blockdev || !on_memory_fs(fd));
+	r = disk_iopoll(o, b, S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev, err, errlen);
+	if (r < 0)
+		goto err_close;
 
 	if (size % b->block_size) {
 		log_warn("disk %s: size %llu is not a multiple of %u; the last "

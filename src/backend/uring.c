@@ -16,6 +16,15 @@
  * tens of microseconds of disk, but not next to the page cache, whose
  * hits complete inside the submitting call, so cached and tmpfs I/O keep
  * their batches.
+ *
+ * Polled I/O (b->iopoll, --iopoll; disk.c says where): reads and writes go
+ * to a second ring set up with IORING_SETUP_IOPOLL, on the device's poll
+ * queues, which raise no interrupt and signal no eventfd.  Their
+ * completions are found by asking the kernel to look (io_uring_enter with
+ * GETEVENTS); while one is in flight the loop never sleeps (loop.h: busy).
+ * An IOPOLL ring takes nothing but reads and writes, so flushes, FUA
+ * writes (RWF_DSYNC: a file system may finish them in a worker), discards
+ * and write zeroes stay on the first ring, with its eventfd.
  */
 #include <errno.h>
 #include <liburing.h>
@@ -30,16 +39,27 @@
 #include "util/sys.h"
 #include "util/trim.h"
 
+/* One io_uring and what is queued on it. */
+struct uring_ring {
+	struct io_uring ring;
+	unsigned queued;	/* SQEs prepared since the last io_uring_submit */
+	bool fixed_file;	/* the disk is registered file 0 */
+};
+
 struct bdev_ctx {
 	struct bdev *b;
 	struct loop *loop;
-	struct io_uring ring;
+	struct uring_ring irq;	/* completions signal efd */
+	/* Polled I/O (see the top), when b->iopoll and not refused. */
+	struct uring_ring polled;
+	bool has_polled;
+	bool polled_refused;	/* the device failed a polled request (EOPNOTSUPP) */
+	unsigned pinflight;	/* of inflight, on the polled ring */
+	uint64_t npolled;	/* I/Os completed there */
 	int efd;
 	struct loop_fd *efd_h;
 	unsigned inflight;	/* submitted (queued or in kernel), not completed */
-	unsigned queued;	/* SQEs prepared since the last io_uring_submit */
 	uint64_t submits;	/* io_uring_submit calls that submitted */
-	bool fixed_file;	/* the disk is registered file 0 */
 	/* Early submission (see the top): one I/O at a time is timed. */
 	bool early;		/* submit each SQE at once */
 	bool early_off;		/* --no-early-submit */
@@ -73,19 +93,25 @@ _Static_assert(TRIM_TOP < URING_SPIN_PROBES, "a measurement keeps most of its sa
  * already has: see uring_queue. */
 #define URING_EARLY_DIV 4
 
-static void uring_kick(struct bdev_ctx *c)
+static void uring_kick_ring(struct bdev_ctx *c, struct uring_ring *q)
 {
 	int r;
 
-	if (!c->queued)
+	if (!q->queued)
 		return;
-	r = io_uring_submit(&c->ring);
+	r = io_uring_submit(&q->ring);
 	if (r < 0) {
 		log_err("io_uring_submit: %s", strerror(-r));
 	} else {
-		c->queued = 0;
+		q->queued = 0;
 		c->submits++;
 	}
+}
+
+static void uring_kick(struct bdev_ctx *c)
+{
+	uring_kick_ring(c, &c->irq);
+	uring_kick_ring(c, &c->polled);
 }
 
 static uint64_t uring_submits(const struct bdev_ctx *c)
@@ -93,11 +119,24 @@ static uint64_t uring_submits(const struct bdev_ctx *c)
 	return c->submits;
 }
 
-static void uring_prep(struct bdev_ctx *c, struct bdev_io *io, struct io_uring_sqe *sqe)
+static uint64_t uring_polled(const struct bdev_ctx *c)
+{
+	return c->npolled;
+}
+
+/* Does io go to the polled ring?  Its reads and writes, FUA aside. */
+static bool uring_is_polled(const struct bdev_ctx *c, const struct bdev_io *io)
+{
+	return c->has_polled && !c->polled_refused &&
+	       (io->op == BDEV_READ || (io->op == BDEV_WRITE && !io->fua));
+}
+
+static void uring_prep(struct bdev_ctx *c, struct uring_ring *q, struct bdev_io *io,
+		       struct io_uring_sqe *sqe)
 {
 	/* A registered file saves the kernel an fd lookup and refcount per
 	 * request. */
-	int fd = c->fixed_file ? 0 : c->b->fd;
+	int fd = q->fixed_file ? 0 : c->b->fd;
 
 	switch (io->op) {
 	case BDEV_READ:
@@ -117,19 +156,21 @@ static void uring_prep(struct bdev_ctx *c, struct bdev_io *io, struct io_uring_s
 					io->length);
 		break;
 	}
-	if (c->fixed_file)
+	if (q->fixed_file)
 		sqe->flags |= IOSQE_FIXED_FILE;
 	io_uring_sqe_set_data(sqe, io);
 }
 
 static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 {
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&c->ring);
+	struct uring_ring *q = uring_is_polled(c, io) ? &c->polled : &c->irq;
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
+	unsigned queued;
 
 	if (unlikely(!sqe)) {
 		/* SQ full: push what we have and take a fresh slot. */
-		uring_kick(c);
-		sqe = io_uring_get_sqe(&c->ring);
+		uring_kick_ring(c, q);
+		sqe = io_uring_get_sqe(&q->ring);
 		if (!sqe) {
 			c->inflight--;
 			if (io == c->probe)
@@ -138,15 +179,18 @@ static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 			return;
 		}
 	}
-	uring_prep(c, io, sqe);
-	c->queued++;
+	uring_prep(c, q, io, sqe);
+	io->polled = q == &c->polled;
+	c->pinflight += io->polled;
+	q->queued++;
+	queued = c->irq.queued + c->polled.queued;
 	/* A disk with little to do gets each request at once; one that
 	 * already has k requests gets them in batches of k/4.  Waiting for
 	 * a few more costs nothing there (the disk is busy) and saves a
 	 * syscall and a device notification each (measured: randwrite QD32
 	 * +12-40 % over one submission per request, the disk's queue full
 	 * either way).  The end of the pass submits the rest. */
-	if (c->early && c->queued * URING_EARLY_DIV >= c->inflight - c->queued)
+	if (c->early && queued * URING_EARLY_DIV >= c->inflight - queued)
 		uring_kick(c);
 }
 
@@ -206,21 +250,35 @@ static void uring_spin_note(struct bdev_ctx *c, uint64_t lat)
 		  c->nospin ? "no spinning while it works" : "spinning");
 }
 
-/* The timed I/O completed: update the latency and the policy. */
-static void uring_probe_done(struct bdev_ctx *c)
+/* The timed I/O completed: update the latency and the policy (spinning
+ * is a choice only for what the device signals). */
+static void uring_probe_done(struct bdev_ctx *c, bool polled)
 {
 	uint64_t lat = loop_now(c->loop) - c->probe_ns;
 
 	c->probe = NULL;
 	c->lat_ns = c->lat_ns - c->lat_ns / 8 + lat / 8;
 	c->early = !c->early_off && c->lat_ns >= URING_EARLY_SUBMIT_NS;
-	if (c->b->device_completes)
+	if (c->b->device_completes && !polled)
 		uring_spin_note(c, sys_now_ns() - c->probe_wall);
 }
 
 /* One CQE: finish the I/O, or resubmit the rest of a short transfer. */
 static void uring_cqe(struct bdev_ctx *c, struct bdev_io *io, int res)
 {
+	bool polled = io->polled;
+
+	c->pinflight -= polled;
+	if (polled && res == -EOPNOTSUPP) {
+		/* The queue said it could poll (disk.c) and the kernel
+		 * disagrees: interrupts from now on, this I/O included. */
+		if (!c->polled_refused)
+			log_warn("disk %s: the device refused polled I/O; using "
+				 "interrupts (--iopoll off says so at start)", c->b->path);
+		c->polled_refused = true;
+		uring_queue(c, io);
+		return;
+	}
 	if (res == -EAGAIN || res == -EINTR) {
 		uring_queue(c, io);
 		return;
@@ -245,27 +303,44 @@ static void uring_cqe(struct bdev_ctx *c, struct bdev_io *io, int res)
 	}
 complete:
 	c->inflight--;
+	c->npolled += polled;
 	if (io == c->probe)
-		uring_probe_done(c);
+		uring_probe_done(c, polled);
 	bdev_complete(io, res < 0 ? res : 0);
 }
 
-static unsigned uring_reap(struct bdev_ctx *c)
+/* The CQEs posted on q.  No syscall (io_uring_peek_cqe would make one on
+ * an IOPOLL ring). */
+static void uring_reap_ring(struct bdev_ctx *c, struct uring_ring *q)
 {
 	struct io_uring_cqe *cqe;
-	unsigned n = 0;
 
-	while (io_uring_peek_cqe(&c->ring, &cqe) == 0) {
+	while (io_uring_peek_batch_cqe(&q->ring, &cqe, 1) == 1) {
 		struct bdev_io *io = io_uring_cqe_get_data(cqe);
 		int res = cqe->res;
 
-		io_uring_cqe_seen(&c->ring, cqe);
+		io_uring_cqe_seen(&q->ring, cqe);
 		uring_cqe(c, io, res);
-		n++;
 	}
+}
+
+static void uring_reap(struct bdev_ctx *c)
+{
+	uring_reap_ring(c, &c->irq);
+	if (c->has_polled)
+		uring_reap_ring(c, &c->polled);
 	/* Resubmissions from short transfers. */
 	uring_kick(c);
-	return n;
+}
+
+/* Ask the kernel to look at the poll queues (one pass, no waiting): it
+ * posts the CQEs of what completed.  True if there are any. */
+static bool uring_poll_device(struct bdev_ctx *c)
+{
+	if (io_uring_cq_ready(&c->polled.ring))
+		return true;
+	(void)io_uring_get_events(&c->polled.ring);
+	return io_uring_cq_ready(&c->polled.ring) > 0;
 }
 
 static void uring_efd_cb(void *opaque, uint32_t events)
@@ -282,7 +357,7 @@ static bool uring_poll(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return io_uring_cq_ready(&c->ring) > 0;
+	return io_uring_cq_ready(&c->irq.ring) > 0 || (c->pinflight && uring_poll_device(c));
 }
 
 static void uring_poll_run(void *opaque)
@@ -294,19 +369,20 @@ static void uring_poll_begin(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	(void)io_uring_cq_eventfd_toggle(&c->ring, false);
+	(void)io_uring_cq_eventfd_toggle(&c->irq.ring, false);
 }
 
 static bool uring_poll_end(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	(void)io_uring_cq_eventfd_toggle(&c->ring, true);
+	(void)io_uring_cq_eventfd_toggle(&c->irq.ring, true);
 	/* The toggle is a store to the shared CQ flags; a CQE posted before
 	 * the kernel saw it did not signal: look once more.  Full barrier
 	 * pairs with the kernel's ordering of CQ tail update and flag read. */
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	return io_uring_cq_ready(&c->ring) > 0;
+	return io_uring_cq_ready(&c->irq.ring) > 0 ||
+	       (c->has_polled && io_uring_cq_ready(&c->polled.ring) > 0);
 }
 
 /*
@@ -327,14 +403,15 @@ static bool uring_worker_shares_cpu(struct bdev_ctx *c)
 	return !c->b->device_completes && loop_cpu_alone(c->loop);
 }
 
-/* Completions are expected while I/O is in flight (loop.h: armed), worth
- * a window of their own unless the worker sharing our CPU makes them or
- * spinning was measured to slow the device (uring_spin_note). */
+/* Completions are expected while I/O the device signals is in flight
+ * (loop.h: armed), worth a window of their own unless the worker sharing
+ * our CPU makes them or spinning was measured to slow the device
+ * (uring_spin_note). */
 static bool uring_poll_armed(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return c->inflight && !uring_worker_shares_cpu(c) && !c->nospin;
+	return c->inflight > c->pinflight && !uring_worker_shares_cpu(c) && !c->nospin;
 }
 
 /* ... and then, while a request is with that worker or that device (in
@@ -344,8 +421,16 @@ static bool uring_poll_cpu_bound(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return c->inflight > io_uring_cq_ready(&c->ring) &&
+	return c->inflight - c->pinflight > io_uring_cq_ready(&c->irq.ring) &&
 	       (uring_worker_shares_cpu(c) || c->nospin);
+}
+
+/* Polled I/O in flight: only looking finds its completions. */
+static bool uring_poll_busy(void *opaque)
+{
+	struct bdev_ctx *c = opaque;
+
+	return c->pinflight > 0;
 }
 
 static const struct loop_poll_ops uring_poll_ops = {
@@ -355,6 +440,7 @@ static const struct loop_poll_ops uring_poll_ops = {
 	.end = uring_poll_end,
 	.armed = uring_poll_armed,
 	.cpu_bound = uring_poll_cpu_bound,
+	.busy = uring_poll_busy,
 };
 
 static void uring_drain(struct bdev_ctx *c)
@@ -362,7 +448,8 @@ static void uring_drain(struct bdev_ctx *c)
 	uring_kick(c);
 	while (c->inflight) {
 		struct io_uring_cqe *cqe;
-		int r = io_uring_wait_cqe(&c->ring, &cqe);
+		/* On the polled ring the wait polls the device. */
+		int r = io_uring_wait_cqe(c->pinflight ? &c->polled.ring : &c->irq.ring, &cqe);
 
 		if (r < 0 && r != -EINTR) {
 			log_err("io_uring_wait_cqe: %s", strerror(-r));
@@ -396,17 +483,28 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 			p.flags |= IORING_SETUP_SQPOLL;
 			p.sq_thread_idle = 100;
 		}
-		r = io_uring_queue_init_params(entries, &c->ring, &p);
+		r = io_uring_queue_init_params(entries, &c->irq.ring, &p);
 	}
 	if (r < 0)
 		goto err_free;
-	c->fixed_file = io_uring_register_files(&c->ring, &b->fd, 1) == 0;
+	c->irq.fixed_file = io_uring_register_files(&c->irq.ring, &b->fd, 1) == 0;
+	if (b->iopoll) {
+		r = io_uring_queue_init(entries, &c->polled.ring, IORING_SETUP_IOPOLL);
+		if (r < 0) {
+			log_warn("disk %s: no polled ring (%s); using interrupts", b->path,
+				 strerror(-r));
+		} else {
+			c->has_polled = true;
+			c->polled.fixed_file =
+				io_uring_register_files(&c->polled.ring, &b->fd, 1) == 0;
+		}
+	}
 	c->efd = sys_eventfd();
 	if (c->efd < 0) {
 		r = c->efd;
 		goto err_ring;
 	}
-	r = io_uring_register_eventfd(&c->ring, c->efd);
+	r = io_uring_register_eventfd(&c->irq.ring, c->efd);
 	if (r < 0)
 		goto err_efd;
 	r = loop_fd_add(l, c->efd, EPOLLIN, uring_efd_cb, c, &c->efd_h);
@@ -419,7 +517,9 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 err_efd:
 	close(c->efd);
 err_ring:
-	io_uring_queue_exit(&c->ring);
+	if (c->has_polled)
+		io_uring_queue_exit(&c->polled.ring);
+	io_uring_queue_exit(&c->irq.ring);
 err_free:
 	free(c);
 	return r;
@@ -432,7 +532,9 @@ static void uring_ctx_free(struct bdev_ctx *c)
 	uring_drain(c);
 	loop_fd_del(c->loop, c->efd_h);
 	close(c->efd);
-	io_uring_queue_exit(&c->ring);
+	if (c->has_polled)
+		io_uring_queue_exit(&c->polled.ring);
+	io_uring_queue_exit(&c->irq.ring);
 	free(c);
 }
 
@@ -445,4 +547,5 @@ const struct bdev_engine bdev_uring_engine = {
 	.kick = uring_kick,
 	.drain = uring_drain,
 	.submits = uring_submits,
+	.polled = uring_polled,
 };

@@ -1369,6 +1369,7 @@ static void do_stats(void *opaque)
 	struct loop_poll_stats cs;
 
 	c->ts->backend_submits = bdev_ctx_submits(d->b, c->t->bctx);
+	c->ts->backend_polled = bdev_ctx_polled(d->b, c->t->bctx);
 	loop_completion_poll_stats(c->t->loop, &cs);
 	c->ts->completion_poll_hits = cs.hits;
 	c->ts->completion_poll_misses = cs.misses;

@@ -81,6 +81,7 @@ struct blk_iothread_stats {
 	uint64_t poll_ns_total;		/* wall time spent busy-polling */
 	uint64_t contended;		/* polling stopped: CPU was stolen */
 	uint64_t backend_submits;	/* syscalls handing I/O to the disk (io_uring) */
+	uint64_t backend_polled;	/* I/Os completed by polling the device (IOPOLL) */
 	/* The backend's completions (engines with a window of their own): */
 	uint64_t completion_windows;	/* polling windows spun for them */
 	uint64_t completion_poll_hits;	/* found by polling (in any window) */

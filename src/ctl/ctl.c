@@ -119,6 +119,7 @@ static struct json_object *iothread_object(const struct blk_iothread_stats *t)
 	add(o, "poll_ns_total", json_object_new_uint64(t->poll_ns_total), &ok);
 	add(o, "contended", json_object_new_uint64(t->contended), &ok);
 	add(o, "backend_submits", json_object_new_uint64(t->backend_submits), &ok);
+	add(o, "backend_polled", json_object_new_uint64(t->backend_polled), &ok);
 	add(o, "completion_windows", json_object_new_uint64(t->completion_windows), &ok);
 	add(o, "completion_poll_hits", json_object_new_uint64(t->completion_poll_hits), &ok);
 	add(o, "completion_poll_misses", json_object_new_uint64(t->completion_poll_misses),

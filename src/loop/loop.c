@@ -35,6 +35,10 @@
 #define LOOP_STARVE_STREAK 16
 /* loop_cpu_alone() re-reads the affinity (taskset -p may change it). */
 #define LOOP_AFFINITY_CHECK_NS 1000000000ull
+/* While a handler is busy() (polled I/O in flight), the loop polls in
+ * passes this long at most, then looks at its fds and timers (epoll_wait
+ * with no timeout) and polls again: it never sleeps. */
+#define LOOP_BUSY_PASS_NS 20000ull
 
 struct loop_fd {
 	int fd;
@@ -587,6 +591,38 @@ static bool loop_cpu_bound(const struct loop *l)
 	return false;
 }
 
+/* Is an event expected that nothing will signal (loop.h: busy)? */
+static bool loop_busy(const struct loop *l)
+{
+	for (const struct loop_fd *h = l->polls; h; h = h->next_poll)
+		if (h->pops->busy && h->pops->busy(h->opaque))
+			return true;
+	return false;
+}
+
+/* Poll until something is found or a pass of LOOP_BUSY_PASS_NS (at most
+ * timeout_ns, -1: no limit) is over; notifications stay off meanwhile. */
+static void loop_poll_busy(struct loop *l, int64_t timeout_ns)
+{
+	uint64_t start = sys_now_ns(), now = start,
+		 pass = timeout_ns < 0 ? LOOP_BUSY_PASS_NS :
+			MIN(LOOP_BUSY_PASS_NS, (uint64_t)timeout_ns);
+	bool progress;
+
+	if (!l->poll_started) {
+		for (struct loop_fd *h = l->polls; h; h = h->next_poll)
+			h->pops->begin(h->opaque);
+		l->poll_started = true;
+	}
+	do {
+		progress = loop_poll_once(l, now);
+		now = sys_now_ns();
+	} while (!progress && now - start < pass);
+	st_add(&l->st_poll_ns, now - start);
+	if (progress)
+		loop_clear_windows(l);
+}
+
 /*
  * Phase 2, the one place that decides between polling and sleeping.
  * Returns true if work was found (the caller must not block).
@@ -600,6 +636,13 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 
 	if (!l->polls)
 		return false;
+	/* Events nobody signals (polled I/O): never sleep, whatever the
+	 * windows, the contention or a cpu_bound() say; looking is the only
+	 * way they are ever found. */
+	if (timeout_ns != 0 && loop_busy(l)) {
+		loop_poll_busy(l, timeout_ns);
+		return true;
+	}
 	loop_get_poll_params(l, &p);
 	now = sys_now_ns();
 	spin = timeout_ns != 0 && p.max_ns && now >= l->contended_until;

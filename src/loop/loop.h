@@ -61,7 +61,8 @@ void loop_fd_del(struct loop *l, struct loop_fd *h);
 /*
  * Poll handler of an fd handler: lets the loop find the fd's work by
  * busy-polling memory instead of waiting for the fd.
- *   poll(): is there work?  Cheap, no syscalls, no side effects.
+ *   poll(): is there work?  Cheap, no syscalls, no side effects (but
+ *           see busy()).
  *   run():  do the work (notifications stay off while polling).
  *   begin(): polling starts: ask the other side not to notify.
  *   end():  polling stops: ask for notifications again, with a full
@@ -89,6 +90,13 @@ struct loop_poll_ops {
 	 * for nothing, not even a timer: every cycle spun is taken from
 	 * that thread.  It sleeps, and counts it (yields). */
 	bool (*cpu_bound)(void *opaque);
+	/* Optional: true while an event is expected that nothing will
+	 * signal (io_uring's polled I/O, IORING_SETUP_IOPOLL: the device
+	 * raises no interrupt, a completion is found only by asking the
+	 * kernel to look).  The loop then never sleeps: it polls in short
+	 * passes, with an epoll_wait that does not block between them, until
+	 * busy() is false; poll() may make a syscall while it is true. */
+	bool (*busy)(void *opaque);
 };
 void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops);
 /* Is the loop's thread allowed a single CPU?  The threads it starts, and

@@ -74,6 +74,10 @@ static void usage(FILE *f)
 "                       completes at once, reads zeroes (for benchmarks)\n"
 "  --size SIZE          null backend without --disk: disk size, e.g. 1G\n"
 "  --uring-sqpoll       io_uring: a kernel thread polls submissions\n"
+"  --iopoll MODE        io_uring: poll the device for reads and writes\n"
+"                       (IOPOLL, no interrupts; the iothread spins while they\n"
+"                       are in flight): auto (default: where the device has\n"
+"                       poll queues, queue/io_poll in sysfs), on, off\n"
 "  --log-level L        error, warn, info (default) or debug\n"
 "  --control PATH       control socket for vblkctl (stats, polling knobs, resize,\n"
 "                       metrics, upgrade)\n"
@@ -323,6 +327,7 @@ int main(int argc, char **argv)
 		{ "metrics", required_argument, NULL, 'X' },
 		{ "iothreads", required_argument, NULL, 'T' },
 		{ "uring-sqpoll", no_argument, NULL, 'Q' },
+		{ "iopoll", required_argument, NULL, 'U' },
 		{ "queue-map", required_argument, NULL, 'M' },
 		{ "cpu-affinity", required_argument, NULL, 'A' },
 		{ "poll-max-ns", required_argument, NULL, 'P' },
@@ -401,6 +406,16 @@ int main(int argc, char **argv)
 			break;
 		case 'M': map_arg = optarg; break;
 		case 'Q': bo.uring_sqpoll = true; break;
+		case 'U':
+			if (!strcmp(optarg, "auto"))
+				bo.iopoll = BDEV_IOPOLL_AUTO;
+			else if (!strcmp(optarg, "on"))
+				bo.iopoll = BDEV_IOPOLL_ON;
+			else if (!strcmp(optarg, "off"))
+				bo.iopoll = BDEV_IOPOLL_OFF;
+			else
+				die("--iopoll '%s' is not one of auto, on, off", optarg);
+			break;
 		case 'A':
 			ko.ncpus = parse_cpus(optarg, cpus, BLK_MAX_QUEUES);
 			ko.cpus = cpus;
@@ -575,7 +590,7 @@ int main(int argc, char **argv)
 	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s, "
 		 "%u iothread%s) on %s",
 		 b.path, (unsigned long long)b.size, b.block_size, b.engine->name,
-		 b.engine->open ? "network" : b.fd < 0 ? "no file" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
+		 b.engine->open ? "network" : b.fd < 0 ? "no file" : b.iopoll ? "O_DIRECT, polled" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
 		 ko.num_queues, ko.num_queues > 1 ? "s" : "", ko.num_iothreads,
 		 ko.num_iothreads > 1 ? "s" : "", sock);
 	/* Not an error: this may be a migration's destination, started

@@ -302,7 +302,7 @@ static const char *const queue_keys[] = {
 };
 
 static const char *const iothread_keys[] = {
-	"busy_ns", "cpu_ns", "poll_ns_total", "contended", "backend_submits",
+	"busy_ns", "cpu_ns", "poll_ns_total", "contended", "backend_submits", "backend_polled",
 	"completion_windows", "completion_poll_hits", "completion_poll_misses", "poll_yields",
 	"cpu",
 };

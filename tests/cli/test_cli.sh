@@ -155,6 +155,25 @@ fi
 kill -TERM "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
 grep -q "error" "$tmp/null.log" && fail null-backend-clean-exit "$(grep error "$tmp/null.log")" || pass null-backend-clean-exit
 expect_error sqpoll-needs-io-uring "--uring-sqpoll needs --backend io_uring" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --backend threads --uring-sqpoll
+expect_error iopoll-needs-io-uring "--iopoll on needs --backend io_uring" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --backend threads --iopoll on
+expect_error iopoll-bad-mode "--iopoll 'sometimes' is not one of auto, on, off" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --iopoll sometimes
+expect_error iopoll-needs-o-direct "--iopoll on for disk .*: it needs O_DIRECT" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --cache writeback --iopoll on
+# Where the disk's device has no poll queues (every virtual disk without
+# poll_queues, this CI's included): on refuses, auto stays on interrupts.
+dev=$(stat -c '%Hd:%Ld' "$tmp/disk.img")
+io_poll=$(cat "/sys/dev/block/$dev/queue/io_poll" 2>/dev/null || cat "/sys/dev/block/$dev/../queue/io_poll" 2>/dev/null)
+if [[ ${io_poll:-0} == 0 ]]; then
+    expect_error iopoll-on-without-poll-queues "--iopoll on for disk .*: the device has no poll queues" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --iopoll on
+    if start_daemon "$tmp/iopoll.log" --socket "$tmp/iopoll.sock" --disk "$tmp/disk.img" &&
+       grep -q "serving" "$tmp/iopoll.log" && ! grep -q "polled" "$tmp/iopoll.log"; then
+        pass iopoll-auto-stays-off-without-poll-queues
+    else
+        fail iopoll-auto-stays-off-without-poll-queues "$(grep serving "$tmp/iopoll.log")"
+    fi
+    kill -TERM "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
+else
+    echo "SKIP: iopoll-on-without-poll-queues (the device of $tmp has poll queues)"
+fi
 expect_error iothreads-more-than-queues "--iothreads 3 is more than --queues 2" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 2 --iothreads 3
 expect_error queue-map-unknown-iothread "iothread 2 does not exist" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 2 --iothreads 2 --queue-map 0:0,1:2
 expect_error queue-map-incomplete "must map each of the 2 queues" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --queues 2 --iothreads 2 --queue-map 0:1

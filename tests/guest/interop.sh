@@ -3,8 +3,10 @@
 # uses vblkd as its disk: fio with crc32c verification on 1 and 2 queues,
 # the disk grown under the running guest (vblkctl resize: the guest sees
 # the new size at once and writes past the old end), data persisting past
-# the daemon's exit, and a read-only export that
-# refuses writes and leaves the image untouched.  Passes only on what the
+# the daemon's exit, a read-only export that
+# refuses writes and leaves the image untouched, and polled I/O both ways
+# (a guest driver polling vblkd's poll queue; vblkd itself, run in the
+# guest, polling the guest's poll queue with --iopoll).  Passes only on what the
 # guest printed and what the host finds in the image afterwards.
 # Prints PASS:/FAIL: lines for tests/run.
 set -uo pipefail
@@ -217,6 +219,38 @@ if daemon_start ro --disk "$work/ro.img" --read-only; then
         pass read-only-image-untouched
     else
         fail read-only-image-untouched "image changed"
+    fi
+fi
+
+# 4. Polled I/O (scenarios/iopoll.sh): the guest's virtio_blk with a poll
+#    queue (two virtqueues, poll_queues=1), served by vblkd; and vblkd's
+#    --iopoll, which needs a device with poll queues (none on the host):
+#    the guest's /dev/vda is one, and this build of vblkd runs in the guest
+#    from the host's file system (9p, read-only).
+truncate -s 64M "$work/ip.img"
+if daemon_start ip --disk "$work/ip.img" --queues 2; then
+    VBLK_GUEST_APPEND="virtio_blk.poll_queues=1 vblk.build=$(cd "$(dirname "$VBLKD")" && pwd)" \
+    VBLK_GUEST_MEM=1G \
+    VBLK_GUEST_EXTRA_DISKS="-virtfs local,path=/,mount_tag=host,security_model=none,readonly=on" \
+        boot ip 2 "$here/scenarios/iopoll.sh"
+    guest_log_lines "$logs/ip.console.log" "VBLK-GUEST: \\(/sys\\|vblk\\)" | sed 's/^/  /'
+    if guest_log_result "$logs/ip.console.log" hipri; then
+        pass guest-polled-queue-fio-hipri-verify
+    else
+        fail guest-polled-queue-fio-hipri-verify "see $logs/ip.console.log"
+    fi
+    if guest_log_result "$logs/ip.console.log" iopoll; then
+        pass iopoll-vblkd-in-guest-verify-completions-polled
+    else
+        fail iopoll-vblkd-in-guest-verify-completions-polled "see $logs/ip.console.log"
+    fi
+    if daemon_stop ip; then
+        r1=$(queue_requests ip 1)
+        if ((${r1:-0} > 0)); then
+            pass guest-poll-queue-served "queue 1 (the guest's poll queue): $r1 requests"
+        else
+            fail guest-poll-queue-served "queue 1: ${r1:-?} requests"
+        fi
     fi
 fi
 exit 0

@@ -64,6 +64,10 @@ VBLK_GUEST_BOOT_PID=""
 # Load order matters (dependencies first).  Modules that are built into the
 # kernel (listed in modules.builtin) are skipped.
 VBLK_GUEST_MODULES=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk)
+# Copied too, loaded by the scenarios that want them (in this order, from
+# /etc/vblk-modules-9p): 9p over virtio, to mount the host's file system
+# (QEMU -virtfs) and run the host's binaries in the guest.
+VBLK_GUEST_MODULES_9P=(netfs fscache 9pnet 9pnet_virtio 9p)
 
 _guest_err() {
     echo "guest: $*" >&2
@@ -229,6 +233,24 @@ _guest_copy_module() {
     esac
 }
 
+# _guest_copy_modules KVER ROOT LIST MODULE...: copy each module into
+# ROOT/lib/modules/vblk and name it in ROOT/LIST, in load order (built-in
+# ones are skipped).
+_guest_copy_modules() {
+    local kver=$1 r=$2 list=$3 m rc
+    shift 3
+    : >"$r$list"
+    for m in "$@"; do
+        rc=0
+        _guest_copy_module "$m" "$kver" "$r/lib/modules/vblk/$m.ko" || rc=$?
+        case "$rc" in
+        0) echo "$m" >>"$r$list" ;;
+        2) ;; # built in
+        *) return 1 ;;
+        esac
+    done
+}
+
 _guest_write_init() {
     cat >"$1" <<'EOF'
 #!/bin/sh
@@ -243,8 +265,11 @@ mkdir -p /dev/shm /dev/pts /tmp
 mount -t tmpfs tmpfs /dev/shm
 echo "VBLK-GUEST: init started, kernel $(uname -r), built for $(cat /etc/vblk-kver)"
 
+# Parameters MODULE.PARAM=VALUE on the kernel command line go to the
+# module, as modprobe would pass them (virtio_blk.poll_queues=1).
 for m in $(cat /etc/vblk-modules); do
-    if ! insmod "/lib/modules/vblk/$m.ko"; then
+    # shellcheck disable=SC2046
+    if ! insmod "/lib/modules/vblk/$m.ko" $(tr ' ' '\n' </proc/cmdline | sed -n "s/^$m\.//p"); then
         echo "VBLK-GUEST: insmod $m failed"
     fi
 done
@@ -329,17 +354,9 @@ guest_build_initramfs() (
     # Best effort (needs CAP_MKNOD); /init re-attaches to devtmpfs' console.
     mknod -m 600 "$r/dev/console" c 5 1 2>/dev/null || true
 
-    # virtio modules, decompressed, plus the load order
-    : >"$r/etc/vblk-modules"
-    for m in "${VBLK_GUEST_MODULES[@]}"; do
-        rc=0
-        _guest_copy_module "$m" "$kver" "$r/lib/modules/vblk/$m.ko" || rc=$?
-        case "$rc" in
-        0) echo "$m" >>"$r/etc/vblk-modules" ;;
-        2) ;; # built in
-        *) exit 1 ;;
-        esac
-    done
+    # virtio (and 9p) modules, decompressed, plus the load order
+    _guest_copy_modules "$kver" "$r" /etc/vblk-modules "${VBLK_GUEST_MODULES[@]}" || exit 1
+    _guest_copy_modules "$kver" "$r" /etc/vblk-modules-9p "${VBLK_GUEST_MODULES_9P[@]}" || exit 1
     echo "$kver" >"$r/etc/vblk-kver"
 
     # fio and its shared libraries (+ dynamic loader)
@@ -528,13 +545,15 @@ guest_boot_kill() {
 }
 
 # guest_log_result LOG [NAME]: 0 iff LOG has "VBLK-RESULT: PASS [NAME]",
-# no "VBLK-RESULT: FAIL" and the VBLK-GUEST-DONE marker.  Markers are matched
-# anywhere in a line: kernel messages can be interleaved with guest output.
+# no "VBLK-RESULT: FAIL [NAME]" (with NAME: another scenario of the same
+# boot may fail on its own) and the VBLK-GUEST-DONE marker.  Markers are
+# matched anywhere in a line: kernel messages can be interleaved with guest
+# output.
 guest_log_result() {
     local log="${1:-}" name="${2:-}"
     [[ -r "$log" ]] || { _guest_err "log $log not readable"; return 1; }
     # (no grep -q after a pipe: with pipefail an early exit gives SIGPIPE)
-    if tr -d '\r' <"$log" | grep -a 'VBLK-RESULT: FAIL' >/dev/null; then
+    if tr -d '\r' <"$log" | grep -aE "VBLK-RESULT: FAIL${name:+ $name}( |\$)" >/dev/null; then
         return 1
     fi
     tr -d '\r' <"$log" | grep -aE "VBLK-RESULT: PASS${name:+ $name}( |\$)" >/dev/null || return 1

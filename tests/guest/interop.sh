@@ -228,11 +228,12 @@ fi
 #    the guest's /dev/vda is one, and this build of vblkd runs in the guest
 #    from the host's file system (9p, read-only).
 truncate -s 64M "$work/ip.img"
+cat "$here/scenarios/host-root.sh" "$here/scenarios/iopoll.sh" >"$work/iopoll.sh"
 if daemon_start ip --disk "$work/ip.img" --queues 2; then
     VBLK_GUEST_APPEND="virtio_blk.poll_queues=1 vblk.build=$(cd "$(dirname "$VBLKD")" && pwd)" \
     VBLK_GUEST_MEM=1G \
     VBLK_GUEST_EXTRA_DISKS="-virtfs local,path=/,mount_tag=host,security_model=none,readonly=on" \
-        boot ip 2 "$here/scenarios/iopoll.sh"
+        boot ip 2 "$work/iopoll.sh"
     guest_log_lines "$logs/ip.console.log" "VBLK-GUEST: \\(/sys\\|vblk\\)" | sed 's/^/  /'
     if guest_log_result "$logs/ip.console.log" hipri; then
         pass guest-polled-queue-fio-hipri-verify

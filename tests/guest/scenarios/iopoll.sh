@@ -10,10 +10,11 @@
 #     --iopoll on to vblk-bench --verify: its reads and writes go on an
 #     IOPOLL ring to the poll queue and are found by polling
 #     (backend_polled in the stats it logs at exit).
-# The kernel command line says where the build is: vblk.build=DIR.
+# Runs after host-root.sh (host_root: the host's root at /host, the build
+# at $BUILD).
 DEV=/dev/vda
 
-io_poll=$(cat /sys/block/vda/queue/io_poll)
+io_poll=$(cat /sys/block/vda/queue/io_poll 2>/dev/null)
 echo "VBLK-GUEST: /sys/block/vda/queue/io_poll=$io_poll"
 if [ "$io_poll" != 1 ]; then
     echo "VBLK-RESULT: FAIL hipri no poll queue (io_poll=$io_poll)"
@@ -32,25 +33,11 @@ else
 fi
 
 # 2.
-build=$(tr ' ' '\n' </proc/cmdline | sed -n 's/^vblk\.build=//p')
-for m in $(cat /etc/vblk-modules-9p); do
-    insmod "/lib/modules/vblk/$m.ko" || echo "VBLK-GUEST: insmod $m failed"
-done
-mkdir -p /host
-if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=loose,ro host /host; then
-    echo "VBLK-RESULT: FAIL iopoll cannot mount the host's file system (9p)"
+if ! host_root; then
+    echo "VBLK-RESULT: FAIL iopoll $HOST_ROOT_ERR"
     exit 1
 fi
-mount -t devtmpfs devtmpfs /host/dev
-mount -t proc proc /host/proc
-mount -t sysfs sysfs /host/sys
-mount -t tmpfs tmpfs /host/tmp
-mount -t tmpfs tmpfs /host/run
-if [ ! -x "/host$build/vblkd" ]; then
-    echo "VBLK-RESULT: FAIL iopoll no $build/vblkd on the host's file system"
-    exit 1
-fi
-chroot /host "$build/vblkd" --socket /tmp/ip.sock --disk $DEV --iopoll on \
+chroot /host "$BUILD/vblkd" --socket /tmp/ip.sock --disk $DEV --iopoll on \
     >/host/tmp/vblkd.log 2>&1 &
 vpid=$!
 i=0
@@ -62,7 +49,7 @@ echo "VBLK-GUEST: vblkd up after ${i}x0.1s: $(grep -m1 serving /host/tmp/vblkd.l
 # The first half of the disk: writes, reads of what was written, and every
 # written block read back at the end; then 3 s connected and idle, when
 # the iothread must sleep (nothing in flight: nothing to poll for).
-chroot /host "$build/vblk-bench" --socket /tmp/ip.sock --rw randrw --verify --iodepth 4 \
+chroot /host "$BUILD/vblk-bench" --socket /tmp/ip.sock --rw randrw --verify --iodepth 4 \
     --runtime 4 --ramp 0 --size 16M --hold 3 >/host/tmp/bench.log 2>&1 &
 bpid=$!
 i=0

@@ -1602,6 +1602,109 @@ static void test_cpu_bound_never_spins(void)
 	loop_free(l);
 }
 
+/*
+ * A device whose completions nothing signals (io_uring IOPOLL): its fd
+ * never fires, poll() finds a completion once it is due, busy() holds while
+ * any is outstanding.  The loop must find every one by polling, even with
+ * polling off (--poll-max-ns 0) and cpu_bound() saying not to spin; and
+ * with nothing outstanding it must sleep, polling nothing.
+ */
+struct pdev {
+	struct loop *l;
+	int efd;
+	struct loop_fd *h;
+	uint64_t due;
+	unsigned left, found, by_fd;
+	bool timed_out;
+};
+
+static bool pdev_poll(void *opaque)
+{
+	struct pdev *d = opaque;
+
+	return d->left && sys_now_ns() >= d->due;
+}
+
+static void pdev_run(void *opaque)
+{
+	struct pdev *d = opaque;
+
+	d->found++;
+	if (--d->left)
+		d->due = sys_now_ns() + 200000;
+	else
+		loop_stop(d->l);
+}
+
+static void pdev_begin(void *opaque)
+{
+}
+
+static bool pdev_end(void *opaque)
+{
+	return pdev_poll(opaque);
+}
+
+static bool pdev_busy(void *opaque)
+{
+	return ((struct pdev *)opaque)->left > 0;
+}
+
+static void pdev_fd(void *opaque, uint32_t events)
+{
+	struct pdev *d = opaque;
+
+	(void)sys_eventfd_drain(d->efd);
+	d->by_fd++;
+}
+
+static void pdev_timeout(void *opaque)
+{
+	struct pdev *d = opaque;
+
+	d->timed_out = true;
+	loop_stop(d->l);
+}
+
+static const struct loop_poll_ops pdev_ops = {
+	.poll = pdev_poll,
+	.run = pdev_run,
+	.begin = pdev_begin,
+	.end = pdev_end,
+	.cpu_bound = tdev_cpu_bound,
+	.busy = pdev_busy,
+};
+
+static void test_busy_handler_polled_never_sleeps(void)
+{
+	struct pdev d = { .l = poll_loop(0, 2, 2), .left = 20 };
+	struct loop_timer *t;
+	struct loop_stats s0, s1;
+
+	d.efd = efd_new();
+	d.due = sys_now_ns() + 200000;
+	ASSERT_EQ(loop_fd_add(d.l, d.efd, EPOLLIN, pdev_fd, &d, &d.h), 0);
+	loop_fd_set_poll(d.h, &pdev_ops);
+	ASSERT_EQ(loop_timer_new(d.l, pdev_timeout, &d, &t), 0);
+	loop_timer_mod(t, sys_now_ns() + 5000000000ull);
+	ASSERT_EQ(loop_run(d.l), 0);
+	ASSERT_TRUE(!d.timed_out);
+	ASSERT_EQ(d.found, 20);
+	ASSERT_EQ(d.by_fd, 0);
+
+	/* Nothing outstanding: asleep until the timer, no polling. */
+	loop_get_stats(d.l, &s0);
+	loop_timer_mod(t, sys_now_ns() + 50000000);
+	ASSERT_EQ(loop_run(d.l), 0);
+	ASSERT_TRUE(d.timed_out);
+	loop_get_stats(d.l, &s1);
+	ASSERT_EQ(s1.poll_ns_total, s0.poll_ns_total);
+	loop_timer_free(t);
+	loop_fd_del(d.l, d.h);
+	close(d.efd);
+	loop_free(d.l);
+}
+
 int main(void)
 {
 	log_set_level(LOG_ERR);
@@ -1630,5 +1733,6 @@ int main(void)
 	RUN(test_poll_window_grows_to_catch_steady_gap);
 	RUN(test_completion_handler_own_cap_and_armed);
 	RUN(test_cpu_bound_never_spins);
+	RUN(test_busy_handler_polled_never_sleeps);
 	return T_EXIT_PASS;
 }

@@ -273,8 +273,9 @@ static void uring_cqe(struct bdev_ctx *c, struct bdev_io *io, int res)
 		/* The queue said it could poll (disk.c) and the kernel
 		 * disagrees: interrupts from now on, this I/O included. */
 		if (!c->polled_refused)
-			log_warn("disk %s: the device refused polled I/O; using "
-				 "interrupts (--iopoll off says so at start)", c->b->path);
+			log_warn("disk %s: the device refused polled I/O; reads and "
+				 "writes use interrupts from now on (--iopoll off: no "
+				 "attempt)", c->b->path);
 		c->polled_refused = true;
 		uring_queue(c, io);
 		return;

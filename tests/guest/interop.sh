@@ -232,7 +232,7 @@ cat "$here/scenarios/host-root.sh" "$here/scenarios/iopoll.sh" >"$work/iopoll.sh
 if daemon_start ip --disk "$work/ip.img" --queues 2; then
     VBLK_GUEST_APPEND="virtio_blk.poll_queues=1 vblk.build=$(cd "$(dirname "$VBLKD")" && pwd)" \
     VBLK_GUEST_MEM=1G \
-    VBLK_GUEST_EXTRA_DISKS="-virtfs local,path=/,mount_tag=host,security_model=none,readonly=on" \
+    VBLK_GUEST_EXTRA_DISKS="-virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap" \
         boot ip 2 "$work/iopoll.sh"
     guest_log_lines "$logs/ip.console.log" "VBLK-GUEST: \\(/sys\\|vblk\\)" | sed 's/^/  /'
     if guest_log_result "$logs/ip.console.log" hipri; then

@@ -2,10 +2,12 @@
 # Guest scenario piece (busybox sh), put in front of a scenario that runs
 # the host's binaries.  host_root mounts the host's root file system (QEMU
 # -virtfs local,path=/,mount_tag=host,readonly=on) at /host, read-only,
-# with the guest's own /dev, /proc, /sys and empty /tmp, /run inside, for
+# with the guest's own /dev, /proc, /sys and an empty /run inside, for
 # chroot, and sets BUILD from vblk.build=DIR on the kernel command line
-# (the host's build directory).  Returns 1 with the reason in
-# HOST_ROOT_ERR if that cannot be done.
+# (the host's build directory; anywhere but under those four) and S, a
+# writable directory: /run/vblk in the chroot, /host$S outside.  (Not /tmp:
+# the build may be there, and a mount would hide it.)  Returns 1 with the
+# reason in HOST_ROOT_ERR if that cannot be done.
 host_root() {
     BUILD=$(tr ' ' '\n' </proc/cmdline | sed -n 's/^vblk\.build=//p')
     for m in $(cat /etc/vblk-modules-9p); do
@@ -19,8 +21,9 @@ host_root() {
     mount -t devtmpfs devtmpfs /host/dev
     mount -t proc proc /host/proc
     mount -t sysfs sysfs /host/sys
-    mount -t tmpfs tmpfs /host/tmp
     mount -t tmpfs tmpfs /host/run
+    S=/run/vblk
+    mkdir -p "/host$S"
     if [ ! -x "/host$BUILD/vblkd" ]; then
         HOST_ROOT_ERR="no $BUILD/vblkd on the host's file system"
         return 1

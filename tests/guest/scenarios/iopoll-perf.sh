@@ -21,7 +21,7 @@ if ! host_root; then
     exit 1
 fi
 echo "VBLK-GUEST: io_poll=$(cat /sys/block/vda/queue/io_poll), reps=$reps, runtime=$runtime s, qds=$qds"
-T=/host/tmp
+T=/host$S
 DEV=/dev/vda
 run() { chroot /host taskset -c "$@"; }
 
@@ -39,18 +39,18 @@ daemon() { chroot /host taskset -c 1 "$@" >$T/d.log 2>&1 & dpid=$!; }
 daemon_cell() {	# daemon_cell NAME QD
     rm -f $T/d.sock
     case $1 in
-    vblkd) daemon "$BUILD/vblkd" --socket /tmp/d.sock --disk $DEV --iopoll off ;;
-    vblkd-iopoll) daemon "$BUILD/vblkd" --socket /tmp/d.sock --disk $DEV --iopoll on ;;
+    vblkd) daemon "$BUILD/vblkd" --socket $S/d.sock --disk $DEV --iopoll off ;;
+    vblkd-iopoll) daemon "$BUILD/vblkd" --socket $S/d.sock --disk $DEV --iopoll on ;;
     qsd) daemon qemu-storage-daemon \
             --blockdev driver=host_device,node-name=d0,filename=$DEV,aio=io_uring,cache.direct=on \
-            --export type=vhost-user-blk,id=e0,node-name=d0,addr.type=unix,addr.path=/tmp/d.sock,writable=on ;;
+            --export type=vhost-user-blk,id=e0,node-name=d0,addr.type=unix,addr.path=$S/d.sock,writable=on ;;
     esac
     i=0
     while [ ! -S $T/d.sock ] && [ "$i" -lt 600 ] && kill -0 $dpid 2>/dev/null; do
         sleep 0.1
         i=$((i + 1))
     done
-    run 0 "$BUILD/vblk-bench" --socket /tmp/d.sock --rw randread --iodepth "$2" --size 64M \
+    run 0 "$BUILD/vblk-bench" --socket $S/d.sock --rw randread --iodepth "$2" --size 64M \
         --runtime "$runtime" --ramp 1 --json >$T/b.out 2>&1
     kill -TERM $dpid
     wait $dpid

@@ -37,23 +37,23 @@ if ! host_root; then
     echo "VBLK-RESULT: FAIL iopoll $HOST_ROOT_ERR"
     exit 1
 fi
-chroot /host "$BUILD/vblkd" --socket /tmp/ip.sock --disk $DEV --iopoll on \
-    >/host/tmp/vblkd.log 2>&1 &
+chroot /host "$BUILD/vblkd" --socket $S/ip.sock --disk $DEV --iopoll on \
+    >/host$S/vblkd.log 2>&1 &
 vpid=$!
 i=0
-while [ ! -S /host/tmp/ip.sock ] && [ "$i" -lt 600 ] && kill -0 $vpid 2>/dev/null; do
+while [ ! -S /host$S/ip.sock ] && [ "$i" -lt 600 ] && kill -0 $vpid 2>/dev/null; do
     sleep 0.1
     i=$((i + 1))
 done
-echo "VBLK-GUEST: vblkd up after ${i}x0.1s: $(grep -m1 serving /host/tmp/vblkd.log)"
+echo "VBLK-GUEST: vblkd up after ${i}x0.1s: $(grep -m1 serving /host$S/vblkd.log)"
 # The first half of the disk: writes, reads of what was written, and every
 # written block read back at the end; then 3 s connected and idle, when
 # the iothread must sleep (nothing in flight: nothing to poll for).
-chroot /host "$BUILD/vblk-bench" --socket /tmp/ip.sock --rw randrw --verify --iodepth 4 \
-    --runtime 4 --ramp 0 --size 16M --hold 3 >/host/tmp/bench.log 2>&1 &
+chroot /host "$BUILD/vblk-bench" --socket $S/ip.sock --rw randrw --verify --iodepth 4 \
+    --runtime 4 --ramp 0 --size 16M --hold 3 >/host$S/bench.log 2>&1 &
 bpid=$!
 i=0
-while ! grep -q iops /host/tmp/bench.log && [ "$i" -lt 600 ] && kill -0 $bpid 2>/dev/null; do
+while ! grep -q iops /host$S/bench.log && [ "$i" -lt 600 ] && kill -0 $bpid 2>/dev/null; do
     sleep 0.1
     i=$((i + 1))
 done
@@ -68,13 +68,13 @@ brc=$?
 kill -TERM $vpid
 wait $vpid
 vrc=$?
-polled=$(sed -n 's/.*"backend_polled": *\([0-9]*\).*/\1/p' /host/tmp/vblkd.log | tail -n 1)
-echo "VBLK-GUEST: vblk-bench exit $brc: $(grep -m1 -E 'IOPS|iops' /host/tmp/bench.log)"
+polled=$(sed -n 's/.*"backend_polled": *\([0-9]*\).*/\1/p' /host$S/vblkd.log | tail -n 1)
+echo "VBLK-GUEST: vblk-bench exit $brc: $(grep -m1 -E 'IOPS|iops' /host$S/bench.log)"
 echo "VBLK-GUEST: vblkd exit $vrc, backend_polled=${polled:-none}, CPU ticks in 2 s idle: $idle"
 # Idle: at most 2 ticks (of 100 a second) in 2 s, 1 % of a CPU.
 if [ "$brc" = 0 ] && [ "$vrc" = 0 ] && [ "${polled:-0}" -gt 0 ] && [ "$idle" -le 2 ]; then
     echo "VBLK-RESULT: PASS iopoll"
 else
     echo "VBLK-RESULT: FAIL iopoll bench exit $brc, vblkd exit $vrc, polled ${polled:-none}, idle ticks $idle"
-    tail -n 20 /host/tmp/bench.log /host/tmp/vblkd.log
+    tail -n 20 /host$S/bench.log /host$S/vblkd.log
 fi

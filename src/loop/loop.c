@@ -600,13 +600,11 @@ static bool loop_busy(const struct loop *l)
 	return false;
 }
 
-/* Poll until something is found or a pass of LOOP_BUSY_PASS_NS (at most
- * timeout_ns, -1: no limit) is over; notifications stay off meanwhile. */
-static void loop_poll_busy(struct loop *l, int64_t timeout_ns)
+/* Notifications off (begin(), once per polling session), then poll until
+ * something is found or window_ns is over.  True if something was. */
+static bool loop_spin(struct loop *l, uint64_t window_ns)
 {
-	uint64_t start = sys_now_ns(), now = start,
-		 pass = timeout_ns < 0 ? LOOP_BUSY_PASS_NS :
-			MIN(LOOP_BUSY_PASS_NS, (uint64_t)timeout_ns);
+	uint64_t start = sys_now_ns(), now = start;
 	bool progress;
 
 	if (!l->poll_started) {
@@ -617,10 +615,9 @@ static void loop_poll_busy(struct loop *l, int64_t timeout_ns)
 	do {
 		progress = loop_poll_once(l, now);
 		now = sys_now_ns();
-	} while (!progress && now - start < pass);
+	} while (!progress && now - start < window_ns);
 	st_add(&l->st_poll_ns, now - start);
-	if (progress)
-		loop_clear_windows(l);
+	return progress;
 }
 
 /*
@@ -640,7 +637,10 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	 * windows, the contention or a cpu_bound() say; looking is the only
 	 * way they are ever found. */
 	if (timeout_ns != 0 && loop_busy(l)) {
-		loop_poll_busy(l, timeout_ns);
+		/* A pass of LOOP_BUSY_PASS_NS at most, then fds and timers. */
+		if (loop_spin(l, timeout_ns < 0 ? LOOP_BUSY_PASS_NS :
+				 MIN(LOOP_BUSY_PASS_NS, (uint64_t)timeout_ns)))
+			loop_clear_windows(l);
 		return true;
 	}
 	loop_get_poll_params(l, &p);
@@ -685,18 +685,8 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	if (timeout_ns > 0 && (uint64_t)timeout_ns <= LOOP_SPIN_TIMER_NS && spin)
 		window = MAX(window, (uint64_t)timeout_ns);
 	if (window) {
-		uint64_t start = now;
-
-		if (!l->poll_started) {
-			for (struct loop_fd *h = l->polls; h; h = h->next_poll)
-				h->pops->begin(h->opaque);
-			l->poll_started = true;
-		}
-		do {
-			progress = loop_poll_once(l, now);
-			now = sys_now_ns();
-		} while (!progress && now - start < window);
-		st_add(&l->st_poll_ns, now - start);
+		progress = loop_spin(l, window);
+		now = sys_now_ns();
 		l->polled_in_sample = true;
 		loop_check_contention(l, now);
 		if (progress) {

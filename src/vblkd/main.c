@@ -135,6 +135,16 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned lo, unsigned
 	return (unsigned)v;
 }
 
+/* Which of the three words w option opt's value s is (0-2: an enum in
+ * that order), or die with a line saying what is wrong. */
+static int word_arg(const char *opt, const char *s, const char *const w[3])
+{
+	for (int i = 0; i < 3; i++)
+		if (!strcmp(s, w[i]))
+			return i;
+	die("%s '%s' is not one of %s, %s, %s", opt, s, w[0], w[1], w[2]);
+}
+
 /* A size for option opt, or die with a line saying what is wrong. */
 static uint64_t size_arg(const char *opt, const char *s)
 {
@@ -376,14 +386,10 @@ int main(int argc, char **argv)
 			break;
 		case 'r': bo.read_only = true; break;
 		case 'c':
-			if (!strcmp(optarg, "none"))
-				bo.cache = BDEV_CACHE_NONE;
-			else if (!strcmp(optarg, "writeback"))
-				bo.cache = BDEV_CACHE_WRITEBACK;
-			else if (!strcmp(optarg, "auto"))
-				bo.cache = BDEV_CACHE_AUTO;
-			else
-				die("--cache '%s' is not one of none, writeback, auto", optarg);
+			bo.cache = word_arg("--cache", optarg, (const char *const[]){
+						    [BDEV_CACHE_AUTO] = "auto",
+						    [BDEV_CACHE_NONE] = "none",
+						    [BDEV_CACHE_WRITEBACK] = "writeback" });
 			break;
 		case 'b':
 			bo.block_size = parse_uint("--block-size", optarg, 512, 4096);
@@ -407,14 +413,10 @@ int main(int argc, char **argv)
 		case 'M': map_arg = optarg; break;
 		case 'Q': bo.uring_sqpoll = true; break;
 		case 'U':
-			if (!strcmp(optarg, "auto"))
-				bo.iopoll = BDEV_IOPOLL_AUTO;
-			else if (!strcmp(optarg, "on"))
-				bo.iopoll = BDEV_IOPOLL_ON;
-			else if (!strcmp(optarg, "off"))
-				bo.iopoll = BDEV_IOPOLL_OFF;
-			else
-				die("--iopoll '%s' is not one of auto, on, off", optarg);
+			bo.iopoll = word_arg("--iopoll", optarg, (const char *const[]){
+						     [BDEV_IOPOLL_AUTO] = "auto",
+						     [BDEV_IOPOLL_ON] = "on",
+						     [BDEV_IOPOLL_OFF] = "off" });
 			break;
 		case 'A':
 			ko.ncpus = parse_cpus(optarg, cpus, BLK_MAX_QUEUES);

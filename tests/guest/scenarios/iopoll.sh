@@ -7,7 +7,8 @@
 #     poll queue: the host's vblkd serves a driver that never wants a call.
 #  2. iopoll: vblkd itself, the host's build run in the guest (the host's
 #     root file system over 9p, read-only, chrooted), serves /dev/vda with
-#     --iopoll on to vblk-bench --verify: its reads and writes go on an
+#     its defaults (--iopoll auto: it must find the poll queue itself) to
+#     vblk-bench --verify: its reads and writes go on an
 #     IOPOLL ring to the poll queue and are found by polling
 #     (backend_polled in the stats it logs at exit).
 # Runs after host-root.sh (host_root: the host's root at /host, the build
@@ -37,8 +38,7 @@ if ! host_root; then
     echo "VBLK-RESULT: FAIL iopoll $HOST_ROOT_ERR"
     exit 1
 fi
-chroot /host "$BUILD/vblkd" --socket $S/ip.sock --disk $DEV --iopoll on \
-    >/host$S/vblkd.log 2>&1 &
+chroot /host "$BUILD/vblkd" --socket $S/ip.sock --disk $DEV >/host$S/vblkd.log 2>&1 &
 vpid=$!
 i=0
 while [ ! -S /host$S/ip.sock ] && [ "$i" -lt 600 ] && kill -0 $vpid 2>/dev/null; do

@@ -83,8 +83,9 @@ static void blockdev_discard(struct bdev *b, dev_t rdev)
  * null_blk with poll_queues=N).  Their requests raise no interrupt: the
  * iothread finds their completions by asking the kernel to look, and
  * never sleeps while one is in flight (uring.c).  Elsewhere the kernel
- * fails every polled request (EOPNOTSUPP), so auto turns it on only where
- * the queue says it can; on insists, and fails to open otherwise.  dev is
+ * fails polled requests that reach the device (EOPNOTSUPP), so auto turns
+ * it on only where the queue says it can; on insists, and fails to open
+ * otherwise.  dev is
  * the block device, or for a file the device of its file system (one
  * that spans devices, btrfs, has no queue of its own: no polling).
  */

@@ -9,13 +9,20 @@
 #include "util/compiler.h"
 #include "util/log.h"
 
-int vq_cmp_counter(const void *a, const void *b, void *arg)
+static int cmp_counter(const void *a, const void *b)
 {
-	const struct vq_inflight_region *r = arg;
-	uint64_t ca = r->desc[*(const uint16_t *)a].counter;
-	uint64_t cb = r->desc[*(const uint16_t *)b].counter;
+	uint64_t ca = ((const struct vq_resubmit *)a)->counter;
+	uint64_t cb = ((const struct vq_resubmit *)b)->counter;
 
 	return ca < cb ? -1 : ca > cb;
+}
+
+/* On our own copy: a comparator that read the frontend's region could
+ * answer differently from one call to the next, which qsort does not
+ * allow. */
+void vq_resubmit_sort(struct vq *vq, unsigned n)
+{
+	qsort(vq->resubmit, n, sizeof(*vq->resubmit), cmp_counter);
 }
 
 /*
@@ -62,12 +69,15 @@ static int vq_inflight_init(struct vq *vq, struct vq_inflight_region *r)
 	if (!vq->resubmit)
 		return -ENOMEM;
 	for (unsigned i = 0; i < vq->num; i++) {
+		uint64_t counter;
+
 		if (READ_ONCE(r->desc[i].inflight) != 1)
 			continue;
-		vq->resubmit[n++] = (uint16_t)i;
-		max_counter = MAX(max_counter, READ_ONCE(r->desc[i].counter));
+		counter = READ_ONCE(r->desc[i].counter);
+		vq->resubmit[n++] = (struct vq_resubmit){ .counter = counter, .id = (uint16_t)i };
+		max_counter = MAX(max_counter, counter);
 	}
-	qsort_r(vq->resubmit, n, sizeof(*vq->resubmit), vq_cmp_counter, r);
+	vq_resubmit_sort(vq, n);
 	vq->resubmit_n = n;
 	vq->inflight_counter = max_counter + 1;
 	/* Every head taken is either returned (counted in used->idx) or in
@@ -282,7 +292,7 @@ int vq_pop(struct vq *vq, struct vq_elem *e)
 
 	if (unlikely(vq->resubmit_i < vq->resubmit_n)) {
 		/* Left in flight by a previous backend: these come first. */
-		head = vq->resubmit[vq->resubmit_i++];
+		head = vq->resubmit[vq->resubmit_i++].id;
 		inflight_take(vq, head);
 		e->head = head;
 		return walk_chain(vq, e);

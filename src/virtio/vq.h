@@ -173,7 +173,15 @@ struct vq {
 	struct vq_inflight_region *inflight;
 	uint64_t inflight_counter;
 	unsigned batch_n;		/* heads pushed since the last flush */
-	uint16_t *resubmit;		/* heads a previous backend left in flight */
+	/* What a previous backend left in flight, as read once from the
+	 * region when the queue started (the frontend can rewrite the region
+	 * at any time: nothing is read from it again), oldest first. */
+	struct vq_resubmit {
+		uint64_t counter;
+		uint16_t id;		/* split: the head; packed: the buffer id */
+		uint16_t head;		/* packed: first descriptor (pos | wrap << 15) */
+		uint16_t len;		/* packed: descriptors in the list */
+	} *resubmit;
 	unsigned resubmit_n, resubmit_i;
 
 	/* Packed rings (vq_packed.c): last_avail_idx, used_idx and

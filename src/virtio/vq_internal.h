@@ -79,8 +79,8 @@ static inline int vq_walk_end(struct vq *vq, struct vq_elem *e, const char *err,
 
 /* The packed half: vq.c's entry points call these when vq->packed. */
 int vqp_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem);
-/* In-flight order, for qsort_r over buffer ids / heads (vq.c). */
-int vq_cmp_counter(const void *a, const void *b, void *arg);
+/* Sort vq->resubmit[0..n) oldest first (vq.c). */
+void vq_resubmit_sort(struct vq *vq, unsigned n);
 int vqp_pop(struct vq *vq, struct vq_elem *e);
 void vqp_push(struct vq *vq, uint16_t id, uint32_t len);
 bool vqp_should_notify(struct vq *vq);

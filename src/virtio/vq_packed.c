@@ -145,6 +145,13 @@ static int walk_list(struct vq *vq, const struct vring_packed_desc *ring,
 	bool wrap = *wrapp, seen_write = false;
 	unsigned n = 0, niov = 0;
 
+	/* Every caller starts from a position it checked; this keeps a
+	 * future one from indexing past the ring with a value the guest or
+	 * the frontend can write (below, pos wraps at num). */
+	if (unlikely(pos >= vq->num)) {
+		vq_set_broken(vq, "a list starts outside the ring");
+		return -EIO;
+	}
 	flags = READ_ONCE(ring[pos].flags);
 	if (!desc_avail(flags, wrap))
 		return 0;
@@ -327,15 +334,17 @@ static int vqp_inflight_init(struct vq *vq, struct vq_inflight_region *r)
 			WRITE_ONCE(d->inflight, 0);
 			continue;
 		}
-		vq->resubmit[n++] = (uint16_t)i;
-		max_counter = MAX(max_counter, READ_ONCE(d->counter));
+		vq->resubmit[n] = (struct vq_resubmit){ .counter = READ_ONCE(d->counter),
+			.id = (uint16_t)i, .head = head, .len = len };
+		max_counter = MAX(max_counter, vq->resubmit[n].counter);
+		n++;
 	}
 	WRITE_ONCE(r->used_idx, pos_wrap(pos, wrap));
-	qsort_r(vq->resubmit, n, sizeof(*vq->resubmit), vq_cmp_counter, r);
+	vq_resubmit_sort(vq, n);
 	apos = pos;
 	awrap = wrap;
 	for (unsigned i = 0; i < n; i++) {
-		unsigned len = ifd(vq, vq->resubmit[i])->len;
+		unsigned len = vq->resubmit[i].len;
 
 		total += len;
 		if (total > vq->num) {
@@ -364,9 +373,9 @@ static int vqp_inflight_init(struct vq *vq, struct vq_inflight_region *r)
  * requests that completed before it may have overwritten them). */
 static int resubmit_one(struct vq *vq, struct vq_elem *e)
 {
-	uint16_t want = vq->resubmit[vq->resubmit_i++], id;
-	struct vq_inflight_packed_desc *d = ifd(vq, want);
-	uint16_t head = READ_ONCE(d->head), pos = head & 0x7fff;
+	const struct vq_resubmit *s = &vq->resubmit[vq->resubmit_i++];
+	struct vq_inflight_packed_desc *d = ifd(vq, s->id);
+	uint16_t want = s->id, head = s->head, pos = head & 0x7fff, id;
 	bool wrap = head >> 15, last_write = false;
 	uint64_t last_addr = 0;
 	uint32_t last_len = 0;
@@ -375,7 +384,7 @@ static int resubmit_one(struct vq *vq, struct vq_elem *e)
 	int r = walk_list(vq, ring_copy(vq), NULL, e, &pos, &wrap, &n, &id, &err,
 			  &last_addr, &last_len, &last_write);
 
-	if (r == 0 || (r == 1 && (id != want || n != d->len))) {
+	if (r == 0 || (r == 1 && (id != want || n != s->len))) {
 		vq_set_broken(vq, "a request left in flight is no longer in the ring");
 		return -EIO;
 	}

@@ -631,6 +631,38 @@ static void test_inflight_resubmits_after_crash(void)
 	free(g);
 }
 
+/* The frontend shares the in-flight region and can rewrite it after the
+ * queue started: a head far outside the ring, another list length, the
+ * order reversed.  What is resubmitted is what was read and checked when
+ * the queue started (the head outside the ring used to be walked: a read
+ * up to 512 KiB past the region's copy of the ring). */
+static void test_inflight_rewritten_after_start(void)
+{
+	struct ring *r = ring_new(8);
+	struct vq_inflight_region *g = region_new(8);
+
+	r->cfg.inflight = g;
+	r->cfg.inflight_packed_room = true;
+	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
+	avail_one(r, 0, 0);
+	avail_blk(r, 2, 2);
+	ASSERT_EQ(pop(r), 1);
+	ASSERT_EQ(pop(r), 1);
+	crash_and_restart(r);
+	state(g, 2)->head = 0x7fff;
+	state(g, 2)->len = 1;
+	state(g, 0)->counter = 1000;	/* now "younger" than id 2 */
+	ASSERT_EQ(pop(r), 1);
+	ASSERT_EQ(r->e.head, 0);
+	ASSERT_EQ(pop(r), 1);
+	ASSERT_EQ(r->e.head, 2);
+	check_blk(r, 2);
+	ASSERT_EQ(pop(r), 0);
+	ASSERT_EQ(vq_is_broken(&r->vq), false);
+	ring_free(r);
+	free(g);
+}
+
 /* Dying while returning a request: before its used descriptor (it is
  * resubmitted), after it (it is not, and the used position moves past
  * it), and after the header moved but before the entry was cleared. */
@@ -695,6 +727,7 @@ int main(void)
 	RUN(test_device_area);
 	RUN(test_inflight_fresh_region_initialized);
 	RUN(test_inflight_resubmits_after_crash);
+	RUN(test_inflight_rewritten_after_start);
 	RUN(test_inflight_crash_while_returning);
 	return 0;
 }

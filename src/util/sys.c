@@ -1,7 +1,10 @@
 #include "util/sys.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,7 +56,35 @@ int64_t sys_eventfd_drain(int fd)
 		return 0;
 	if (r < 0)
 		return r;
-	return (int64_t)(v & INT64_MAX);
+	/* An eventfd reads 8 bytes or fails; anything else read nothing. */
+	return r == sizeof(v) ? (int64_t)(v & INT64_MAX) : 0;
+}
+
+int sys_eventfd_check(int fd)
+{
+	char path[40], target[64];
+	ssize_t n;
+	int fl;
+
+	/* The kernel names an eventfd's anonymous inode this way (fs/eventfd.c);
+	 * there is no other way to ask what an fd is. */
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, target, sizeof(target) - 1);
+	if (n >= 0) {
+		target[n] = '\0';
+		if (strcmp(target, "anon_inode:[eventfd]") != 0)
+			return -EINVAL;
+	}
+	/* Without /proc (a bare chroot) it cannot be asked; non-blocking, it
+	 * can at worst be useless, never block. */
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0)
+		return -errno;
+	/* Full at the counter's maximum, a blocking eventfd blocks its writer
+	 * until somebody reads, and the sender can fill it on purpose. */
+	if (!(fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
 }
 
 int64_t sys_eventfd_wait(int fd, int timeout_ms)

@@ -17,6 +17,11 @@ int sys_eventfd(void);
 int sys_eventfd_signal(int fd);
 /* Drain an eventfd; returns the counter value read, 0 if none, or -errno. */
 int64_t sys_eventfd_drain(int fd);
+/* Take an fd another process sent as an eventfd: 0 if it is one (made
+ * non-blocking if it was not), -EINVAL if it is something else (a pipe, a
+ * socket, a file: a read or write could block the thread that uses it),
+ * -errno if fcntl fails.  Without /proc, any fd is taken, non-blocking. */
+int sys_eventfd_check(int fd);
 /* Wait up to timeout_ms for an eventfd to be signalled, then drain it.
  * Returns the counter read (0 on timeout) or -errno. */
 int64_t sys_eventfd_wait(int fd, int timeout_ms);

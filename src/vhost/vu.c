@@ -801,6 +801,23 @@ static int vu_get_vring_base(struct vu_server *s, struct vu_msg *m)
 	return VU_REPLY;
 }
 
+/* The fd of SET_VRING_KICK/CALL/ERR and SET_LOG_FD must be an eventfd
+ * (vhost-user.rst: "the event file descriptor"): iothreads read and write
+ * it on the data path and must never block there, or the main thread
+ * waiting on that iothread blocks too.  A pipe whose reader never reads
+ * would do that after 8192 interrupts; a blocking eventfd when its counter
+ * is full (its sender can fill it): sys_eventfd_check makes it
+ * non-blocking (QEMU's and Cloud Hypervisor's already are). */
+static int vu_check_eventfd(struct vu_msg *m, const char *req)
+{
+	int r = sys_eventfd_check(m->fds[0]);
+
+	if (r < 0)
+		log_err("%s: the fd is not an eventfd (%s)", req,
+			r == -EINVAL ? "a pipe, socket or file" : strerror(-r));
+	return r;
+}
+
 /* Common decoding of SET_VRING_KICK/CALL/ERR.  Returns the ring index and
  * the fd (-1 with the NOFD bit), or VU_MALFORMED. */
 static int vu_vring_fd(struct vu_server *s, struct vu_msg *m, int *fd)
@@ -817,7 +834,7 @@ static int vu_vring_fd(struct vu_server *s, struct vu_msg *m, int *fd)
 	}
 	i = vu_ring_index(s, (uint32_t)(v & VHOST_USER_VRING_IDX_MASK),
 			  vu_req_name(m->hdr.request));
-	if (i < 0)
+	if (i < 0 || (!nofd && vu_check_eventfd(m, vu_req_name(m->hdr.request)) < 0))
 		return VU_MALFORMED;
 	*fd = nofd ? -1 : vu_take_fd(m, 0);
 	return i;
@@ -921,7 +938,7 @@ static int vu_set_log_fd(struct vu_server *s, struct vu_msg *m)
 {
 	int old = s->log_call_fd;
 
-	if (m->nfds > 1)
+	if (m->nfds > 1 || (m->nfds && vu_check_eventfd(m, "SET_LOG_FD") < 0))
 		return VU_MALFORMED;
 	s->log_call_fd = m->nfds ? vu_take_fd(m, 0) : -1;
 	if (s->log) {

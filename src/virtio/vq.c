@@ -420,7 +420,7 @@ void vq_flush(struct vq *vq)
 		 * between the index and here is repaired by the next backend
 		 * (vq_inflight_init sees used_idx behind used->idx). */
 		struct vq_inflight_region *r = vq->inflight;
-		uint16_t h = r->last_batch_head;
+		uint16_t h = READ_ONCE(r->last_batch_head);
 
 		for (unsigned i = 0; i < vq->batch_n && h < vq->num; i++) {
 			WRITE_ONCE(r->desc[h].inflight, 0);

@@ -872,6 +872,43 @@ static void test_vring_kick_no_fd_without_nofd_disconnects(void)
 	expect_next_served();
 }
 
+/* The ring and log fds are read and written by iothreads that must never
+ * block: a pipe (whose reader would stop reading) is not taken, for any of
+ * the four messages; a blocking eventfd is taken and made non-blocking
+ * (the flag belongs to the file both ends share, so we see it here). */
+static void test_notify_fd_must_be_eventfd(void)
+{
+	static const uint32_t reqs[] = { VHOST_USER_SET_VRING_KICK, VHOST_USER_SET_VRING_CALL,
+					 VHOST_USER_SET_VRING_ERR, VHOST_USER_SET_LOG_FD };
+
+	for (unsigned i = 0; i < ARRAY_SIZE(reqs); i++) {
+		int c = conn_open(), p[2];
+
+		ASSERT_EQ(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+		if (reqs[i] == VHOST_USER_SET_LOG_FD)	/* no payload */
+			send_msg(c, reqs[i], FL, NULL, 0, &p[1], 1);
+		else
+			send_u64(c, reqs[i], 0, &p[1], 1);
+		expect_disconnect(c);
+		close(p[0]);
+		close(p[1]);
+	}
+	for (unsigned i = 1; i < ARRAY_SIZE(reqs); i++) {
+		int c = conn_open(), ev = eventfd(0, EFD_CLOEXEC);
+		uint64_t ring0 = 0;
+
+		ASSERT_TRUE(ev >= 0);
+		ASSERT_EQ(fcntl(ev, F_GETFL) & O_NONBLOCK, 0);
+		negotiate_reply_ack(c);
+		ASSERT_EQ(send_acked(c, reqs[i], &ring0,
+				     reqs[i] == VHOST_USER_SET_LOG_FD ? 0 : 8, &ev, 1), 0);
+		ASSERT_EQ(fcntl(ev, F_GETFL) & O_NONBLOCK, O_NONBLOCK);
+		close(ev);
+		close(c);
+	}
+	expect_next_served();
+}
+
 /* SET_MEM_TABLE with 2 regions but 1 fd. */
 static void test_mem_table_fd_count_mismatch_disconnects(void)
 {
@@ -1809,6 +1846,7 @@ int main(void)
 	RUN(test_vring_index_out_of_range_disconnects);
 	RUN(test_vring_kick_fd_with_nofd_disconnects);
 	RUN(test_vring_kick_no_fd_without_nofd_disconnects);
+	RUN(test_notify_fd_must_be_eventfd);
 	RUN(test_mem_table_fd_count_mismatch_disconnects);
 	RUN(test_mem_table_nine_regions_disconnects);
 	RUN(test_mem_table_region_beyond_memfd_disconnects);

@@ -14,6 +14,7 @@
 
 #include "backend/bdev.h"
 #include "loop/loop.h"
+#include "util/compiler.h"
 #include "util/iov.h"
 #include "util/log.h"
 #include "util/sys.h"
@@ -33,6 +34,10 @@ struct bdev_ctx {
 	struct iocb *iocbs;		/* one per slot */
 	struct bdev_io **slot_io;
 	unsigned *free_slots, nfree;
+	/* More I/O than slots (several rings on one iothread can hold more
+	 * than depth): it waits here, in order, for a slot. */
+	struct bdev_io *wait_head, **wait_tail;
+	bool kicking;
 	bool no_fdsync;			/* the filesystem refused IOCB_CMD_FDSYNC */
 };
 
@@ -40,40 +45,76 @@ static void aio_complete_slot(struct bdev_ctx *c, unsigned slot, int res);
 
 static void aio_kick(struct bdev_ctx *c)
 {
-	unsigned done = 0;
+	/* Completing a refused iocb runs its callback, which may queue new
+	 * ones (after these: each holds a slot, so pending never overflows)
+	 * and kick: that kick returns, this one goes round again. */
+	if (c->kicking)
+		return;
+	c->kicking = true;
+	while (c->npending) {
+		unsigned done = 0, n = c->npending;
 
-	while (done < c->npending) {
-		int r = io_submit(c->ctx, (long)(c->npending - done), c->pending + done);
+		while (done < n) {
+			int r = io_submit(c->ctx, (long)(n - done), c->pending + done);
 
-		if (r == -EAGAIN || r == -EINTR)
-			continue;
-		if (r <= 0) {
-			/* The kernel took none of the rest: fail them. */
-			for (unsigned i = done; i < c->npending; i++)
-				aio_complete_slot(c, (unsigned)(c->pending[i] - c->iocbs),
+			if (r == -EAGAIN || r == -EINTR)
+				continue;
+			if (r <= 0) {
+				/* io_submit stops at the first iocb it refuses
+				 * and says why only when that one is first: fail
+				 * it alone (an IOCB_CMD_FDSYNC the file system
+				 * lacks falls back in aio_complete_slot), then
+				 * go on with the rest. */
+				aio_complete_slot(c, (unsigned)(c->pending[done] - c->iocbs),
 						  r < 0 ? r : -EIO);
-			break;
+				done++;
+				continue;
+			}
+			done += (unsigned)r;
 		}
-		done += (unsigned)r;
+		c->npending -= n;
+		memmove(c->pending, c->pending + n, c->npending * sizeof(*c->pending));
 	}
-	c->npending = 0;
+	c->kicking = false;
 }
 
+static void aio_start(struct bdev_ctx *c, struct bdev_io *io);
+
 static void aio_submit(struct bdev_ctx *c, struct bdev_io *io)
+{
+	if (unlikely(!c->nfree || c->wait_head)) {
+		io->next = NULL;
+		*c->wait_tail = io;
+		c->wait_tail = &io->next;
+		c->inflight++;
+		return;
+	}
+	c->inflight++;
+	aio_start(c, io);
+}
+
+/* Slots freed: start what waits for them. */
+static void aio_start_waiting(struct bdev_ctx *c)
+{
+	while (c->wait_head && c->nfree) {
+		struct bdev_io *io = c->wait_head;
+
+		c->wait_head = io->next;
+		if (!c->wait_head)
+			c->wait_tail = &c->wait_head;
+		aio_start(c, io);
+	}
+}
+
+/* io counted in inflight, a slot free. */
+static void aio_start(struct bdev_ctx *c, struct bdev_io *io)
 {
 	struct iocb *cb;
 	unsigned slot;
 
-	if (!c->nfree) {
-		/* More I/O than the context was sized for: push what we
-		 * have and fail this one rather than overrun. */
-		bdev_complete(io, -EBUSY);
-		return;
-	}
 	slot = c->free_slots[--c->nfree];
 	cb = &c->iocbs[slot];
 	c->slot_io[slot] = io;
-	c->inflight++;
 	switch (io->op) {
 	case BDEV_READ:
 		io_prep_preadv(cb, c->b->fd, io->iov, (int)io->iovcnt, (long long)io->offset);
@@ -137,7 +178,11 @@ static void aio_reap(struct bdev_ctx *c)
 		for (int i = 0; i < n; i++)
 			aio_complete_slot(c, (unsigned)(ev[i].obj - c->iocbs), (int)(long)ev[i].res);
 	} while (n == 64);
-	aio_kick(c);
+	/* A refused iocb frees its slot in the kick: start waiters on it. */
+	do {
+		aio_start_waiting(c);
+		aio_kick(c);
+	} while (c->wait_head && c->nfree);
 }
 
 static void aio_efd_cb(void *opaque, uint32_t events)
@@ -235,6 +280,7 @@ static int aio_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->b = b;
 	c->loop = l;
 	c->depth = depth;
+	c->wait_tail = &c->wait_head;
 	c->pending = calloc(depth, sizeof(*c->pending));
 	c->iocbs = calloc(depth, sizeof(*c->iocbs));
 	c->slot_io = calloc(depth, sizeof(*c->slot_io));

@@ -149,20 +149,35 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 	b->engine->submit(c, io);
 }
 
+/* Point io at the next part of a bounced I/O (bounce_done bytes in). */
+static void bounce_part(struct bdev_io *io)
+{
+	size_t n = MIN(io->bounce_total - io->bounce_done, (size_t)BDEV_BOUNCE_MAX);
+
+	if (io->op == BDEV_WRITE)
+		iov_to_buf(io->user_iov, io->user_iovcnt, io->bounce_done, io->bounce, n);
+	io->bounce_iov.iov_base = io->bounce;
+	io->bounce_iov.iov_len = n;
+	io->iov = &io->bounce_iov;
+	io->iovcnt = 1;
+	io->offset = io->bounce_offset + io->bounce_done;
+	io->len = n;
+}
+
 int bdev_io_bounce(struct bdev_io *io)
 {
-	if (posix_memalign(&io->bounce, 4096, io->len ? io->len : 1)) {
+	size_t n = MIN(io->len, (size_t)BDEV_BOUNCE_MAX);
+
+	if (posix_memalign(&io->bounce, 4096, n ? n : 1)) {
 		io->bounce = NULL;
 		return -ENOMEM;
 	}
-	if (io->op == BDEV_WRITE)
-		iov_to_buf(io->iov, io->iovcnt, 0, io->bounce, io->len);
 	io->user_iov = io->iov;
 	io->user_iovcnt = io->iovcnt;
-	io->bounce_iov.iov_base = io->bounce;
-	io->bounce_iov.iov_len = io->len;
-	io->iov = &io->bounce_iov;
-	io->iovcnt = 1;
+	io->bounce_total = io->len;
+	io->bounce_done = 0;
+	io->bounce_offset = io->offset;
+	bounce_part(io);
 	return 0;
 }
 
@@ -189,6 +204,31 @@ void bdev_complete(struct bdev_io *io, int res)
 			return;
 		}
 	}
+	if (unlikely(io->rest)) {
+		free(io->rest);
+		io->rest = NULL;
+	}
+	if (unlikely(io->bounce)) {
+		/* bounce_iov still describes the whole part (consume advanced
+		 * a copy). */
+		size_t n = io->bounce_iov.iov_len;
+
+		if (io->op == BDEV_READ && res == 0)
+			iov_from_buf(io->user_iov, io->user_iovcnt, io->bounce_done,
+				     io->bounce, n);
+		if (res == 0 && io->bounce_done + n < io->bounce_total) {
+			io->bounce_done += n;
+			bounce_part(io);
+			io->b->engine->submit(io->ctx, io);
+			return;
+		}
+		free(io->bounce);
+		io->bounce = NULL;
+		io->iov = io->user_iov;
+		io->iovcnt = io->user_iovcnt;
+		io->offset = io->bounce_offset;
+		io->len = io->bounce_total;
+	}
 	/* An engine or disk without FUA (rbd, an NBD server without it): a
 	 * write-through write is the write, then a flush. */
 	if (unlikely(io->fua) && io->op == BDEV_WRITE && res == 0 &&
@@ -201,21 +241,6 @@ void bdev_complete(struct bdev_io *io, int res)
 	if (unlikely(io->fua_flush)) {
 		io->op = BDEV_WRITE;
 		io->fua_flush = false;
-	}
-	if (unlikely(io->rest)) {
-		free(io->rest);
-		io->rest = NULL;
-	}
-	if (io->bounce) {
-		/* bounce_iov still describes the whole buffer (consume
-		 * advanced a copy). */
-		if (io->op == BDEV_READ && res == 0)
-			iov_from_buf(io->user_iov, io->user_iovcnt, 0,
-				     io->bounce, io->bounce_iov.iov_len);
-		free(io->bounce);
-		io->bounce = NULL;
-		io->iov = io->user_iov;
-		io->iovcnt = io->user_iovcnt;
 	}
 	io->cb(io, res);
 }

@@ -98,6 +98,8 @@ struct bdev_io {
 	struct iovec bounce_iov;
 	struct iovec *user_iov;
 	unsigned user_iovcnt;
+	size_t bounce_done, bounce_total;	/* bytes: parts done, whole I/O */
+	uint64_t bounce_offset;			/* the whole I/O's */
 	struct iovec *rest;	/* bdev_io_consume's copy (freed at completion) */
 };
 
@@ -247,11 +249,15 @@ static inline uint64_t bdev_ctx_polled(const struct bdev *b, const struct bdev_c
 /* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io);
 
-/* One buffer for the whole I/O (for O_DIRECT alignment, or an engine
- * whose client takes no iovecs, like libnbd's): io->iov becomes one
- * aligned copy, filled now for a write and copied back to the
- * submitter's iovecs at completion for a read.  Returns 0 or -ENOMEM.
- * The I/O's thread. */
+/* One buffer for the I/O (for O_DIRECT alignment, or an engine whose
+ * client takes no iovecs, like libnbd's): io->iov becomes one aligned
+ * copy, filled now for a write and copied back to the submitter's iovecs
+ * at completion for a read.  An I/O longer than BDEV_BOUNCE_MAX goes in
+ * parts of that size, one after the other, through one buffer: what a
+ * request costs us in memory does not grow with its length (the guest can
+ * point every descriptor of a 4 GiB request at one misaligned page).
+ * Returns 0 or -ENOMEM.  The I/O's thread. */
+#define BDEV_BOUNCE_MAX (1u << 20)
 int bdev_io_bounce(struct bdev_io *io);
 
 /* Engines, after a short read/write of done bytes: advance io (iov,

@@ -10,11 +10,13 @@
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "test.h"
 
 #include "backend/bdev.h"
+#include "loop/loop.h"
 #include "util/compiler.h"
 
 static struct {
@@ -190,9 +192,141 @@ static void test_short_bounced_read_copies_all(void)
 	ASSERT_PTR_EQ(io.iov, &iov);
 }
 
-/* ---- The image lock ---- */
+/* ---- Bounced I/O in parts ---- */
+
+static uint8_t disk[3 << 20];
+static size_t part_max;
+
+/* A fake disk in memory: stores or loads each part where it says. */
+static void mem_submit(struct bdev_ctx *c, struct bdev_io *io)
+{
+	(void)c;
+	f.submits++;
+	ASSERT_EQ(io->iovcnt, 1);
+	ASSERT_TRUE(io->offset + io->len <= sizeof(disk));
+	part_max = MAX(part_max, io->len);
+	if (io->op == BDEV_WRITE)
+		memcpy(disk + io->offset, io->iov[0].iov_base, io->len);
+	else
+		memcpy(io->iov[0].iov_base, disk + io->offset, io->len);
+	bdev_complete(io, 0);
+}
+
+static const struct bdev_engine mem_engine = {
+	.name = "mem",
+	.submit = mem_submit,
+};
+
+/* A guest can make one request as long as the disk out of one misaligned
+ * buffer repeated: the copy we make of it goes in parts of at most
+ * BDEV_BOUNCE_MAX (it used to be one allocation of the whole length), and
+ * each part lands where it belongs, both ways. */
+static void test_bounce_goes_in_parts(void)
+{
+	static uint8_t src[(1 << 20) + 1], dst[(1 << 20) + 1];
+	const size_t half = 1 << 19;
+	struct bdev bd = { .fd = -1, .block_size = 512, .size = sizeof(disk), .direct = true,
+			   .dio_mem_align = 512, .engine = &mem_engine };
+	/* 2.5 MiB: the same misaligned MiB twice, then half of it. */
+	struct iovec w[3] = { { src + 1, 1 << 20 }, { src + 1, 1 << 20 }, { src + 1, half } };
+	struct iovec r[3] = { { dst + 1, half }, { dst + 1, 1 << 20 }, { dst + 1, 1 << 20 } };
+	struct bdev_io io = { .op = BDEV_WRITE, .offset = 4096, .iov = w, .iovcnt = 3,
+			      .cb = done };
+
+	for (size_t i = 0; i < sizeof(src); i++)
+		src[i] = (uint8_t)(i * 7 + i / 4096);
+	f.cbs = f.submits = 0;
+	part_max = 0;
+	bdev_submit(&bd, NULL, &io);
+	ASSERT_EQ(f.cbs, 1);
+	ASSERT_EQ(f.cb_res, 0);
+	ASSERT_EQ(f.submits, 3);
+	ASSERT_EQ(part_max, BDEV_BOUNCE_MAX);
+	ASSERT_MEM_EQ(disk + 4096, src + 1, 1 << 20);
+	ASSERT_MEM_EQ(disk + 4096 + (1 << 20), src + 1, 1 << 20);
+	ASSERT_MEM_EQ(disk + 4096 + (2 << 20), src + 1, half);
+	/* The submitter finds its I/O as it gave it. */
+	ASSERT_PTR_EQ(io.iov, w);
+	ASSERT_EQ(io.iovcnt, 3);
+	ASSERT_EQ(io.offset, 4096);
+	ASSERT_TRUE(io.bounce == NULL);
+
+	io = (struct bdev_io){ .op = BDEV_READ, .offset = 4096, .iov = r, .iovcnt = 3,
+			       .cb = done };
+	f.cbs = f.submits = 0;
+	bdev_submit(&bd, NULL, &io);
+	ASSERT_EQ(f.cbs, 1);
+	ASSERT_EQ(f.submits, 3);
+	/* The last iovec (the same buffer as the second) got the disk's
+	 * last MiB: src's second half, then its first. */
+	ASSERT_MEM_EQ(dst + 1, src + 1 + half, half);
+	ASSERT_MEM_EQ(dst + 1 + half, src + 1, half);
+}
+
+/* ---- More I/O than an engine's depth ---- */
 
 static char img[] = "/tmp/test_bdev.XXXXXX";
+static unsigned ndone, nfail;
+
+static void count_done(struct bdev_io *io, int res)
+{
+	(void)io;
+	if (res == 0)
+		ndone++;
+	else
+		nfail++;
+}
+
+/* blk.c gives an iothread's engine one depth, and the rings that thread
+ * owns can hold more: every engine takes the excess and completes it (aio
+ * failed it with EBUSY), writes and then reads with the disk's own cache
+ * rule (O_DIRECT where it can). */
+static void test_more_io_than_depth(void)
+{
+	static const char *const engines[] = { "aio", "io_uring", "threads" };
+	enum { DEPTH = 8, N = 40 };
+
+	for (unsigned e = 0; e < ARRAY_SIZE(engines); e++) {
+		struct bdev_opts o = { .path = img, .engine = engines[e],
+				       .cache = BDEV_CACHE_AUTO };
+		static struct bdev_io ios[N];
+		static struct iovec iov[N];
+		struct bdev b;
+		struct loop *l;
+		struct bdev_ctx *c;
+		char err[256];
+
+		if (bdev_open(&o, &b, err, sizeof(err)) < 0)
+			T_FAIL("bdev_open %s: %s", engines[e], err);
+		ASSERT_EQ(loop_new("t", &l), 0);
+		ASSERT_EQ(bdev_ctx_new(&b, l, DEPTH, &c), 0);
+		for (int op = 0; op < 2; op++) {
+			ndone = nfail = 0;
+			for (unsigned i = 0; i < N; i++) {
+				if (!iov[i].iov_base)
+					ASSERT_EQ(posix_memalign(&iov[i].iov_base, 4096, 4096), 0);
+				iov[i].iov_len = 4096;
+				memset(iov[i].iov_base, op ? 0 : (int)(i + e + 1), 4096);
+				ios[i] = (struct bdev_io){ .op = op ? BDEV_READ : BDEV_WRITE,
+							   .offset = (uint64_t)i * 4096,
+							   .iov = &iov[i], .iovcnt = 1,
+							   .cb = count_done };
+				bdev_submit(&b, c, &ios[i]);
+			}
+			b.engine->kick(c);
+			b.engine->drain(c);
+			ASSERT_EQ(nfail, 0);
+			ASSERT_EQ(ndone, N);
+		}
+		for (unsigned i = 0; i < N; i++)
+			ASSERT_EQ(((uint8_t *)iov[i].iov_base)[4095], (uint8_t)(i + e + 1));
+		b.engine->ctx_free(c);
+		loop_free(l);
+		bdev_close(&b);
+	}
+}
+
+/* ---- The image lock ---- */
 
 static void open_disk(struct bdev *b, bool read_only)
 {
@@ -284,12 +418,14 @@ int main(void)
 	RUN(test_discard_unsupported_is_success);
 	RUN(test_short_read_keeps_submitter_iovecs);
 	RUN(test_short_bounced_read_copies_all);
+	RUN(test_bounce_goes_in_parts);
 	{
 		int fd = mkstemp(img);
 
 		ASSERT_TRUE(fd >= 0);
 		ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
 		close(fd);
+		RUN(test_more_io_than_depth);
 		RUN(test_lock_excludes_second_writer);
 		RUN(test_lock_follows_qemu_lock_bytes);
 		unlink(img);

@@ -59,6 +59,13 @@ struct bdev_ctx {
 	int efd;
 	struct loop_fd *efd_h;
 	unsigned inflight;	/* submitted (queued or in kernel), not completed */
+	/* No SQE free and the kernel took nothing (several rings on one
+	 * iothread can hold more than the SQ; an SQPOLL thread behind): the
+	 * I/O waits here, in order, and goes in at the next kick.  The same
+	 * retry timer pushes SQEs the kernel left in the SQ. */
+	struct bdev_io *wait_head, **wait_tail;
+	struct loop_timer *retry;
+	bool submit_err_logged;
 	uint64_t submits;	/* io_uring_submit calls that submitted */
 	/* Early submission (see the top): one I/O at a time is timed. */
 	bool early;		/* submit each SQE at once */
@@ -93,6 +100,12 @@ _Static_assert(TRIM_TOP < URING_SPIN_PROBES, "a measurement keeps most of its sa
  * already has: see uring_queue. */
 #define URING_EARLY_DIV 4
 
+#define URING_RETRY_NS 1000000
+
+static void uring_prep(struct bdev_ctx *c, struct uring_ring *q, struct bdev_io *io,
+		       struct io_uring_sqe *sqe);
+static bool uring_is_polled(const struct bdev_ctx *c, const struct bdev_io *io);
+
 static void uring_kick_ring(struct bdev_ctx *c, struct uring_ring *q)
 {
 	int r;
@@ -101,17 +114,59 @@ static void uring_kick_ring(struct bdev_ctx *c, struct uring_ring *q)
 		return;
 	r = io_uring_submit(&q->ring);
 	if (r < 0) {
-		log_err("io_uring_submit: %s", strerror(-r));
-	} else {
-		q->queued = 0;
-		c->submits++;
+		/* EAGAIN, ENOMEM; EBUSY while the CQ overflows: nothing
+		 * went in.  Try again shortly, whether or not more I/O or a
+		 * completion comes to do it. */
+		if (!c->submit_err_logged)
+			log_err("io_uring_submit: %s; retrying (further failures not "
+				"logged)", strerror(-r));
+		c->submit_err_logged = true;
+		loop_timer_mod(c->retry, loop_now(c->loop) + URING_RETRY_NS);
+		return;
 	}
+	c->submits++;
+	/* The kernel stops at an SQE it cannot take (it posts that one's
+	 * error as its CQE) and leaves the rest in the SQ: they are still
+	 * queued.  An SQPOLL thread takes them all, later. */
+	q->queued = c->b->uring_sqpoll ? 0 : io_uring_sq_ready(&q->ring);
+	if (q->queued)
+		loop_timer_mod(c->retry, loop_now(c->loop) + URING_RETRY_NS);
+}
+
+/* Put waiting I/Os on SQEs freed since; true if it queued any. */
+static bool uring_feed(struct bdev_ctx *c)
+{
+	bool fed = false;
+
+	while (c->wait_head) {
+		struct bdev_io *io = c->wait_head;
+		struct uring_ring *q = uring_is_polled(c, io) ? &c->polled : &c->irq;
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
+
+		if (!sqe) {
+			loop_timer_mod(c->retry, loop_now(c->loop) + URING_RETRY_NS);
+			break;
+		}
+		c->wait_head = io->next;
+		if (!c->wait_head)
+			c->wait_tail = &c->wait_head;
+		uring_prep(c, q, io, sqe);
+		io->polled = q == &c->polled;
+		c->pinflight += io->polled;
+		q->queued++;
+		fed = true;
+	}
+	return fed;
 }
 
 static void uring_kick(struct bdev_ctx *c)
 {
 	uring_kick_ring(c, &c->irq);
 	uring_kick_ring(c, &c->polled);
+	if (unlikely(c->wait_head) && uring_feed(c)) {
+		uring_kick_ring(c, &c->irq);
+		uring_kick_ring(c, &c->polled);
+	}
 }
 
 static uint64_t uring_submits(const struct bdev_ctx *c)
@@ -164,18 +219,23 @@ static void uring_prep(struct bdev_ctx *c, struct uring_ring *q, struct bdev_io 
 static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 {
 	struct uring_ring *q = uring_is_polled(c, io) ? &c->polled : &c->irq;
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
+	struct io_uring_sqe *sqe = unlikely(c->wait_head) ? NULL : io_uring_get_sqe(&q->ring);
 	unsigned queued;
 
 	if (unlikely(!sqe)) {
 		/* SQ full: push what we have and take a fresh slot. */
-		uring_kick_ring(c, q);
-		sqe = io_uring_get_sqe(&q->ring);
+		if (!c->wait_head) {
+			uring_kick_ring(c, q);
+			sqe = io_uring_get_sqe(&q->ring);
+		}
 		if (!sqe) {
-			c->inflight--;
+			/* Still full (or others wait already): wait in order. */
 			if (io == c->probe)
 				c->probe = NULL;
-			bdev_complete(io, -EBUSY);
+			io->next = NULL;
+			*c->wait_tail = io;
+			c->wait_tail = &io->next;
+			loop_timer_mod(c->retry, loop_now(c->loop) + URING_RETRY_NS);
 			return;
 		}
 	}
@@ -344,6 +404,12 @@ static bool uring_poll_device(struct bdev_ctx *c)
 	return io_uring_cq_ready(&c->polled.ring) > 0;
 }
 
+/* A submission the kernel did not take, or I/O waiting for an SQE. */
+static void uring_retry_cb(void *opaque)
+{
+	uring_reap(opaque);
+}
+
 static void uring_efd_cb(void *opaque, uint32_t events)
 {
 	struct bdev_ctx *c = opaque;
@@ -449,11 +515,19 @@ static void uring_drain(struct bdev_ctx *c)
 	uring_kick(c);
 	while (c->inflight) {
 		struct io_uring_cqe *cqe;
-		/* On the polled ring the wait polls the device. */
-		int r = io_uring_wait_cqe(c->pinflight ? &c->polled.ring : &c->irq.ring, &cqe);
+		/* On the polled ring the wait polls the device.  Some may
+		 * still wait for an SQE (uring_queue): then nothing may be in
+		 * the kernel to wait for, and the kick below is what helps. */
+		struct __kernel_timespec ts = { .tv_nsec = URING_RETRY_NS };
+		int r = io_uring_wait_cqe_timeout(c->pinflight ? &c->polled.ring : &c->irq.ring,
+						  &cqe, &ts);
 
-		if (r < 0 && r != -EINTR) {
-			log_err("io_uring_wait_cqe: %s", strerror(-r));
+		if (r < 0 && r != -EINTR && r != -ETIME && r != -EAGAIN && r != -EBUSY) {
+			/* The requests left are the kernel's still: freeing
+			 * them now would let it complete into freed memory.
+			 * Nothing but a broken kernel gets here. */
+			log_err("io_uring_wait_cqe: %s; %u requests still in flight", strerror(-r),
+				c->inflight);
 			break;
 		}
 		uring_reap(c);
@@ -474,6 +548,10 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->b = b;
 	c->loop = l;
 	c->early_off = b->no_early_submit;
+	c->wait_tail = &c->wait_head;
+	r = loop_timer_new(l, uring_retry_cb, c, &c->retry);
+	if (r < 0)
+		goto err_timer;
 	{
 		struct io_uring_params p = { 0 };
 
@@ -522,6 +600,8 @@ err_ring:
 		io_uring_queue_exit(&c->polled.ring);
 	io_uring_queue_exit(&c->irq.ring);
 err_free:
+	loop_timer_free(c->retry);
+err_timer:
 	free(c);
 	return r;
 }
@@ -531,6 +611,7 @@ static void uring_ctx_free(struct bdev_ctx *c)
 	if (!c)
 		return;
 	uring_drain(c);
+	loop_timer_free(c->retry);
 	loop_fd_del(c->loop, c->efd_h);
 	close(c->efd);
 	if (c->has_polled)

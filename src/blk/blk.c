@@ -891,13 +891,19 @@ static void do_queue_stop(void *opaque)
 	q->dev->b->engine->drain(q->t->bctx);
 	if (q->held)
 		blk_unhold(q, sys_now_ns());
-	if (q->inflight)
-		log_err("queue %u: %u requests still in flight after drain",
-			q->idx, q->inflight);
 	blk_queue_signal(q);
 	q->started = false;
 	q->polling = false;
 	q->kick_fd = q->call_fd = q->err_fd = -1;
+	if (unlikely(q->inflight)) {
+		/* Only a backend that failed to drain gets here.  Their
+		 * requests and iovecs stay allocated (leaked): a late
+		 * completion must not land in freed memory. */
+		log_err("queue %u: %u requests still in flight after drain; their "
+			"memory is kept", q->idx, q->inflight);
+		q->reqs = NULL;
+		q->iovs = NULL;
+	}
 	blk_queue_free_pool(q);
 	vq_release(&q->vq);
 	/* A stopped ring needs no reset (blk_needs_reset); a restart

@@ -35,6 +35,7 @@
 #include "backend/bdev.h"
 #include "loop/loop.h"
 #include "util/compiler.h"
+#include "util/iov.h"
 #include "util/log.h"
 #include "util/sys.h"
 
@@ -356,6 +357,13 @@ static void img_submit(struct bdev_ctx *c, struct bdev_io *io)
 static void img_io_done(struct bdev_ctx *c, struct bdev_io *io, ssize_t res)
 {
 	c->inflight--;
+	/* A read's result is the bytes read: librbd clips a read at the end
+	 * of the image (shrunk under us: our size is the old one).  Past the
+	 * end reads as zeroes, as from a hole, not as whatever the guest's
+	 * buffer held (QEMU's rbd driver pads the same way).  A write's
+	 * result is 0, whatever librbd clipped. */
+	if (io->op == BDEV_READ && res >= 0 && (size_t)res < io->len)
+		iov_memset(io->iov, io->iovcnt, (size_t)res, 0, io->len - (size_t)res);
 	/* librbd has no FUA: bdev.c follows a write-through write with a
 	 * flush, which also gets it past librbd's cache to the OSDs. */
 	bdev_complete(io, res < 0 ? (int)res : 0);
@@ -535,12 +543,15 @@ static int img_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 		goto err_efd;
 	r = loop_fd_add(l, c->efd, EPOLLIN, img_efd_cb, c, &c->efd_h);
 	if (r < 0)
-		goto err_efd;
+		goto err_notify;
 	loop_fd_set_poll(c->efd_h, &img_poll_ops);
 	d->ctx_taken = true;
 	*out = c;
 	return 0;
 
+err_notify:
+	/* librbd would go on writing a number we close (img_ctx_free). */
+	(void)rbd_set_image_notification(d->image, -1, EVENT_TYPE_EVENTFD);
 err_efd:
 	close(c->efd);
 err_free:

@@ -33,6 +33,27 @@ size_t iov_to_buf(const struct iovec *iov, unsigned cnt, size_t off,
 	return done;
 }
 
+size_t iov_memset(const struct iovec *iov, unsigned cnt, size_t off, int c, size_t len)
+{
+	size_t done = 0;
+
+	for (unsigned i = 0; i < cnt && done < len; i++) {
+		size_t l = iov[i].iov_len;
+
+		if (off >= l) {
+			off -= l;
+			continue;
+		}
+		l -= off;
+		if (l > len - done)
+			l = len - done;
+		memset((char *)iov[i].iov_base + off, c, l);
+		done += l;
+		off = 0;
+	}
+	return done;
+}
+
 size_t iov_from_buf(const struct iovec *iov, unsigned cnt, size_t off,
 		    const void *buf, size_t len)
 {

@@ -22,6 +22,10 @@ size_t iov_to_buf(const struct iovec *iov, unsigned cnt, size_t off,
 size_t iov_from_buf(const struct iovec *iov, unsigned cnt, size_t off,
 		    const void *buf, size_t len);
 
+/* Set up to len bytes of the iovecs from byte offset off to c.  Returns
+ * the number of bytes set. */
+size_t iov_memset(const struct iovec *iov, unsigned cnt, size_t off, int c, size_t len);
+
 /* Drop len bytes from the front of the array, in place (entries that become
  * empty are removed).  Returns the bytes actually dropped. */
 size_t iov_discard_front(struct iovec **iov, unsigned *cnt, size_t len);

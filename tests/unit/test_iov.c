@@ -115,6 +115,21 @@ static void test_from_buf_short(void)
 	ASSERT_EQ(iov_from_buf(s.iov, 3, 12, "XYZ", 3), 0);
 }
 
+/* iov_memset from an offset across segments, and only what fits (an RBD
+ * read clipped at the end of the image: its tail is zeroed). */
+static void test_memset_offset_and_short(void)
+{
+	struct seg3 s;
+
+	seg3_init(&s);
+	ASSERT_EQ(iov_memset(s.iov, 3, 2, '0', 4), 4);
+	ASSERT_MEM_EQ(s.a, "ab0", 3);
+	ASSERT_MEM_EQ(s.b, "000gh", 5);
+	ASSERT_EQ(iov_memset(s.iov, 3, 10, '9', 5), 2);
+	ASSERT_MEM_EQ(s.c, "ij99", 4);
+	ASSERT_EQ(iov_memset(s.iov, 3, 12, '9', 1), 0);
+}
+
 /* Discarding from the front inside the first segment advances its base. */
 static void test_discard_front_partial(void)
 {
@@ -241,6 +256,7 @@ static void test_discard_zero(void)
 int main(void)
 {
 	RUN(test_size);
+	RUN(test_memset_offset_and_short);
 	RUN(test_to_buf_whole);
 	RUN(test_to_buf_offset_across_segments);
 	RUN(test_to_buf_offset_on_boundary);

@@ -32,7 +32,7 @@
 #include "util/parse.h"
 #include "util/sys.h"
 
-enum rw { RW_READ, RW_WRITE, RW_RANDREAD, RW_RANDWRITE, RW_RANDRW, RW_TRIM };
+enum rw { RW_READ, RW_WRITE, RW_RANDREAD, RW_RANDWRITE, RW_RANDRW, RW_TRIM, RW_FLUSH };
 
 struct opts {
 	const char *socket;
@@ -252,14 +252,18 @@ static int submit_one(struct job *j, struct slot *s, bool write, uint64_t b)
 		vdrv_log_mark(j->d, s->buf, sizeof(seg));
 	}
 	s->shm->hdr.type = j->o->rw == RW_TRIM ? VIRTIO_BLK_T_DISCARD :
+			   j->o->rw == RW_FLUSH ? VIRTIO_BLK_T_FLUSH :
 			   write ? VIRTIO_BLK_T_OUT : VIRTIO_BLK_T_IN;
 	s->shm->hdr.reserved = 0;
-	s->shm->hdr.sector = off >> VIRTIO_BLK_SECTOR_SHIFT;
+	/* A flush has no data and sector 0 (virtio 1.2, 5.2.6). */
+	s->shm->hdr.sector = j->o->rw == RW_FLUSH ? 0 : off >> VIRTIO_BLK_SECTOR_SHIFT;
 	s->shm->status = 0xff;
 	vdrv_log_mark(j->d, s->shm, sizeof(*s->shm));
 	out[0] = (struct iovec){ &s->shm->hdr, sizeof(s->shm->hdr) };
 	if (j->o->rw == RW_TRIM) {
 		out[nout++] = (struct iovec){ s->buf, sizeof(struct virtio_blk_discard_write_zeroes) };
+	} else if (j->o->rw == RW_FLUSH) {
+		/* status only */
 	} else if (write) {
 		if (j->gen) {
 			s->gen = j->gen[b] + 1;
@@ -520,8 +524,9 @@ static void usage(FILE *f)
 "virtio-blk driver and measure it.\n"
 "\n"
 "  --socket PATH        backend's vhost-user socket\n"
-"  --rw MODE            read, write, randread, randwrite, randrw, or trim:\n"
-"                       sequential discards of --bs each (needs DISCARD)\n"
+"  --rw MODE            read, write, randread, randwrite, randrw, trim:\n"
+"                       sequential discards of --bs each (needs DISCARD), or\n"
+"                       flush: cache flushes (needs FLUSH; --bs unused)\n"
 "  --rwmixread P        randrw: percentage of reads (default 50)\n"
 "  --bs SIZE            block size (default 4k)\n"
 "  --iodepth N          requests in flight per job (default 1)\n"
@@ -593,7 +598,7 @@ static void parse(int argc, char **argv, struct opts *o)
 		{ NULL, 0, NULL, 0 },
 	};
 	static const char *const modes[] = { "read", "write", "randread", "randwrite",
-					     "randrw", "trim" };
+					     "randrw", "trim", "flush" };
 	bool have_rw = false;
 	int c;
 
@@ -612,7 +617,7 @@ static void parse(int argc, char **argv, struct opts *o)
 				}
 			if (!have_rw)
 				die("--rw '%s' is not one of read, write, randread, randwrite, "
-				    "randrw, trim", optarg);
+				    "randrw, trim, flush", optarg);
 			break;
 		case 'm': o->rwmixread = (unsigned)parse_num("--rwmixread", optarg, 0, 100); break;
 		case 'b': o->bs = size_arg("--bs", optarg); break;
@@ -648,13 +653,15 @@ static void parse(int argc, char **argv, struct opts *o)
 	if (!o->socket)
 		die("missing --socket PATH: the backend's vhost-user socket");
 	if (!have_rw)
-		die("missing --rw MODE: read, write, randread, randwrite, randrw or trim");
+		die("missing --rw MODE: read, write, randread, randwrite, randrw, trim or flush");
 	if (o->bs < 512 || o->bs % 512 || o->bs > (VDRV_MAX_SEGS - 2) * 1048576ull)
 		die("--bs %" PRIu64 " must be a multiple of 512 (and at most 62M)", o->bs);
 	if (o->bs > 4u << 20)
 		die("--bs %" PRIu64 " is larger than 4M, the largest buffer we hand out", o->bs);
 	if (o->verify && o->rw == RW_TRIM)
 		die("--verify checks data a discard does not leave: drop it with --rw trim");
+	if (o->verify && o->rw == RW_FLUSH)
+		die("--verify checks data a flush does not carry: drop it with --rw flush");
 	if (o->rw == RW_TRIM && o->bs > (4ull << 30) - 512)
 		die("--bs %" PRIu64 " is larger than one discard segment can be", o->bs);
 	if (o->verify && (o->rw == RW_READ || o->rw == RW_RANDREAD))
@@ -970,7 +977,7 @@ static void check_text(FILE *f, const struct check *c)
 int main(int argc, char **argv)
 {
 	static const char *const modes[] = { "read", "write", "randread", "randwrite",
-					     "randrw", "trim" };
+					     "randrw", "trim", "flush" };
 	struct opts o;
 	struct vdrv_opts vo = { 0 };
 	struct vdrv *d;
@@ -1004,6 +1011,9 @@ int main(int argc, char **argv)
 	if (o.rw == RW_TRIM && !vdrv_has(d, VIRTIO_BLK_F_DISCARD))
 		die("--rw trim: the backend at '%s' does not offer discard "
 		    "(VIRTIO_BLK_F_DISCARD)", o.socket);
+	if (o.rw == RW_FLUSH && !vdrv_has(d, VIRTIO_BLK_F_FLUSH))
+		die("--rw flush: the backend at '%s' does not offer flush "
+		    "(VIRTIO_BLK_F_FLUSH)", o.socket);
 	if (o.bs % vdrv_block_size(d))
 		die("--bs %" PRIu64 " is not a multiple of the disk's block size %u", o.bs,
 		    vdrv_block_size(d));

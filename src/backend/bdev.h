@@ -93,6 +93,7 @@ struct bdev_io {
 	bool zero_retried;	/* write zeroes: tried the other way already */
 	bool fua_flush;		/* a FUA write done, its flush running */
 	bool polled;		/* io_uring: on the polled ring */
+	uint64_t mark;		/* nbd: a flush's count of writes it covers */
 	size_t len;
 	void *bounce;		/* aligned copy for misaligned O_DIRECT buffers */
 	struct iovec bounce_iov;

@@ -70,6 +70,15 @@ struct bdev_ctx {
 	/* Completed in callbacks, run after libnbd returned. */
 	struct bdev_io *done_head, **done_tail;
 	uint64_t failed;		/* requests failed while the server was away */
+	/* Writes the server acknowledged on this connection, and how many
+	 * of them a completed flush covers: while they differ, the server
+	 * may hold some only in a cache, and losing the connection may have
+	 * lost them (a server restarted; NBD flushes cover only their own
+	 * connection's writes without multi-conn).  The next flush then
+	 * fails (lost_unflushed): the guest learns it, as fsync(2) reports a
+	 * writeback error, instead of a flush that says all is durable. */
+	uint64_t writes, durable;
+	bool lost_unflushed;
 };
 
 /* ---- Connecting (blocking, with a deadline; start-up only) ---- */
@@ -206,6 +215,11 @@ static void run_done(struct bdev_ctx *c)
 		if (!c->done_head)
 			c->done_tail = &c->done_head;
 		c->inflight--;
+		if (io->res == 0 && io->op == BDEV_WRITE &&
+		    !(io->fua && (c->b->caps & BDEV_CAP_FUA)))
+			c->writes++;
+		else if (io->res == 0 && io->op == BDEV_FLUSH)
+			c->durable = MAX(c->durable, io->mark);
 		bdev_complete(io, io->res);
 	}
 }
@@ -267,9 +281,19 @@ static void conn_drop(struct bdev_ctx *c)
 static void conn_lost(struct bdev_ctx *c, const char *why)
 {
 	bool was_up = c->state == NBD_UP;
+	/* A server without flush has no cache: what it acknowledged is
+	 * stored (-1, not known: as if it had one). */
+	bool cache = c->h && nbd_can_flush(c->h) != 0;
 
 	conn_drop(c);
 	run_done(c);
+	if (cache && c->writes != c->durable) {
+		log_err("NBD export %s: %llu acknowledged writes were not yet flushed when "
+			"the connection was lost; the next flush fails", c->d->uri,
+			(unsigned long long)(c->writes - c->durable));
+		c->lost_unflushed = true;
+	}
+	c->durable = c->writes;
 	c->state = NBD_DOWN;
 	if (was_up) {
 		c->retry_s = NBD_RETRY_MIN_S;
@@ -466,10 +490,16 @@ static void conn_submit(struct bdev_ctx *c, struct bdev_io *io)
 					LIBNBD_CMD_FLAG_FUA : 0);
 		break;
 	case BDEV_FLUSH:
+		if (unlikely(c->lost_unflushed)) {
+			c->lost_unflushed = false;
+			bdev_complete(io, -EIO);
+			return;
+		}
 		if (nbd_can_flush(c->h) != 1) {
 			bdev_complete(io, 0);	/* nothing cached to flush */
 			return;
 		}
+		io->mark = c->writes;
 		cookie = nbd_aio_flush(c->h, cb, 0);
 		break;
 	case BDEV_DISCARD:
@@ -506,10 +536,22 @@ static void conn_kick(struct bdev_ctx *c)
 /* Until everything in flight completed, or the server stopped answering
  * for NBD_DRAIN_TIMEOUT_MS: then the connection is dropped, which fails
  * the rest (never a stuck iothread). */
+static int drain_flush_done(void *user_data, int *error)
+{
+	*(int *)user_data = *error ? -*error : 0;
+	return 1;
+}
+
 static void conn_drain(struct bdev_ctx *c)
 {
 	uint64_t deadline = sys_now_ns() + NBD_DRAIN_TIMEOUT_MS * 1000000ull;
+	int flushed = 1;
 
+	/* Once nothing is in flight, writes not covered by a flush are
+	 * flushed: a drain stops the rings (the VM stops, migrates, or
+	 * vblkd hands over to its upgrade), and whoever writes next, on
+	 * another connection, must find them stored. */
+again:
 	while (c->inflight && c->h) {
 		if (sys_now_ns() >= deadline) {
 			log_err("NBD export %s: %u requests unanswered after %d s", c->d->uri,
@@ -524,6 +566,37 @@ static void conn_drain(struct bdev_ctx *c)
 		run_done(c);
 	}
 	run_done(c);
+	if (flushed == 1 && c->h && c->state == NBD_UP && c->writes != c->durable &&
+	    nbd_can_flush(c->h) == 1) {
+		uint64_t mark = c->writes;
+		nbd_completion_callback cb = { .callback = drain_flush_done,
+					       .user_data = &flushed };
+
+		flushed = 2;	/* in flight */
+		if (nbd_aio_flush(c->h, cb, 0) < 0) {
+			flushed = -EIO;
+		} else {
+			while (flushed == 2 && c->h) {
+				if (sys_now_ns() >= deadline) {
+					conn_lost(c, "it stopped answering");
+					break;
+				}
+				if (nbd_poll(c->h, 100) < 0 || nbd_aio_is_dead(c->h) ||
+				    nbd_aio_is_closed(c->h)) {
+					conn_lost(c, "the connection to the server was lost");
+					break;
+				}
+			}
+		}
+		if (flushed == 0) {
+			c->durable = MAX(c->durable, mark);
+		} else if (flushed != 2 && c->h) {
+			log_err("NBD export %s: flush at drain: %s; the next flush fails",
+				c->d->uri, strerror(-flushed));
+			c->lost_unflushed = true;
+		}
+		goto again;
+	}
 	if (c->h)
 		conn_watch(c);
 }

@@ -357,6 +357,62 @@ if ((have_nbdkit)) && start nbd-kill --disk "$nbd_tcp" --queues 2; then
     stop nbd-kill
 fi
 
+# Writes the server acknowledged and no flush covered, then the server
+# killed and started again (nbdkit's memory: they are gone): the guest's
+# next flush fails, once (it must not say they are stored), and the
+# flushes after it succeed.  The frontend stays connected across the kill:
+# a ring that stops flushes first (next test).
+if ((have_nbdkit)) && start nbd-unflushed --disk "$nbd_tcp" --queues 1; then
+    timeout -k 5 60 "$BENCH" --socket "$tmp/d.sock" --json --rw randwrite --bs 4k \
+        --iodepth 4 --runtime 0.5 --ramp 0 --size 8M --hold 3 >"$tmp/unfl.out" 2>&1 &
+    bpid=$!
+    sleep 1.5
+    kill -9 "$nbdkit_pid"; wait "$nbdkit_pid" 2>/dev/null; nbdkit_pid=""
+    nbdkit_start
+    wait "$bpid"
+    for _ in $(seq 400); do
+        grep -q "connected again" "$tmp/nbd-unflushed.log" && break
+        sleep 0.1
+    done
+    bench nbd-unflushed-flush --rw flush --iodepth 1 --runtime 0.3 --ramp 0
+    check nbd-lost-unflushed-writes-fail-one-flush "$OUT" "r['errors'] == 1 and r['ios'] >= 2"
+    if grep -q "acknowledged writes were not yet flushed when the connection was lost" \
+        "$tmp/nbd-unflushed.log"; then
+        pass nbd-lost-unflushed-writes-logged
+    else
+        fail nbd-lost-unflushed-writes-logged "$(grep -m3 NBD "$tmp/nbd-unflushed.log" | tr '\n' ' ')"
+    fi
+    stop nbd-unflushed
+fi
+
+# A ring that stops (the frontend goes: VM stopped, migrated, vblkd
+# upgraded) flushes the writes no flush covered, so that whoever writes
+# next, on another connection, finds them stored: nbdkit's log filter
+# shows the flush after the writes, with no flush from the frontend.
+nbdlog_port=$(free_port)
+nbdkit -f -i 127.0.0.1 -p "$nbdlog_port" --filter=log memory 64M logfile="$tmp/nbdlog.txt" \
+    >>"$tmp/nbdkit.log" 2>&1 &
+nbdlog_pid=$!
+for _ in $(seq 100); do
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$nbdlog_port" 2>/dev/null && break
+    sleep 0.1
+done
+if start nbd-drain-flush --disk "nbd://127.0.0.1:$nbdlog_port/exp" --queues 1; then
+    bench nbd-drain-flush --rw randwrite --bs 4k --iodepth 4 --runtime 0.3 --ramp 0 --size 8M
+    # The ring stops when the frontend disconnects; give the drain a moment.
+    for _ in $(seq 50); do grep -q "Flush" "$tmp/nbdlog.txt" 2>/dev/null && break; sleep 0.1; done
+    w=$(grep -c " Write id=" "$tmp/nbdlog.txt" 2>/dev/null)
+    fl=$(grep -c " Flush id=" "$tmp/nbdlog.txt" 2>/dev/null)
+    last=$(grep -E " (Write|Flush) id=" "$tmp/nbdlog.txt" | tail -1 | grep -o "Write\|Flush")
+    if ((${w:-0} > 0 && ${fl:-0} >= 1)) && [[ $last == Flush ]]; then
+        pass nbd-ring-stop-flushes-unflushed-writes "$w writes, then $fl flush"
+    else
+        fail nbd-ring-stop-flushes-unflushed-writes "writes ${w:-?}, flushes ${fl:-?}, last ${last:-none}"
+    fi
+    stop nbd-drain-flush
+fi
+kill "$nbdlog_pid" 2>/dev/null; wait "$nbdlog_pid" 2>/dev/null
+
 # ---- User mistakes: one line, exit 1, bounded time, no socket left ----
 
 # expect_error NAME PATTERN VBLKD-ARGS...

@@ -89,10 +89,15 @@ const struct bdev_engine *bdev_engine_find(const char *name)
 	return NULL;
 }
 
-static bool iov_aligned(const struct iovec *iov, unsigned cnt, unsigned align)
+/* What O_DIRECT takes: every buffer at a multiple of mem_align, every
+ * length a multiple of len_align (a device with 4-byte DMA alignment,
+ * NVMe, still wants whole logical blocks per segment). */
+static bool iov_aligned(const struct iovec *iov, unsigned cnt, unsigned mem_align,
+			unsigned len_align)
 {
 	for (unsigned i = 0; i < cnt; i++)
-		if (((uintptr_t)iov[i].iov_base | iov[i].iov_len) & (align - 1))
+		if (((uintptr_t)iov[i].iov_base & (mem_align - 1)) ||
+		    (iov[i].iov_len & (len_align - 1)))
 			return false;
 	return true;
 }
@@ -141,7 +146,8 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 	/* O_DIRECT wants aligned buffers; guests usually give them, a
 	 * hostile or odd one need not.  Bounce those rather than fail. */
 	if (b->direct && io->op != BDEV_FLUSH &&
-	    unlikely(!iov_aligned(io->iov, io->iovcnt, b->dio_mem_align)) &&
+	    unlikely(!iov_aligned(io->iov, io->iovcnt, b->dio_mem_align,
+				  b->dio_len_align ? b->dio_len_align : b->dio_mem_align)) &&
 	    bdev_io_bounce(io) < 0) {
 		bdev_complete(io, -ENOMEM);
 		return;

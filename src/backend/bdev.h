@@ -166,6 +166,9 @@ struct bdev {
 	 * (uring.c). */
 	bool device_completes;
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
+	/* ... and each segment's length (the device's logical block: the
+	 * kernel checks every iovec, not only the total; 0: as mem_align) */
+	unsigned dio_len_align;
 	bool uring_sqpoll;
 	bool no_early_submit;
 	/* Reads and writes are polled for (io_uring IOPOLL): the device has

@@ -392,6 +392,7 @@ int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errle
 		 !(st.st_blksize & (st.st_blksize - 1)))
 		b->discard_granularity = (unsigned)st.st_blksize;
 	b->dio_mem_align = mem_align < 1 ? 1 : mem_align;
+	b->dio_len_align = off_align < 1 ? 1 : off_align;
 	return 0;
 
 open_err:

@@ -11,13 +11,18 @@ size_t iov_size(const struct iovec *iov, unsigned cnt)
 	return n;
 }
 
-size_t iov_to_buf(const struct iovec *iov, unsigned cnt, size_t off,
-		  void *buf, size_t len)
+/* What the walk below does to each piece: the public functions pass a
+ * constant, so each gets its own copy of the loop with one operation. */
+enum iov_op { IOV_TO_BUF, IOV_FROM_BUF, IOV_SET };
+
+static inline size_t iov_walk(const struct iovec *iov, unsigned cnt, size_t off, char *buf,
+			      int c, size_t len, enum iov_op op)
 {
 	size_t done = 0;
 
 	for (unsigned i = 0; i < cnt && done < len; i++) {
 		size_t l = iov[i].iov_len;
+		char *p;
 
 		if (off >= l) {
 			off -= l;
@@ -26,54 +31,35 @@ size_t iov_to_buf(const struct iovec *iov, unsigned cnt, size_t off,
 		l -= off;
 		if (l > len - done)
 			l = len - done;
-		memcpy((char *)buf + done, (char *)iov[i].iov_base + off, l);
+		p = (char *)iov[i].iov_base + off;
+		if (op == IOV_TO_BUF)
+			memcpy(buf + done, p, l);
+		else if (op == IOV_FROM_BUF)
+			memcpy(p, buf + done, l);
+		else
+			memset(p, c, l);
 		done += l;
 		off = 0;
 	}
 	return done;
 }
 
+size_t iov_to_buf(const struct iovec *iov, unsigned cnt, size_t off,
+		  void *buf, size_t len)
+{
+	return iov_walk(iov, cnt, off, buf, 0, len, IOV_TO_BUF);
+}
+
 size_t iov_memset(const struct iovec *iov, unsigned cnt, size_t off, int c, size_t len)
 {
-	size_t done = 0;
-
-	for (unsigned i = 0; i < cnt && done < len; i++) {
-		size_t l = iov[i].iov_len;
-
-		if (off >= l) {
-			off -= l;
-			continue;
-		}
-		l -= off;
-		if (l > len - done)
-			l = len - done;
-		memset((char *)iov[i].iov_base + off, c, l);
-		done += l;
-		off = 0;
-	}
-	return done;
+	return iov_walk(iov, cnt, off, NULL, c, len, IOV_SET);
 }
 
 size_t iov_from_buf(const struct iovec *iov, unsigned cnt, size_t off,
 		    const void *buf, size_t len)
 {
-	size_t done = 0;
-
-	for (unsigned i = 0; i < cnt && done < len; i++) {
-		size_t l = iov[i].iov_len;
-
-		if (off >= l) {
-			off -= l;
-			continue;
-		}
-		l -= off;
-		if (l > len - done)
-			l = len - done;
-		memcpy((char *)iov[i].iov_base + off, (const char *)buf + done, l);
-		done += l;
-		off = 0;
-	}
-	return done;
+	/* Only read through (IOV_FROM_BUF). */
+	return iov_walk(iov, cnt, off, (char *)buf, 0, len, IOV_FROM_BUF);
 }
 
 size_t iov_discard_front(struct iovec **iovp, unsigned *cnt, size_t len)

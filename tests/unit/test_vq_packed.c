@@ -570,14 +570,24 @@ static void crash_and_restart(struct ring *r)
 	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
 }
 
-static void test_inflight_fresh_region_initialized(void)
+/* A ring of 8 with an in-flight region (fresh, or left by a previous
+ * backend), started. */
+static struct ring *ring_tracked(struct vq_inflight_region **gp)
 {
 	struct ring *r = ring_new(8);
-	struct vq_inflight_region *g = region_new(8);
 
-	r->cfg.inflight = g;
+	*gp = region_new(8);
+	r->cfg.inflight = *gp;
 	r->cfg.inflight_packed_room = true;
 	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
+	return r;
+}
+
+static void test_inflight_fresh_region_initialized(void)
+{
+	struct vq_inflight_region *g;
+	struct ring *r = ring_tracked(&g);
+
 	ASSERT_EQ(g->version, 2);
 	ASSERT_EQ(g->desc_num, 8);
 	ASSERT_EQ(g->used_idx, 0x8000);
@@ -595,12 +605,9 @@ static void test_inflight_fresh_region_initialized(void)
  * they really are, not where the stale base says. */
 static void test_inflight_resubmits_after_crash(void)
 {
-	struct ring *r = ring_new(8);
-	struct vq_inflight_region *g = region_new(8);
+	struct vq_inflight_region *g;
+	struct ring *r = ring_tracked(&g);
 
-	r->cfg.inflight = g;
-	r->cfg.inflight_packed_room = true;
-	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
 	avail_one(r, 0, 0);
 	avail_one(r, 1, 1);
 	avail_blk(r, 2, 2);
@@ -638,12 +645,9 @@ static void test_inflight_resubmits_after_crash(void)
  * up to 512 KiB past the region's copy of the ring). */
 static void test_inflight_rewritten_after_start(void)
 {
-	struct ring *r = ring_new(8);
-	struct vq_inflight_region *g = region_new(8);
+	struct vq_inflight_region *g;
+	struct ring *r = ring_tracked(&g);
 
-	r->cfg.inflight = g;
-	r->cfg.inflight_packed_room = true;
-	ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
 	avail_one(r, 0, 0);
 	avail_blk(r, 2, 2);
 	ASSERT_EQ(pop(r), 1);
@@ -669,12 +673,9 @@ static void test_inflight_rewritten_after_start(void)
 static void test_inflight_crash_while_returning(void)
 {
 	for (int when = 0; when < 3; when++) {
-		struct ring *r = ring_new(8);
-		struct vq_inflight_region *g = region_new(8);
+		struct vq_inflight_region *g;
+		struct ring *r = ring_tracked(&g);
 
-		r->cfg.inflight = g;
-		r->cfg.inflight_packed_room = true;
-		ASSERT_EQ(vq_init(&r->vq, &r->cfg, &r->mem), 0);
 		avail_blk(r, 3, 0);
 		avail_one(r, 4, 5);
 		ASSERT_EQ(pop(r), 1);

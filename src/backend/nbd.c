@@ -533,15 +533,15 @@ static void conn_kick(struct bdev_ctx *c)
 	/* libnbd sends each command as it is issued. */
 }
 
-/* Until everything in flight completed, or the server stopped answering
- * for NBD_DRAIN_TIMEOUT_MS: then the connection is dropped, which fails
- * the rest (never a stuck iothread). */
 static int drain_flush_done(void *user_data, int *error)
 {
 	*(int *)user_data = *error ? -*error : 0;
 	return 1;
 }
 
+/* Until everything in flight completed, or the server stopped answering
+ * for NBD_DRAIN_TIMEOUT_MS: then the connection is dropped, which fails
+ * the rest (never a stuck iothread). */
 static void conn_drain(struct bdev_ctx *c)
 {
 	uint64_t deadline = sys_now_ns() + NBD_DRAIN_TIMEOUT_MS * 1000000ull;

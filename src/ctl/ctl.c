@@ -43,6 +43,7 @@ struct ctl_server {
 	unsigned ncmds;
 	ctl_upgrade_fn upgrade;		/* ctl_server_set_upgrade */
 	void *upgrade_opaque;
+	bool logged_denied;		/* a client of another user was refused */
 };
 
 /* ---- Replies ---- */
@@ -471,23 +472,59 @@ static void send_all(int fd, const char *buf, size_t len)
 	}
 }
 
+/* Who may use the control socket: root and the daemon's own user.  The
+ * socket file's group is typically the vhost-user socket's (QEMU's user is
+ * in it); its commands (upgrade: exec a program as us; resize) are not
+ * for that user.  Checked before anything is read, so nobody else can
+ * hold the main thread either. */
+static bool ctl_peer_allowed(int fd, uid_t *uid)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+		return false;
+	*uid = cr.uid;
+	return cr.uid == 0 || cr.uid == geteuid();
+}
+
 static void ctl_accept_cb(void *opaque, uint32_t events)
 {
 	struct ctl_server *s = opaque;
 	char req[CTL_MAX_REQ + 1], *reply;
+	uint64_t deadline;
 	size_t got = 0;
+	uid_t uid = (uid_t)-1;
 	int fd;
 
 	fd = accept4(s->fd, NULL, NULL, SOCK_CLOEXEC);
 	if (fd < 0)
 		return;
-	/* A control client gets one second to send its line: the main
-	 * thread must not wait on it for longer. */
+	if (!ctl_peer_allowed(fd, &uid)) {
+		char msg[160];
+		int n = snprintf(msg, sizeof(msg), "{ \"error\": \"permission denied: the "
+				 "control socket serves root and uid %u only, not uid %d\" }\n",
+				 (unsigned)geteuid(), (int)uid);
+
+		if (!s->logged_denied)
+			log_warn("control socket: refused a client of uid %d (root and uid %u "
+				 "only; further refusals not logged)", (int)uid,
+				 (unsigned)geteuid());
+		s->logged_denied = true;
+		(void)send(fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+		close(fd);
+		return;
+	}
+	/* A control client gets one second to send its line, in all: the
+	 * main thread must not wait on it for longer. */
+	deadline = sys_now_ns() + CTL_CLIENT_MS * 1000000ull;
 	while (got < sizeof(req) - 1 && !memchr(req, '\n', got)) {
 		struct pollfd p = { .fd = fd, .events = POLLIN };
+		uint64_t now = sys_now_ns();
 		ssize_t r;
 
-		if (poll(&p, 1, CTL_CLIENT_MS) <= 0)
+		if (now >= deadline ||
+		    poll(&p, 1, (int)((deadline - now) / 1000000) + 1) <= 0)
 			break;
 		r = recv(fd, req + got, sizeof(req) - 1 - got, MSG_DONTWAIT);
 		if (r <= 0)

@@ -28,6 +28,11 @@
  * an error and changes nothing.  Fields a command does not know are
  * ignored.
  *
+ * Only root and the daemon's own user are served (SO_PEERCRED): the
+ * socket's file mode is typically shared with the vhost-user socket's
+ * group, which QEMU's user may be in; anyone else gets {"error":
+ * "permission denied: ..."} at once, nothing read.
+ *
  * Threading: main thread (runs on the main loop).
  */
 #ifndef VBLK_CTL_H

@@ -27,8 +27,11 @@
 #ifdef HAVE_MICROHTTPD
 #include <microhttpd.h>
 
-/* Scrapers are few; a slow or idle client is dropped after this. */
-#define METRICS_HTTP_MAX_CONNECTIONS 16
+/* Scrapers are few; a slow or idle client is dropped after this.  One
+ * address holds a few connections at most, so that one client sending
+ * headers slowly on all of them (slowloris) cannot lock Prometheus out. */
+#define METRICS_HTTP_MAX_CONNECTIONS 64
+#define METRICS_HTTP_MAX_PER_IP 4
 #define METRICS_HTTP_TIMEOUT_S 10
 
 struct metrics_http {
@@ -177,6 +180,7 @@ static int start(int fd, struct loop *l, const struct metrics_source *src,
 				  on_request, h,
 				  MHD_OPTION_LISTEN_SOCKET, mhd_fd,
 				  MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_HTTP_MAX_CONNECTIONS,
+				  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)METRICS_HTTP_MAX_PER_IP,
 				  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_HTTP_TIMEOUT_S,
 				  MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
 				  MHD_OPTION_END);

@@ -149,9 +149,19 @@ static int up_spawn(const char *exec, int child_fd, pid_t *pid, char *err, size_
  * it has exited and been reaped (its pid is no longer ours to signal). */
 static bool up_child_gone(pid_t pid, int r, const char *stage, char *err, size_t errlen)
 {
+	bool exited = false;
 	int st;
 
-	if (r == -ECONNRESET && waitpid(pid, &st, 0) == pid) {
+	/* The handover socket's end is the child's exit, or the child
+	 * closing it and running on: wait a moment, not for ever (the
+	 * caller kills one that has not exited). */
+	if (r == -ECONNRESET)
+		for (int i = 0; i < 100 && !exited; i++) {
+			exited = waitpid(pid, &st, WNOHANG) == pid;
+			if (!exited)
+				usleep(10000);
+		}
+	if (exited) {
 		if (WIFEXITED(st))
 			snprintf(err, errlen, "the new vblkd (pid %d) exited with status %d "
 				 "%s (its log says why); still serving here", (int)pid,

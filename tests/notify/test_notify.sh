@@ -366,6 +366,31 @@ assert s['poll'] == {'max_ns': 65536, 'completion_max_ns': 262144, 'grow': 2, 's
     rc=0; "$CTL" --control "$tmp/c.sock" resize 12x 2>"$tmp/err" || rc=$?
     ((rc == 1)) && [[ $(wc -l <"$tmp/err") == 1 ]] && grep -q "'12x' is not a size" "$tmp/err" &&
         pass ctl-resize-bad-size || fail ctl-resize-bad-size "rc=$rc $(cat "$tmp/err")"
+    # Another user who can reach the socket (its group is often the
+    # vhost-user socket's, QEMU's user in it) is refused at once: upgrade
+    # would exec a program of theirs as us.
+    chmod 711 "$tmp"; chmod 777 "$tmp/c.sock"
+    out=$(setpriv --reuid=65534 --regid=65534 --clear-groups /usr/bin/python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"{\"cmd\": \"stats\"}\n")
+print(s.recv(4096).decode().strip())' "$tmp/c.sock" 2>&1)
+    chmod 700 "$tmp"
+    [[ $out == *'"error": "permission denied: the control socket serves root and uid 0 only, not uid 65534"'* ]] &&
+        grep -q "control socket: refused a client of uid 65534" "$tmp/vblkd.log" &&
+        pass ctl-other-user-refused || fail ctl-other-user-refused "$out"
+    # A client that trickles its request a byte at a time has one second
+    # in all, not one per byte (the main thread serves it meanwhile).
+    out=$(python3 -c '
+import select, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); t0 = time.time()
+while time.time() - t0 < 5:
+    s.send(b" ")
+    if select.select([s], [], [], 0.3)[0]:
+        s.recv(4096); break
+print("%.1f" % (time.time() - t0))' "$tmp/c.sock")
+    python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < 2.5 else 1)' "$out" &&
+        pass ctl-trickling-client-cut "answered after $out s" ||
+        fail ctl-trickling-client-cut "still reading after $out s"
     kill -USR1 "$dpid"; sleep 0.3
     grep -q ' stats { "queues": \[' "$tmp/vblkd.log" && pass sigusr1-logs-stats || fail sigusr1-logs-stats
     stop

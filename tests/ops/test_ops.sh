@@ -76,6 +76,40 @@ allow=$(curl -s -D - -o /dev/null -X POST "http://127.0.0.1:$port/metrics" | tr 
         awk -F': ' 'tolower($1) == "allow" { print $2 }')
 [[ $allow == "GET, HEAD" ]] && pass metrics-http-405-allow || fail metrics-http-405-allow "$allow"
 
+# 2b. Slow clients (slowloris: headers a line at a time, never ending)
+#     from one address hold a few connections at most: a scraper from
+#     another address still gets its answer (16 such clients once took
+#     every connection vblkd would accept).
+python3 - "$port" >"$tmp/slow.out" 2>&1 <<'PY' &
+import socket, sys, time
+conns = []
+for i in range(24):
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))
+    try:
+        s.connect(("127.0.0.1", int(sys.argv[1])))
+        s.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        conns.append(s)
+    except OSError:
+        pass
+for _ in range(8):
+    time.sleep(0.5)
+    for s in conns:
+        try:
+            s.send(b"X-Slow: 1\r\n")
+        except OSError:
+            pass
+PY
+slow=$!
+sleep 1
+if got=$(curl -s -m 3 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/metrics") &&
+   [[ $got == 200 ]]; then
+    pass metrics-http-slow-clients-do-not-lock-out
+else
+    fail metrics-http-slow-clients-do-not-lock-out "scrape got ${got:-nothing} with 24 slow clients on 127.0.0.2"
+fi
+kill "$slow" 2>/dev/null; wait "$slow" 2>/dev/null
+
 # 3. I/O moves the counters: requests by exactly what vblk-bench
 #    submitted, kicks, calls, the iothread's CPU; no counter goes back.
 #    While the frontend is connected the gauge says 1; after it, 0, and

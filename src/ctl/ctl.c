@@ -532,7 +532,15 @@ static void ctl_accept_cb(void *opaque, uint32_t events)
 		got += (size_t)r;
 	}
 	req[got] = '\0';
-	reply = handle(s->dev, s->cmds, s->ncmds, req);
+	if (got == sizeof(req) - 1 && !memchr(req, '\n', got)) {
+		char msg[64];
+
+		snprintf(msg, sizeof(msg), "{ \"error\": \"request longer than %d bytes\" }",
+			 CTL_MAX_REQ);
+		reply = strdup(msg);
+	} else {
+		reply = handle(s->dev, s->cmds, s->ncmds, req);
+	}
 	if (reply) {
 		size_t n = strlen(reply);
 
@@ -540,6 +548,11 @@ static void ctl_accept_cb(void *opaque, uint32_t events)
 		send_all(fd, reply, n + 1);
 		free(reply);
 	}
+	/* Closing with unread bytes would reset the connection, and the
+	 * client would lose the reply: read (a bounded amount of) what is
+	 * left first. */
+	for (int i = 0; i < 64 && recv(fd, req, sizeof(req), MSG_DONTWAIT) > 0; i++)
+		;
 	close(fd);
 }
 

@@ -382,6 +382,15 @@ print(s.recv(4096).decode().strip())' "$tmp/c.sock" 2>&1)
     [[ $out == *'"error": "permission denied: the control socket serves root and uid 0 only, not uid 65534"'* ]] &&
         grep -q "control socket: refused a client of uid 65534" "$tmp/vblkd.log" &&
         pass ctl-other-user-refused || fail ctl-other-user-refused "$out"
+    # A request over 4096 bytes gets an error that says so (and the reply
+    # is not lost to a reset from closing on unread bytes).
+    out=$(python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+s.sendall(b"{\"cmd\": \"stats\", \"x\": \"" + b"a" * 200000 + b"\"}\n")
+print(s.recv(4096).decode().strip())' "$tmp/c.sock" 2>&1)
+    [[ $out == '{ "error": "request longer than 4096 bytes" }' ]] &&
+        pass ctl-request-too-long || fail ctl-request-too-long "$out"
     # A client that trickles its request a byte at a time has one second
     # in all, not one per byte (the main thread serves it meanwhile).
     out=$(python3 -c '

@@ -151,9 +151,6 @@ static bool uring_feed(struct bdev_ctx *c)
 		if (!c->wait_head)
 			c->wait_tail = &c->wait_head;
 		uring_prep(c, q, io, sqe);
-		io->polled = q == &c->polled;
-		c->pinflight += io->polled;
-		q->queued++;
 		fed = true;
 	}
 	return fed;
@@ -186,6 +183,7 @@ static bool uring_is_polled(const struct bdev_ctx *c, const struct bdev_io *io)
 	       (io->op == BDEV_READ || (io->op == BDEV_WRITE && !io->fua));
 }
 
+/* Fill sqe with io for ring q, and count it queued there (and polled). */
 static void uring_prep(struct bdev_ctx *c, struct uring_ring *q, struct bdev_io *io,
 		       struct io_uring_sqe *sqe)
 {
@@ -214,6 +212,9 @@ static void uring_prep(struct bdev_ctx *c, struct uring_ring *q, struct bdev_io 
 	if (q->fixed_file)
 		sqe->flags |= IOSQE_FIXED_FILE;
 	io_uring_sqe_set_data(sqe, io);
+	io->polled = q == &c->polled;
+	c->pinflight += io->polled;
+	q->queued++;
 }
 
 static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
@@ -240,9 +241,6 @@ static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 		}
 	}
 	uring_prep(c, q, io, sqe);
-	io->polled = q == &c->polled;
-	c->pinflight += io->polled;
-	q->queued++;
 	queued = c->irq.queued + c->polled.queued;
 	/* A disk with little to do gets each request at once; one that
 	 * already has k requests gets them in batches of k/4.  Waiting for

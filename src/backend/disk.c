@@ -204,7 +204,8 @@ static bool on_memory_fs(int fd)
 	       (sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC);
 }
 
-int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen)
+/* bdev_open without the handed-over fd's cleanup: never closes o->fd. */
+static int open_disk(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen)
 {
 	int flags = (o->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC;
 	unsigned mem_align = 512, off_align = 512;
@@ -408,7 +409,19 @@ open_err:
 			 strerror(-r));
 	return r;
 err_close:
-	close(fd);
+	if (!o->take_fd)
+		close(fd);
+	return r;
+}
+
+int bdev_open(const struct bdev_opts *o, struct bdev *b, char *err, size_t errlen)
+{
+	int r = open_disk(o, b, err, errlen);
+
+	/* A disk handed over is ours from the call on (bdev.h): closed on
+	 * every error, whichever check failed. */
+	if (r < 0 && o->take_fd)
+		close(o->fd);
 	return r;
 }
 

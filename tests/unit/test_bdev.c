@@ -346,6 +346,48 @@ static void test_more_io_than_depth(void)
 	}
 }
 
+/* A disk handed over by the process we replace (upgrade) is bdev_open's
+ * from the call on: closed whichever check refuses it (a wrong backend,
+ * not a file, opened read-only for a writable disk), kept on success. */
+static void test_taken_fd_closed_on_every_error(void)
+{
+	static const struct {
+		const char *path, *engine;
+	} cases[] = {
+		{ "(img)", "nosuch" },		/* unknown backend */
+		{ "/dev/null", "threads" },	/* a character device */
+		{ "(img)", "threads" },		/* O_RDONLY, served writable */
+	};
+
+	for (unsigned i = 0; i < ARRAY_SIZE(cases); i++) {
+		bool is_img = !strcmp(cases[i].path, "(img)");
+		int fd = open(is_img ? img : cases[i].path, O_RDONLY | O_CLOEXEC);
+		struct bdev_opts o = { .path = is_img ? img : cases[i].path,
+				       .engine = cases[i].engine,
+				       .cache = BDEV_CACHE_WRITEBACK, .take_fd = true, .fd = fd };
+		struct bdev b;
+		char err[256];
+
+		ASSERT_TRUE(fd >= 0);
+		ASSERT_TRUE(bdev_open(&o, &b, err, sizeof(err)) < 0);
+		ASSERT_EQ(fcntl(fd, F_GETFD), -1);
+		ASSERT_EQ(errno, EBADF);
+	}
+	{
+		int fd = open(img, O_RDWR | O_CLOEXEC);
+		struct bdev_opts o = { .path = img, .engine = "threads",
+				       .cache = BDEV_CACHE_WRITEBACK, .take_fd = true, .fd = fd };
+		struct bdev b;
+		char err[256];
+
+		ASSERT_TRUE(fd >= 0);
+		if (bdev_open(&o, &b, err, sizeof(err)) < 0)
+			T_FAIL("bdev_open: %s", err);
+		ASSERT_EQ(b.fd, fd);
+		bdev_close(&b);
+	}
+}
+
 /* ---- The image lock ---- */
 
 static void open_disk(struct bdev *b, bool read_only)
@@ -447,6 +489,7 @@ int main(void)
 		ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
 		close(fd);
 		RUN(test_more_io_than_depth);
+		RUN(test_taken_fd_closed_on_every_error);
 		RUN(test_lock_excludes_second_writer);
 		RUN(test_lock_follows_qemu_lock_bytes);
 		unlink(img);

@@ -33,6 +33,11 @@
 #define METRICS_HTTP_MAX_CONNECTIONS 64
 #define METRICS_HTTP_MAX_PER_IP 4
 #define METRICS_HTTP_TIMEOUT_S 10
+/* A scrape reads every iothread's counters (a loop_call_sync into each):
+ * scrapes closer together than this get the same rendering, so that no
+ * client, however fast it asks, wakes the iothreads more than 10 times a
+ * second.  Prometheus scrapes every few seconds and never sees it. */
+#define METRICS_HTTP_CACHE_NS 100000000ull
 
 struct metrics_http {
 	const struct metrics_source *src;
@@ -42,6 +47,8 @@ struct metrics_http {
 	struct MHD_Daemon *mhd;
 	struct loop_fd *epoll_h;	/* MHD's epoll fd in the main loop */
 	struct loop_timer *timer;	/* MHD_get_timeout's deadline */
+	struct MHD_Response *last;	/* the latest rendering (MHD counts its users) */
+	uint64_t last_ns;		/* when it was rendered */
 };
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *text,
@@ -69,8 +76,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 				  void **req_cls)
 {
 	struct metrics_http *h = cls;
+	uint64_t now = sys_now_ns();
 	struct MHD_Response *r;
-	enum MHD_Result ret;
 	char *text;
 	int n;
 
@@ -80,6 +87,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	if (strcmp(url, "/metrics"))
 		return reply(c, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n",
 			     NULL);
+	if (h->last && now - h->last_ns < METRICS_HTTP_CACHE_NS)
+		return MHD_queue_response(c, MHD_HTTP_OK, h->last);
 	n = metrics_render(h->src, &text);
 	if (n < 0)
 		return reply(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "cannot render the metrics\n",
@@ -92,9 +101,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 	/* The exposition format's own content type (text format 0.0.4). */
 	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
 				"text/plain; version=0.0.4; charset=utf-8");
-	ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-	MHD_destroy_response(r);
-	return ret;
+	/* Connections still sending the previous one hold their own
+	 * reference: it is freed after the last of them. */
+	if (h->last)
+		MHD_destroy_response(h->last);
+	h->last = r;
+	h->last_ns = now;
+	return MHD_queue_response(c, MHD_HTTP_OK, r);
 }
 
 /* MHD_run as often as MHD wants it: at its next timeout, or never (no
@@ -230,6 +243,8 @@ void metrics_http_free(struct metrics_http *h)
 	 * never shuts it down (shutdown would stop a copy handed to another
 	 * process from listening too). */
 	MHD_stop_daemon(h->mhd);
+	if (h->last)
+		MHD_destroy_response(h->last);
 	close(h->fd);
 	free(h);
 }

@@ -16,7 +16,8 @@
  *     libmicrohttpd in its epoll mode with no thread of its own: its epoll
  *     fd is watched by the main loop, MHD_run runs when it is readable, and
  *     a main-loop timer runs it when MHD_get_timeout asks (idle
- *     connections are closed after 10 s).
+ *     connections are closed after 10 s); a scrape within 100 ms of the
+ *     last rendering gets that rendering.
  */
 #ifndef VBLK_METRICS_H
 #define VBLK_METRICS_H

@@ -110,6 +110,22 @@ else
 fi
 kill "$slow" 2>/dev/null; wait "$slow" 2>/dev/null
 
+# 2c. Scrapes as fast as one connection can ask get the same rendering
+#     for 100 ms (each rendering reads every iothread's counters): at most
+#     ~10 different ones a second, where each of 200 differed before (the
+#     process CPU time moves with every rendering).
+t0=$(date +%s%N)
+curl -s $(printf "http://127.0.0.1:$port/metrics %.0s" $(seq 200)) >"$tmp/flood.txt"
+t1=$(date +%s%N)
+n=$(grep -c '^vblkd_process_cpu_seconds_total ' "$tmp/flood.txt")
+distinct=$(grep '^vblkd_process_cpu_seconds_total ' "$tmp/flood.txt" | sort -u | wc -l)
+most=$(( (t1 - t0) / 100000000 + 2 ))
+if ((n == 200 && distinct >= 1 && distinct <= most)); then
+    pass metrics-http-renders-at-most-10-per-second
+else
+    fail metrics-http-renders-at-most-10-per-second "$n scrapes in $(( (t1 - t0) / 1000000 )) ms, $distinct renderings (at most $most)"
+fi
+
 # 3. I/O moves the counters: requests by exactly what vblk-bench
 #    submitted, kicks, calls, the iothread's CPU; no counter goes back.
 #    While the frontend is connected the gauge says 1; after it, 0, and
@@ -182,8 +198,10 @@ then pass metrics-counters-move-with-io; else fail metrics-counters-move-with-io
 [[ $(grep '^# TYPE' "$tmp/ctl.txt") == "$(scrape | grep '^# TYPE')" ]] && ! grep -q '^{' "$tmp/ctl.txt" &&
     pass vblkctl-metrics-same-families || fail vblkctl-metrics-same-families
 
-# 5. Resize shows in the disk size.
+# 5. Resize shows in the disk size (once the last rendering, 100 ms at
+#    most, has made way).
 "$CTL" --control "$tmp/c.sock" resize 32M >/dev/null
+sleep 0.15
 [[ $(value "$(scrape)" vblkd_disk_size_bytes) == 33554432 ]] &&
     pass metrics-disk-size-after-resize || fail metrics-disk-size-after-resize "$(scrape | grep disk_size)"
 

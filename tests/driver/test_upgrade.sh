@@ -2,8 +2,9 @@
 # Description: upgrade in place (vblkctl upgrade) with vblk-bench as the
 # frontend: three upgrades in a row under verified I/O on split rings and
 # one on packed rings, with no reconnect and the image lock carried over;
-# a new binary that fails to start, speaks another handover version or
-# refuses the state leaves the old daemon serving; an upgrade with no
+# a new binary that fails to start, speaks another handover version,
+# refuses the state or closes the handover socket and runs on leaves the
+# old daemon serving; an upgrade with no
 # frontend; one-line errors for bad --exec.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
@@ -129,20 +130,29 @@ cat >"$tmp/one-queue" <<EOS
 #!/bin/sh
 exec "$VBLKD" "\$@" --queues 1
 EOS
-chmod +x "$tmp/other-version" "$tmp/one-queue"
+# Closes the handover socket and runs on (the old process waited for it
+# to exit, for ever: upgrade hung, and the main loop with it).
+cat >"$tmp/lets-go" <<'EOS'
+#!/bin/bash
+eval "exec ${VBLKD_HANDOVER_FD:?}>&-"
+exec sleep 20
+EOS
+chmod +x "$tmp/other-version" "$tmp/one-queue" "$tmp/lets-go"
 name=upgrade-failures
 if start "$tmp/$name.log" --disk "$tmp/disk.img" --queues 2; then
     old=${pids[-1]}
-    "$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 8 --numjobs 2 --runtime 5 --ramp 0 \
+    "$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 8 --numjobs 2 --runtime 7 --ramp 0 \
         --size 16M --rate-iops 3000 --verify --json >"$tmp/$name.json" 2>"$tmp/$name.err" &
     bpid=$!
     sleep 1
     for c in "/bin/false:exited with status 1" "$tmp/other-version:handover version 99" \
-             "$tmp/one-queue:queues"; do
+             "$tmp/one-queue:queues" "$tmp/lets-go:stopped it"; do
         exe=${c%%:*} why=${c#*:}
+        t0=$SECONDS
         rc=0; upgrade --exec "$exe" >/dev/null || rc=$?
-        ok "upgrade-refused-$(basename "$exe")-says-why" "((rc != 0)) && grep -q '$why' '$tmp/up.out'" \
-           "rc=$rc $(cat "$tmp/up.out")"
+        ok "upgrade-refused-$(basename "$exe")-says-why" \
+           "((rc != 0 && SECONDS - t0 < 10)) && grep -q '$why' '$tmp/up.out'" \
+           "rc=$rc after $((SECONDS - t0)) s: $(cat "$tmp/up.out")"
         ok "upgrade-refused-$(basename "$exe")-old-serves-on" "alive $old"
         sleep 0.5
     done
@@ -151,7 +161,7 @@ if start "$tmp/$name.log" --disk "$tmp/disk.img" --queues 2; then
     bench_ok "$name-data-verified" "$tmp/$name.json"
     # The refused candidates are gone (killed and reaped, no zombie).
     ok "$name-no-leftover-process" \
-       "! pgrep -f 'VBLKD_TEST_HANDOVER|$tmp/one-queue' >/dev/null && [[ -z \$(ps -o stat= --ppid $old | grep Z) ]]"
+       "! pgrep -f 'VBLKD_TEST_HANDOVER|$tmp/one-queue|$tmp/lets-go|sleep 20' >/dev/null && [[ -z \$(ps -o stat= --ppid $old | grep Z) ]]"
     kill -TERM "$old"; wait "$old"
 fi
 

@@ -129,6 +129,20 @@ int bdev_io_consume(struct bdev_io *io, size_t done)
 	return 0;
 }
 
+void bdev_flush_failed(struct bdev *b, int res)
+{
+	/* O_DIRECT writes do not wait in the page cache, and a network
+	 * disk's client has rules of its own (nbd.c, rbd.c). */
+	if (b->direct || b->fd < 0 || b->engine->open)
+		return;
+	if (!atomic_exchange(&b->cache_lost, true))
+		log_err("disk %s: a flush failed (%s): writes the page cache held may "
+			"never reach the disk, and Linux will not say so again; every "
+			"flush fails from now on (the guest must not trust what it wrote "
+			"since its last good flush; restart vblkd once the disk is healthy)",
+			b->path ? b->path : "(disk)", strerror(-res));
+}
+
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 {
 	io->b = b;
@@ -136,6 +150,11 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 	io->bounce = NULL;
 	io->rest = NULL;
 	io->fua_flush = false;
+	if (io->op == BDEV_FLUSH && unlikely(atomic_load_explicit(&b->cache_lost,
+								  memory_order_relaxed))) {
+		bdev_complete(io, -EIO);
+		return;
+	}
 	if (io->op == BDEV_DISCARD || io->op == BDEV_WRITE_ZEROES) {
 		io->len = io->length;
 		io->zero_retried = false;
@@ -248,5 +267,9 @@ void bdev_complete(struct bdev_io *io, int res)
 		io->op = BDEV_WRITE;
 		io->fua_flush = false;
 	}
+	/* A write-through write (RWF_DSYNC) syncs as a flush does, and
+	 * takes the same error away from the next fdatasync. */
+	if (unlikely(res < 0) && (io->op == BDEV_FLUSH || (io->op == BDEV_WRITE && io->fua)))
+		bdev_flush_failed(io->b, res);
 	io->cb(io, res);
 }

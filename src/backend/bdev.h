@@ -12,6 +12,7 @@
 #ifndef VBLK_BDEV_H
 #define VBLK_BDEV_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -175,6 +176,12 @@ struct bdev {
 	 * poll queues, which raise no interrupt (uring.c). */
 	bool iopoll;
 	bool locked;		/* bdev_lock holds the image lock */
+	/* Through the page cache (!direct), a flush failed: Linux marks the
+	 * pages it could not write clean, the next fdatasync succeeds, and
+	 * what they held is gone.  From then on every flush fails (-EIO),
+	 * as QEMU's file driver does (page_cache_inconsistent).  Any
+	 * thread (bdev_flush_failed). */
+	_Atomic bool cache_lost;
 	unsigned caps;		/* BDEV_CAP_*: the engine's, less what this disk lacks */
 	unsigned max_ctxs;	/* iothreads that may serve this disk; 0: any */
 	const struct bdev_engine *engine;
@@ -272,6 +279,11 @@ int bdev_io_consume(struct bdev_io *io, size_t done);
 /* Called by engines when an I/O finished: undoes the bounce, applies the
  * generic fallbacks (see bdev.c), then cb. */
 void bdev_complete(struct bdev_io *io, int res);
+
+/* A flush of b failed with res (an fdatasync, a flush request, a
+ * write-through write): through the page cache, b->cache_lost from now
+ * on, logged once.  Any thread. */
+void bdev_flush_failed(struct bdev *b, int res);
 
 /* fallocate(2) mode for a discard / write-zeroes on this disk: files and
  * block devices take different flag sets for the same meaning. */

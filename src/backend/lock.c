@@ -87,8 +87,10 @@ int bdev_lock(struct bdev *b)
 	}
 	b->locked = true;
 	/* Through the page cache, what another host wrote since we last ran
-	 * (e.g. a migration back here, on NFS) may be cached stale. */
-	if (!b->direct)
+	 * (e.g. a migration back here, on NFS) may be cached stale.  Not
+	 * once a flush failed: the pages then hold the guest's writes that
+	 * the disk may not (flushes fail; reads need not go back in time). */
+	if (!b->direct && !atomic_load(&b->cache_lost))
 		(void)posix_fadvise(b->fd, 0, 0, POSIX_FADV_DONTNEED);
 	log_info("disk %s: locked for writing (rings running)", b->path);
 	return 0;
@@ -107,9 +109,13 @@ void bdev_unlock(struct bdev *b)
 	}
 	/* The next writer may be on another host (a migration's destination)
 	 * and see only what reached the disk. */
-	if (!b->direct && fdatasync(b->fd) < 0)
+	if (!b->direct && fdatasync(b->fd) < 0) {
+		int r = -errno;
+
 		log_err("disk %s: flushing before handing it over failed: %s", b->path,
-			strerror(errno));
+			strerror(-r));
+		bdev_flush_failed(b, r);
+	}
 	(void)ofd_lock(b->fd, F_UNLCK, LOCK_UNSHARE_WRITE, F_OFD_SETLK, &fl);
 	(void)ofd_lock(b->fd, F_UNLCK, LOCK_PERM_WRITE, F_OFD_SETLK, &fl);
 	log_info("disk %s: unlocked (no ring running)", b->path);

@@ -388,6 +388,56 @@ static void test_taken_fd_closed_on_every_error(void)
 	}
 }
 
+/* Never called: its presence makes a network engine. */
+static int fake_open(struct bdev *b, const struct bdev_opts *o, char *err, size_t errlen)
+{
+	return -ENOSYS;
+}
+
+/* Through the page cache a failed flush is the last word Linux says about
+ * the pages it could not write (they are marked clean; the next fdatasync
+ * succeeds): every later flush fails without asking the disk, writes go on;
+ * a failed write-through write counts as a failed flush.  O_DIRECT and
+ * network disks keep their own rules. */
+static void test_failed_flush_fails_every_later_flush(void)
+{
+	static const struct bdev_engine net_engine = {
+		.name = "fake-net", .submit = fake_submit, .open = fake_open,
+	};
+	int fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+
+	ASSERT_TRUE(fd >= 0);
+	for (int kind = 0; kind < 4; kind++) {
+		/* 0: page cache, flush fails; 1: page cache, FUA write fails;
+		 * 2: O_DIRECT; 3: a network disk. */
+		struct bdev b = { .fd = fd, .block_size = 512, .size = 1 << 20,
+				  .direct = kind == 2, .dio_mem_align = 1,
+				  .engine = kind == 3 ? &net_engine : &fake_engine };
+		struct iovec iov = { .iov_base = (char[512]){ 0 }, .iov_len = 512 };
+		struct bdev_io io = { .op = kind == 1 ? BDEV_WRITE : BDEV_FLUSH, .fua = kind == 1,
+				      .iov = &iov, .iovcnt = 1, .cb = done };
+		bool sticky = kind < 2;
+
+		f.res_other = -EIO;
+		f.submits = f.cbs = 0;
+		bdev_submit(&b, NULL, &io);
+		ASSERT_EQ(f.cb_res, -EIO);
+		/* The disk is fine again: only the page cache's loss remains. */
+		f.res_other = 0;
+		for (int i = 0; i < 2; i++) {
+			io = (struct bdev_io){ .op = BDEV_FLUSH, .cb = done };
+			bdev_submit(&b, NULL, &io);
+			ASSERT_EQ(f.cb_res, sticky ? -EIO : 0);
+		}
+		ASSERT_EQ(f.submits, sticky ? 1 : 3);	/* not asked again */
+		io = (struct bdev_io){ .op = BDEV_WRITE, .iov = &iov, .iovcnt = 1, .cb = done };
+		bdev_submit(&b, NULL, &io);
+		ASSERT_EQ(f.cb_res, 0);
+		ASSERT_EQ(atomic_load(&b.cache_lost), sticky);
+	}
+	close(fd);
+}
+
 /* ---- The image lock ---- */
 
 static void open_disk(struct bdev *b, bool read_only)
@@ -482,6 +532,7 @@ int main(void)
 	RUN(test_short_bounced_read_copies_all);
 	RUN(test_bounce_goes_in_parts);
 	RUN(test_bounce_segment_lengths);
+	RUN(test_failed_flush_fails_every_later_flush);
 	{
 		int fd = mkstemp(img);
 

@@ -141,7 +141,13 @@ static bool blk_queue_signal(struct blk_queue *q)
 	if (q->call_fd < 0)
 		return false;
 	stat_inc(&q->calls);
-	(void)sys_eventfd_signal(q->call_fd);
+	if (unlikely(sys_eventfd_signal_shared(q->call_fd) == -EINTR)) {
+		/* Made blocking and filled by the frontend, and interrupted
+		 * (loop.h): no more interrupts through it. */
+		q->call_fd = -1;
+		vq_set_broken(&q->vq, "the frontend made its call eventfd block (cleared "
+			      "O_NONBLOCK, filled the counter)");
+	}
 	return true;
 }
 
@@ -724,8 +730,9 @@ static void blk_queue_process(struct blk_queue *q)
 		}
 	}
 out:
-	if (q->vq.broken && q->err_fd >= 0)
-		(void)sys_eventfd_signal(q->err_fd);
+	if (q->vq.broken && q->err_fd >= 0 &&
+	    sys_eventfd_signal_shared(q->err_fd) == -EINTR)
+		q->err_fd = -1;		/* as the call fd above */
 }
 
 static void blk_resume_bh(void *opaque)

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +84,13 @@ struct loop_call {
 	void *arg;
 	bool done;
 	struct loop_call *next;
+	uint64_t shared_ops_seen;	/* the loop's shared_ops at the last check */
 };
+
+/* loop_call_sync looks at an unanswered call this often; LOOP_SIG_POKE
+ * interrupts a loop thread's blocked write to a shared eventfd. */
+#define LOOP_WATCHDOG_S 1
+#define LOOP_SIG_POKE SIGRTMIN
 
 struct loop {
 	char name[16];
@@ -98,6 +105,9 @@ struct loop {
 	bool accepting;			/* calls are queued, under call_lock */
 	bool no_pwait2;			/* the kernel has no epoll_pwait2 */
 	uint64_t now_ns;		/* the current iteration woke (loop_now) */
+	/* Shared-fd operations begun and ended by the loop thread (odd: one
+	 * under way; sys_shared_fd_watch), for loop_call_sync's watchdog. */
+	_Atomic uint64_t shared_ops;
 
 	/* Loop thread only. */
 	struct loop_bh *bh_list;
@@ -845,6 +855,7 @@ int loop_run(struct loop *l)
 	uint64_t now, woke;
 
 	l->thread = pthread_self();
+	sys_shared_fd_watch(&l->shared_ops);
 	if (pthread_getcpuclockid(l->thread, &l->cpu_clock) == 0)
 		atomic_store(&l->have_cpu_clock, true);
 	pthread_mutex_lock(&l->call_lock);
@@ -912,6 +923,7 @@ int loop_run(struct loop *l)
 	l->accepting = false;
 	pthread_mutex_unlock(&l->call_lock);
 	loop_run_calls(l);
+	sys_shared_fd_watch(NULL);
 	atomic_store(&l->running, false);
 	return 0;
 }
@@ -959,16 +971,59 @@ int loop_call_sync(struct loop *l, loop_cb fn, void *arg)
 	(void)sys_eventfd_signal(l->wake_fd);
 
 	pthread_mutex_lock(&l->call_lock);
-	while (!c.done)
-		pthread_cond_wait(&l->call_done, &l->call_lock);
+	while (!c.done) {
+		struct timespec ts;
+		uint64_t ops;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += LOOP_WATCHDOG_S;
+		if (pthread_cond_timedwait(&l->call_done, &l->call_lock, &ts) != ETIMEDOUT ||
+		    c.done || !l->has_thread)
+			continue;
+		/*
+		 * No answer for a while.  A loop thread can be slow to get
+		 * here (draining a disk that does not answer); what must not
+		 * hold it is a notification fd the frontend made blocking and
+		 * filled (sys_eventfd_signal_shared): the same operation under
+		 * way at two checks running is that, and is interrupted.
+		 */
+		ops = atomic_load_explicit(&l->shared_ops, memory_order_relaxed);
+		if ((ops & 1) && ops == c.shared_ops_seen) {
+			log_err("loop %s: stuck for %d s in a write to a frontend's eventfd "
+				"(made blocking and filled by the frontend): interrupting it",
+				l->name, LOOP_WATCHDOG_S);
+			(void)pthread_kill(l->joiner_tid, LOOP_SIG_POKE);
+		}
+		c.shared_ops_seen = ops;
+	}
 	pthread_mutex_unlock(&l->call_lock);
 	return 0;
+}
+
+static void loop_poke_handler(int sig)
+{
+	/* Nothing: being delivered is what interrupts the system call. */
+}
+
+static void loop_poke_install(void)
+{
+	struct sigaction sa = { .sa_handler = loop_poke_handler };
+
+	/* No SA_RESTART: a write blocked on an eventfd returns EINTR. */
+	sigemptyset(&sa.sa_mask);
+	(void)sigaction(LOOP_SIG_POKE, &sa, NULL);
 }
 
 static void *loop_thread_main(void *opaque)
 {
 	struct loop *l = opaque;
+	sigset_t poke;
 
+	/* The one signal a loop thread takes (the process's others are
+	 * blocked in every thread and read from a signalfd by main). */
+	sigemptyset(&poke);
+	sigaddset(&poke, LOOP_SIG_POKE);
+	pthread_sigmask(SIG_UNBLOCK, &poke, NULL);
 	log_set_thread_name(l->name);
 	loop_run(l);
 	defer_release();
@@ -977,8 +1032,10 @@ static void *loop_thread_main(void *opaque)
 
 int loop_thread_start(struct loop *l)
 {
+	static pthread_once_t poke_once = PTHREAD_ONCE_INIT;
 	int r;
 
+	pthread_once(&poke_once, loop_poke_install);
 	l->has_thread = true;
 	/* Accept calls from now on, so none issued between here and
 	 * loop_run() runs on the wrong thread. */

@@ -165,6 +165,11 @@ void loop_stop(struct loop *l);
  * the control plane (vhost-user messages, main thread) hands state changes
  * to the iothread that owns the state: never raced, always serialized with
  * the data path.  Called on the loop thread itself, runs fn directly.
+ * A watchdog: a loop thread (loop_thread_start) found twice running, a
+ * second apart, in the same write to an eventfd a frontend shares with us
+ * (sys_eventfd_signal_shared: the frontend cleared O_NONBLOCK and filled
+ * the counter) is interrupted (a signal, SIGRTMIN, which loop threads take
+ * with an empty handler): the write returns -EINTR and the call gets run.
  * Returns 0.
  */
 int loop_call_sync(struct loop *l, loop_cb fn, void *arg);

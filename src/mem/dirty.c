@@ -115,6 +115,10 @@ void gm_dirty_kick(struct gm_dirty_log *l)
 {
 	int fd = atomic_load_explicit(&l->call_fd, memory_order_relaxed);
 
-	if (fd >= 0)
-		(void)sys_eventfd_signal(fd);
+	/* Made blocking and filled by the frontend, and interrupted (loop.h):
+	 * it gets no more. */
+	if (fd >= 0 && sys_eventfd_signal_shared(fd) == -EINTR &&
+	    atomic_compare_exchange_strong(&l->call_fd, &fd, -1))
+		log_err("dirty log: the frontend made its log eventfd block (cleared "
+			"O_NONBLOCK, filled the counter): no more log kicks");
 }

@@ -5,7 +5,10 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <sys/eventfd.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,10 +50,55 @@ int sys_eventfd_signal(int fd)
 	return r < 0 ? (int)r : 0;
 }
 
+/* This thread's count of shared-fd operations begun and ended (odd: one
+ * is under way), for loop_call_sync's watchdog; NULL outside a loop. */
+static _Thread_local _Atomic uint64_t *shared_ops;
+
+void sys_shared_fd_watch(_Atomic uint64_t *ops)
+{
+	shared_ops = ops;
+}
+
+/* One read or write of an eventfd that may block (its O_NONBLOCK cleared
+ * by the process we share it with), counted for the watchdog and never
+ * retried on EINTR: that is the watchdog interrupting it. */
+static ssize_t shared_rw(int fd, uint64_t *v, bool is_write)
+{
+	ssize_t r;
+
+	if (shared_ops)
+		atomic_fetch_add_explicit(shared_ops, 1, memory_order_relaxed);
+	r = is_write ? write(fd, v, sizeof(*v)) : read(fd, v, sizeof(*v));
+	if (r < 0)
+		r = -errno;
+	if (shared_ops)
+		atomic_fetch_add_explicit(shared_ops, 1, memory_order_relaxed);
+	return r;
+}
+
+int sys_eventfd_signal_shared(int fd)
+{
+	uint64_t one = 1;
+	ssize_t r = shared_rw(fd, &one, true);
+
+	if (r == -EAGAIN)
+		return 0;	/* saturated: the reader will wake anyway */
+	return r < 0 ? (int)r : 0;
+}
+
 int64_t sys_eventfd_drain(int fd)
 {
 	uint64_t v;
-	ssize_t r = sys_read(fd, &v, sizeof(v));
+	struct iovec iov = { .iov_base = &v, .iov_len = sizeof(v) };
+	ssize_t r;
+
+	/* Whatever the file's flags say now (a frontend can clear the
+	 * O_NONBLOCK it shares with us): never wait (Linux 5.12). */
+	do
+		r = preadv2(fd, &iov, 1, -1, RWF_NOWAIT);
+	while (r < 0 && errno == EINTR);
+	if (r < 0)
+		r = errno == EOPNOTSUPP || errno == EINVAL ? shared_rw(fd, &v, false) : -errno;
 
 	if (r == -EAGAIN)
 		return 0;

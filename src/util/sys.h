@@ -5,6 +5,7 @@
 #ifndef VBLK_SYS_H
 #define VBLK_SYS_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -15,8 +16,19 @@ ssize_t sys_write(int fd, const void *buf, size_t len);
 int sys_eventfd(void);
 /* Signal an eventfd (add 1).  Returns 0 or -errno. */
 int sys_eventfd_signal(int fd);
-/* Drain an eventfd; returns the counter value read, 0 if none, or -errno. */
+/* Drain an eventfd; returns the counter value read, 0 if none, or -errno.
+ * Never blocks, even on an eventfd another process made blocking (before
+ * Linux 5.12: as sys_eventfd_signal_shared). */
 int64_t sys_eventfd_drain(int fd);
+/* Signal an eventfd another process holds too (a frontend's call, err or
+ * log fd).  The file's flags are shared with it: it can clear the
+ * O_NONBLOCK we set and fill the counter, and this write then blocks.  On
+ * a loop thread such a write is interrupted by loop_call_sync's watchdog
+ * (loop.h) and returns -EINTR: stop using that fd.  0, or -errno. */
+int sys_eventfd_signal_shared(int fd);
+/* The loop thread's counter of shared-fd operations (loop.c), NULL to
+ * stop counting.  The calling thread. */
+void sys_shared_fd_watch(_Atomic uint64_t *ops);
 /* Take an fd another process sent as an eventfd: 0 if it is one (made
  * non-blocking if it was not), -EINVAL if it is something else (a pipe, a
  * socket, a file: a read or write could block the thread that uses it),

@@ -1041,6 +1041,45 @@ static void test_broken_ring_reports_needs_reset(void)
 	ASSERT_TRUE(st & VIRTIO_CONFIG_S_NEEDS_RESET);
 }
 
+/*
+ * The frontend clears the O_NONBLOCK we set on its call eventfd (the flag
+ * belongs to the open file, which it shares with us) and fills the
+ * counter: our interrupt write then blocks the iothread, and the main
+ * thread with it at its next call into it (any message that touches a
+ * ring; before the watchdog, for ever).  The write is interrupted after a
+ * second or two, the ring broken, the message answered.  Last in its
+ * group: the ring is stopped.
+ */
+static void test_call_fd_made_blocking_is_interrupted(void)
+{
+	struct vdrv_queue *q = &fx.drv->q[0];
+	uint64_t full = 0xfffffffffffffffeull, v, deadline, t0, took;
+	struct iovec out = { fx.hdr, sizeof(*fx.hdr) }, in = { fx.status, 1 };
+
+	(void)!read(q->call_fd, &v, sizeof(v));
+	ASSERT_EQ(fcntl(q->call_fd, F_SETFL, fcntl(q->call_fd, F_GETFL) & ~O_NONBLOCK), 0);
+	ASSERT_EQ(write(q->call_fd, &full, sizeof(full)), (ssize_t)sizeof(full));
+	while (vdrv_enable_cb(q))
+		(void)vdrv_get(q, &fx.used_len);
+	fx.hdr->type = VIRTIO_BLK_T_FLUSH;
+	fx.hdr->reserved = 0;
+	fx.hdr->sector = 0;
+	*fx.status = 0xff;
+	ASSERT_EQ(vdrv_add(q, &out, 1, &in, 1, &fx), 0);
+	vdrv_kick(q);
+	deadline = sys_now_ns() + TIMEOUT_MS * 1000000ull;
+	while (!vdrv_get(q, &fx.used_len) && sys_now_ns() < deadline)
+		usleep(1000);
+	ASSERT_EQ(*fx.status, S_OK);
+	usleep(100000);		/* the iothread is in its write now */
+	t0 = sys_now_ns();
+	ASSERT_EQ(vdrv_stop_rings(fx.drv, NULL), 0);
+	took = (sys_now_ns() - t0) / 1000000;
+	fprintf(stderr, "  GET_VRING_BASE answered after %llu ms\n", (unsigned long long)took);
+	ASSERT_TRUE(took >= 1000 && took < 10000);
+	ASSERT_EQ(fcntl(q->call_fd, F_SETFL, O_NONBLOCK), 0);
+}
+
 static unsigned groups_run;
 
 static void group_uring(void)
@@ -1087,6 +1126,7 @@ static void group_threads(void)
 	RUN(test_discard_unmap_flag_unsupp);
 	RUN(test_bad_later_segment_runs_none);
 	run_dwz_cases();
+	RUN(test_call_fd_made_blocking_is_interrupted);
 	teardown();
 }
 

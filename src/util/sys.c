@@ -62,17 +62,23 @@ void sys_shared_fd_watch(_Atomic uint64_t *ops)
 /* One read or write of an eventfd that may block (its O_NONBLOCK cleared
  * by the process we share it with), counted for the watchdog and never
  * retried on EINTR: that is the watchdog interrupting it. */
+static void shared_ops_inc(void)
+{
+	/* One writer (this thread): a plain add, no locked instruction. */
+	if (shared_ops)
+		atomic_store_explicit(shared_ops, atomic_load_explicit(shared_ops,
+				      memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
 static ssize_t shared_rw(int fd, uint64_t *v, bool is_write)
 {
 	ssize_t r;
 
-	if (shared_ops)
-		atomic_fetch_add_explicit(shared_ops, 1, memory_order_relaxed);
+	shared_ops_inc();
 	r = is_write ? write(fd, v, sizeof(*v)) : read(fd, v, sizeof(*v));
 	if (r < 0)
 		r = -errno;
-	if (shared_ops)
-		atomic_fetch_add_explicit(shared_ops, 1, memory_order_relaxed);
+	shared_ops_inc();
 	return r;
 }
 

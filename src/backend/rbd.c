@@ -51,6 +51,12 @@ struct rbd_disk {
 	char *pool, *name, *snap;
 	bool exclusive_lock;		/* the image has the feature */
 	bool ctx_taken;			/* the one ctx exists */
+	/* The image's size now: librbd tells us when its header changes
+	 * (rbd_update_watch), e.g. `rbd resize --allow-shrink` by someone
+	 * else.  Written on librbd's thread, read on the iothread. */
+	_Atomic uint64_t image_size;
+	uint64_t watch;
+	bool watching;
 };
 
 struct bdev_ctx {
@@ -64,6 +70,7 @@ struct bdev_ctx {
 	/* Found by the poll handler, run by its run(). */
 	rbd_completion_t found[RBD_BATCH];
 	unsigned nfound;
+	bool shrink_logged;
 };
 
 /* ---- Opening the image (main thread) ---- */
@@ -95,6 +102,8 @@ static int parse_spec(const char *spec, struct rbd_disk *d, char *err, size_t er
 
 static void disk_free(struct rbd_disk *d)
 {
+	if (d->watching)
+		(void)rbd_update_unwatch(d->image, d->watch);
 	if (d->image)
 		rbd_close(d->image);
 	if (d->ioctx)
@@ -162,6 +171,16 @@ static int cluster_connect(struct rbd_disk *d, const struct bdev_opts *o, char *
 	return 0;
 }
 
+/* librbd's thread, after it refreshed the image's header. */
+static void image_updated(void *arg)
+{
+	struct rbd_disk *d = arg;
+	uint64_t size;
+
+	if (rbd_get_size(d->image, &size) == 0)
+		atomic_store(&d->image_size, size);
+}
+
 static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 			 size_t errlen)
 {
@@ -203,6 +222,11 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 	}
 	(void)rbd_get_features(d->image, &features);
 	d->exclusive_lock = features & RBD_FEATURE_EXCLUSIVE_LOCK;
+	atomic_store(&d->image_size, size);
+	d->watching = rbd_update_watch(d->image, &d->watch, image_updated, d) == 0;
+	if (!d->watching)
+		log_warn("RBD image %s/%s: cannot watch its header: a shrink by another "
+			 "client would not be noticed", d->pool, d->name);
 	b->block_size = o->block_size ? o->block_size : 512;
 	b->phys_block_size = b->block_size;
 	b->discard_granularity = b->block_size;
@@ -249,6 +273,7 @@ static int disk_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 			 d->pool, d->name, strerror(-r));
 		return r;
 	}
+	atomic_store(&d->image_size, have);
 	if (have < size) {
 		snprintf(err, errlen, "RBD image '%s/%s' is %llu bytes: grow it first "
 			 "(rbd resize --size %lluB %s/%s)", d->pool, d->name,
@@ -315,6 +340,21 @@ static void img_start(struct bdev_ctx *c, struct bdev_io *io)
 	rbd_completion_t comp;
 	int r;
 
+	/* Shrunk under us (our size is the one the guest was told): librbd
+	 * would cut a write at the image's end and report it done; a write
+	 * whose end is gone fails, as one past the end does in librbd. */
+	if ((io->op == BDEV_WRITE || io->op == BDEV_WRITE_ZEROES) &&
+	    unlikely(io->offset + (io->op == BDEV_WRITE ? io->len : io->length) >
+		     atomic_load_explicit(&c->d->image_size, memory_order_relaxed))) {
+		if (!c->shrink_logged)
+			log_err("RBD image %s/%s shrank to %llu bytes under us (the guest was "
+				"told %llu): writes past its end fail", c->d->pool, c->d->name,
+				(unsigned long long)atomic_load(&c->d->image_size),
+				(unsigned long long)c->b->size);
+		c->shrink_logged = true;
+		bdev_complete(io, -EIO);
+		return;
+	}
 	r = rbd_aio_create_completion(io, NULL, &comp);
 	if (r < 0) {
 		bdev_complete(io, r);
@@ -360,10 +400,13 @@ static void img_io_done(struct bdev_ctx *c, struct bdev_io *io, ssize_t res)
 	/* A read's result is the bytes read: librbd clips a read at the end
 	 * of the image (shrunk under us: our size is the old one).  Past the
 	 * end reads as zeroes, as from a hole, not as whatever the guest's
-	 * buffer held (QEMU's rbd driver pads the same way).  A write's
-	 * result is 0, whatever librbd clipped. */
+	 * buffer held (QEMU's rbd driver pads the same way).  A write that
+	 * librbd says it cut short (the image shrank while it was on its
+	 * way) did not happen as asked. */
 	if (io->op == BDEV_READ && res >= 0 && (size_t)res < io->len)
 		iov_memset(io->iov, io->iovcnt, (size_t)res, 0, io->len - (size_t)res);
+	else if (io->op == BDEV_WRITE && res > 0 && (size_t)res < io->len)
+		res = -EIO;
 	/* librbd has no FUA: bdev.c follows a write-through write with a
 	 * flush, which also gets it past librbd's cache to the OSDs. */
 	bdev_complete(io, res < 0 ? (int)res : 0);

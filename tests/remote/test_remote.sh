@@ -239,6 +239,31 @@ upgrade_case() {	# NAME VBLKD-ARGS...
 ((have_nbdkit)) && upgrade_case nbd-tcp-upgrade --disk "$nbd_tcp"
 ((have_qnbd)) && upgrade_case nbd-unix-upgrade --disk "$nbd_unix"
 
+# ---- An image shrunk under vblkd ----
+# librbd cuts a write at the image's (new) end and reports it done: one
+# whose end is gone fails instead (IOERR, logged once); writes before the
+# end still succeed.  `rbd resize` here, by another client: librbd's
+# header watch tells vblkd.
+if ((have_ceph)) && rbd_ create --size 16 rbd/shrink &&
+    start rbd-shrink --disk rbd:rbd/shrink --ceph-conf "$conf" --cache none; then
+    if rbd_ resize --allow-shrink --size 8200K rbd/shrink >/dev/null 2>&1; then
+        sleep 1
+        bench rbd-shrink-inside --rw write --bs 8k --offset 8M --size 8k --runtime 0.2 --ramp 0
+        inside=$OUT
+        bench rbd-shrink-straddling --rw write --bs 16k --offset 8M --size 16k --runtime 0.2 --ramp 0
+        check rbd-shrunk-image-write-before-end-ok "$inside" "r['errors'] == 0 and r['ios'] > 0"
+        check rbd-shrunk-image-write-past-end-fails "$OUT" "r['errors'] > 0"
+        if grep -q "shrank to 8396800 bytes under us" "$tmp/rbd-shrink.log"; then
+            pass rbd-shrunk-image-logged
+        else
+            fail rbd-shrunk-image-logged "$(tail -2 "$tmp/rbd-shrink.log" | tr '\n' ' ')"
+        fi
+    else
+        fail rbd-shrink "rbd resize --allow-shrink failed"
+    fi
+    stop rbd-shrink
+fi
+
 # ---- Discard reaches the backend ----
 # vblk-bench --rw trim; tests/guest/remote.sh checks the same from a
 # guest's blkdiscard.

@@ -48,7 +48,14 @@ struct nbd_disk {
 	char *uri;
 	struct nbd_handle *spare;	/* bdev_open's connection, for the first ctx */
 	uint64_t size;			/* the export's, at open */
+	uint64_t max_payload;		/* bytes one read or write may carry */
 };
+
+/* What one NBD read or write may carry when the server does not say: the
+ * protocol's (clients SHOULD NOT send more than 32 MiB unaware of the
+ * server's maximum); libnbd refuses more than 64 MiB in any case. */
+#define NBD_PAYLOAD_DEFAULT (32u << 20)
+#define NBD_PAYLOAD_LIBNBD (64u << 20)
 
 enum nbd_state {
 	NBD_UP,
@@ -173,6 +180,12 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 		b->caps &= ~BDEV_CAP_WRITE_ZEROES;
 	b->max_ctxs = nbd_can_multi_conn(h) == 1 ? 0 : 1;
 	d->size = (uint64_t)size;
+	{
+		int64_t maxbs = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
+
+		d->max_payload = maxbs > 0 ? MIN((uint64_t)maxbs, NBD_PAYLOAD_LIBNBD) :
+					     NBD_PAYLOAD_DEFAULT;
+	}
 	d->spare = h;
 	b->priv = d;
 	log_info("NBD export %s: %llu bytes, %s%s%s%s%s", o->path, (unsigned long long)size,
@@ -473,9 +486,11 @@ static void conn_submit(struct bdev_ctx *c, struct bdev_io *io)
 		bdev_complete(io, -ENOTCONN);
 		return;
 	}
-	/* libnbd reads and writes one buffer per command. */
-	if ((io->op == BDEV_READ || io->op == BDEV_WRITE) && io->iovcnt > 1 &&
-	    bdev_io_bounce(io) < 0) {
+	/* libnbd reads and writes one buffer per command, of at most
+	 * max_payload bytes: a guest's request may have many segments, and
+	 * one segment may be up to 4 GiB (bounced I/O goes in 1 MiB parts). */
+	if ((io->op == BDEV_READ || io->op == BDEV_WRITE) &&
+	    (io->iovcnt > 1 || io->len > c->d->max_payload) && bdev_io_bounce(io) < 0) {
 		bdev_complete(io, -ENOMEM);
 		return;
 	}

@@ -1044,27 +1044,38 @@ static int blk_set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32
 	return 0;
 }
 
-/* Upgrade in place (vu.h): the write cache mode the guest chose.  Byte 0
- * is this blob's version, byte 1 the writeback byte. */
+/* Upgrade in place (vu.h): the write cache mode the guest chose, and
+ * whether a flush failed through the page cache (bdev.h, cache_lost: the
+ * new process must go on failing flushes).  Byte 0 is this blob's
+ * version, byte 1 the writeback byte, byte 2 (since 2026-12) flags: bit 0
+ * cache_lost.  A loader of version 1 reads bytes 0 and 1 only, so one
+ * that predates byte 2 still takes the blob (and a blob without it is
+ * taken here). */
+#define BLK_STATE_CACHE_LOST 0x01
+
 static size_t blk_save_state(void *opaque, uint8_t *buf, size_t len)
 {
 	struct blk_dev *d = opaque;
 
-	if (len < 2)
+	if (len < 3)
 		return 0;
 	buf[0] = 1;
 	buf[1] = d->wce;
-	return 2;
+	buf[2] = atomic_load(&d->b->cache_lost) ? BLK_STATE_CACHE_LOST : 0;
+	return 3;
 }
 
 static int blk_load_state(void *opaque, const uint8_t *buf, size_t len)
 {
 	struct blk_dev *d = opaque;
 
-	if (len < 2 || buf[0] != 1 || buf[1] > 1)
+	if (len < 2 || buf[0] != 1 || buf[1] > 1 || (len > 2 && (buf[2] & ~BLK_STATE_CACHE_LOST)))
 		return -EINVAL;
 	d->wce = buf[1];
 	blk_update_cache_mode(d);
+	if (len > 2 && (buf[2] & BLK_STATE_CACHE_LOST) && !atomic_exchange(&d->b->cache_lost, true))
+		log_err("disk %s: a flush failed before the upgrade: every flush fails, as "
+			"it did", d->b->path);
 	return 0;
 }
 

@@ -982,6 +982,35 @@ static int resize(uint64_t size, char *err)
  * still enforced.  Shrinking and partial blocks are refused with nothing
  * changed; the same size again is a no-op that tells nobody.
  */
+/* Upgrade in place: a failed page-cache flush (bdev.h, cache_lost) goes
+ * to the new process with the write cache mode, so that it goes on
+ * failing flushes; the blob of a vblkd from before (2 bytes) is still
+ * taken, an unknown flag is not. */
+static void test_state_carries_cache_lost(void)
+{
+	uint8_t buf[16];
+	size_t n;
+
+	ASSERT_TRUE(!atomic_load(&fx.b.cache_lost));
+	n = blk_vu_ops.save_state(fx.dev, buf, sizeof(buf));
+	ASSERT_EQ(n, 3);
+	ASSERT_EQ(buf[2], 0);
+	atomic_store(&fx.b.cache_lost, true);
+	n = blk_vu_ops.save_state(fx.dev, buf, sizeof(buf));
+	ASSERT_EQ(buf[2], 1);
+	atomic_store(&fx.b.cache_lost, false);
+	ASSERT_EQ(blk_vu_ops.load_state(fx.dev, buf, 2), 0);	/* an older vblkd's */
+	ASSERT_TRUE(!atomic_load(&fx.b.cache_lost));
+	buf[2] = 0x81;
+	ASSERT_EQ(blk_vu_ops.load_state(fx.dev, buf, n), -EINVAL);
+	buf[2] = 1;
+	ASSERT_EQ(blk_vu_ops.load_state(fx.dev, buf, n), 0);
+	ASSERT_TRUE(atomic_load(&fx.b.cache_lost));
+	ASSERT_EQ(submit(VIRTIO_BLK_T_FLUSH, 0, NULL, 0, 0), S_IOERR);
+	atomic_store(&fx.b.cache_lost, false);
+	ASSERT_EQ(submit(VIRTIO_BLK_T_FLUSH, 0, NULL, 0, 0), S_OK);
+}
+
 static void test_resize_grows_and_tells_frontend(void)
 {
 	uint64_t old = fx.cap, grown = old + 2048;	/* + 1 MiB */
@@ -1126,6 +1155,7 @@ static void group_threads(void)
 	RUN(test_discard_unmap_flag_unsupp);
 	RUN(test_bad_later_segment_runs_none);
 	run_dwz_cases();
+	RUN(test_state_carries_cache_lost);
 	RUN(test_call_fd_made_blocking_is_interrupted);
 	teardown();
 }

@@ -183,8 +183,11 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 	{
 		int64_t maxbs = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
 
+		/* Bounced parts are BDEV_BOUNCE_MAX: a server that takes
+		 * less fails those (not seen: qemu-nbd takes 32 MiB). */
 		d->max_payload = maxbs > 0 ? MIN((uint64_t)maxbs, NBD_PAYLOAD_LIBNBD) :
 					     NBD_PAYLOAD_DEFAULT;
+		d->max_payload = MAX(d->max_payload, (uint64_t)BDEV_BOUNCE_MAX);
 	}
 	d->spare = h;
 	b->priv = d;
@@ -489,7 +492,7 @@ static void conn_submit(struct bdev_ctx *c, struct bdev_io *io)
 	/* libnbd reads and writes one buffer per command, of at most
 	 * max_payload bytes: a guest's request may have many segments, and
 	 * one segment may be up to 4 GiB (bounced I/O goes in 1 MiB parts). */
-	if ((io->op == BDEV_READ || io->op == BDEV_WRITE) &&
+	if ((io->op == BDEV_READ || io->op == BDEV_WRITE) && !io->bounce &&
 	    (io->iovcnt > 1 || io->len > c->d->max_payload) && bdev_io_bounce(io) < 0) {
 		bdev_complete(io, -ENOMEM);
 		return;

@@ -893,6 +893,18 @@ static void do_queue_stop(void *opaque)
 	}
 	loop_fd_del(q->t->loop, q->kick_h);
 	q->kick_h = NULL;
+	/* Requests a previous backend left in flight that no pass took yet
+	 * (the ring stops before it was enabled, or before its resume bottom
+	 * half ran): the base reported counts them as taken, so they run now,
+	 * or nobody would ever complete them (a migration's destination
+	 * starts at that base, without the region).  The disk is claimed
+	 * while a ring is started (vu.c). */
+	if (unlikely(vq_resubmit_left(&q->vq)) && !q->vq.broken) {
+		log_info("queue %u: running the %u requests a previous backend left in "
+			 "flight before stopping", q->idx, vq_resubmit_left(&q->vq));
+		(void)blk_queue_drain_avail(q, vq_resubmit_left(&q->vq));
+		q->dev->b->engine->kick(q->t->bctx);
+	}
 	/* In-flight requests complete into the ring before we report where
 	 * it stopped: the frontend may hand the ring to someone else. */
 	q->dev->b->engine->drain(q->t->bctx);

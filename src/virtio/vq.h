@@ -283,6 +283,14 @@ bool vq_enable_notify(struct vq *vq);
  * for polling). */
 bool vq_avail_pending(struct vq *vq);
 
+/* Requests the in-flight region handed back that vq_pop has not returned
+ * yet (it returns them before anything new).  vq_base already counts
+ * them as taken. */
+static inline unsigned vq_resubmit_left(const struct vq *vq)
+{
+	return vq->resubmit_n - vq->resubmit_i;
+}
+
 /* Switch dirty logging (see struct vq_log) on, off or to another log,
  * between two batches.  Stores made before this call are not logged: the
  * frontend copies every page after it turns logging on. */

@@ -2,7 +2,8 @@
  * vhost-user backend, written from qemu docs/interop/vhost-user.rst.
  * Every message is checked for size, fd count and field ranges before it
  * changes anything; a malformed one disconnects the frontend (logged) and
- * we go back to accepting the next one.
+ * we go back to accepting the next one.  The upgrade handover is in
+ * handover.c; what the two share is in vu_internal.h.
  */
 #include "vhost/vu.h"
 
@@ -26,86 +27,10 @@
 #include "util/sock.h"
 #include "util/sys.h"
 #include "vhost/vhost_user.h"
-
-/* Handler results besides 0 (done, ack if asked) and -errno (failed,
- * nack if asked): */
-#define VU_REPLY 1		/* m->p holds a reply of m->hdr.size bytes */
-#define VU_MALFORMED (-EBADMSG)	/* protocol violation: disconnect */
-#define VU_REFUSED (-EBUSY)	/* refused (nack if asked), then disconnect */
+#include "vhost/vu_internal.h"
 
 /* A frontend that starts a message must finish it within this time. */
 #define VU_RECV_TIMEOUT_S 5
-
-struct vu_msg {
-	struct vhost_user_hdr hdr;
-	union vhost_user_payload p;
-	int fds[VHOST_USER_MAX_FDS];
-	unsigned nfds;
-	int reply_fd;		/* sent with the reply, then closed (-1: none) */
-};
-
-/* Control-plane view of one ring (main thread only). */
-struct vu_vring {
-	unsigned num;
-	uint64_t desc, avail, used;
-	bool addr_set;
-	bool log_used;		/* VHOST_VRING_F_LOG */
-	uint64_t log_addr;	/* log_guest_addr */
-	/* SET_VRING_BASE / GET_VRING_BASE: split, the avail index; packed,
-	 * QEMU's encoding of both positions and wrap counters (vq_base). */
-	uint32_t base;
-	int kick_fd, call_fd, err_fd;
-	bool started;
-	bool enabled;
-};
-
-struct vu_server {
-	char *path;
-	int listen_fd;
-	struct loop *loop;
-	struct loop_fd *listen_h;
-	const struct vu_dev_ops *ops;
-	void *dev;
-
-	int conn_fd;
-	struct loop_fd *conn_h;
-	unsigned nconn;
-
-	uint64_t features;		/* offered virtio features */
-	uint64_t acked;
-	uint64_t proto_acked;
-	struct gm_table *mem;		/* published to iothreads via ring start */
-	/* INFLIGHT_SHMFD: the frontend's region, mapped (NULL if none). */
-	uint8_t *inflight;
-	size_t inflight_size;
-	int inflight_fd;		/* our copy of its fd (upgrade in place) */
-	uint64_t inflight_offset;
-	unsigned inflight_queues, inflight_qsize;
-	uint64_t inflight_stride;	/* bytes per queue: with packed room or not */
-	unsigned nqueues;
-	struct vu_vring *vr;
-	/* The disk is ours while rings run (ops->claim). */
-	bool claimed;
-	/* Dirty logging ("Migration"): SET_LOG_BASE's log, SET_LOG_FD's
-	 * eventfd.  Rings log while LOG_ALL is acked and a log is set. */
-	struct gm_dirty_log *log;
-	int log_call_fd;
-	/* The backend channel (SET_BACKEND_REQ_FD): our requests to the
-	 * frontend, CONFIG_CHANGE_MSG.  -1: none. */
-	int backend_fd;
-	/* The device status the frontend set (SET_STATUS; STATUS protocol
-	 * feature), without NEEDS_RESET, which is ours to report. */
-	uint8_t status;
-	/* Upgrade in place ("Upgrade in place" below).  held: the state is
-	 * being replayed from the previous process: no replies, rings wait
-	 * for the commit; ho_nack: a replayed message was refused.
-	 * ho_conn_fd: the frontend's connection, adopted at commit.
-	 * ho_restart: rings the old process stopped for the handover.
-	 * keep_path: the socket file is not ours to remove (yet). */
-	bool held, ho_nack, keep_path;
-	int ho_conn_fd;
-	bool ho_restart[VU_MAX_QUEUES];
-};
 
 static const uint64_t vu_proto_features =
 	1ull << VHOST_USER_PROTOCOL_F_MQ |
@@ -118,7 +43,7 @@ static const uint64_t vu_proto_features =
 	1ull << VHOST_USER_PROTOCOL_F_RESET_DEVICE |
 	1ull << VHOST_USER_PROTOCOL_F_STATUS;
 
-static const char *vu_req_name(uint32_t req)
+const char *vu__req_name(uint32_t req)
 {
 	switch (req) {
 	case VHOST_USER_GET_FEATURES: return "GET_FEATURES";
@@ -154,20 +79,6 @@ static const char *vu_req_name(uint32_t req)
 	}
 }
 
-static bool vu_has_proto(const struct vu_server *s, unsigned bit)
-{
-	return s->proto_acked & (1ull << bit);
-}
-
-/* Take ownership of the message's i-th fd. */
-static int vu_take_fd(struct vu_msg *m, unsigned i)
-{
-	int fd = m->fds[i];
-
-	m->fds[i] = -1;
-	return fd;
-}
-
 /* ---- Rings ---- */
 
 static void vu_vring_reset(struct vu_vring *vr)
@@ -179,18 +90,13 @@ static void vu_vring_reset(struct vu_vring *vr)
 	vr->kick_fd = vr->call_fd = vr->err_fd = -1;
 }
 
-static bool vu_packed(const struct vu_server *s)
-{
-	return s->acked & (1ull << VIRTIO_F_RING_PACKED);
-}
-
 /* Ring parts must lie in guest memory (checked again by vq_init on the
  * iothread; checking here lets us reject the message that set them).
  * Packed: the descriptor ring and two 4-byte event areas (virtio 1.2,
  * 2.8.10.1). */
 static bool vu_vring_addr_ok(const struct vu_server *s, const struct vu_vring *vr)
 {
-	bool packed = vu_packed(s);
+	bool packed = vu__packed(s);
 
 	return s->mem && gm_qva_to_host(s->mem, vr->desc, vring_desc_bytes(vr->num)) &&
 	       gm_qva_to_host(s->mem, vr->avail, packed ? 4 : vring_avail_bytes(vr->num)) &&
@@ -199,7 +105,7 @@ static bool vu_vring_addr_ok(const struct vu_server *s, const struct vu_vring *v
 
 /* ---- Dirty logging (vhost-user.rst "Migration") ---- */
 
-static bool vu_logging(const struct vu_server *s)
+bool vu__logging(const struct vu_server *s)
 {
 	return s->log && (s->acked & (1ull << VHOST_F_LOG_ALL));
 }
@@ -209,7 +115,7 @@ static void vu_vring_log(const struct vu_server *s, const struct vu_vring *vr,
 			 struct vq_log *lg)
 {
 	memset(lg, 0, sizeof(*lg));
-	if (!vu_logging(s))
+	if (!vu__logging(s))
 		return;
 	lg->log = s->log;
 	lg->used = vr->log_used;
@@ -240,7 +146,7 @@ static bool vu_log_covers(struct vu_server *s)
 {
 	bool ok = true;
 
-	if (!vu_logging(s))
+	if (!vu__logging(s))
 		return true;
 	for (unsigned i = 0; s->mem && i < s->mem->nregions; i++) {
 		const struct gm_region *r = &s->mem->r[i];
@@ -258,7 +164,7 @@ static bool vu_log_covers(struct vu_server *s)
 
 		/* Packed rings log their stores at their own addresses
 		 * (vq_packed.c), inside guest memory, checked above. */
-		if (vr->log_used && vr->num && !vu_packed(s) &&
+		if (vr->log_used && vr->num && !vu__packed(s) &&
 		    !gm_dirty_covers(s->log, vr->log_addr, vring_used_bytes(vr->num))) {
 			log_err("dirty log of %llu bytes does not cover ring %u's used ring "
 				"log address 0x%llx", (unsigned long long)s->log->size, i,
@@ -276,9 +182,7 @@ static void vu_log_reset(struct vu_server *s)
 	sys_close(&s->log_call_fd);
 }
 
-/* Start ring idx if it has everything it needs (spec "Ring states": a
- * ring starts on SET_VRING_KICK).  Returns 0 or VU_MALFORMED. */
-static int vu_vring_start(struct vu_server *s, unsigned idx)
+int vu__vring_start(struct vu_server *s, unsigned idx)
 {
 	struct vu_vring *vr = &s->vr[idx];
 	struct vu_queue_setup su;
@@ -300,7 +204,7 @@ static int vu_vring_start(struct vu_server *s, unsigned idx)
 	su.cfg.desc_qva = vr->desc;
 	su.cfg.avail_qva = vr->avail;
 	su.cfg.used_qva = vr->used;
-	su.cfg.packed = vu_packed(s);
+	su.cfg.packed = vu__packed(s);
 	if (!su.cfg.packed && vr->base > 0xffff) {
 		log_err("ring %u: base %u is not a split ring's avail index", idx, vr->base);
 		return VU_MALFORMED;
@@ -349,7 +253,7 @@ static int vu_vring_start(struct vu_server *s, unsigned idx)
 	return 0;
 }
 
-static void vu_vring_stop(struct vu_server *s, unsigned idx)
+void vu__vring_stop(struct vu_server *s, unsigned idx)
 {
 	struct vu_vring *vr = &s->vr[idx];
 
@@ -365,7 +269,7 @@ static bool vu_rings_running(struct vu_server *s);
 /* After the frontend stopped rings for good (GET_VRING_BASE, reset,
  * disconnect): with none left running, the disk is free for others, e.g.
  * the destination of a migration. */
-static void vu_release_if_idle(struct vu_server *s)
+void vu__release_if_idle(struct vu_server *s)
 {
 	if (s->claimed && !vu_rings_running(s)) {
 		s->ops->release(s->dev);
@@ -386,7 +290,7 @@ static int vu_mem_replace(struct vu_server *s, struct gm_table *nt)
 
 	for (unsigned i = 0; i < s->nqueues; i++) {
 		restart[i] = s->vr[i].started;
-		vu_vring_stop(s, i);
+		vu__vring_stop(s, i);
 	}
 	s->mem = nt;
 	if (old) {
@@ -402,7 +306,7 @@ static int vu_mem_replace(struct vu_server *s, struct gm_table *nt)
 		free(old);
 	}
 	for (unsigned i = 0; i < s->nqueues; i++)
-		if (restart[i] && (r = vu_vring_start(s, i)) < 0)
+		if (restart[i] && (r = vu__vring_start(s, i)) < 0)
 			break;
 	if (r == 0 && nt && !vu_log_covers(s))
 		r = -ERANGE;
@@ -445,7 +349,7 @@ static int vu_set_features(struct vu_server *s, struct vu_msg *m)
 			 "when the rings restart", (unsigned long long)changed);
 	s->acked = f;
 	if (changed & (1ull << VIRTIO_F_RING_PACKED))
-		log_info("virtqueues: %s", vu_packed(s) ? "packed" : "split");
+		log_info("virtqueues: %s", vu__packed(s) ? "packed" : "split");
 	if (changed & (1ull << VHOST_F_LOG_ALL)) {
 		if ((f & (1ull << VHOST_F_LOG_ALL)) && !s->log) {
 			log_err("frontend turned dirty logging on without a log "
@@ -455,7 +359,7 @@ static int vu_set_features(struct vu_server *s, struct vu_msg *m)
 			r = -ERANGE;
 		}
 		vu_log_publish(s);
-		log_info("dirty logging %s", vu_logging(s) ? "on" : "off");
+		log_info("dirty logging %s", vu__logging(s) ? "on" : "off");
 	}
 	s->ops->set_features(s->dev, f & s->features);
 	/* Spec "Ring states": without VHOST_USER_F_PROTOCOL_FEATURES every
@@ -503,10 +407,10 @@ static int vu_set_owner(struct vu_server *s, struct vu_msg *m)
 static int vu_reset_owner(struct vu_server *s, struct vu_msg *m)
 {
 	for (unsigned i = 0; i < s->nqueues; i++) {
-		vu_vring_stop(s, i);
+		vu__vring_stop(s, i);
 		vu_vring_reset(&s->vr[i]);
 	}
-	vu_release_if_idle(s);
+	vu__release_if_idle(s);
 	s->acked = 0;
 	s->ops->set_features(s->dev, 0);
 	vu_log_reset(s);
@@ -738,7 +642,7 @@ static int vu_set_vring_addr(struct vu_server *s, struct vu_msg *m)
 	/* A ring that moves while it runs: stop it (draining what it has in
 	 * flight) and start it again where it stopped, at the new place. */
 	was_started = vr->started;
-	vu_vring_stop(s, (unsigned)i);
+	vu__vring_stop(s, (unsigned)i);
 	vr->desc = a->desc_user_addr;
 	vr->avail = a->avail_user_addr;
 	vr->used = a->used_user_addr;
@@ -751,7 +655,7 @@ static int vu_set_vring_addr(struct vu_server *s, struct vu_msg *m)
 		return VU_MALFORMED;
 	}
 	if (was_started) {
-		int r = vu_vring_start(s, (unsigned)i);
+		int r = vu__vring_start(s, (unsigned)i);
 
 		if (r < 0)
 			return r;
@@ -787,15 +691,15 @@ static int vu_get_vring_base(struct vu_server *s, struct vu_msg *m)
 	/* Every request taken from the ring completes (and is logged, if
 	 * logging is on) before we answer: the frontend may hand the ring to
 	 * another backend, e.g. a migration's destination. */
-	vu_vring_stop(s, (unsigned)i);
+	vu__vring_stop(s, (unsigned)i);
 	/* A stopped ring waits for a new kick fd to start again. */
 	sys_close(&s->vr[i].kick_fd);
-	vu_release_if_idle(s);
+	vu__release_if_idle(s);
 	/* Our share of a migration's downtime, for the operator. */
 	if (was_started)
 		log_info("ring %d handed back at avail index %u in %llu us%s", i,
 			 s->vr[i].base, (unsigned long long)((sys_now_ns() - t0) / 1000),
-			 vu_logging(s) ? " (dirty logging on)" : "");
+			 vu__logging(s) ? " (dirty logging on)" : "");
 	m->p.state.num = s->vr[i].base;
 	m->hdr.size = sizeof(m->p.state);
 	return VU_REPLY;
@@ -828,15 +732,15 @@ static int vu_vring_fd(struct vu_server *s, struct vu_msg *m, int *fd)
 
 	if (v & ~(VHOST_USER_VRING_IDX_MASK | VHOST_USER_VRING_NOFD_MASK) ||
 	    m->nfds != (nofd ? 0u : 1u)) {
-		log_err("%s: bad payload 0x%llx with %u fds", vu_req_name(m->hdr.request),
+		log_err("%s: bad payload 0x%llx with %u fds", vu__req_name(m->hdr.request),
 			(unsigned long long)v, m->nfds);
 		return VU_MALFORMED;
 	}
 	i = vu_ring_index(s, (uint32_t)(v & VHOST_USER_VRING_IDX_MASK),
-			  vu_req_name(m->hdr.request));
-	if (i < 0 || (!nofd && vu_check_eventfd(m, vu_req_name(m->hdr.request)) < 0))
+			  vu__req_name(m->hdr.request));
+	if (i < 0 || (!nofd && vu_check_eventfd(m, vu__req_name(m->hdr.request)) < 0))
 		return VU_MALFORMED;
-	*fd = nofd ? -1 : vu_take_fd(m, 0);
+	*fd = nofd ? -1 : vu__take_fd(m, 0);
 	return i;
 }
 
@@ -854,10 +758,10 @@ static int vu_set_vring_kick(struct vu_server *s, struct vu_msg *m)
 	}
 	vr = &s->vr[i];
 	/* A new kick fd on a running ring: restart it on the new fd. */
-	vu_vring_stop(s, (unsigned)i);
+	vu__vring_stop(s, (unsigned)i);
 	sys_close(&vr->kick_fd);
 	vr->kick_fd = fd;
-	return vu_vring_start(s, (unsigned)i);
+	return vu__vring_start(s, (unsigned)i);
 }
 
 static int vu_set_vring_call_err(struct vu_server *s, struct vu_msg *m)
@@ -905,7 +809,7 @@ static int vu_set_log_base(struct vu_server *s, struct vu_msg *m)
 	struct gm_dirty_log *old = s->log, *nl;
 	int r;
 
-	if (!vu_has_proto(s, VHOST_USER_PROTOCOL_F_LOG_SHMFD)) {
+	if (!vu__has_proto(s, VHOST_USER_PROTOCOL_F_LOG_SHMFD)) {
 		log_err("SET_LOG_BASE without LOG_SHMFD (a log in the frontend's own "
 			"address space) is not supported");
 		return -ENOTSUP;
@@ -940,7 +844,7 @@ static int vu_set_log_fd(struct vu_server *s, struct vu_msg *m)
 
 	if (m->nfds > 1 || (m->nfds && vu_check_eventfd(m, "SET_LOG_FD") < 0))
 		return VU_MALFORMED;
-	s->log_call_fd = m->nfds ? vu_take_fd(m, 0) : -1;
+	s->log_call_fd = m->nfds ? vu__take_fd(m, 0) : -1;
 	if (s->log) {
 		/* Rings read the fd at each kick: republishing waits for every
 		 * ring to be between batches, after which none uses old. */
@@ -1060,7 +964,7 @@ static int vu_set_inflight_fd(struct vu_server *s, struct vu_msg *m)
 	vu_inflight_unmap(s);
 	s->inflight = p;
 	s->inflight_size = in->mmap_size;
-	s->inflight_fd = vu_take_fd(m, 0);
+	s->inflight_fd = vu__take_fd(m, 0);
 	s->inflight_offset = in->mmap_offset;
 	s->inflight_queues = in->num_queues;
 	s->inflight_qsize = in->queue_size;
@@ -1118,7 +1022,7 @@ static int vu_set_config(struct vu_server *s, struct vu_msg *m)
 static int vu_set_backend_req_fd(struct vu_server *s, struct vu_msg *m)
 {
 	sys_close(&s->backend_fd);
-	s->backend_fd = vu_take_fd(m, 0);
+	s->backend_fd = vu__take_fd(m, 0);
 	return 0;
 }
 
@@ -1133,7 +1037,7 @@ int vu_server_config_changed(struct vu_server *s)
 	ssize_t n;
 
 	if (s->conn_fd < 0 || s->backend_fd < 0 ||
-	    !vu_has_proto(s, VHOST_USER_PROTOCOL_F_CONFIG))
+	    !vu__has_proto(s, VHOST_USER_PROTOCOL_F_CONFIG))
 		return 0;
 	do
 		n = send(s->backend_fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -1218,7 +1122,7 @@ static int vu_send(struct vu_server *s, struct vu_msg *m)
 	while (n < 0 && errno == EINTR);
 	sys_close(&m->reply_fd);
 	if (n != (ssize_t)len) {
-		log_err("sending %s reply failed: %s", vu_req_name(m->hdr.request),
+		log_err("sending %s reply failed: %s", vu__req_name(m->hdr.request),
 			n < 0 ? strerror(errno) : "short write");
 		return -EPIPE;
 	}
@@ -1253,12 +1157,8 @@ static int vu_recv_rest(int fd, void *buf, size_t len, uint64_t deadline_ns)
 	return 0;
 }
 
-/*
- * Read one message: header (with any fds), then the payload, all of it
- * within VU_RECV_TIMEOUT_S of its first byte.  Returns 0, -ECONNRESET on
- * orderly close, VU_MALFORMED, or -errno.
- */
-static int vu_recv(int fd, struct vu_msg *m)
+/* Within VU_RECV_TIMEOUT_S of its first byte. */
+int vu__recv(int fd, struct vu_msg *m)
 {
 	char cbuf[CMSG_SPACE(VHOST_USER_MAX_FDS * sizeof(int))];
 	struct iovec iov = { &m->hdr, sizeof(m->hdr) };
@@ -1314,18 +1214,18 @@ static int vu_recv(int fd, struct vu_msg *m)
 	}
 	if (m->hdr.size > sizeof(m->p)) {
 		log_err("%s: payload of %u bytes is larger than any message",
-			vu_req_name(m->hdr.request), m->hdr.size);
+			vu__req_name(m->hdr.request), m->hdr.size);
 		return VU_MALFORMED;
 	}
 	if (m->hdr.size && vu_recv_rest(fd, &m->p, m->hdr.size, deadline) < 0) {
 		log_err("%s: payload of %u bytes truncated or not finished in %d s",
-			vu_req_name(m->hdr.request), m->hdr.size, VU_RECV_TIMEOUT_S);
+			vu__req_name(m->hdr.request), m->hdr.size, VU_RECV_TIMEOUT_S);
 		return VU_MALFORMED;
 	}
 	return 0;
 }
 
-static void vu_close_fds(struct vu_msg *m)
+void vu__close_fds(struct vu_msg *m)
 {
 	for (unsigned i = 0; i < m->nfds; i++)
 		if (m->fds[i] >= 0)
@@ -1342,7 +1242,7 @@ static void vu_close_fds(struct vu_msg *m)
  * and wait for the answer.  A message with its own reply answers with
  * that alone.
  */
-static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
+int vu__dispatch(struct vu_server *s, struct vu_msg *m)
 {
 	uint32_t req = m->hdr.request;
 	bool need_reply = m->hdr.flags & VHOST_USER_NEED_REPLY_MASK;
@@ -1351,7 +1251,7 @@ static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
 
 	if (req < ARRAY_SIZE(vu_handlers) && vu_handlers[req].fn)
 		h = &vu_handlers[req];
-	log_debug("message %s (%u), %u bytes, %u fds", vu_req_name(req), req,
+	log_debug("message %s (%u), %u bytes, %u fds", vu__req_name(req), req,
 		  m->hdr.size, m->nfds);
 
 	if (!h) {
@@ -1360,13 +1260,13 @@ static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
 		r = -ENOTSUP;
 	} else if ((h->size != VU_SIZE_ANY && m->hdr.size != h->size) ||
 		   (h->nfds != VU_FDS_ANY && m->nfds != (unsigned)h->nfds)) {
-		log_err("%s: malformed (%u bytes, %u fds)", vu_req_name(req),
+		log_err("%s: malformed (%u bytes, %u fds)", vu__req_name(req),
 			m->hdr.size, m->nfds);
 		r = VU_MALFORMED;
 	} else {
 		r = h->fn(s, m);
 	}
-	vu_close_fds(m);
+	vu__close_fds(m);
 
 	if (r == VU_MALFORMED) {
 		sys_close(&m->reply_fd);
@@ -1383,7 +1283,7 @@ static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
 	if (r == VU_REPLY)
 		return vu_send(s, m);
 	if (r < 0 && h)
-		log_warn("%s failed: %s", vu_req_name(req), strerror(-r));
+		log_warn("%s failed: %s", vu__req_name(req), strerror(-r));
 	if (need_reply) {
 		m->hdr.size = sizeof(m->p.u64);
 		m->p.u64 = r < 0 ? 1 : 0;
@@ -1394,17 +1294,28 @@ static int vu_dispatch(struct vu_server *s, struct vu_msg *m)
 
 /* ---- Connections ---- */
 
+static void vu_conn_cb(void *opaque, uint32_t events);
 static void vu_listen_cb(void *opaque, uint32_t events);
+
+int vu__watch_conn(struct vu_server *s, int fd)
+{
+	return loop_fd_add(s->loop, fd, EPOLLIN, vu_conn_cb, s, &s->conn_h);
+}
+
+int vu__watch_listener(struct vu_server *s)
+{
+	return loop_fd_add(s->loop, s->listen_fd, EPOLLIN, vu_listen_cb, s, &s->listen_h);
+}
 
 /* Everything a frontend set, gone: rings stopped (drained), memory and
  * regions unmapped, features cleared. */
-static void vu_state_clear(struct vu_server *s)
+void vu__state_clear(struct vu_server *s)
 {
 	for (unsigned i = 0; i < s->nqueues; i++) {
-		vu_vring_stop(s, i);
+		vu__vring_stop(s, i);
 		vu_vring_reset(&s->vr[i]);
 	}
-	vu_release_if_idle(s);
+	vu__release_if_idle(s);
 	vu_log_reset(s);
 	vu_mem_replace(s, NULL);
 	/* The frontend keeps its own mapping of the region across our
@@ -1417,17 +1328,16 @@ static void vu_state_clear(struct vu_server *s)
 	s->ops->set_features(s->dev, 0);
 }
 
-static void vu_disconnect(struct vu_server *s)
+void vu__disconnect(struct vu_server *s)
 {
 	if (s->conn_fd < 0)
 		return;
-	vu_state_clear(s);
+	vu__state_clear(s);
 	loop_fd_del(s->loop, s->conn_h);
 	s->conn_h = NULL;
 	sys_close(&s->conn_fd);
 	log_info("frontend disconnected");
-	if (s->listen_fd >= 0 &&
-	    loop_fd_add(s->loop, s->listen_fd, EPOLLIN, vu_listen_cb, s, &s->listen_h) < 0)
+	if (s->listen_fd >= 0 && vu__watch_listener(s) < 0)
 		log_err("cannot watch the listening socket again");
 }
 
@@ -1438,20 +1348,20 @@ static void vu_conn_cb(void *opaque, uint32_t events)
 	int r;
 
 	m.reply_fd = -1;
-	r = vu_recv(s->conn_fd, &m);
+	r = vu__recv(s->conn_fd, &m);
 	if (r == -EAGAIN)
 		return;
 	if (r == 0)
-		r = vu_dispatch(s, &m);
+		r = vu__dispatch(s, &m);
 	else
-		vu_close_fds(&m);
+		vu__close_fds(&m);
 	if (r == -ECONNRESET) {
-		vu_disconnect(s);
+		vu__disconnect(s);
 	} else if (r < 0) {
 		log_err("dropping the frontend after a %s message%s",
 			r == VU_MALFORMED ? "malformed" : "failed",
 			r == VU_MALFORMED ? "" : " exchange");
-		vu_disconnect(s);
+		vu__disconnect(s);
 	}
 }
 
@@ -1461,7 +1371,7 @@ int vu_server_adopt(struct vu_server *s, int fd)
 
 	if (s->conn_fd >= 0)
 		return -EBUSY;
-	r = loop_fd_add(s->loop, fd, EPOLLIN, vu_conn_cb, s, &s->conn_h);
+	r = vu__watch_conn(s, fd);
 	if (r < 0)
 		return r;
 	s->conn_fd = fd;
@@ -1557,7 +1467,7 @@ int vu_server_new_fd(const char *path, int listen_fd, struct loop *l,
 	if (r < 0)
 		goto err_free;
 	s->listen_fd = r;
-	r = loop_fd_add(l, s->listen_fd, EPOLLIN, vu_listen_cb, s, &s->listen_h);
+	r = vu__watch_listener(s);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot watch socket '%s': %s", path, strerror(-r));
 		goto err_unbind;
@@ -1589,7 +1499,7 @@ void vu_server_free(struct vu_server *s)
 		if (!s->keep_path)
 			unlink(s->path);
 	}
-	vu_disconnect(s);
+	vu__disconnect(s);
 	sys_close(&s->ho_conn_fd);
 	free(s->vr);
 	free(s->path);
@@ -1601,7 +1511,7 @@ void vu_server_drop(struct vu_server *s, const char *why)
 	if (s->conn_fd < 0)
 		return;
 	log_err("dropping the frontend: %s", why);
-	vu_disconnect(s);
+	vu__disconnect(s);
 }
 
 unsigned vu_server_connections(const struct vu_server *s)
@@ -1612,383 +1522,4 @@ unsigned vu_server_connections(const struct vu_server *s)
 bool vu_server_connected(const struct vu_server *s)
 {
 	return s->conn_fd >= 0;
-}
-
-/* ---- Upgrade in place (docs/architecture.md "Upgrade in place") ----
- *
- * The old process stops its rings (draining them, as for GET_VRING_BASE)
- * and tells the new one everything the frontend told it, as the
- * vhost-user messages that would set it again, with their fds; the new
- * process replays them through the same handlers and checks, so a state
- * it would not have accepted from a frontend it does not accept from a
- * predecessor either.  Replies go nowhere and rings do not start until
- * vu_server_handover_commit: until then the old process may still take
- * everything back (vu_server_handover_resume).
- */
-
-int vu_handover_send(int sock, uint32_t req, const void *p, uint32_t size, const int *fds,
-		     unsigned nfds)
-{
-	struct vhost_user_hdr h = { .request = req, .flags = VHOST_USER_VERSION, .size = size };
-	struct iovec iov[2] = { { &h, sizeof(h) }, { (void *)p, size } };
-	char cbuf[CMSG_SPACE(VHOST_USER_MAX_FDS * sizeof(int))];
-	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = size ? 2 : 1 };
-	ssize_t n;
-
-	if (nfds > VHOST_USER_MAX_FDS || size > sizeof(union vhost_user_payload) ||
-	    sock_msg_set_fds(&mh, cbuf, sizeof(cbuf), fds, nfds) < 0)
-		return -EINVAL;
-	do
-		n = sendmsg(sock, &mh, MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
-	if (n < 0)
-		return -errno;
-	return n == (ssize_t)(sizeof(h) + size) ? 0 : -EIO;
-}
-
-/* One message within timeout_ms: 0, -ETIMEDOUT, -ECONNRESET (the peer
- * went away), VU_MALFORMED. */
-static int vu_ho_recv(int sock, struct vu_msg *m, int timeout_ms)
-{
-	uint64_t deadline = sys_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-
-	m->reply_fd = -1;
-	m->nfds = 0;
-	for (;;) {
-		struct pollfd pf = { .fd = sock, .events = POLLIN };
-		uint64_t now = sys_now_ns();
-		int r;
-
-		if (now >= deadline)
-			return -ETIMEDOUT;
-		r = poll(&pf, 1, (int)((deadline - now) / 1000000 + 1));
-		if (r < 0 && errno != EINTR)
-			return -errno;
-		if (r <= 0)
-			continue;
-		r = vu_recv(sock, m);
-		if (r != -EAGAIN)
-			return r;
-	}
-}
-
-int vu_handover_recv(int sock, int timeout_ms, uint32_t *req, void *p, uint32_t *size,
-		     int *fds, unsigned *nfds)
-{
-	struct vu_msg m;
-	int r = vu_ho_recv(sock, &m, timeout_ms);
-
-	if (r < 0) {
-		vu_close_fds(&m);
-		return r == VU_MALFORMED ? -EPROTO : r;
-	}
-	if (m.hdr.size > *size || m.nfds > *nfds) {
-		vu_close_fds(&m);
-		return -EPROTO;
-	}
-	*req = m.hdr.request;
-	memcpy(p, &m.p, m.hdr.size);
-	*size = m.hdr.size;
-	memcpy(fds, m.fds, m.nfds * sizeof(int));
-	*nfds = m.nfds;
-	return 0;
-}
-
-/* The messages vu_ho_put sends: all that a replay may contain. */
-static bool vu_ho_replayable(uint32_t req)
-{
-	switch (req) {
-	case VHOST_USER_SET_OWNER:
-	case VHOST_USER_SET_FEATURES:
-	case VHOST_USER_SET_PROTOCOL_FEATURES:
-	case VHOST_USER_ADD_MEM_REG:
-	case VHOST_USER_SET_INFLIGHT_FD:
-	case VHOST_USER_SET_BACKEND_REQ_FD:
-	case VHOST_USER_SET_VRING_NUM:
-	case VHOST_USER_SET_VRING_ADDR:
-	case VHOST_USER_SET_VRING_BASE:
-	case VHOST_USER_SET_VRING_CALL:
-	case VHOST_USER_SET_VRING_ERR:
-	case VHOST_USER_SET_VRING_ENABLE:
-	case VHOST_USER_SET_VRING_KICK:
-	case VHOST_USER_SET_STATUS:
-		return true;
-	default:
-		return false;
-	}
-}
-
-static int vu_ho_u64(int sock, uint32_t req, uint64_t v, int fd)
-{
-	return vu_handover_send(sock, req, &v, sizeof(v), &fd, fd >= 0);
-}
-
-static int vu_ho_state(int sock, uint32_t req, uint32_t index, uint32_t num)
-{
-	struct vhost_vring_state st = { index, num };
-
-	return vu_handover_send(sock, req, &st, sizeof(st), NULL, 0);
-}
-
-/* What the frontend set on ring i, as it would set it. */
-static int vu_ho_put_ring(struct vu_server *s, int sock, unsigned i)
-{
-	const struct vu_vring *vr = &s->vr[i];
-	int r = 0;
-
-	if (vr->num)
-		r = vu_ho_state(sock, VHOST_USER_SET_VRING_NUM, i, vr->num);
-	if (!r && vr->addr_set) {
-		struct vhost_vring_addr a = {
-			.index = i,
-			.flags = vr->log_used ? 1u << VHOST_VRING_F_LOG : 0,
-			.desc_user_addr = vr->desc,
-			.used_user_addr = vr->used,
-			.avail_user_addr = vr->avail,
-			.log_guest_addr = vr->log_addr,
-		};
-
-		r = vu_handover_send(sock, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0);
-	}
-	if (!r)
-		r = vu_ho_state(sock, VHOST_USER_SET_VRING_BASE, i, vr->base);
-	if (!r)
-		r = vu_ho_u64(sock, VHOST_USER_SET_VRING_CALL, i |
-			      (vr->call_fd < 0 ? VHOST_USER_VRING_NOFD_MASK : 0), vr->call_fd);
-	if (!r)
-		r = vu_ho_u64(sock, VHOST_USER_SET_VRING_ERR, i |
-			      (vr->err_fd < 0 ? VHOST_USER_VRING_NOFD_MASK : 0), vr->err_fd);
-	if (!r)
-		r = vu_ho_state(sock, VHOST_USER_SET_VRING_ENABLE, i, vr->enabled);
-	if (!r && vr->kick_fd >= 0)
-		r = vu_ho_u64(sock, VHOST_USER_SET_VRING_KICK, i, vr->kick_fd);
-	return r;
-}
-
-static int vu_ho_put(struct vu_server *s, int sock)
-{
-	struct vu_ho_begin b = { .version = VU_HO_VERSION, .nqueues = s->nqueues,
-				 .nconn = s->nconn };
-	uint8_t dev[VU_HO_DEVICE_MAX];
-	int r;
-
-	r = vu_handover_send(sock, VU_HO_BEGIN, &b, sizeof(b), &s->conn_fd, s->conn_fd >= 0);
-	if (r < 0 || s->conn_fd < 0)
-		goto end;
-	r = vu_handover_send(sock, VHOST_USER_SET_OWNER, NULL, 0, NULL, 0);
-	if (!r)
-		r = vu_ho_u64(sock, VHOST_USER_SET_FEATURES, s->acked, -1);
-	if (!r && (s->acked & (1ull << VHOST_USER_F_PROTOCOL_FEATURES)))
-		r = vu_ho_u64(sock, VHOST_USER_SET_PROTOCOL_FEATURES, s->proto_acked, -1);
-	for (unsigned i = 0; !r && s->mem && i < s->mem->nregions; i++) {
-		const struct gm_region *g = &s->mem->r[i];
-		struct vhost_user_mem_reg mr = {
-			.region = { g->gpa, g->size, g->qva, g->mmap_offset },
-		};
-
-		r = vu_handover_send(sock, VHOST_USER_ADD_MEM_REG, &mr, sizeof(mr), &g->fd, 1);
-	}
-	if (!r && s->inflight) {
-		struct vhost_user_inflight in = {
-			.mmap_size = s->inflight_size,
-			.mmap_offset = s->inflight_offset,
-			.num_queues = (uint16_t)s->inflight_queues,
-			.queue_size = (uint16_t)s->inflight_qsize,
-		};
-
-		r = vu_handover_send(sock, VHOST_USER_SET_INFLIGHT_FD, &in, sizeof(in),
-				     &s->inflight_fd, 1);
-	}
-	if (!r && s->backend_fd >= 0)
-		r = vu_handover_send(sock, VHOST_USER_SET_BACKEND_REQ_FD, NULL, 0,
-				     &s->backend_fd, 1);
-	for (unsigned i = 0; !r && i < s->nqueues; i++)
-		r = vu_ho_put_ring(s, sock, i);
-	if (!r && s->status)
-		r = vu_ho_u64(sock, VHOST_USER_SET_STATUS, s->status, -1);
-	if (!r && s->ops->save_state) {
-		size_t n = s->ops->save_state(s->dev, dev, sizeof(dev));
-
-		r = vu_handover_send(sock, VU_HO_DEVICE, dev, (uint32_t)n, NULL, 0);
-	}
-end:
-	if (!r)
-		r = vu_handover_send(sock, VU_HO_END, NULL, 0, NULL, 0);
-	return r;
-}
-
-int vu_server_handover_save(struct vu_server *s, int sock, bool release, char *err,
-			    size_t errlen)
-{
-	int r;
-
-	if (vu_logging(s)) {
-		snprintf(err, errlen, "a migration is in progress (dirty logging is on): "
-			 "upgrade once it has ended");
-		return -EBUSY;
-	}
-	if (s->inflight_fd < 0 && s->inflight) {
-		snprintf(err, errlen, "the in-flight region cannot be handed on");
-		return -EIO;
-	}
-	/* From here on the frontend's messages wait in the socket for
-	 * whoever serves it next. */
-	loop_fd_del(s->loop, s->listen_h);
-	s->listen_h = NULL;
-	loop_fd_del(s->loop, s->conn_h);
-	s->conn_h = NULL;
-	for (unsigned i = 0; i < s->nqueues; i++) {
-		s->ho_restart[i] = s->vr[i].started;
-		vu_vring_stop(s, i);
-	}
-	/* The next claim is the new process's (a resume claims again). */
-	if (release)
-		vu_release_if_idle(s);
-	r = vu_ho_put(s, sock);
-	if (r < 0) {
-		snprintf(err, errlen, "cannot send the state to the new process: %s",
-			 strerror(-r));
-		vu_server_handover_resume(s);
-	}
-	return r;
-}
-
-void vu_server_handover_resume(struct vu_server *s)
-{
-	int r = 0;
-
-	for (unsigned i = 0; i < s->nqueues; i++) {
-		if (s->ho_restart[i] && r == 0)
-			r = vu_vring_start(s, i);
-		s->ho_restart[i] = false;
-	}
-	if (s->conn_fd >= 0) {
-		if (r == 0)
-			r = loop_fd_add(s->loop, s->conn_fd, EPOLLIN, vu_conn_cb, s, &s->conn_h);
-		if (r < 0) {
-			log_err("cannot resume serving the frontend after the upgrade "
-				"failed: dropping it (it may reconnect)");
-			vu_disconnect(s);
-		}
-	} else if (loop_fd_add(s->loop, s->listen_fd, EPOLLIN, vu_listen_cb, s,
-			       &s->listen_h) < 0) {
-		log_err("cannot watch the listening socket again");
-	}
-}
-
-int vu_server_handover_load(struct vu_server *s, int sock, int timeout_ms, char *err,
-			    size_t errlen)
-{
-	struct vu_ho_begin b;
-	struct vu_msg m;
-	int r;
-
-	r = vu_ho_recv(sock, &m, timeout_ms);
-	if (r == 0 && (m.hdr.request != VU_HO_BEGIN || m.hdr.size != sizeof(b) ||
-		       m.nfds > 1))
-		r = VU_MALFORMED;
-	if (r < 0) {
-		vu_close_fds(&m);
-		snprintf(err, errlen, "no state from the old process: %s",
-			 r == VU_MALFORMED ? "malformed" : strerror(-r));
-		return r == VU_MALFORMED ? -EPROTO : r;
-	}
-	memcpy(&b, &m.p, sizeof(b));
-	if (b.version != VU_HO_VERSION || b.nqueues != s->nqueues) {
-		vu_close_fds(&m);
-		snprintf(err, errlen, b.version != VU_HO_VERSION ?
-			 "state format %u, this vblkd reads %u" :
-			 "the old process has %u queues, this one %u: give it the same --queues",
-			 b.version != VU_HO_VERSION ? b.version : b.nqueues,
-			 b.version != VU_HO_VERSION ? VU_HO_VERSION : s->nqueues);
-		return -EPROTO;
-	}
-	s->ho_conn_fd = m.nfds ? vu_take_fd(&m, 0) : -1;
-	s->nconn = b.nconn;
-	s->held = true;
-	s->ho_nack = false;
-	for (;;) {
-		uint32_t req;
-
-		r = vu_ho_recv(sock, &m, timeout_ms);
-		if (r < 0) {
-			vu_close_fds(&m);
-			snprintf(err, errlen, "the state stopped short: %s",
-				 r == VU_MALFORMED ? "malformed" : strerror(-r));
-			break;
-		}
-		req = m.hdr.request;
-		if (req == VU_HO_END) {
-			vu_close_fds(&m);
-			break;
-		}
-		if (req == VU_HO_DEVICE) {
-			vu_close_fds(&m);
-			r = s->ops->load_state ? s->ops->load_state(s->dev, (uint8_t *)&m.p,
-								    m.hdr.size) : -ENOTSUP;
-			if (r < 0) {
-				snprintf(err, errlen, "the device state was refused: %s",
-					 strerror(-r));
-				break;
-			}
-			continue;
-		}
-		if (!vu_ho_replayable(req)) {
-			vu_close_fds(&m);
-			snprintf(err, errlen, "%s (%u) has no place in a handover",
-				 vu_req_name(req), req);
-			r = -EPROTO;
-			break;
-		}
-		/* Acked, so a refusal shows (vu_send records it). */
-		m.hdr.flags |= VHOST_USER_NEED_REPLY_MASK;
-		r = vu_dispatch(s, &m);
-		if (r == 0 && s->ho_nack)
-			r = -EINVAL;
-		if (r < 0) {
-			snprintf(err, errlen, "%s from the old process was refused",
-				 vu_req_name(req));
-			break;
-		}
-	}
-	if (r < 0) {
-		vu_state_clear(s);
-		sys_close(&s->ho_conn_fd);
-		s->held = false;
-		return r == VU_MALFORMED ? -EPROTO : r;
-	}
-	return 0;
-}
-
-int vu_server_handover_commit(struct vu_server *s)
-{
-	int r = 0;
-
-	s->held = false;
-	s->keep_path = false;
-	if (s->ho_conn_fd >= 0) {
-		r = loop_fd_add(s->loop, s->ho_conn_fd, EPOLLIN, vu_conn_cb, s, &s->conn_h);
-		if (r < 0) {
-			log_err("cannot watch the frontend's connection: %s", strerror(-r));
-			vu_state_clear(s);
-			sys_close(&s->ho_conn_fd);
-			return r;
-		}
-		s->conn_fd = s->ho_conn_fd;
-		s->ho_conn_fd = -1;
-		loop_fd_del(s->loop, s->listen_h);
-		s->listen_h = NULL;
-	}
-	for (unsigned i = 0; i < s->nqueues && r == 0; i++)
-		r = vu_vring_start(s, i);
-	if (r < 0) {
-		vu_server_drop(s, "a ring it had running cannot start here");
-		return -EIO;
-	}
-	return 0;
-}
-
-int vu_server_listen_fd(const struct vu_server *s)
-{
-	return s->listen_fd;
 }

@@ -1,9 +1,14 @@
 /*
- * vhost-user backend, written from qemu docs/interop/vhost-user.rst.
- * Every message is checked for size, fd count and field ranges before it
- * changes anything; a malformed one disconnects the frontend (logged) and
- * we go back to accepting the next one.  The upgrade handover is in
- * handover.c; what the two share is in vu_internal.h.
+ * vhost-user backend, written from qemu docs/interop/vhost-user.rst: the
+ * server (listener, one frontend's connection, "Communication"), the
+ * dispatch table every message goes through, and the messages of
+ * "Front-end message types" that set features, status and rings ("Ring
+ * states"), the config space and the backend channel ("Back-end
+ * communication").  Guest memory, dirty logging, the in-flight region,
+ * the wire and the upgrade handover are in the files beside this one
+ * (vu_internal.h).  Every message is checked for size, fd count and field
+ * ranges before it changes anything; a malformed one disconnects the
+ * frontend (logged) and we go back to accepting the next one.
  */
 #include "vhost/vu.h"
 
@@ -12,25 +17,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "loop/loop.h"
-#include "mem/dirty.h"
 #include "util/compiler.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/sys.h"
 #include "vhost/vhost_user.h"
 #include "vhost/vu_internal.h"
-
-/* A frontend that starts a message must finish it within this time. */
-#define VU_RECV_TIMEOUT_S 5
 
 static const uint64_t vu_proto_features =
 	1ull << VHOST_USER_PROTOCOL_F_MQ |
@@ -42,42 +38,6 @@ static const uint64_t vu_proto_features =
 	1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD |
 	1ull << VHOST_USER_PROTOCOL_F_RESET_DEVICE |
 	1ull << VHOST_USER_PROTOCOL_F_STATUS;
-
-const char *vu__req_name(uint32_t req)
-{
-	switch (req) {
-	case VHOST_USER_GET_FEATURES: return "GET_FEATURES";
-	case VHOST_USER_SET_FEATURES: return "SET_FEATURES";
-	case VHOST_USER_SET_OWNER: return "SET_OWNER";
-	case VHOST_USER_RESET_OWNER: return "RESET_OWNER";
-	case VHOST_USER_SET_MEM_TABLE: return "SET_MEM_TABLE";
-	case VHOST_USER_SET_LOG_BASE: return "SET_LOG_BASE";
-	case VHOST_USER_SET_LOG_FD: return "SET_LOG_FD";
-	case VHOST_USER_SET_VRING_NUM: return "SET_VRING_NUM";
-	case VHOST_USER_SET_VRING_ADDR: return "SET_VRING_ADDR";
-	case VHOST_USER_SET_VRING_BASE: return "SET_VRING_BASE";
-	case VHOST_USER_GET_VRING_BASE: return "GET_VRING_BASE";
-	case VHOST_USER_SET_VRING_KICK: return "SET_VRING_KICK";
-	case VHOST_USER_SET_VRING_CALL: return "SET_VRING_CALL";
-	case VHOST_USER_SET_VRING_ERR: return "SET_VRING_ERR";
-	case VHOST_USER_GET_PROTOCOL_FEATURES: return "GET_PROTOCOL_FEATURES";
-	case VHOST_USER_SET_PROTOCOL_FEATURES: return "SET_PROTOCOL_FEATURES";
-	case VHOST_USER_GET_QUEUE_NUM: return "GET_QUEUE_NUM";
-	case VHOST_USER_SET_VRING_ENABLE: return "SET_VRING_ENABLE";
-	case VHOST_USER_SET_BACKEND_REQ_FD: return "SET_BACKEND_REQ_FD";
-	case VHOST_USER_GET_CONFIG: return "GET_CONFIG";
-	case VHOST_USER_SET_CONFIG: return "SET_CONFIG";
-	case VHOST_USER_GET_MAX_MEM_SLOTS: return "GET_MAX_MEM_SLOTS";
-	case VHOST_USER_GET_INFLIGHT_FD: return "GET_INFLIGHT_FD";
-	case VHOST_USER_SET_INFLIGHT_FD: return "SET_INFLIGHT_FD";
-	case VHOST_USER_ADD_MEM_REG: return "ADD_MEM_REG";
-	case VHOST_USER_REM_MEM_REG: return "REM_MEM_REG";
-	case VHOST_USER_RESET_DEVICE: return "RESET_DEVICE";
-	case VHOST_USER_SET_STATUS: return "SET_STATUS";
-	case VHOST_USER_GET_STATUS: return "GET_STATUS";
-	default: return "unknown";
-	}
-}
 
 /* ---- Rings ---- */
 
@@ -101,85 +61,6 @@ static bool vu_vring_addr_ok(const struct vu_server *s, const struct vu_vring *v
 	return s->mem && gm_qva_to_host(s->mem, vr->desc, vring_desc_bytes(vr->num)) &&
 	       gm_qva_to_host(s->mem, vr->avail, packed ? 4 : vring_avail_bytes(vr->num)) &&
 	       gm_qva_to_host(s->mem, vr->used, packed ? 4 : vring_used_bytes(vr->num));
-}
-
-/* ---- Dirty logging (vhost-user.rst "Migration") ---- */
-
-bool vu__logging(const struct vu_server *s)
-{
-	return s->log && (s->acked & (1ull << VHOST_F_LOG_ALL));
-}
-
-/* What ring vr logs now. */
-static void vu_vring_log(const struct vu_server *s, const struct vu_vring *vr,
-			 struct vq_log *lg)
-{
-	memset(lg, 0, sizeof(*lg));
-	if (!vu__logging(s))
-		return;
-	lg->log = s->log;
-	lg->used = vr->log_used;
-	lg->used_gpa = vr->log_addr;
-}
-
-/* Hand every running ring its logging state (after any change). */
-static void vu_log_publish(struct vu_server *s)
-{
-	for (unsigned i = 0; i < s->nqueues; i++) {
-		struct vq_log lg;
-
-		if (!s->vr[i].started)
-			continue;
-		vu_vring_log(s, &s->vr[i], &lg);
-		s->ops->queue_set_log(s->dev, i, &lg);
-	}
-}
-
-/*
- * With logging on, the log must cover every address we may store to: all
- * guest memory, and each logged used ring at its log address ("the bit
- * offset of the last byte of the ring must fall within the size supplied
- * by VhostUserLog").  Logs what does not fit; returns false then.  Marks
- * outside the log are still never made (dirty.h), only counted.
- */
-static bool vu_log_covers(struct vu_server *s)
-{
-	bool ok = true;
-
-	if (!vu__logging(s))
-		return true;
-	for (unsigned i = 0; s->mem && i < s->mem->nregions; i++) {
-		const struct gm_region *r = &s->mem->r[i];
-
-		if (!gm_dirty_covers(s->log, r->gpa, r->size)) {
-			log_err("dirty log of %llu bytes does not cover guest memory at "
-				"0x%llx-0x%llx: writes there cannot be logged",
-				(unsigned long long)s->log->size, (unsigned long long)r->gpa,
-				(unsigned long long)(r->gpa + r->size - 1));
-			ok = false;
-		}
-	}
-	for (unsigned i = 0; i < s->nqueues; i++) {
-		const struct vu_vring *vr = &s->vr[i];
-
-		/* Packed rings log their stores at their own addresses
-		 * (vq_packed.c), inside guest memory, checked above. */
-		if (vr->log_used && vr->num && !vu__packed(s) &&
-		    !gm_dirty_covers(s->log, vr->log_addr, vring_used_bytes(vr->num))) {
-			log_err("dirty log of %llu bytes does not cover ring %u's used ring "
-				"log address 0x%llx", (unsigned long long)s->log->size, i,
-				(unsigned long long)vr->log_addr);
-			ok = false;
-		}
-	}
-	return ok;
-}
-
-static void vu_log_reset(struct vu_server *s)
-{
-	gm_dirty_unmap(s->log);
-	s->log = NULL;
-	sys_close(&s->log_call_fd);
 }
 
 int vu__vring_start(struct vu_server *s, unsigned idx)
@@ -213,17 +94,7 @@ int vu__vring_start(struct vu_server *s, unsigned idx)
 	su.cfg.used_idx = (uint16_t)(vr->base >> 16);
 	su.cfg.event_idx = s->acked & (1ull << VIRTIO_RING_F_EVENT_IDX);
 	su.cfg.indirect = s->acked & (1ull << VIRTIO_RING_F_INDIRECT_DESC);
-	if (s->inflight) {
-		if (idx < s->inflight_queues && vr->num == s->inflight_qsize) {
-			su.cfg.inflight = (struct vq_inflight_region *)(s->inflight +
-				idx * s->inflight_stride);
-			su.cfg.inflight_packed_room = s->inflight_stride >=
-				vq_inflight_region_size_packed(vr->num);
-		} else
-			log_warn("ring %u: size %u does not match the in-flight region "
-				 "(%u queues of %u); not tracked", idx, vr->num,
-				 s->inflight_queues, s->inflight_qsize);
-	}
+	vu__inflight_ring(s, idx, &su.cfg);
 	su.mem = s->mem;
 	su.kick_fd = vr->kick_fd;
 	su.call_fd = vr->call_fd;
@@ -232,7 +103,7 @@ int vu__vring_start(struct vu_server *s, unsigned idx)
 	su.enabled = (s->acked & (1ull << VHOST_USER_F_PROTOCOL_FEATURES)) ?
 		     vr->enabled : true;
 	su.features = s->acked;
-	vu_vring_log(s, vr, &su.cfg.log);
+	vu__vring_log(s, vr, &su.cfg.log);
 	if (!s->claimed) {
 		r = s->ops->claim(s->dev);
 		if (r < 0) {
@@ -264,53 +135,23 @@ void vu__vring_stop(struct vu_server *s, unsigned idx)
 	log_debug("ring %u stopped at %u", idx, vr->base);
 }
 
-static bool vu_rings_running(struct vu_server *s);
+bool vu__rings_running(const struct vu_server *s)
+{
+	for (unsigned i = 0; i < s->nqueues; i++)
+		if (s->vr[i].started)
+			return true;
+	return false;
+}
 
 /* After the frontend stopped rings for good (GET_VRING_BASE, reset,
  * disconnect): with none left running, the disk is free for others, e.g.
  * the destination of a migration. */
 void vu__release_if_idle(struct vu_server *s)
 {
-	if (s->claimed && !vu_rings_running(s)) {
+	if (s->claimed && !vu__rings_running(s)) {
 		s->ops->release(s->dev);
 		s->claimed = false;
 	}
-}
-
-/*
- * Publish a new memory table: rings that are running stop (draining their
- * I/O), switch and restart, so no request ever sees a half-changed table.
- * Old regions that are not in the new table are unmapped afterwards.
- */
-static int vu_mem_replace(struct vu_server *s, struct gm_table *nt)
-{
-	struct gm_table *old = s->mem;
-	bool restart[VU_MAX_QUEUES];
-	int r = 0;
-
-	for (unsigned i = 0; i < s->nqueues; i++) {
-		restart[i] = s->vr[i].started;
-		vu__vring_stop(s, i);
-	}
-	s->mem = nt;
-	if (old) {
-		/* Unmap regions the new table does not carry over. */
-		for (unsigned i = 0; i < old->nregions; i++) {
-			bool kept = false;
-
-			for (unsigned j = 0; nt && j < nt->nregions; j++)
-				kept |= nt->r[j].mmap_addr == old->r[i].mmap_addr;
-			if (!kept)
-				gm_region_unmap(&old->r[i]);
-		}
-		free(old);
-	}
-	for (unsigned i = 0; i < s->nqueues; i++)
-		if (restart[i] && (r = vu__vring_start(s, i)) < 0)
-			break;
-	if (r == 0 && nt && !vu_log_covers(s))
-		r = -ERANGE;
-	return r;
 }
 
 /* ---- Message handlers ---- */
@@ -344,23 +185,14 @@ static int vu_set_features(struct vu_server *s, struct vu_msg *m)
 	/* Spec "Migration": the frontend turns logging on and off with
 	 * SET_FEATURES while the rings run.  Other features take effect at
 	 * the next ring start. */
-	if (vu_rings_running(s) && (changed & ~(1ull << VHOST_F_LOG_ALL)))
+	if (vu__rings_running(s) && (changed & ~(1ull << VHOST_F_LOG_ALL)))
 		log_warn("features changed while rings run (0x%llx): they apply "
 			 "when the rings restart", (unsigned long long)changed);
 	s->acked = f;
 	if (changed & (1ull << VIRTIO_F_RING_PACKED))
 		log_info("virtqueues: %s", vu__packed(s) ? "packed" : "split");
-	if (changed & (1ull << VHOST_F_LOG_ALL)) {
-		if ((f & (1ull << VHOST_F_LOG_ALL)) && !s->log) {
-			log_err("frontend turned dirty logging on without a log "
-				"(SET_LOG_BASE): device writes cannot be logged");
-			r = -EINVAL;
-		} else if (!vu_log_covers(s)) {
-			r = -ERANGE;
-		}
-		vu_log_publish(s);
-		log_info("dirty logging %s", vu__logging(s) ? "on" : "off");
-	}
+	if (changed & (1ull << VHOST_F_LOG_ALL))
+		r = vu__log_all_changed(s);
 	s->ops->set_features(s->dev, f & s->features);
 	/* Spec "Ring states": without VHOST_USER_F_PROTOCOL_FEATURES every
 	 * ring is enabled. */
@@ -413,7 +245,7 @@ static int vu_reset_owner(struct vu_server *s, struct vu_msg *m)
 	vu__release_if_idle(s);
 	s->acked = 0;
 	s->ops->set_features(s->dev, 0);
-	vu_log_reset(s);
+	vu__log_reset(s);
 	s->status = 0;
 	return 0;
 }
@@ -458,121 +290,6 @@ static int vu_get_queue_num(struct vu_server *s, struct vu_msg *m)
 	m->p.u64 = s->nqueues;
 	m->hdr.size = sizeof(m->p.u64);
 	return VU_REPLY;
-}
-
-static int vu_get_max_mem_slots(struct vu_server *s, struct vu_msg *m)
-{
-	m->p.u64 = GM_MAX_REGIONS;
-	m->hdr.size = sizeof(m->p.u64);
-	return VU_REPLY;
-}
-
-static int vu_map_region(const struct vhost_user_mem_region *d, int fd,
-			 struct gm_region *r)
-{
-	int ret = gm_region_map(r, d->guest_phys_addr, d->memory_size,
-				d->userspace_addr, d->mmap_offset, fd);
-
-	if (ret < 0)
-		log_err("cannot map guest memory region gpa 0x%llx size 0x%llx "
-			"offset 0x%llx: %s", (unsigned long long)d->guest_phys_addr,
-			(unsigned long long)d->memory_size,
-			(unsigned long long)d->mmap_offset, strerror(-ret));
-	return ret;
-}
-
-static int vu_set_mem_table(struct vu_server *s, struct vu_msg *m)
-{
-	const struct vhost_user_memory *mem = &m->p.memory;
-	struct gm_table *nt;
-	uint32_t n;
-
-	if (m->hdr.size < offsetof(struct vhost_user_memory, regions))
-		return VU_MALFORMED;
-	n = mem->nregions;
-	if (n == 0 || n > VHOST_USER_MEMORY_BASELINE_NREGIONS ||
-	    m->hdr.size != offsetof(struct vhost_user_memory, regions) +
-			   n * sizeof(struct vhost_user_mem_region) ||
-	    m->nfds != n) {
-		log_err("SET_MEM_TABLE: %u regions, %u bytes, %u fds do not match",
-			n, m->hdr.size, m->nfds);
-		return VU_MALFORMED;
-	}
-	nt = calloc(1, sizeof(*nt));
-	if (!nt)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < n; i++) {
-		struct gm_region r;
-		int ret = vu_map_region(&mem->regions[i], m->fds[i], &r);
-
-		if (ret == 0 && (ret = gm_table_add(nt, &r)) < 0) {
-			log_err("SET_MEM_TABLE: region %u overlaps another", i);
-			gm_region_unmap(&r);
-		}
-		if (ret < 0) {
-			gm_table_clear(nt);
-			free(nt);
-			return VU_MALFORMED;
-		}
-	}
-	log_info("memory table: %u regions", n);
-	return vu_mem_replace(s, nt);
-}
-
-static int vu_add_mem_reg(struct vu_server *s, struct vu_msg *m)
-{
-	struct gm_table *nt = calloc(1, sizeof(*nt));
-	struct gm_region r;
-	int ret;
-
-	if (!nt)
-		return -ENOMEM;
-	if (s->mem)
-		*nt = *s->mem;
-	if (vu_map_region(&m->p.mem_reg.region, m->fds[0], &r) < 0) {
-		free(nt);
-		return VU_MALFORMED;
-	}
-	ret = gm_table_add(nt, &r);
-	if (ret < 0) {
-		log_err("ADD_MEM_REG: %s", ret == -ENOSPC ? "no free memory slot" :
-			"region overlaps an existing one");
-		gm_region_unmap(&r);
-		free(nt);
-		return VU_MALFORMED;
-	}
-	return vu_mem_replace(s, nt);
-}
-
-static int vu_rem_mem_reg(struct vu_server *s, struct vu_msg *m)
-{
-	const struct vhost_user_mem_region *d = &m->p.mem_reg.region;
-	struct gm_table *nt;
-	bool found = false;
-
-	/* Identified by guest address, user address and size; the offset
-	 * is ignored (spec, REM_MEM_REG). */
-	if (!s->mem)
-		return VU_MALFORMED;
-	nt = calloc(1, sizeof(*nt));
-	if (!nt)
-		return -ENOMEM;
-	for (unsigned i = 0; i < s->mem->nregions; i++) {
-		const struct gm_region *o = &s->mem->r[i];
-
-		if (!found && o->gpa == d->guest_phys_addr && o->qva == d->userspace_addr &&
-		    o->size == d->memory_size)
-			found = true;
-		else
-			nt->r[nt->nregions++] = *o;
-	}
-	if (!found) {
-		log_err("REM_MEM_REG: no region at gpa 0x%llx",
-			(unsigned long long)d->guest_phys_addr);
-		free(nt);
-		return VU_MALFORMED;
-	}
-	return vu_mem_replace(s, nt);
 }
 
 /* Index of a ring named by a message, or -1 (logged). */
@@ -635,9 +352,9 @@ static int vu_set_vring_addr(struct vu_server *s, struct vu_msg *m)
 
 		vr->log_used = log_used;
 		vr->log_addr = a->log_guest_addr;
-		vu_vring_log(s, vr, &lg);
+		vu__vring_log(s, vr, &lg);
 		s->ops->queue_set_log(s->dev, (unsigned)i, &lg);
-		return vu_log_covers(s) ? 0 : -ERANGE;
+		return vu__log_covers(s) ? 0 : -ERANGE;
 	}
 	/* A ring that moves while it runs: stop it (draining what it has in
 	 * flight) and start it again where it stopped, at the new place. */
@@ -660,7 +377,7 @@ static int vu_set_vring_addr(struct vu_server *s, struct vu_msg *m)
 		if (r < 0)
 			return r;
 	}
-	return vu_log_covers(s) ? 0 : -ERANGE;
+	return vu__log_covers(s) ? 0 : -ERANGE;
 }
 
 static int vu_set_vring_base(struct vu_server *s, struct vu_msg *m)
@@ -712,7 +429,7 @@ static int vu_get_vring_base(struct vu_server *s, struct vu_msg *m)
  * would do that after 8192 interrupts; a blocking eventfd when its counter
  * is full (its sender can fill it): sys_eventfd_check makes it
  * non-blocking (QEMU's and Cloud Hypervisor's already are). */
-static int vu_check_eventfd(struct vu_msg *m, const char *req)
+int vu__check_eventfd(struct vu_msg *m, const char *req)
 {
 	int r = sys_eventfd_check(m->fds[0]);
 
@@ -738,7 +455,7 @@ static int vu_vring_fd(struct vu_server *s, struct vu_msg *m, int *fd)
 	}
 	i = vu_ring_index(s, (uint32_t)(v & VHOST_USER_VRING_IDX_MASK),
 			  vu__req_name(m->hdr.request));
-	if (i < 0 || (!nofd && vu_check_eventfd(m, vu__req_name(m->hdr.request)) < 0))
+	if (i < 0 || (!nofd && vu__check_eventfd(m, vu__req_name(m->hdr.request)) < 0))
 		return VU_MALFORMED;
 	*fd = nofd ? -1 : vu__take_fd(m, 0);
 	return i;
@@ -795,187 +512,6 @@ static int vu_set_vring_enable(struct vu_server *s, struct vu_msg *m)
 	s->vr[i].enabled = m->p.state.num;
 	if (s->vr[i].started)
 		s->ops->queue_set_enable(s->dev, (unsigned)i, s->vr[i].enabled);
-	return 0;
-}
-
-/* SET_LOG_BASE with LOG_SHMFD: the log arrives as an fd with its size
- * and offset.  A new log replaces the old one: every ring switches over
- * before we unmap the old one and answer, so once the frontend has our
- * reply nothing is marked in the old log any more (it may then read it a
- * last time and free it).  Spec "Communication": this message has a
- * reply with LOG_SHMFD; u64 0 is success. */
-static int vu_set_log_base(struct vu_server *s, struct vu_msg *m)
-{
-	struct gm_dirty_log *old = s->log, *nl;
-	int r;
-
-	if (!vu__has_proto(s, VHOST_USER_PROTOCOL_F_LOG_SHMFD)) {
-		log_err("SET_LOG_BASE without LOG_SHMFD (a log in the frontend's own "
-			"address space) is not supported");
-		return -ENOTSUP;
-	}
-	if (m->hdr.size != sizeof(m->p.log) || m->nfds != 1) {
-		log_err("SET_LOG_BASE: %u bytes, %u fds (want %zu bytes, 1 fd)",
-			m->hdr.size, m->nfds, sizeof(m->p.log));
-		return VU_MALFORMED;
-	}
-	r = gm_dirty_map(m->fds[0], m->p.log.mmap_size, m->p.log.mmap_offset, &nl);
-	if (r == 0) {
-		atomic_store(&nl->call_fd, s->log_call_fd);
-		s->log = nl;
-		vu_log_publish(s);
-		gm_dirty_unmap(old);
-		log_info("dirty log: %llu bytes (guest memory below %llu MiB)",
-			 (unsigned long long)nl->size,
-			 (unsigned long long)(nl->size * 8 * VHOST_LOG_PAGE >> 20));
-		if (!vu_log_covers(s))
-			r = -ERANGE;
-	}
-	m->p.u64 = r < 0;
-	m->hdr.size = sizeof(m->p.u64);
-	return VU_REPLY;
-}
-
-/* SET_LOG_FD: an eventfd we signal after marking the log (at the end of
- * a batch).  No fd (the NOFD convention of SET_VRING_CALL) stops it. */
-static int vu_set_log_fd(struct vu_server *s, struct vu_msg *m)
-{
-	int old = s->log_call_fd;
-
-	if (m->nfds > 1 || (m->nfds && vu_check_eventfd(m, "SET_LOG_FD") < 0))
-		return VU_MALFORMED;
-	s->log_call_fd = m->nfds ? vu__take_fd(m, 0) : -1;
-	if (s->log) {
-		/* Rings read the fd at each kick: republishing waits for every
-		 * ring to be between batches, after which none uses old. */
-		atomic_store(&s->log->call_fd, s->log_call_fd);
-		vu_log_publish(s);
-	}
-	sys_close(&old);
-	return 0;
-}
-
-/* ---- In-flight tracking (vhost-user.rst "Inflight I/O tracking") ---- */
-
-static void vu_inflight_unmap(struct vu_server *s)
-{
-	if (s->inflight) {
-		gm_guard_del(s->inflight);
-		munmap(s->inflight, s->inflight_size);
-	}
-	s->inflight = NULL;
-	s->inflight_size = 0;
-	s->inflight_offset = 0;
-	sys_close(&s->inflight_fd);
-}
-
-static bool vu_inflight_desc_ok(struct vu_server *s, const struct vhost_user_inflight *in)
-{
-	unsigned qs = in->queue_size;
-
-	if (in->num_queues == 0 || in->num_queues > s->nqueues || qs == 0 ||
-	    qs > VRING_MAX_NUM || (qs & (qs - 1))) {
-		log_err("%s: %u queues of %u entries (we have %u queues; sizes are "
-			"powers of two <= %u)", "in-flight region", in->num_queues, qs,
-			s->nqueues, VRING_MAX_NUM);
-		return false;
-	}
-	return true;
-}
-
-static bool vu_rings_running(struct vu_server *s)
-{
-	for (unsigned i = 0; i < s->nqueues; i++)
-		if (s->vr[i].started)
-			return true;
-	return false;
-}
-
-/* The frontend asks us for a fresh region; we create and share it. */
-static int vu_get_inflight_fd(struct vu_server *s, struct vu_msg *m)
-{
-	struct vhost_user_inflight *in = &m->p.inflight;
-	uint64_t size;
-	void *p;
-	int fd;
-
-	if (!vu_inflight_desc_ok(s, in) || vu_rings_running(s))
-		return VU_MALFORMED;
-	size = in->num_queues * vq_inflight_region_size_packed(in->queue_size);
-	fd = memfd_create("vblkd-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return -errno;
-	if (ftruncate(fd, (off_t)size) < 0 ||
-	    (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
-		int r = -errno;
-
-		close(fd);
-		return r;
-	}
-	/* The region's size is ours to keep: no one may shrink it.  (Guarded
-	 * all the same: a failed seal would leave it shrinkable.) */
-	(void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
-	(void)gm_guard_add(p, size);
-	vu_inflight_unmap(s);
-	s->inflight = p;
-	s->inflight_size = size;
-	s->inflight_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-	s->inflight_queues = in->num_queues;
-	s->inflight_qsize = in->queue_size;
-	s->inflight_stride = vq_inflight_region_size_packed(in->queue_size);
-	in->mmap_size = size;
-	in->mmap_offset = 0;
-	m->hdr.size = sizeof(*in);
-	m->reply_fd = fd;
-	log_info("in-flight region: %u queues of %u entries (%llu bytes)",
-		 in->num_queues, in->queue_size, (unsigned long long)size);
-	return VU_REPLY;
-}
-
-/* The frontend hands us the region (after a reconnect: what the previous
- * backend left in it). */
-static int vu_set_inflight_fd(struct vu_server *s, struct vu_msg *m)
-{
-	const struct vhost_user_inflight *in = &m->p.inflight;
-	uint64_t need, end;
-	struct stat st;
-	void *p;
-
-	if (!vu_inflight_desc_ok(s, in) || vu_rings_running(s))
-		return VU_MALFORMED;
-	need = in->num_queues * vq_inflight_region_size(in->queue_size);
-	if (in->mmap_size < need || __builtin_add_overflow(in->mmap_offset, in->mmap_size, &end) ||
-	    (in->mmap_offset & 4095) || fstat(m->fds[0], &st) < 0 ||
-	    (S_ISREG(st.st_mode) && (uint64_t)st.st_size < end)) {
-		log_err("SET_INFLIGHT_FD: region of %llu bytes at %llu does not fit "
-			"(need %llu)", (unsigned long long)in->mmap_size,
-			(unsigned long long)in->mmap_offset, (unsigned long long)need);
-		return VU_MALFORMED;
-	}
-	p = mmap(NULL, in->mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[0],
-		 (off_t)in->mmap_offset);
-	if (p == MAP_FAILED)
-		return -errno;
-	/* The frontend owns this fd and may shrink it later. */
-	if (gm_guard_add(p, in->mmap_size) < 0) {
-		munmap(p, in->mmap_size);
-		return -ENOSPC;
-	}
-	vu_inflight_unmap(s);
-	s->inflight = p;
-	s->inflight_size = in->mmap_size;
-	s->inflight_fd = vu__take_fd(m, 0);
-	s->inflight_offset = in->mmap_offset;
-	s->inflight_queues = in->num_queues;
-	s->inflight_qsize = in->queue_size;
-	/* Ours (GET_INFLIGHT_FD) has packed room; an older vblkd's region
-	 * is the split size per queue. */
-	s->inflight_stride = in->mmap_size >= in->num_queues *
-			     vq_inflight_region_size_packed(in->queue_size) ?
-			     vq_inflight_region_size_packed(in->queue_size) :
-			     vq_inflight_region_size(in->queue_size);
-	log_info("in-flight region from the frontend: %u queues of %u entries",
-		 in->num_queues, in->queue_size);
 	return 0;
 }
 
@@ -1064,9 +600,9 @@ static const struct vu_handler vu_handlers[] = {
 	[VHOST_USER_SET_FEATURES] = { vu_set_features, 8, 0 },
 	[VHOST_USER_SET_OWNER] = { vu_set_owner, 0, 0 },
 	[VHOST_USER_RESET_OWNER] = { vu_reset_owner, 0, 0 },
-	[VHOST_USER_SET_MEM_TABLE] = { vu_set_mem_table, VU_SIZE_ANY, VU_FDS_ANY },
-	[VHOST_USER_SET_LOG_BASE] = { vu_set_log_base, VU_SIZE_ANY, VU_FDS_ANY },
-	[VHOST_USER_SET_LOG_FD] = { vu_set_log_fd, 0, VU_FDS_ANY },
+	[VHOST_USER_SET_MEM_TABLE] = { vu__set_mem_table, VU_SIZE_ANY, VU_FDS_ANY },
+	[VHOST_USER_SET_LOG_BASE] = { vu__set_log_base, VU_SIZE_ANY, VU_FDS_ANY },
+	[VHOST_USER_SET_LOG_FD] = { vu__set_log_fd, 0, VU_FDS_ANY },
 	[VHOST_USER_SET_VRING_NUM] = { vu_set_vring_num, 8, 0 },
 	[VHOST_USER_SET_VRING_ADDR] = { vu_set_vring_addr, 40, 0 },
 	[VHOST_USER_SET_VRING_BASE] = { vu_set_vring_base, 8, 0 },
@@ -1081,156 +617,28 @@ static const struct vu_handler vu_handlers[] = {
 	[VHOST_USER_SET_BACKEND_REQ_FD] = { vu_set_backend_req_fd, 0, 1 },
 	[VHOST_USER_GET_CONFIG] = { vu_get_config, VU_SIZE_ANY, 0 },
 	[VHOST_USER_SET_CONFIG] = { vu_set_config, VU_SIZE_ANY, 0 },
-	[VHOST_USER_GET_MAX_MEM_SLOTS] = { vu_get_max_mem_slots, 0, 0 },
-	[VHOST_USER_GET_INFLIGHT_FD] = { vu_get_inflight_fd, 24, 0 },
-	[VHOST_USER_SET_INFLIGHT_FD] = { vu_set_inflight_fd, 24, 1 },
-	[VHOST_USER_ADD_MEM_REG] = { vu_add_mem_reg, 40, 1 },
-	[VHOST_USER_REM_MEM_REG] = { vu_rem_mem_reg, 40, VU_FDS_ANY },
+	[VHOST_USER_GET_MAX_MEM_SLOTS] = { vu__get_max_mem_slots, 0, 0 },
+	[VHOST_USER_GET_INFLIGHT_FD] = { vu__get_inflight_fd, 24, 0 },
+	[VHOST_USER_SET_INFLIGHT_FD] = { vu__set_inflight_fd, 24, 1 },
+	[VHOST_USER_ADD_MEM_REG] = { vu__add_mem_reg, 40, 1 },
+	[VHOST_USER_REM_MEM_REG] = { vu__rem_mem_reg, 40, VU_FDS_ANY },
 	[VHOST_USER_RESET_DEVICE] = { vu_reset_owner, 0, 0 },
 	[VHOST_USER_SET_STATUS] = { vu_set_status, 8, 0 },
 	[VHOST_USER_GET_STATUS] = { vu_get_status, 0, 0 },
 };
 
-static int vu_send(struct vu_server *s, struct vu_msg *m)
+/* Send m's reply to the frontend.  While a handover replays the state
+ * (s->held) there is none: an ack goes nowhere, a nack is kept in
+ * ho_nack, which fails the handover (vu_server_handover_load). */
+static int send_reply(struct vu_server *s, struct vu_msg *m)
 {
-	/* Header and payload are separate in struct vu_msg (the union is
-	 * 8-byte aligned), so send them as two pieces of one message. */
-	struct iovec iov[2] = {
-		{ &m->hdr, sizeof(m->hdr) },
-		{ &m->p, m->hdr.size },
-	};
-	char cbuf[CMSG_SPACE(sizeof(int))];
-	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
-	size_t len = sizeof(m->hdr) + m->hdr.size;
-	ssize_t n;
-
 	if (s->held) {
-		/* A replayed message's ack goes nowhere; a nack fails the
-		 * handover (vu_server_handover_load). */
 		if (m->hdr.size == sizeof(m->p.u64) && m->p.u64)
 			s->ho_nack = true;
 		sys_close(&m->reply_fd);
 		return 0;
 	}
-	if (m->reply_fd >= 0)
-		(void)sock_msg_set_fds(&mh, cbuf, sizeof(cbuf), &m->reply_fd, 1);
-	m->hdr.flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK;
-	/* Never block the main thread on a frontend that does not read its
-	 * replies: a full socket buffer is a protocol failure. */
-	do
-		n = sendmsg(s->conn_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-	while (n < 0 && errno == EINTR);
-	sys_close(&m->reply_fd);
-	if (n != (ssize_t)len) {
-		log_err("sending %s reply failed: %s", vu__req_name(m->hdr.request),
-			n < 0 ? strerror(errno) : "short write");
-		return -EPIPE;
-	}
-	return 0;
-}
-
-/* Read exactly len bytes before deadline_ns.  Returns 0 or VU_MALFORMED
- * (timeout, close or error mid-message). */
-static int vu_recv_rest(int fd, void *buf, size_t len, uint64_t deadline_ns)
-{
-	size_t got = 0;
-
-	while (got < len) {
-		uint64_t now = sys_now_ns();
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		ssize_t n;
-
-		if (now >= deadline_ns)
-			return VU_MALFORMED;
-		if (poll(&p, 1, (int)((deadline_ns - now) / 1000000 + 1)) <= 0)
-			continue;
-		n = recv(fd, (char *)buf + got, len - got, MSG_DONTWAIT);
-		if (n == 0)
-			return VU_MALFORMED;
-		if (n < 0) {
-			if (errno == EAGAIN || errno == EINTR)
-				continue;
-			return VU_MALFORMED;
-		}
-		got += (size_t)n;
-	}
-	return 0;
-}
-
-/* Within VU_RECV_TIMEOUT_S of its first byte. */
-int vu__recv(int fd, struct vu_msg *m)
-{
-	char cbuf[CMSG_SPACE(VHOST_USER_MAX_FDS * sizeof(int))];
-	struct iovec iov = { &m->hdr, sizeof(m->hdr) };
-	struct msghdr mh = {
-		.msg_iov = &iov, .msg_iovlen = 1,
-		.msg_control = cbuf, .msg_controllen = sizeof(cbuf),
-	};
-	struct cmsghdr *cm;
-	uint64_t deadline;
-	ssize_t n;
-	size_t got;
-
-	m->nfds = 0;
-	do
-		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-	while (n < 0 && errno == EINTR);
-	if (n == 0)
-		return -ECONNRESET;
-	if (n < 0)
-		return errno == EAGAIN ? -EAGAIN : -errno;
-	deadline = sys_now_ns() + VU_RECV_TIMEOUT_S * 1000000000ull;
-	for (cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-		size_t nfd;
-
-		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-			continue;
-		nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (size_t i = 0; i < nfd; i++) {
-			int f;
-
-			memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-			if (m->nfds < VHOST_USER_MAX_FDS)
-				m->fds[m->nfds++] = f;
-			else
-				close(f);
-		}
-	}
-	if (mh.msg_flags & MSG_CTRUNC) {
-		log_err("message carried more than %d fds", VHOST_USER_MAX_FDS);
-		return VU_MALFORMED;
-	}
-	got = (size_t)n;
-	if (got < sizeof(m->hdr) &&
-	    vu_recv_rest(fd, (char *)&m->hdr + got, sizeof(m->hdr) - got, deadline) < 0) {
-		log_err("message header truncated or not finished in %d s",
-			VU_RECV_TIMEOUT_S);
-		return VU_MALFORMED;
-	}
-	if ((m->hdr.flags & VHOST_USER_VERSION_MASK) != VHOST_USER_VERSION) {
-		log_err("message with protocol version %u (want %u)",
-			m->hdr.flags & VHOST_USER_VERSION_MASK, VHOST_USER_VERSION);
-		return VU_MALFORMED;
-	}
-	if (m->hdr.size > sizeof(m->p)) {
-		log_err("%s: payload of %u bytes is larger than any message",
-			vu__req_name(m->hdr.request), m->hdr.size);
-		return VU_MALFORMED;
-	}
-	if (m->hdr.size && vu_recv_rest(fd, &m->p, m->hdr.size, deadline) < 0) {
-		log_err("%s: payload of %u bytes truncated or not finished in %d s",
-			vu__req_name(m->hdr.request), m->hdr.size, VU_RECV_TIMEOUT_S);
-		return VU_MALFORMED;
-	}
-	return 0;
-}
-
-void vu__close_fds(struct vu_msg *m)
-{
-	for (unsigned i = 0; i < m->nfds; i++)
-		if (m->fds[i] >= 0)
-			close(m->fds[i]);
-	m->nfds = 0;
+	return vu__send(s->conn_fd, m);
 }
 
 /*
@@ -1276,18 +684,18 @@ int vu__dispatch(struct vu_server *s, struct vu_msg *m)
 		if (need_reply) {
 			m->hdr.size = sizeof(m->p.u64);
 			m->p.u64 = 1;
-			(void)vu_send(s, m);
+			(void)send_reply(s, m);
 		}
 		return r;
 	}
 	if (r == VU_REPLY)
-		return vu_send(s, m);
+		return send_reply(s, m);
 	if (r < 0 && h)
 		log_warn("%s failed: %s", vu__req_name(req), strerror(-r));
 	if (need_reply) {
 		m->hdr.size = sizeof(m->p.u64);
 		m->p.u64 = r < 0 ? 1 : 0;
-		return vu_send(s, m);
+		return send_reply(s, m);
 	}
 	return 0;
 }
@@ -1316,11 +724,11 @@ void vu__state_clear(struct vu_server *s)
 		vu_vring_reset(&s->vr[i]);
 	}
 	vu__release_if_idle(s);
-	vu_log_reset(s);
-	vu_mem_replace(s, NULL);
+	vu__log_reset(s);
+	vu__mem_replace(s, NULL);
 	/* The frontend keeps its own mapping of the region across our
 	 * restarts; ours goes with the connection. */
-	vu_inflight_unmap(s);
+	vu__inflight_unmap(s);
 	s->acked = 0;
 	s->proto_acked = 0;
 	s->status = 0;

@@ -4,7 +4,13 @@
  * the message being handled and the vu__ functions one file of the
  * vhost-user backend calls in another.  Main thread only, like all of vu.
  *
- *   vu.c         the server and every message
+ *   vu.c         the server: listener and connection, the dispatch table,
+ *                feature, status, ring and config messages, the backend
+ *                channel
+ *   msg.c        one message on the socket: framing, fds, names
+ *   mem_table.c  guest memory: SET_MEM_TABLE, ADD/REM_MEM_REG
+ *   dirty_log.c  dirty logging for migration: LOG_ALL, SET_LOG_BASE/FD
+ *   inflight.c   the in-flight region: GET/SET_INFLIGHT_FD
  *   handover.c   upgrade in place: the state to and from another process
  */
 #ifndef VBLK_VU_INTERNAL_H
@@ -65,7 +71,8 @@ struct vu_server {
 	uint64_t acked;
 	uint64_t proto_acked;
 	struct gm_table *mem;		/* published to iothreads via ring start */
-	/* INFLIGHT_SHMFD: the frontend's region, mapped (NULL if none). */
+	/* INFLIGHT_SHMFD (inflight.c): the frontend's region, mapped (NULL
+	 * if none). */
 	uint8_t *inflight;
 	size_t inflight_size;
 	int inflight_fd;		/* our copy of its fd (upgrade in place) */
@@ -76,8 +83,9 @@ struct vu_server {
 	struct vu_vring *vr;
 	/* The disk is ours while rings run (ops->claim). */
 	bool claimed;
-	/* Dirty logging ("Migration"): SET_LOG_BASE's log, SET_LOG_FD's
-	 * eventfd.  Rings log while LOG_ALL is acked and a log is set. */
+	/* Dirty logging ("Migration", dirty_log.c): SET_LOG_BASE's log,
+	 * SET_LOG_FD's eventfd.  Rings log while LOG_ALL is acked and a log
+	 * is set. */
 	struct gm_dirty_log *log;
 	int log_call_fd;
 	/* The backend channel (SET_BACKEND_REQ_FD): our requests to the
@@ -125,10 +133,12 @@ int vu__vring_start(struct vu_server *s, unsigned idx);
 /* Stop ring idx if it runs (its in-flight requests complete first),
  * keeping where it stopped as its base. */
 void vu__vring_stop(struct vu_server *s, unsigned idx);
+bool vu__rings_running(const struct vu_server *s);
 /* With no ring running, give up the disk's claim (ops->release). */
 void vu__release_if_idle(struct vu_server *s);
-/* Rings log now: LOG_ALL acked and a log set. */
-bool vu__logging(const struct vu_server *s);
+/* The message's first fd is an eventfd, made non-blocking: 0, or -errno
+ * (logged, naming req). */
+int vu__check_eventfd(struct vu_msg *m, const char *req);
 /* Handle one message, replying as it asks.  Returns 0, or < 0 to
  * disconnect (VU_MALFORMED, VU_REFUSED, -errno). */
 int vu__dispatch(struct vu_server *s, struct vu_msg *m);
@@ -142,7 +152,12 @@ void vu__disconnect(struct vu_server *s);
 int vu__watch_conn(struct vu_server *s, int fd);
 int vu__watch_listener(struct vu_server *s);
 
+/* ---- msg.c: one message on the socket ---- */
+
 const char *vu__req_name(uint32_t req);
+/* Send m as the reply to its request, with m->reply_fd if set (closed
+ * either way), never blocking.  0 or -EPIPE (logged). */
+int vu__send(int fd, struct vu_msg *m);
 /* Read one message, if one is waiting: header with any fds, then the
  * payload, all within a few seconds of its first byte.  Returns 0,
  * -EAGAIN (nothing waiting), -ECONNRESET on orderly close, VU_MALFORMED,
@@ -150,5 +165,44 @@ const char *vu__req_name(uint32_t req);
 int vu__recv(int fd, struct vu_msg *m);
 /* Close the message's fds that no handler took. */
 void vu__close_fds(struct vu_msg *m);
+
+/* ---- mem_table.c: guest memory ---- */
+
+/* Publish table nt (NULL: none), stopping and restarting running rings
+ * around the switch; regions not carried over are unmapped.  0, a ring
+ * start's error, or -ERANGE (the dirty log does not cover it). */
+int vu__mem_replace(struct vu_server *s, struct gm_table *nt);
+int vu__set_mem_table(struct vu_server *s, struct vu_msg *m);
+int vu__add_mem_reg(struct vu_server *s, struct vu_msg *m);
+int vu__rem_mem_reg(struct vu_server *s, struct vu_msg *m);
+int vu__get_max_mem_slots(struct vu_server *s, struct vu_msg *m);
+
+/* ---- dirty_log.c: dirty logging ("Migration") ---- */
+
+/* Rings log now: LOG_ALL acked and a log set. */
+bool vu__logging(const struct vu_server *s);
+/* What ring vr logs now, into lg. */
+void vu__vring_log(const struct vu_server *s, const struct vu_vring *vr,
+		   struct vq_log *lg);
+/* The log covers all guest memory and every logged used ring (logs what
+ * does not); true when not logging. */
+bool vu__log_covers(struct vu_server *s);
+/* SET_FEATURES changed LOG_ALL: every running ring switches.  0, -EINVAL
+ * (on without a log) or -ERANGE (the log is too small). */
+int vu__log_all_changed(struct vu_server *s);
+/* The log unmapped, SET_LOG_FD's eventfd closed. */
+void vu__log_reset(struct vu_server *s);
+int vu__set_log_base(struct vu_server *s, struct vu_msg *m);
+int vu__set_log_fd(struct vu_server *s, struct vu_msg *m);
+
+/* ---- inflight.c: in-flight tracking ("Inflight I/O tracking") ---- */
+
+/* Point ring idx's cfg at its part of the in-flight region, if there is
+ * one made for rings of its size. */
+void vu__inflight_ring(const struct vu_server *s, unsigned idx, struct vq_config *cfg);
+/* Our mapping of the region and our copy of its fd, gone. */
+void vu__inflight_unmap(struct vu_server *s);
+int vu__get_inflight_fd(struct vu_server *s, struct vu_msg *m);
+int vu__set_inflight_fd(struct vu_server *s, struct vu_msg *m);
 
 #endif

@@ -1493,7 +1493,7 @@ static void test_message_deadline_covers_header_and_payload(void)
 
 /*
  * Regression: a frontend that sends requests but never reads the replies
- * must not wedge the loop thread (vu_send() once blocked in sendmsg with no
+ * must not wedge the loop thread (vu__send() once blocked in sendmsg with no
  * timeout, so the main loop, and with it SIGTERM handling, stopped until
  * the frontend went away).
  */

@@ -9,22 +9,6 @@
 #include "util/compiler.h"
 #include "util/log.h"
 
-static int cmp_counter(const void *a, const void *b)
-{
-	uint64_t ca = ((const struct vq_resubmit *)a)->counter;
-	uint64_t cb = ((const struct vq_resubmit *)b)->counter;
-
-	return ca < cb ? -1 : ca > cb;
-}
-
-/* On our own copy: a comparator that read the frontend's region could
- * answer differently from one call to the next, which qsort does not
- * allow. */
-void vq_resubmit_sort(struct vq *vq, unsigned n)
-{
-	qsort(vq->resubmit, n, sizeof(*vq->resubmit), cmp_counter);
-}
-
 /*
  * vhost-user.rst "Inflight I/O tracking", "When reconnecting": finish the
  * bookkeeping of a batch the previous backend published but had not
@@ -162,22 +146,6 @@ void vq_release(struct vq *vq)
 	free(vq->resubmit);
 	vq->resubmit = NULL;
 	vq->resubmit_n = vq->resubmit_i = 0;
-}
-
-void vq_set_broken(struct vq *vq, const char *why)
-{
-	if (!vq->broken)
-		log_err("queue %u: %s; queue stopped until the driver resets it",
-			vq->index, why);
-	WRITE_ONCE(vq->broken, true);
-}
-
-void vq_bad_chain(struct vq *vq, const char *why, uint16_t head)
-{
-	vq->bad_chains++;
-	log_once(vq->logged_bad_chain, LOG_WARN,
-		 "queue %u: request %u failed: %s (further bad requests on "
-		 "this queue are not logged)", vq->index, head, why);
 }
 
 /* Copy a descriptor out of guest memory: each field read exactly once. */

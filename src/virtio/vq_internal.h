@@ -10,8 +10,11 @@
 #include "util/compiler.h"
 #include "virtio/vq.h"
 
+/* vq_common.c, below both halves (and vq_set_broken, vq.h). */
 /* A request fails (logged once per queue). */
 void vq_bad_chain(struct vq *vq, const char *why, uint16_t head);
+/* Sort vq->resubmit[0..n) oldest first. */
+void vq_resubmit_sort(struct vq *vq, unsigned n);
 
 /*
  * One buffer of a request: translated into guest memory and appended to
@@ -79,8 +82,6 @@ static inline int vq_walk_end(struct vq *vq, struct vq_elem *e, const char *err,
 
 /* The packed half: vq.c's entry points call these when vq->packed. */
 int vqp_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem);
-/* Sort vq->resubmit[0..n) oldest first (vq.c). */
-void vq_resubmit_sort(struct vq *vq, unsigned n);
 int vqp_pop(struct vq *vq, struct vq_elem *e);
 void vqp_push(struct vq *vq, uint16_t id, uint32_t len);
 bool vqp_should_notify(struct vq *vq);

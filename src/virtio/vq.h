@@ -1,6 +1,11 @@
 /*
  * vq_: the device side of a virtqueue, split (virtio 1.2, 2.7) or packed
- * (2.8, vq_packed.c), against a hostile driver.
+ * (2.8), against a hostile driver.
+ *
+ * Layered as Linux's virtio_ring.c: this header's entry points and vq.c
+ * are the one face, and pick the format; below them the split half
+ * (vq_split.c) and the packed half (vq_packed.c); below both what they
+ * share (vq_common.c, vq_internal.h).  Calls go down only.
  *
  * Every guest-written field is read once into a local and validated before
  * use: head < num, next < num, hop count <= table size (loops), avail index
@@ -18,11 +23,13 @@
 #ifndef VBLK_VQ_H
 #define VBLK_VQ_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/uio.h>
 
 #include "util/barrier.h"
+#include "util/compiler.h"
 
 #include "mem/dirty.h"
 #include "mem/gm.h"
@@ -218,27 +225,71 @@ void vq_release(struct vq *vq);
 uint32_t vq_base(const struct vq *vq);
 
 /*
+ * The per-request work of each format, below the vq_ functions that follow
+ * (which pick one): the split half (vq_split.c, virtio 1.2, 2.7) and the
+ * packed half (vq_packed.c, 2.8).  Declared here only so that the choice
+ * is inlined into the caller: each vq_ call below is one call, straight
+ * into its half.  Call the vq_ functions, not these.
+ */
+int vqs_pop(struct vq *vq, struct vq_elem *e);
+int vqp_pop(struct vq *vq, struct vq_elem *e);
+void vqs_push(struct vq *vq, unsigned head, uint32_t len);	/* head < num */
+void vqp_push(struct vq *vq, uint16_t id, uint32_t len);
+void vqs_flush(struct vq *vq);
+bool vqs_should_notify(struct vq *vq);
+bool vqp_should_notify(struct vq *vq);
+void vqs_disable_notify(struct vq *vq);
+void vqp_disable_notify(struct vq *vq);
+bool vqs_enable_notify(struct vq *vq);
+bool vqp_enable_notify(struct vq *vq);
+bool vqs_avail_pending(struct vq *vq);
+bool vqp_avail_pending(struct vq *vq);
+
+/*
  * Take the next available request.
  * Returns 1 with *e filled; 0 if the ring is empty; -EIO if the ring is
  * corrupt (queue now broken); -EINVAL if this chain is bad: e->head and
  * e->last_byte are valid and the caller must still complete e->head
  * (vq_push) so the driver gets it back.
  */
-int vq_pop(struct vq *vq, struct vq_elem *e);
+static inline int vq_pop(struct vq *vq, struct vq_elem *e)
+{
+	if (unlikely(vq->broken))
+		return -EIO;
+	if (vq->packed)
+		return vqp_pop(vq, e);
+	return vqs_pop(vq, e);
+}
 
 /* Return a request to the driver with len bytes written.  Becomes visible
  * at the next vq_flush(). */
-void vq_push(struct vq *vq, uint16_t head, uint32_t len);
+static inline void vq_push(struct vq *vq, uint16_t head, uint32_t len)
+{
+	if (vq->packed)
+		vqp_push(vq, head, len);
+	else
+		vqs_push(vq, head, len);
+}
 
 /* Publish pushed entries (used->idx). */
-void vq_flush(struct vq *vq);
+static inline void vq_flush(struct vq *vq)
+{
+	/* Packed: each used descriptor was published as it was written. */
+	if (!vq->packed)
+		vqs_flush(vq);
+}
 
 /*
  * After vq_flush(): does the driver want an interrupt for what was
  * published since the last one?  EVENT_IDX: vring_need_event over the whole
  * batch; otherwise the driver's NO_INTERRUPT flag.
  */
-bool vq_should_notify(struct vq *vq);
+static inline bool vq_should_notify(struct vq *vq)
+{
+	if (vq->packed)
+		return vqp_should_notify(vq);
+	return vqs_should_notify(vq);
+}
 
 /* Packed, EVENT_IDX, the driver asked for DESC: is the descriptor at its
  * off_wrap among the n used since the last check?  (Ring positions; the
@@ -270,18 +321,34 @@ static inline bool vq_notify_wanted(const struct vq *vq)
 }
 
 /* Ask the driver not to kick (best effort; EVENT_IDX has no "off"). */
-void vq_disable_notify(struct vq *vq);
+static inline void vq_disable_notify(struct vq *vq)
+{
+	if (vq->packed)
+		vqp_disable_notify(vq);
+	else
+		vqs_disable_notify(vq);
+}
 
 /*
  * Ask for kicks again, then re-check the ring.  Returns true if buffers
  * arrived that we have not taken: the caller must process them, since
  * the driver may have skipped the kick for them.
  */
-bool vq_enable_notify(struct vq *vq);
+static inline bool vq_enable_notify(struct vq *vq)
+{
+	if (vq->packed)
+		return vqp_enable_notify(vq);
+	return vqs_enable_notify(vq);
+}
 
 /* True if the driver published buffers we have not taken (no barrier;
  * for polling). */
-bool vq_avail_pending(struct vq *vq);
+static inline bool vq_avail_pending(struct vq *vq)
+{
+	if (vq->packed)
+		return vqp_avail_pending(vq);
+	return vqs_avail_pending(vq);
+}
 
 /* Requests the in-flight region handed back that vq_pop has not returned
  * yet (it returns them before anything new).  vq_base already counts

@@ -1,6 +1,7 @@
 /*
- * Shared by the split (vq.c) and packed (vq_packed.c) halves of vq_; not
- * part of the vq_ contract (vq.h).
+ * Inside vq_, not part of its contract (vq.h): what the split
+ * (vq_split.c) and packed (vq_packed.c) halves share (vq_common.c and the
+ * inlines below), and the halves' start functions the face (vq.c) calls.
  */
 #ifndef VBLK_VQ_INTERNAL_H
 #define VBLK_VQ_INTERNAL_H
@@ -80,13 +81,12 @@ static inline int vq_walk_end(struct vq *vq, struct vq_elem *e, const char *err,
 	return 1;
 }
 
-/* The packed half: vq.c's entry points call these when vq->packed. */
+/* vq_init's second half, per format (vq_split.c, vq_packed.c): translate
+ * and check the ring's parts, set the format's state, take over an
+ * in-flight region.  vq is zeroed, its index set, num checked.  Returns
+ * 0, -EINVAL or -ENOMEM.  The per-request halves are declared in vq.h,
+ * whose inline entry points call them. */
+int vqs_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem);
 int vqp_init(struct vq *vq, const struct vq_config *cfg, const struct gm_table *mem);
-int vqp_pop(struct vq *vq, struct vq_elem *e);
-void vqp_push(struct vq *vq, uint16_t id, uint32_t len);
-bool vqp_should_notify(struct vq *vq);
-void vqp_disable_notify(struct vq *vq);
-bool vqp_enable_notify(struct vq *vq);
-bool vqp_avail_pending(struct vq *vq);
 
 #endif

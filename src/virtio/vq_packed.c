@@ -1,7 +1,8 @@
 /*
  * The device side of a packed virtqueue (virtio 1.2, 2.8 "Packed
- * Virtqueues"), against a hostile driver.  vq.c's entry points call here
- * when the ring is packed; the contract is vq.h's.
+ * Virtqueues"), against a hostile driver.  vq.h's entry points (and
+ * vq_init) call here when the ring is packed; the contract is vq.h's.
+ * Calls down only (vq_common.c, mem/), never into vq.c or vq_split.c.
  *
  * One ring of descriptors, read in ring order: a descriptor is available
  * when its AVAIL flag matches our copy of the driver's wrap counter and

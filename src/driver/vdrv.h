@@ -1,8 +1,13 @@
 /*
  * vdrv_: a userspace virtio-blk *driver* over vhost-user: the frontend half
- * of the protocol plus the driver half of the split virtqueue.  Used by
+ * of the protocol plus the driver half of the virtqueue, split (virtio 1.2,
+ * 2.7) or, with opts.packed, packed (2.8, vdrv_packed.c).  Used by
  * vblk-bench to drive any vhost-user-blk backend (vblkd, qemu-storage-daemon)
- * the same way, from the host, without a guest in the way.
+ * the same way, from the host, without a guest in the way, and by tests
+ * (tests/unit/test_blk, tests/driver's hostile-shrink).  Not part of vblkd.
+ *
+ * Not implemented: dirty logging on packed rings (vdrv_connect refuses
+ * both), in-flight tracking (INFLIGHT_SHMFD is never negotiated).
  *
  * Memory: one memfd shared with the backend holds the rings, indirect
  * tables and every buffer handed out by vdrv_alloc(); guest-physical
@@ -137,7 +142,8 @@ static inline uint64_t vdrv_gpa(const struct vdrv *d, const void *p)
 	return (uint64_t)((const uint8_t *)p - d->mem);
 }
 
-/* What part of vdrv's own ring memory holds gpa. */
+/* What part of vdrv's own ring memory holds gpa.  Split ring names: its
+ * one user is dirty logging's check, which packed rings do not have. */
 enum vdrv_area {
 	VDRV_AREA_NONE,		/* not a ring: vdrv_alloc'ed buffers or unused */
 	VDRV_AREA_DESC,		/* descriptor table */
@@ -175,13 +181,15 @@ int vdrv_add(struct vdrv_queue *q, const struct iovec *out, unsigned nout,
 	     const struct iovec *in, unsigned nin, void *cookie);
 
 /* Publish added requests and kick unless the device suppressed it
- * (virtio 1.2, 2.7.10: avail_event with EVENT_IDX, else NO_NOTIFY). */
+ * (virtio 1.2, 2.7.10: avail_event with EVENT_IDX, else NO_NOTIFY; packed,
+ * 2.8.10: the device event area). */
 void vdrv_kick(struct vdrv_queue *q);
 
 /* Next completed request's cookie (and bytes written), or NULL. */
 void *vdrv_get(struct vdrv_queue *q, uint32_t *len);
 
-/* Interrupt suppression, as Linux virtio_ring does it (2.7.7). */
+/* Interrupt suppression, as Linux virtio_ring does it (2.7.7; packed:
+ * the driver event area, 2.8.10). */
 void vdrv_disable_cb(struct vdrv_queue *q);
 /* Re-enable; returns true if completions arrived meanwhile (drain again). */
 bool vdrv_enable_cb(struct vdrv_queue *q);

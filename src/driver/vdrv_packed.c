@@ -104,7 +104,7 @@ int vdrv__packed_add(struct vdrv_queue *q, const struct iovec *out, unsigned nou
 void vdrv__packed_kick(struct vdrv_queue *q)
 {
 	const struct vring_packed_event *ev = (const struct vring_packed_event *)q->used;
-	uint16_t added = q->added, flags, off_wrap, off;
+	uint16_t added = q->added, flags;
 	bool kick;
 
 	if (!added)
@@ -113,15 +113,11 @@ void vdrv__packed_kick(struct vdrv_queue *q)
 	/* Pairs with the device's full barrier in vqp_enable_notify. */
 	smp_mb();
 	flags = READ_ONCE(ev->flags) & 3;
-	if (flags == VRING_PACKED_EVENT_F_DESC && q->event_idx) {
-		off_wrap = READ_ONCE(ev->off_wrap);
-		off = off_wrap & 0x7fff;
-		if (!!(off_wrap & VRING_PACKED_EVENT_WRAP) != q->avail_wrap)
-			off = (uint16_t)(off - q->num);
-		kick = vring_need_event(off, q->avail_idx, (uint16_t)(q->avail_idx - added));
-	} else {
+	if (flags == VRING_PACKED_EVENT_F_DESC && q->event_idx)
+		kick = vring_packed_need_event(READ_ONCE(ev->off_wrap), q->avail_idx,
+					       q->avail_wrap, q->num, added);
+	else
 		kick = flags != VRING_PACKED_EVENT_F_DISABLE;
-	}
 	if (kick) {
 		q->kicks++;
 		(void)sys_eventfd_signal(q->kick_fd);

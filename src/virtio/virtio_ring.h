@@ -6,6 +6,7 @@
 #ifndef VBLK_VIRTIO_RING_H
 #define VBLK_VIRTIO_RING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "util/compiler.h"
@@ -106,6 +107,23 @@ static inline int vring_need_event(uint16_t event_idx, uint16_t new_idx,
 				   uint16_t old_idx)
 {
 	return (uint16_t)(new_idx - event_idx - 1) < (uint16_t)(new_idx - old_idx);
+}
+
+/*
+ * The same on a packed ring (2.8.10, EVENT_IDX, flags DESC): has our side,
+ * now at ring position new_idx with wrap counter wrap and n < num
+ * positions past the last check, passed the descriptor the other side
+ * names in off_wrap?  Positions are < num: an offset whose wrap counter is
+ * not ours is a lap behind.
+ */
+static inline int vring_packed_need_event(uint16_t off_wrap, uint16_t new_idx, bool wrap,
+					  unsigned num, unsigned n)
+{
+	uint16_t off = off_wrap & 0x7fff;
+
+	if (!!(off_wrap & VRING_PACKED_EVENT_WRAP) != wrap)
+		off = (uint16_t)(off - num);
+	return vring_need_event(off, new_idx, (uint16_t)(new_idx - n));
 }
 
 #endif

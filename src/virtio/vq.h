@@ -5,7 +5,8 @@
  * Layered as Linux's virtio_ring.c: this header's entry points and vq.c
  * are the one face, and pick the format; below them the split half
  * (vq_split.c) and the packed half (vq_packed.c); below both what they
- * share (vq_common.c, vq_internal.h).  Calls go down only.
+ * share (vq_common.c, vq_internal.h).  Calls go down only: nothing below
+ * the face calls a function defined in this header or in vq.c.
  *
  * Every guest-written field is read once into a local and validated before
  * use: head < num, next < num, hop count <= table size (loops), avail index
@@ -291,20 +292,6 @@ static inline bool vq_should_notify(struct vq *vq)
 	return vqs_should_notify(vq);
 }
 
-/* Packed, EVENT_IDX, the driver asked for DESC: is the descriptor at its
- * off_wrap among the n used since the last check?  (Ring positions; the
- * offset goes back a lap when its wrap counter is not ours, virtio 1.2,
- * 2.8.10.)  n < num. */
-static inline bool vqp_event_in(const struct vq *vq, unsigned n)
-{
-	uint16_t off_wrap = READ_ONCE(vq->driver_event->off_wrap);
-	uint16_t off = off_wrap & 0x7fff;
-
-	if (!!(off_wrap & VRING_PACKED_EVENT_WRAP) != vq->used_wrap)
-		off = (uint16_t)(off - vq->num);
-	return vring_need_event(off, vq->used_idx, (uint16_t)(vq->used_idx - n));
-}
-
 /* EVENT_IDX only, no barrier, changes nothing: does the driver's used_event
  * already lie among the entries pushed since the last notification?  A
  * cheap hint for notifying early; vq_should_notify stays the decision. */
@@ -314,7 +301,9 @@ static inline bool vq_notify_wanted(const struct vq *vq)
 		return vq->event_idx && vq->signalled_used_valid &&
 		       vq->since_signal && vq->since_signal < vq->num &&
 		       (READ_ONCE(vq->driver_event->flags) & 3) == VRING_PACKED_EVENT_F_DESC &&
-		       vqp_event_in(vq, vq->since_signal);
+		       vring_packed_need_event(READ_ONCE(vq->driver_event->off_wrap),
+					       vq->used_idx, vq->used_wrap, vq->num,
+					       vq->since_signal);
 	return vq->event_idx && vq->signalled_used_valid &&
 	       vring_need_event(READ_ONCE(*vq->used_event), vq->used_idx,
 				vq->signalled_used);

@@ -433,6 +433,15 @@ int vqp_pop(struct vq *vq, struct vq_elem *e)
 	return vq_walk_end(vq, e, err, last_addr, last_len, last_write);
 }
 
+/* Log a store of ours into guest memory (a used descriptor, the device
+ * event area) at its own address: logging is on and the caller made the
+ * store visible (smp_mb).  Request buffers are blk's (vq_log_write). */
+static void log_store(struct vq *vq, const void *p, uint64_t len)
+{
+	gm_dirty_mark_host(vq->log.log, vq->mem, p, len);
+	vq->log_kick = true;
+}
+
 void vqp_push(struct vq *vq, uint16_t id, uint32_t len)
 {
 	struct vring_packed_desc *u = &vq->pdesc[vq->used_idx];
@@ -460,7 +469,7 @@ void vqp_push(struct vq *vq, uint16_t id, uint32_t len)
 	vq->chain_len[id] = 0;
 	if (unlikely(vq->log.log)) {
 		smp_mb();	/* the store visible before the bit test (dirty.h) */
-		vq_log_write(vq, u, sizeof(*u));
+		log_store(vq, u, sizeof(*u));
 	}
 	vq->used_idx += n;
 	if (vq->used_idx >= vq->num) {
@@ -477,7 +486,7 @@ void vqp_push(struct vq *vq, uint16_t id, uint32_t len)
 /*
  * 2.8.10 "Driver and Device Event Suppression", used buffer side: the
  * driver's area says ENABLE, DISABLE, or (EVENT_IDX) DESC: notify once the
- * descriptor at off_wrap is used (vqp_event_in).
+ * descriptor at off_wrap is used (vring_packed_need_event).
  */
 bool vqp_should_notify(struct vq *vq)
 {
@@ -499,12 +508,13 @@ bool vqp_should_notify(struct vq *vq)
 		return false;
 	if (n >= vq->num)	/* a whole lap: the event is in it */
 		return true;
-	return vqp_event_in(vq, n);
+	return vring_packed_need_event(READ_ONCE(vq->driver_event->off_wrap), vq->used_idx,
+				       vq->used_wrap, vq->num, n);
 }
 
 static __cold void log_device_event(struct vq *vq)
 {
-	vq_log_write(vq, vq->device_event, sizeof(*vq->device_event));
+	log_store(vq, vq->device_event, sizeof(*vq->device_event));
 }
 
 /* 2.8.10, available buffer side: our area. */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blk/blk_internal.h"
 #include "blk/virtio_blk.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
@@ -17,11 +18,6 @@
 #include "util/sys.h"
 #include "vhost/vhost_user.h"
 
-struct blk_queue;
-
-/* Discard / write-zeroes limits we advertise (5.2.4) and enforce. */
-#define BLK_MAX_DWZ_SEGS 16
-#define BLK_MAX_DWZ_SECTORS (1u << 22)		/* 2 GiB per segment */
 
 struct blk_req {
 	struct blk_queue *q;
@@ -38,92 +34,10 @@ struct blk_req {
 	unsigned nsegs, seg;
 };
 
-struct blk_iothread {
-	struct blk_dev *dev;
-	unsigned idx;
-	int cpu;			/* pinned CPU, or -1 */
-	struct loop *loop;
-	struct bdev_ctx *bctx;		/* owned by this iothread */
-};
-
-struct blk_queue {
-	struct blk_dev *dev;
-	struct blk_iothread *t;		/* the iothread that owns this queue */
-	unsigned idx;
-
-	/* Owned by the iothread; changed only through loop_call_sync. */
-	bool started, enabled;
-	struct vq vq;
-	int kick_fd, call_fd, err_fd;	/* borrowed from vu */
-	struct loop_fd *kick_h;
-	struct loop_bh *resume_bh;	/* continue after a full budget */
-	struct loop_bh *notify_bh;	/* no EVENT_IDX: coalesce notifications */
-	bool polling;			/* the loop polls us: kicks stay off */
-	bool event_idx;
-	bool early_sent;		/* an early call ended a batch in this section */
-	/* Interrupt moderation (blk_hold). */
-	struct loop_timer *hold_timer;
-	bool held;			/* a call is held until hold_timer fires */
-	uint64_t held_since;		/* when it was held (sys_now_ns) */
-	uint64_t held_until;		/* when it goes out at the latest */
-	uint16_t done;			/* completions so far (wraps) */
-	uint16_t held_done;		/* done when the call was held */
-	bool held_stream;		/* may wait for requests yet to come */
-	bool held_idle;			/* ... and did: nothing was left in flight */
-	uint64_t held_requests;		/* requests (taken) when the call was held */
-	uint64_t last_done;		/* loop_now() of the last completion */
-	bool busy_before;		/* it left requests in flight */
-	uint64_t gap_ns;		/* EWMA of the gaps the disk was busy across */
-	uint64_t pace_ns;		/* EWMA of all gaps between completions */
-	uint64_t overlap_ns;		/* loop_now() when >= 2 were last in flight */
-	uint64_t stream_off_until;	/* no idle holds before this (loop_now()) */
-	uint64_t stream_backoff_ns;	/* the next wasted idle hold's back-off */
-	struct blk_req *reqs;		/* vq.num entries */
-	struct iovec *iovs;
-	uint16_t *free_reqs;		/* stack of free request indices */
-	unsigned nfree;
-	unsigned inflight;
-	bool logged_no_status;
-
-	/* Counters: written by the iothread, read by anyone. */
-	_Atomic uint64_t requests, kicks, calls, calls_early, calls_suppressed;
-	_Atomic uint64_t calls_held, calls_held_idle, calls_held_wasted, completions_coalesced;
-	_Atomic uint64_t hold_ns_max, hold_ns_total, hold_late_ns_total;
-	_Atomic uint64_t bad_requests;
-	/* Poll counters of kick handlers that are gone (ring restarts). */
-	struct loop_poll_stats poll_base;
-};
-
-struct blk_dev {
-	struct bdev *b;
-	unsigned num_queues;
-	char serial[VIRTIO_BLK_ID_BYTES];
-	uint64_t acked;			/* main thread */
-	atomic_bool writeback;		/* main writes, iothread reads */
-	uint8_t wce;			/* config byte as the guest set it */
-	bool no_event_idx;		/* --no-event-idx: do not offer it */
-	bool no_packed;			/* --no-packed: do not offer packed rings */
-	bool early_notify;		/* not --no-early-notify */
-	uint64_t irq_mod_max_ns;	/* --irq-moderation-max-ns; 0: off */
-	/* Tells the frontend the config space changed (blk_dev_resize). */
-	int (*config_changed)(void *opaque);
-	void *config_opaque;
-
-	unsigned num_iothreads;
-	struct blk_iothread *iot;
-	struct blk_queue q[];
-};
-
 /* Requests taken from one queue per pass before yielding to others. */
 #define BLK_BUDGET 256
 /* Passes of the drain / re-enable / re-check loop before yielding. */
 #define BLK_MAX_PASSES 8
-
-static inline void stat_inc(_Atomic uint64_t *c)
-{
-	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
-			      memory_order_relaxed);
-}
 
 /* ---- Completion and notification (iothread) ---- */
 
@@ -958,145 +872,9 @@ static void do_queue_set_enable(void *opaque)
 
 /* ---- vu_dev_ops (main thread) ---- */
 
-static uint64_t blk_features(void *opaque)
-{
-	struct blk_dev *d = opaque;
-	uint64_t f = 1ull << VIRTIO_F_VERSION_1 |
-		     1ull << VIRTIO_RING_F_INDIRECT_DESC |
-		     1ull << VIRTIO_RING_F_EVENT_IDX |
-		     1ull << VIRTIO_F_RING_PACKED |
-		     1ull << VIRTIO_BLK_F_SEG_MAX |
-		     1ull << VIRTIO_BLK_F_BLK_SIZE |
-		     1ull << VIRTIO_BLK_F_FLUSH |
-		     1ull << VIRTIO_BLK_F_TOPOLOGY |
-		     1ull << VIRTIO_BLK_F_CONFIG_WCE |
-		     1ull << VIRTIO_BLK_F_MQ;
-
-	if (d->b->read_only)
-		f |= 1ull << VIRTIO_BLK_F_RO;
-	/* A read-only export cannot deallocate or zero anything. */
-	if (!d->b->read_only && (d->b->caps & BDEV_CAP_DISCARD) && !d->b->no_discard)
-		f |= 1ull << VIRTIO_BLK_F_DISCARD;
-	if (!d->b->read_only && (d->b->caps & BDEV_CAP_WRITE_ZEROES))
-		f |= 1ull << VIRTIO_BLK_F_WRITE_ZEROES;
-	if (d->no_packed)
-		f &= ~(1ull << VIRTIO_F_RING_PACKED);
-	if (d->no_event_idx)
-		f &= ~(1ull << VIRTIO_RING_F_EVENT_IDX);
-	return f;
-}
-
 static unsigned blk_num_queues(void *opaque)
 {
 	return ((struct blk_dev *)opaque)->num_queues;
-}
-
-static void blk_fill_config(struct blk_dev *d, struct virtio_blk_config *c)
-{
-	unsigned exp = 0;
-
-	memset(c, 0, sizeof(*c));
-	c->capacity = d->b->size >> VIRTIO_BLK_SECTOR_SHIFT;
-	c->seg_max = VQ_MAX_SEGS - 2;
-	c->blk_size = d->b->block_size;
-	while ((d->b->block_size << exp) < d->b->phys_block_size && exp < 15)
-		exp++;
-	c->topology.physical_block_exp = (uint8_t)exp;
-	c->topology.min_io_size = (uint16_t)(1u << exp);
-	c->writeback = d->wce;
-	c->num_queues = (uint16_t)d->num_queues;
-	c->max_discard_sectors = BLK_MAX_DWZ_SECTORS;
-	if (d->b->discard_max_bytes &&
-	    d->b->discard_max_bytes >> VIRTIO_BLK_SECTOR_SHIFT < c->max_discard_sectors)
-		c->max_discard_sectors = (uint32_t)(d->b->discard_max_bytes >>
-						    VIRTIO_BLK_SECTOR_SHIFT);
-	c->max_discard_seg = BLK_MAX_DWZ_SEGS;
-	/* virtio 1.2, 5.2.4: discard_sector_alignment is the unit the
-	 * device deallocates in; a guest aligns its discards to it (Linux:
-	 * discard_granularity), so they really free space. */
-	c->discard_sector_alignment = MAX(d->b->discard_granularity, d->b->block_size) >>
-				      VIRTIO_BLK_SECTOR_SHIFT;
-	c->max_write_zeroes_sectors = BLK_MAX_DWZ_SECTORS;
-	c->max_write_zeroes_seg = BLK_MAX_DWZ_SEGS;
-	c->write_zeroes_may_unmap = 1;
-}
-
-static void blk_get_config(void *opaque, uint32_t off, uint8_t *buf, uint32_t len)
-{
-	struct virtio_blk_config c;
-
-	blk_fill_config(opaque, &c);
-	memset(buf, 0, len);
-	if (off < sizeof(c))
-		memcpy(buf, (uint8_t *)&c + off, MIN(len, sizeof(c) - off));
-}
-
-/* 5.2.5 "Device Initialization": writethrough unless the driver accepted
- * FLUSH and (with CONFIG_WCE) left writeback on. */
-static void blk_update_cache_mode(struct blk_dev *d)
-{
-	bool flush = d->acked & (1ull << VIRTIO_BLK_F_FLUSH);
-	bool wce_neg = d->acked & (1ull << VIRTIO_BLK_F_CONFIG_WCE);
-	bool wb = flush && (!wce_neg || d->wce);
-
-	atomic_store(&d->writeback, wb);
-}
-
-static int blk_set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32_t len)
-{
-	struct blk_dev *d = opaque;
-
-	/* Only the writeback byte is writable (5.2.4). */
-	if (off != offsetof(struct virtio_blk_config, writeback) || len != 1)
-		return -EPERM;
-	d->wce = buf[0] ? 1 : 0;
-	blk_update_cache_mode(d);
-	log_info("guest set the write cache to %s",
-		 d->wce ? "writeback" : "writethrough");
-	return 0;
-}
-
-/* Upgrade in place (vu.h): the write cache mode the guest chose, and
- * whether a flush failed through the page cache (bdev.h, cache_lost: the
- * new process must go on failing flushes).  Byte 0 is this blob's
- * version, byte 1 the writeback byte, byte 2 (since 2026-12) flags: bit 0
- * cache_lost.  A loader of version 1 reads bytes 0 and 1 only, so one
- * that predates byte 2 still takes the blob (and a blob without it is
- * taken here). */
-#define BLK_STATE_CACHE_LOST 0x01
-
-static size_t blk_save_state(void *opaque, uint8_t *buf, size_t len)
-{
-	struct blk_dev *d = opaque;
-
-	if (len < 3)
-		return 0;
-	buf[0] = 1;
-	buf[1] = d->wce;
-	buf[2] = atomic_load(&d->b->cache_lost) ? BLK_STATE_CACHE_LOST : 0;
-	return 3;
-}
-
-static int blk_load_state(void *opaque, const uint8_t *buf, size_t len)
-{
-	struct blk_dev *d = opaque;
-
-	if (len < 2 || buf[0] != 1 || buf[1] > 1 || (len > 2 && (buf[2] & ~BLK_STATE_CACHE_LOST)))
-		return -EINVAL;
-	d->wce = buf[1];
-	blk_update_cache_mode(d);
-	if (len > 2 && (buf[2] & BLK_STATE_CACHE_LOST) && !atomic_exchange(&d->b->cache_lost, true))
-		log_err("disk %s: a flush failed before the upgrade: every flush fails, as "
-			"it did", d->b->path);
-	return 0;
-}
-
-static void blk_set_features(void *opaque, uint64_t features)
-{
-	struct blk_dev *d = opaque;
-
-	d->acked = features;
-	blk_update_cache_mode(d);
 }
 
 static int blk_queue_start(void *opaque, unsigned idx, const struct vu_queue_setup *s)
@@ -1164,11 +942,11 @@ static bool blk_needs_reset(void *opaque)
 }
 
 const struct vu_dev_ops blk_vu_ops = {
-	.features = blk_features,
+	.features = blk__features,
 	.num_queues = blk_num_queues,
-	.get_config = blk_get_config,
-	.set_config = blk_set_config,
-	.set_features = blk_set_features,
+	.get_config = blk__get_config,
+	.set_config = blk__set_config,
+	.set_features = blk__set_features,
 	.queue_start = blk_queue_start,
 	.queue_stop = blk_queue_stop,
 	.queue_set_fds = blk_queue_set_fds,
@@ -1177,38 +955,10 @@ const struct vu_dev_ops blk_vu_ops = {
 	.claim = blk_claim,
 	.release = blk_release,
 	.needs_reset = blk_needs_reset,
-	.save_state = blk_save_state,
-	.load_state = blk_load_state,
+	.save_state = blk__save_state,
+	.load_state = blk__load_state,
 };
 
-/* ---- Resize (main thread) ---- */
-
-void blk_dev_set_config_notify(struct blk_dev *d, int (*fn)(void *opaque), void *opaque)
-{
-	d->config_changed = fn;
-	d->config_opaque = opaque;
-}
-
-int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
-{
-	uint64_t old = d->b->size;
-	int r = bdev_resize(d->b, size, err, errlen);
-
-	if (r < 0 || size == old)
-		return r < 0 ? r : 0;
-	/* The capacity in the config space is read from b->size (blk_get_
-	 * config): from here on GET_CONFIG answers the new one. */
-	r = d->config_changed ? d->config_changed(d->config_opaque) : 0;
-	if (r < 0)
-		log_warn("disk grown to %llu bytes, but the frontend could not be told "
-			 "(%s): the guest sees the new size after its next reset",
-			 (unsigned long long)size, strerror(-r));
-	else if (r == 0)
-		log_info("disk grown to %llu bytes; the frontend has no backend channel "
-			 "(BACKEND_REQ): the guest sees the new size after its next reset",
-			 (unsigned long long)size);
-	return r < 0 ? 0 : r;
-}
 
 /* ---- Device lifecycle (main thread) ---- */
 
@@ -1388,126 +1138,6 @@ void blk_dev_free(struct blk_dev *d)
 	free(d->iot);
 	free(d);
 }
-
-struct stats_call {
-	struct blk_iothread *t;
-	struct blk_queue_stats *qs;
-	struct blk_iothread_stats *ts;	/* the iothread's */
-};
-
-/* On the iothread: kick handlers come and go with ring restarts, so their
- * poll counters are read where they live. */
-static void do_stats(void *opaque)
-{
-	struct stats_call *c = opaque;
-	struct blk_dev *d = c->t->dev;
-
-	struct loop_poll_stats cs;
-
-	c->ts->backend_submits = bdev_ctx_submits(d->b, c->t->bctx);
-	c->ts->backend_polled = bdev_ctx_polled(d->b, c->t->bctx);
-	loop_completion_poll_stats(c->t->loop, &cs);
-	c->ts->completion_poll_hits = cs.hits;
-	c->ts->completion_poll_misses = cs.misses;
-	for (unsigned i = 0; i < d->num_queues; i++) {
-		struct blk_queue *q = &d->q[i];
-		struct blk_queue_stats *o = &c->qs[i];
-		struct loop_poll_stats ps = { 0 };
-
-		if (q->t != c->t)
-			continue;
-		if (q->kick_h)
-			loop_fd_poll_stats(q->kick_h, &ps);
-		o->iothread = c->t->idx;
-		o->requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
-		o->kicks = atomic_load_explicit(&q->kicks, memory_order_relaxed);
-		o->calls = atomic_load_explicit(&q->calls, memory_order_relaxed);
-		o->calls_early = atomic_load_explicit(&q->calls_early, memory_order_relaxed);
-		o->calls_suppressed = atomic_load_explicit(&q->calls_suppressed,
-							   memory_order_relaxed);
-		o->calls_held = atomic_load_explicit(&q->calls_held, memory_order_relaxed);
-		o->calls_held_idle = atomic_load_explicit(&q->calls_held_idle,
-							  memory_order_relaxed);
-		o->calls_held_wasted = atomic_load_explicit(&q->calls_held_wasted,
-							    memory_order_relaxed);
-		o->completions_coalesced = atomic_load_explicit(&q->completions_coalesced,
-								memory_order_relaxed);
-		o->hold_ns_max = atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed);
-		o->hold_ns_total = atomic_load_explicit(&q->hold_ns_total, memory_order_relaxed);
-		o->hold_late_ns_total = atomic_load_explicit(&q->hold_late_ns_total,
-							     memory_order_relaxed);
-		o->bad_requests = atomic_load_explicit(&q->bad_requests,
-						       memory_order_relaxed);
-		o->poll_hits = q->poll_base.hits + ps.hits;
-		o->poll_misses = q->poll_base.misses + ps.misses;
-		o->poll_vain = q->poll_base.vain + ps.vain;
-		o->poll_ns = ps.poll_ns;
-	}
-}
-
-void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
-		   struct blk_iothread_stats *ts)
-{
-	for (unsigned i = 0; i < d->num_iothreads; i++) {
-		struct stats_call c = { &d->iot[i], qs, &ts[i] };
-		struct loop_stats ls;
-
-		loop_call_sync(d->iot[i].loop, do_stats, &c);
-		loop_get_stats(d->iot[i].loop, &ls);
-		ts[i].busy_ns = ls.busy_ns;
-		ts[i].cpu_ns = ls.cpu_ns;
-		ts[i].poll_ns_total = ls.poll_ns_total;
-		ts[i].contended = ls.contended;
-		ts[i].completion_windows = ls.completion_windows;
-		ts[i].poll_yields = ls.yields;
-		ts[i].cpu = d->iot[i].cpu;
-	}
-}
-
-int blk_stats_snapshot(struct blk_dev *d, struct blk_stats *s)
-{
-	*s = (struct blk_stats){ .num_queues = d->num_queues,
-				 .num_iothreads = d->num_iothreads };
-	s->queues = calloc(s->num_queues, sizeof(*s->queues));
-	s->iothreads = calloc(s->num_iothreads, sizeof(*s->iothreads));
-	if (!s->queues || !s->iothreads) {
-		blk_stats_release(s);
-		return -ENOMEM;
-	}
-	blk_get_stats(d, s->queues, s->iothreads);
-	blk_get_poll_params(d, &s->poll);
-	return 0;
-}
-
-void blk_stats_release(struct blk_stats *s)
-{
-	free(s->queues);
-	free(s->iothreads);
-	s->queues = NULL;
-	s->iothreads = NULL;
-}
-
-unsigned blk_dev_num_queues(const struct blk_dev *d)
-{
-	return d->num_queues;
-}
-
-unsigned blk_dev_num_iothreads(const struct blk_dev *d)
-{
-	return d->num_iothreads;
-}
-
-void blk_set_poll_params(struct blk_dev *d, const struct loop_poll_params *p)
-{
-	for (unsigned i = 0; i < d->num_iothreads; i++)
-		loop_set_poll_params(d->iot[i].loop, p);
-}
-
-void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p)
-{
-	loop_get_poll_params(d->iot[0].loop, p);
-}
-
 /* ---- For fuzzing and tests only ---- */
 
 static void do_fuzz_process(void *opaque)

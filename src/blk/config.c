@@ -1,0 +1,178 @@
+/*
+ * The device's face to the driver outside the rings: the features
+ * offered, the config space (virtio 1.2, 5.2.4), the write cache mode the
+ * driver chooses, the state an upgrade in place hands over, and resize
+ * (docs/architecture.md "Device status and resize").  Main thread.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "blk/blk_internal.h"
+#include "util/compiler.h"
+#include "util/log.h"
+
+uint64_t blk__features(void *opaque)
+{
+	struct blk_dev *d = opaque;
+	uint64_t f = 1ull << VIRTIO_F_VERSION_1 |
+		     1ull << VIRTIO_RING_F_INDIRECT_DESC |
+		     1ull << VIRTIO_RING_F_EVENT_IDX |
+		     1ull << VIRTIO_F_RING_PACKED |
+		     1ull << VIRTIO_BLK_F_SEG_MAX |
+		     1ull << VIRTIO_BLK_F_BLK_SIZE |
+		     1ull << VIRTIO_BLK_F_FLUSH |
+		     1ull << VIRTIO_BLK_F_TOPOLOGY |
+		     1ull << VIRTIO_BLK_F_CONFIG_WCE |
+		     1ull << VIRTIO_BLK_F_MQ;
+
+	if (d->b->read_only)
+		f |= 1ull << VIRTIO_BLK_F_RO;
+	/* A read-only export cannot deallocate or zero anything. */
+	if (!d->b->read_only && (d->b->caps & BDEV_CAP_DISCARD) && !d->b->no_discard)
+		f |= 1ull << VIRTIO_BLK_F_DISCARD;
+	if (!d->b->read_only && (d->b->caps & BDEV_CAP_WRITE_ZEROES))
+		f |= 1ull << VIRTIO_BLK_F_WRITE_ZEROES;
+	if (d->no_packed)
+		f &= ~(1ull << VIRTIO_F_RING_PACKED);
+	if (d->no_event_idx)
+		f &= ~(1ull << VIRTIO_RING_F_EVENT_IDX);
+	return f;
+}
+
+static void blk_fill_config(struct blk_dev *d, struct virtio_blk_config *c)
+{
+	unsigned exp = 0;
+
+	memset(c, 0, sizeof(*c));
+	c->capacity = d->b->size >> VIRTIO_BLK_SECTOR_SHIFT;
+	c->seg_max = VQ_MAX_SEGS - 2;
+	c->blk_size = d->b->block_size;
+	while ((d->b->block_size << exp) < d->b->phys_block_size && exp < 15)
+		exp++;
+	c->topology.physical_block_exp = (uint8_t)exp;
+	c->topology.min_io_size = (uint16_t)(1u << exp);
+	c->writeback = d->wce;
+	c->num_queues = (uint16_t)d->num_queues;
+	c->max_discard_sectors = BLK_MAX_DWZ_SECTORS;
+	if (d->b->discard_max_bytes &&
+	    d->b->discard_max_bytes >> VIRTIO_BLK_SECTOR_SHIFT < c->max_discard_sectors)
+		c->max_discard_sectors = (uint32_t)(d->b->discard_max_bytes >>
+						    VIRTIO_BLK_SECTOR_SHIFT);
+	c->max_discard_seg = BLK_MAX_DWZ_SEGS;
+	/* virtio 1.2, 5.2.4: discard_sector_alignment is the unit the
+	 * device deallocates in; a guest aligns its discards to it (Linux:
+	 * discard_granularity), so they really free space. */
+	c->discard_sector_alignment = MAX(d->b->discard_granularity, d->b->block_size) >>
+				      VIRTIO_BLK_SECTOR_SHIFT;
+	c->max_write_zeroes_sectors = BLK_MAX_DWZ_SECTORS;
+	c->max_write_zeroes_seg = BLK_MAX_DWZ_SEGS;
+	c->write_zeroes_may_unmap = 1;
+}
+
+void blk__get_config(void *opaque, uint32_t off, uint8_t *buf, uint32_t len)
+{
+	struct virtio_blk_config c;
+
+	blk_fill_config(opaque, &c);
+	memset(buf, 0, len);
+	if (off < sizeof(c))
+		memcpy(buf, (uint8_t *)&c + off, MIN(len, sizeof(c) - off));
+}
+
+/* 5.2.5 "Device Initialization": writethrough unless the driver accepted
+ * FLUSH and (with CONFIG_WCE) left writeback on. */
+static void blk_update_cache_mode(struct blk_dev *d)
+{
+	bool flush = d->acked & (1ull << VIRTIO_BLK_F_FLUSH);
+	bool wce_neg = d->acked & (1ull << VIRTIO_BLK_F_CONFIG_WCE);
+	bool wb = flush && (!wce_neg || d->wce);
+
+	atomic_store(&d->writeback, wb);
+}
+
+int blk__set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32_t len)
+{
+	struct blk_dev *d = opaque;
+
+	/* Only the writeback byte is writable (5.2.4). */
+	if (off != offsetof(struct virtio_blk_config, writeback) || len != 1)
+		return -EPERM;
+	d->wce = buf[0] ? 1 : 0;
+	blk_update_cache_mode(d);
+	log_info("guest set the write cache to %s",
+		 d->wce ? "writeback" : "writethrough");
+	return 0;
+}
+
+/* Upgrade in place (vu.h): the write cache mode the guest chose, and
+ * whether a flush failed through the page cache (bdev.h, cache_lost: the
+ * new process must go on failing flushes).  Byte 0 is this blob's
+ * version, byte 1 the writeback byte, byte 2 (since 2026-12) flags: bit 0
+ * cache_lost.  A loader of version 1 reads bytes 0 and 1 only, so one
+ * that predates byte 2 still takes the blob (and a blob without it is
+ * taken here). */
+#define BLK_STATE_CACHE_LOST 0x01
+
+size_t blk__save_state(void *opaque, uint8_t *buf, size_t len)
+{
+	struct blk_dev *d = opaque;
+
+	if (len < 3)
+		return 0;
+	buf[0] = 1;
+	buf[1] = d->wce;
+	buf[2] = atomic_load(&d->b->cache_lost) ? BLK_STATE_CACHE_LOST : 0;
+	return 3;
+}
+
+int blk__load_state(void *opaque, const uint8_t *buf, size_t len)
+{
+	struct blk_dev *d = opaque;
+
+	if (len < 2 || buf[0] != 1 || buf[1] > 1 || (len > 2 && (buf[2] & ~BLK_STATE_CACHE_LOST)))
+		return -EINVAL;
+	d->wce = buf[1];
+	blk_update_cache_mode(d);
+	if (len > 2 && (buf[2] & BLK_STATE_CACHE_LOST) && !atomic_exchange(&d->b->cache_lost, true))
+		log_err("disk %s: a flush failed before the upgrade: every flush fails, as "
+			"it did", d->b->path);
+	return 0;
+}
+
+void blk__set_features(void *opaque, uint64_t features)
+{
+	struct blk_dev *d = opaque;
+
+	d->acked = features;
+	blk_update_cache_mode(d);
+}
+
+/* ---- Resize ---- */
+
+void blk_dev_set_config_notify(struct blk_dev *d, int (*fn)(void *opaque), void *opaque)
+{
+	d->config_changed = fn;
+	d->config_opaque = opaque;
+}
+
+int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
+{
+	uint64_t old = d->b->size;
+	int r = bdev_resize(d->b, size, err, errlen);
+
+	if (r < 0 || size == old)
+		return r < 0 ? r : 0;
+	/* The capacity in the config space is read from b->size
+	 * (blk__get_config): from here on GET_CONFIG answers the new one. */
+	r = d->config_changed ? d->config_changed(d->config_opaque) : 0;
+	if (r < 0)
+		log_warn("disk grown to %llu bytes, but the frontend could not be told "
+			 "(%s): the guest sees the new size after its next reset",
+			 (unsigned long long)size, strerror(-r));
+	else if (r == 0)
+		log_info("disk grown to %llu bytes; the frontend has no backend channel "
+			 "(BACKEND_REQ): the guest sees the new size after its next reset",
+			 (unsigned long long)size);
+	return r < 0 ? 0 : r;
+}

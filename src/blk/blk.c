@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "blk/blk_internal.h"
+#include "blk/irq.h"
 #include "blk/virtio_blk.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
@@ -17,7 +18,6 @@
 #include "util/log.h"
 #include "util/sys.h"
 #include "vhost/vhost_user.h"
-
 
 struct blk_req {
 	struct blk_queue *q;
@@ -84,7 +84,6 @@ static void blk_notify_bh(void *opaque)
  * share the interrupt.
  */
 static void blk_unhold(struct blk_queue *q, uint64_t now);
-static void blk_hold_went_idle(struct blk_queue *q);
 
 static void blk_queue_notify(void *opaque)
 {
@@ -93,16 +92,19 @@ static void blk_queue_notify(void *opaque)
 	q->early_sent = false;
 	if (!q->started)
 		return;
-	if (q->held) {
+	if (q->irq.held) {
 		uint64_t now = sys_now_ns();
 
-		/* Its time is up (this section ran long), or nothing is
-		 * left in flight that could share it and it is not a stream
-		 * hold, which waits for requests yet to come: send it. */
-		if (now >= q->held_until || (!q->inflight && !q->held_stream))
+		switch (blk_irq_section_end(&q->irq, now, q->inflight)) {
+		case BLK_IRQ_SEND:
 			blk_unhold(q, now);
-		else if (!q->inflight && !q->held_idle)
-			blk_hold_went_idle(q);
+			break;
+		case BLK_IRQ_WENT_IDLE:
+			stat_inc(&q->calls_held_idle);
+			break;
+		case BLK_IRQ_KEEP:
+			break;
+		}
 		return;
 	}
 	if (!q->event_idx && defer_batching()) {
@@ -113,96 +115,30 @@ static void blk_queue_notify(void *opaque)
 	blk_queue_signal(q);
 }
 
-/* Interrupt moderation, constants of holds that outlast the requests in
- * flight (blk_hold). */
-/* A driver that had two requests in flight within this long still has
- * more than one outstanding: more are coming. */
-#define BLK_OVERLAP_NS 2000000ull
-/* The driver sent nothing during a stream hold (it was waiting for us
- * after all): no stream holds for this long, doubled per wasted hold in
- * a row up to the max. */
-#define BLK_STREAM_BACKOFF_NS 10000000ull
-#define BLK_STREAM_BACKOFF_MAX_NS 1000000000ull
-/* A busy hold keeps a driver that is waiting for us waiting: at most this
- * fraction of the cap. */
-#define BLK_BUSY_HOLD_DIV 10
-/* A hold at least this long may be slept: a wake-up's overshoot (tens of
- * microseconds on a VM) is small beside it.  Shorter holds need the loop
- * to wait for their timer spinning. */
-#define BLK_HOLD_SLEEP_NS 100000ull
-
-/* The held call now waits for requests the driver has yet to send. */
-static void blk_hold_went_idle(struct blk_queue *q)
-{
-	q->held_idle = true;
-	stat_inc(&q->calls_held_idle);
-}
-
 /*
- * Interrupt moderation (docs/architecture.md "Interrupts").  The driver
- * asked for an interrupt at this completion (it sleeps waiting for it):
- * hold the call, at most irq_mod_max_ns, so that one interrupt covers the
- * completions that follow (a driver drains all it finds).  Two kinds:
- *
- * - a stream hold, when the driver has kept several requests outstanding
- *   lately (two in flight at once within BLK_OVERLAP_NS: more are coming)
- *   and completions have been coming close together at its pace: about
- *   eight of those gaps (pace_ns: the EWMA per completion leans towards
- *   the short gaps inside a burst).  It lasts its time even when nothing
- *   is left in flight: a driver slower than the disk (a TCG guest, an
- *   overcommitted host) sends its requests one or two at a time, each
- *   finds the disk idle, and without this each completion would cost an
- *   interrupt.  Whether it pays is measured: a driver slower than the
- *   disk goes on sending while we hold; one that sent nothing meanwhile
- *   was waiting for us after all, and that backs stream holds off
- *   (BLK_STREAM_BACKOFF_NS, doubling), so such a driver loses a hold
- *   rarely;
- * - otherwise (backed off), a busy hold, when other requests are in
- *   flight and the disk has been completing them close together: about
- *   four of the disk's gaps (gap_ns), at most a tenth of the cap: the
- *   driver is waiting for us (its refills wait too, and with them the
- *   disk); it ends when the last request in flight completes.
- *
- * Never at QD1 (never two in flight at once), never when completions are
- * further apart than half the cap (holding would add latency and cover
- * nothing), never a short hold when the loop cannot wait for its timer
- * spinning.  Every completion is published at once regardless; only the
- * call waits.  Returns true if the call is now held (or already was).
+ * Interrupt moderation (blk/irq.h; docs/architecture.md "Interrupts"):
+ * the driver asked for an interrupt at this completion (it sleeps waiting
+ * for it); hold the call if the policy says so, with the timer set for
+ * the hold's deadline.  Returns true if the call is now held (or already
+ * was).
  */
 static bool blk_hold(struct blk_queue *q)
 {
-	uint64_t max = q->dev->irq_mod_max_ns, busy_max = max / BLK_BUSY_HOLD_DIV, now, hold;
-	bool stream;
+	struct blk_irq_hold h;
+	bool idle;
 
-	if (q->held)
+	if (q->irq.held)
 		return true;
-	if (!max)
+	if (!q->irq.max_ns ||
+	    !blk_irq_want(&q->irq, loop_now(q->t->loop), q->inflight, loop_can_spin, q->t->loop,
+			  &h))
 		return false;
-	now = loop_now(q->t->loop);
-	stream = now - q->overlap_ns <= BLK_OVERLAP_NS && now >= q->stream_off_until &&
-		 q->pace_ns <= max / 2;
-	if (stream)
-		hold = MIN(8 * q->pace_ns, max);
-	else if (q->inflight && q->gap_ns <= busy_max / 2)
-		hold = MIN(4 * q->gap_ns, busy_max);
-	else
-		return false;
-	/* A short hold's timer must be kept to the microsecond: the loop
-	 * waits for it spinning, which it does not while our CPU is
-	 * contended (or with polling off). */
-	if (hold < BLK_HOLD_SLEEP_NS && !loop_can_spin(q->t->loop))
-		return false;
-	q->held = true;
-	q->held_stream = stream;
-	q->held_idle = false;
-	q->held_since = sys_now_ns();
-	q->held_until = q->held_since + hold;
-	q->held_done = q->done;	/* counts from the completion the driver waits for */
-	q->held_requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
-	loop_timer_mod(q->hold_timer, q->held_until);
+	idle = blk_irq_hold(&q->irq, &h, sys_now_ns(),
+			    atomic_load_explicit(&q->requests, memory_order_relaxed), q->inflight);
+	loop_timer_mod(q->hold_timer, q->irq.held_until);
 	stat_inc(&q->calls_held);
-	if (!q->inflight)
-		blk_hold_went_idle(q);
+	if (idle)
+		stat_inc(&q->calls_held_idle);
 	return true;
 }
 
@@ -210,37 +146,18 @@ static bool blk_hold(struct blk_queue *q)
  * or the ring stops). */
 static void blk_unhold(struct blk_queue *q, uint64_t now)
 {
-	uint64_t held = now - q->held_since;
-	uint16_t joined = (uint16_t)(q->done - q->held_done);
+	struct blk_irq_ended e;
 
 	loop_timer_del(q->hold_timer);
-	q->held = false;
-	if (q->held_stream) {
-		/* Did the driver send more while we held?  If not, it was
-		 * waiting for us after all: back off. */
-		if (atomic_load_explicit(&q->requests, memory_order_relaxed) != q->held_requests) {
-			q->stream_backoff_ns = BLK_STREAM_BACKOFF_NS;
-		} else {
-			stat_inc(&q->calls_held_wasted);
-			q->stream_off_until = loop_now(q->t->loop) + q->stream_backoff_ns;
-			q->stream_backoff_ns = MIN(2 * q->stream_backoff_ns, BLK_STREAM_BACKOFF_MAX_NS);
-		}
-	}
-	atomic_store_explicit(&q->completions_coalesced,
-			      atomic_load_explicit(&q->completions_coalesced, memory_order_relaxed) +
-			      joined, memory_order_relaxed);
-	if (held > atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed))
-		atomic_store_explicit(&q->hold_ns_max, held, memory_order_relaxed);
-	atomic_store_explicit(&q->hold_ns_total,
-			      atomic_load_explicit(&q->hold_ns_total, memory_order_relaxed) + held,
-			      memory_order_relaxed);
-	/* Time past the deadline is the loop's lateness, not the policy's:
-	 * counted apart (the cap bounds what we chose to wait). */
-	if (now > q->held_until)
-		atomic_store_explicit(&q->hold_late_ns_total,
-				      atomic_load_explicit(&q->hold_late_ns_total,
-							   memory_order_relaxed) +
-				      (now - q->held_until), memory_order_relaxed);
+	blk_irq_end(&q->irq, now, loop_now(q->t->loop),
+		    atomic_load_explicit(&q->requests, memory_order_relaxed), &e);
+	if (e.wasted)
+		stat_inc(&q->calls_held_wasted);
+	stat_add(&q->completions_coalesced, e.joined);
+	if (e.held_ns > atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed))
+		atomic_store_explicit(&q->hold_ns_max, e.held_ns, memory_order_relaxed);
+	stat_add(&q->hold_ns_total, e.held_ns);
+	stat_add(&q->hold_late_ns_total, e.late_ns);
 	if (q->started)
 		blk_queue_signal(q);
 }
@@ -251,28 +168,6 @@ static void blk_hold_timer_cb(void *opaque)
 
 	/* A timer runs outside a defer section: the call is made here. */
 	blk_unhold(q, sys_now_ns());
-}
-
-/*
- * How fast completions come, for blk_hold: EWMAs (1/8) of the time between
- * completions, each gap at most 1 ms.  gap_ns, the disk's pace, counts only
- * gaps the disk was busy across (the previous completion left requests in
- * flight): a gap after the queue ran dry measures the driver's pace, not
- * the disk's, and the first completion of each batch, exactly the one a
- * sleeping driver waits for, would otherwise always look slow.  pace_ns
- * counts every gap: the pace of a driver that sends one or two at a time.
- */
-static inline void blk_note_completion(struct blk_queue *q)
-{
-	uint64_t now = loop_now(q->t->loop), gap = now - q->last_done;
-
-	if (gap > 1000000)
-		gap = 1000000;
-	if (q->busy_before)
-		q->gap_ns = q->gap_ns - q->gap_ns / 8 + gap / 8;
-	q->pace_ns = q->pace_ns - q->pace_ns / 8 + gap / 8;
-	q->last_done = now;
-	q->busy_before = q->inflight > 0;
 }
 
 static void blk_req_put(struct blk_queue *q, struct blk_req *r)
@@ -303,7 +198,7 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 		blk_req_log(q, r);
 	vq_push(&q->vq, r->head, status == VIRTIO_BLK_S_OK ? r->used_len : 1);
 	q->inflight--;
-	q->done++;
+	q->irq.done++;
 	blk_req_put(q, r);
 	if (q->dev->early_notify && defer_batching()) {
 		/*
@@ -320,8 +215,8 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 		 * after.
 		 */
 		vq_flush(&q->vq);
-		if (q->dev->irq_mod_max_ns)
-			blk_note_completion(q);
+		if (q->irq.max_ns)
+			blk_irq_note_completion(&q->irq, loop_now(q->t->loop), q->inflight);
 		if (!q->early_sent && vq_notify_wanted(&q->vq) && !blk_hold(q)) {
 			q->early_sent = true;
 			if (blk_queue_signal(q))
@@ -454,7 +349,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->in_n = in_num;
 	r->used_len = 1;
 	if (++q->inflight > 1)
-		q->overlap_ns = loop_now(q->t->loop);
+		blk_irq_note_overlap(&q->irq, loop_now(q->t->loop));
 	stat_inc(&q->requests);
 
 	if (iov_to_buf(out, out_num, 0, &hdr, sizeof(hdr)) < sizeof(hdr)) {
@@ -661,9 +556,7 @@ static void blk_kick_cb(void *opaque, uint32_t events)
 
 	/* The eventfd counter is the number of kicks since the last read. */
 	if (n > 0)
-		atomic_store_explicit(&q->kicks, atomic_load_explicit(&q->kicks,
-				      memory_order_relaxed) + (uint64_t)n,
-				      memory_order_relaxed);
+		stat_add(&q->kicks, (uint64_t)n);
 	blk_queue_process(q);
 }
 
@@ -765,12 +658,7 @@ static void do_queue_start(void *opaque)
 	q->enabled = s->enabled;
 	q->event_idx = s->cfg.event_idx;
 	q->polling = false;
-	q->held = false;
-	q->gap_ns = q->pace_ns = 1000000;	/* no holding until gaps are measured */
-	q->overlap_ns = q->stream_off_until = 0;
-	q->stream_backoff_ns = BLK_STREAM_BACKOFF_NS;
-	q->busy_before = false;
-	q->last_done = loop_now(q->t->loop);
+	blk_irq_start(&q->irq, loop_now(q->t->loop));
 	r = loop_fd_add(q->t->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);
 	if (r < 0)
 		goto err_pool;
@@ -822,7 +710,7 @@ static void do_queue_stop(void *opaque)
 	/* In-flight requests complete into the ring before we report where
 	 * it stopped: the frontend may hand the ring to someone else. */
 	q->dev->b->engine->drain(q->t->bctx);
-	if (q->held)
+	if (q->irq.held)
 		blk_unhold(q, sys_now_ns());
 	blk_queue_signal(q);
 	q->started = false;
@@ -959,7 +847,6 @@ const struct vu_dev_ops blk_vu_ops = {
 	.load_state = blk__load_state,
 };
 
-
 /* ---- Device lifecycle (main thread) ---- */
 
 static void do_ctx_new(void *opaque)
@@ -1095,7 +982,6 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	d->no_event_idx = o->no_event_idx;
 	d->no_packed = o->no_packed;
 	d->early_notify = !o->no_early_notify;
-	d->irq_mod_max_ns = o->irq_moderation_max_ns;
 	d->wce = 1;
 	/* Serial: up to 20 bytes, not NUL-terminated when full (5.2.6). */
 	strncpy(d->serial, o->serial ? o->serial : "", sizeof(d->serial));
@@ -1111,6 +997,7 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 		q->idx = i;
 		q->t = &d->iot[ti];
 		q->kick_fd = q->call_fd = q->err_fd = -1;
+		q->irq.max_ns = o->irq_moderation_max_ns;
 	}
 	for (i = 0; i < nt; i++) {
 		r = blk_iothread_start(d, i, o);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "blk/blk.h"
+#include "blk/irq.h"
 #include "blk/virtio_blk.h"
 #include "loop/loop.h"
 #include "virtio/vq.h"
@@ -45,23 +46,9 @@ struct blk_queue {
 	bool polling;			/* the loop polls us: kicks stay off */
 	bool event_idx;
 	bool early_sent;		/* an early call ended a batch in this section */
-	/* Interrupt moderation (blk_hold). */
+	/* Interrupt moderation: the policy, and the timer that ends a hold. */
+	struct blk_irq irq;
 	struct loop_timer *hold_timer;
-	bool held;			/* a call is held until hold_timer fires */
-	uint64_t held_since;		/* when it was held (sys_now_ns) */
-	uint64_t held_until;		/* when it goes out at the latest */
-	uint16_t done;			/* completions so far (wraps) */
-	uint16_t held_done;		/* done when the call was held */
-	bool held_stream;		/* may wait for requests yet to come */
-	bool held_idle;			/* ... and did: nothing was left in flight */
-	uint64_t held_requests;		/* requests (taken) when the call was held */
-	uint64_t last_done;		/* loop_now() of the last completion */
-	bool busy_before;		/* it left requests in flight */
-	uint64_t gap_ns;		/* EWMA of the gaps the disk was busy across */
-	uint64_t pace_ns;		/* EWMA of all gaps between completions */
-	uint64_t overlap_ns;		/* loop_now() when >= 2 were last in flight */
-	uint64_t stream_off_until;	/* no idle holds before this (loop_now()) */
-	uint64_t stream_backoff_ns;	/* the next wasted idle hold's back-off */
 	struct blk_req *reqs;		/* vq.num entries */
 	struct iovec *iovs;
 	uint16_t *free_reqs;		/* stack of free request indices */
@@ -88,7 +75,6 @@ struct blk_dev {
 	bool no_event_idx;		/* --no-event-idx: do not offer it */
 	bool no_packed;			/* --no-packed: do not offer packed rings */
 	bool early_notify;		/* not --no-early-notify */
-	uint64_t irq_mod_max_ns;	/* --irq-moderation-max-ns; 0: off */
 	/* Tells the frontend the config space changed (blk_dev_resize). */
 	int (*config_changed)(void *opaque);
 	void *config_opaque;
@@ -98,10 +84,17 @@ struct blk_dev {
 	struct blk_queue q[];
 };
 
+/* A counter of ours, on the iothread that writes it: no atomic
+ * read-modify-write, only a relaxed store readers cannot see torn. */
+static inline void stat_add(_Atomic uint64_t *c, uint64_t n)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+			      memory_order_relaxed);
+}
+
 static inline void stat_inc(_Atomic uint64_t *c)
 {
-	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
-			      memory_order_relaxed);
+	stat_add(c, 1);
 }
 
 /* ---- config.c: vu_dev_ops of the config space and features (main thread) ---- */

@@ -49,12 +49,12 @@ static bool blk_queue_signal(struct blk_queue *q)
 	if (unlikely(q->vq.log_kick))
 		vq_log_kick(&q->vq);
 	if (!vq_should_notify(&q->vq)) {
-		stat_inc(&q->calls_suppressed);
+		stat_inc(&q->ctr.calls_suppressed);
 		return false;
 	}
 	if (q->call_fd < 0)
 		return false;
-	stat_inc(&q->calls);
+	stat_inc(&q->ctr.calls);
 	if (unlikely(sys_eventfd_signal_shared(q->call_fd) == -EINTR)) {
 		/* Made blocking and filled by the frontend, and interrupted
 		 * (loop.h): no more interrupts through it. */
@@ -100,7 +100,7 @@ static void blk_queue_notify(void *opaque)
 			blk_unhold(q, now);
 			break;
 		case BLK_IRQ_WENT_IDLE:
-			stat_inc(&q->calls_held_idle);
+			stat_inc(&q->ctr.calls_held_idle);
 			break;
 		case BLK_IRQ_KEEP:
 			break;
@@ -134,11 +134,12 @@ static bool blk_hold(struct blk_queue *q)
 			  &h))
 		return false;
 	idle = blk_irq_hold(&q->irq, &h, sys_now_ns(),
-			    atomic_load_explicit(&q->requests, memory_order_relaxed), q->inflight);
+			    atomic_load_explicit(&q->ctr.requests, memory_order_relaxed),
+			    q->inflight);
 	loop_timer_mod(q->hold_timer, q->irq.held_until);
-	stat_inc(&q->calls_held);
+	stat_inc(&q->ctr.calls_held);
 	if (idle)
-		stat_inc(&q->calls_held_idle);
+		stat_inc(&q->ctr.calls_held_idle);
 	return true;
 }
 
@@ -150,14 +151,14 @@ static void blk_unhold(struct blk_queue *q, uint64_t now)
 
 	loop_timer_del(q->hold_timer);
 	blk_irq_end(&q->irq, now, loop_now(q->t->loop),
-		    atomic_load_explicit(&q->requests, memory_order_relaxed), &e);
+		    atomic_load_explicit(&q->ctr.requests, memory_order_relaxed), &e);
 	if (e.wasted)
-		stat_inc(&q->calls_held_wasted);
-	stat_add(&q->completions_coalesced, e.joined);
-	if (e.held_ns > atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed))
-		atomic_store_explicit(&q->hold_ns_max, e.held_ns, memory_order_relaxed);
-	stat_add(&q->hold_ns_total, e.held_ns);
-	stat_add(&q->hold_late_ns_total, e.late_ns);
+		stat_inc(&q->ctr.calls_held_wasted);
+	stat_add(&q->ctr.completions_coalesced, e.joined);
+	if (e.held_ns > atomic_load_explicit(&q->ctr.hold_ns_max, memory_order_relaxed))
+		atomic_store_explicit(&q->ctr.hold_ns_max, e.held_ns, memory_order_relaxed);
+	stat_add(&q->ctr.hold_ns_total, e.held_ns);
+	stat_add(&q->ctr.hold_late_ns_total, e.late_ns);
 	if (q->started)
 		blk_queue_signal(q);
 }
@@ -220,7 +221,7 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 		if (!q->early_sent && vq_notify_wanted(&q->vq) && !blk_hold(q)) {
 			q->early_sent = true;
 			if (blk_queue_signal(q))
-				stat_inc(&q->calls_early);
+				stat_inc(&q->ctr.calls_early);
 		}
 	}
 	defer_call(blk_queue_notify, q);
@@ -301,7 +302,7 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 		return;
 	}
 	if (len == 0 || len % sizeof(r->segs[0]) || len > sizeof(r->segs)) {
-		stat_inc(&q->bad_requests);
+		stat_inc(&q->ctr.bad_requests);
 		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 		return;
 	}
@@ -320,7 +321,7 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 		if (g->sector > cap || g->num_sectors > cap - g->sector ||
 		    g->num_sectors > BLK_MAX_DWZ_SECTORS ||
 		    (g->sector | g->num_sectors) % align) {
-			stat_inc(&q->bad_requests);
+			stat_inc(&q->ctr.bad_requests);
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
 		}
@@ -350,10 +351,10 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->used_len = 1;
 	if (++q->inflight > 1)
 		blk_irq_note_overlap(&q->irq, loop_now(q->t->loop));
-	stat_inc(&q->requests);
+	stat_inc(&q->ctr.requests);
 
 	if (iov_to_buf(out, out_num, 0, &hdr, sizeof(hdr)) < sizeof(hdr)) {
-		stat_inc(&q->bad_requests);
+		stat_inc(&q->ctr.bad_requests);
 		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 		return;
 	}
@@ -377,13 +378,13 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		/* Whole blocks, inside the disk: sector is in 512-byte units
 		 * whatever the block size (5.2.6). */
 		if (sector > (size >> VIRTIO_BLK_SECTOR_SHIFT)) {
-			stat_inc(&q->bad_requests);
+			stat_inc(&q->ctr.bad_requests);
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
 		}
 		off = sector << VIRTIO_BLK_SECTOR_SHIFT;
 		if ((off | len) % d->b->block_size || len > size - off) {
-			stat_inc(&q->bad_requests);
+			stat_inc(&q->ctr.bad_requests);
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
 		}
@@ -473,7 +474,7 @@ static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 				log_once(q->logged_no_status, LOG_WARN,
 					 "queue %u: request without a writable status "
 					 "byte (not logged again)", q->idx);
-			stat_inc(&q->bad_requests);
+			stat_inc(&q->ctr.bad_requests);
 			if (status) {
 				*status = VIRTIO_BLK_S_IOERR;
 				if (unlikely(q->vq.log.log)) {
@@ -556,7 +557,7 @@ static void blk_kick_cb(void *opaque, uint32_t events)
 
 	/* The eventfd counter is the number of kicks since the last read. */
 	if (n > 0)
-		stat_add(&q->kicks, (uint64_t)n);
+		stat_add(&q->ctr.kicks, (uint64_t)n);
 	blk_queue_process(q);
 }
 

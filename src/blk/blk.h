@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "backend/bdev.h"
+#include "blk/counters.h"
 #include "loop/loop.h"
 #include "vhost/vu.h"
 
@@ -51,46 +52,6 @@ struct blk_opts {
 
 struct blk_dev;
 
-/* Per-queue counters (see docs/architecture.md "Counters"). */
-struct blk_queue_stats {
-	unsigned iothread;		/* owner */
-	uint64_t requests;		/* requests taken from the ring */
-	uint64_t kicks;			/* guest kicks received */
-	uint64_t calls;			/* call-eventfd writes */
-	uint64_t calls_early;		/* of which early: a sleeping driver's first completion */
-	uint64_t calls_suppressed;	/* batches the driver did not want signalled */
-	uint64_t calls_held;		/* calls held back (interrupt moderation) */
-	uint64_t calls_held_idle;	/* of which held on with nothing in flight */
-	uint64_t calls_held_wasted;	/* stream holds the driver sent nothing in */
-	uint64_t completions_coalesced;	/* completed while a call was held */
-	uint64_t hold_ns_max;		/* longest a call was held */
-	uint64_t hold_ns_total;		/* all holds together */
-	uint64_t hold_late_ns_total;	/* of which past the holds' deadlines: the
-					 * loop ran late (scheduler, wake-up) */
-	uint64_t bad_requests;		/* failed for a malformed chain or header */
-	uint64_t poll_hits;		/* polling found requests */
-	uint64_t poll_misses;		/* requests came by kick after we slept */
-	uint64_t poll_vain;		/* windows that found nothing before a
-					 * sleep longer than the cap (shrunk) */
-	uint64_t poll_ns;		/* current polling window of the queue */
-};
-
-struct blk_iothread_stats {
-	uint64_t busy_ns;		/* wall time not asleep */
-	uint64_t cpu_ns;		/* the thread's CPU time */
-	uint64_t poll_ns_total;		/* wall time spent busy-polling */
-	uint64_t contended;		/* polling stopped: CPU was stolen */
-	uint64_t backend_submits;	/* syscalls handing I/O to the disk (io_uring) */
-	uint64_t backend_polled;	/* I/Os completed by polling the device (IOPOLL) */
-	/* The backend's completions (engines with a window of their own): */
-	uint64_t completion_windows;	/* polling windows spun for them */
-	uint64_t completion_poll_hits;	/* found by polling (in any window) */
-	uint64_t completion_poll_misses; /* came by their fd after we slept */
-	uint64_t poll_yields;		/* slept at once: the completion waited
-					 * for was being made on our CPU */
-	int cpu;			/* pinned to, or -1 */
-};
-
 /* Create the device and start its iothread.  Returns 0 or -errno.
  * Main thread. */
 int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out);
@@ -98,8 +59,8 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out);
 void blk_dev_free(struct blk_dev *d);
 
 /* Snapshot of every queue's counters (qs: num_queues entries) and every
- * iothread's (ts: num_iothreads entries).  Main thread (hands off to each
- * iothread). */
+ * iothread's (ts: num_iothreads entries); the counters are listed in
+ * blk/counters.h.  Main thread (hands off to each iothread). */
 void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		   struct blk_iothread_stats *ts);
 
@@ -111,6 +72,20 @@ struct blk_stats {
 	struct blk_iothread_stats *iothreads;	/* num_iothreads entries */
 	struct loop_poll_params poll;
 };
+
+/* The elements of counter set id in s (blk_counter_sets[id]): *n of
+ * them.  Any thread. */
+static inline const void *blk_stats_elems(const struct blk_stats *s, enum blk_counter_set_id id,
+					  unsigned *n)
+{
+	if (id == BLK_COUNTERS_QUEUE) {
+		*n = s->num_queues;
+		return s->queues;
+	}
+	*n = s->num_iothreads;
+	return s->iothreads;
+}
+
 /* Fill s (blk_get_stats, blk_get_poll_params).  Returns 0 or -ENOMEM
  * (s then holds nothing to release).  Main thread. */
 int blk_stats_snapshot(struct blk_dev *d, struct blk_stats *s);

@@ -31,6 +31,16 @@ struct blk_iothread {
 	struct bdev_ctx *bctx;		/* owned by this iothread */
 };
 
+/* The queue's own counters: the KEPT rows of BLK_QUEUE_COUNTERS
+ * (blk/counters.h), relaxed atomics the iothread alone writes (stat_inc). */
+#define BLK__IF_KEPT_KEPT(...) __VA_ARGS__
+#define BLK__IF_KEPT_READ(...)
+#define BLK__KEPT_MEMBER(name, type, src, ...) \
+	BLK__IF_KEPT_##src(_Atomic BLK_COUNTER_CTYPE_##type name;)
+struct blk_queue_counters {
+	BLK_QUEUE_COUNTERS(BLK__KEPT_MEMBER)
+};
+
 struct blk_queue {
 	struct blk_dev *dev;
 	struct blk_iothread *t;		/* the iothread that owns this queue */
@@ -56,11 +66,8 @@ struct blk_queue {
 	unsigned inflight;
 	bool logged_no_status;
 
-	/* Counters: written by the iothread, read by anyone. */
-	_Atomic uint64_t requests, kicks, calls, calls_early, calls_suppressed;
-	_Atomic uint64_t calls_held, calls_held_idle, calls_held_wasted, completions_coalesced;
-	_Atomic uint64_t hold_ns_max, hold_ns_total, hold_late_ns_total;
-	_Atomic uint64_t bad_requests;
+	/* Written by the iothread, read by anyone. */
+	struct blk_queue_counters ctr;
 	/* Poll counters of kick handlers that are gone (ring restarts). */
 	struct loop_poll_stats poll_base;
 };

@@ -1,6 +1,7 @@
 /*
- * The counters' snapshot (blk_get_stats, blk_stats_snapshot) and the
- * polling knobs.  Main thread, handing off to each iothread.
+ * The counters' snapshot (blk_get_stats, blk_stats_snapshot) and their
+ * descriptor table, both generated from blk/counters.h; the polling knobs.
+ * Main thread, handing off to each iothread.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -8,6 +9,33 @@
 
 #include "blk/blk_internal.h"
 #include "util/compiler.h"
+
+#define BLK_COUNTER_SIGNED_u64 false
+#define BLK_COUNTER_SIGNED_s64 true
+#define ROW(set, name, type, src, kind, unit, metric, help)				\
+	{ #name, metric, help, BLK_COUNTER_##kind, BLK_COUNTER_##unit,			\
+	  BLK_COUNTER_SIGNED_##type, offsetof(struct set, name) },
+#define QUEUE_ROW(...) ROW(blk_queue_stats, __VA_ARGS__)
+#define IOTHREAD_ROW(...) ROW(blk_iothread_stats, __VA_ARGS__)
+
+static const struct blk_counter queue_rows[] = { BLK_QUEUE_COUNTERS(QUEUE_ROW) };
+static const struct blk_counter iothread_rows[] = { BLK_IOTHREAD_COUNTERS(IOTHREAD_ROW) };
+
+const struct blk_counter_set blk_counter_sets[BLK_COUNTER_SETS] = {
+	[BLK_COUNTERS_QUEUE] = { "queue", "queues", queue_rows, ARRAY_SIZE(queue_rows),
+				 sizeof(struct blk_queue_stats) },
+	[BLK_COUNTERS_IOTHREAD] = { "iothread", "iothreads", iothread_rows,
+				    ARRAY_SIZE(iothread_rows), sizeof(struct blk_iothread_stats) },
+};
+
+/* Every member a row, every row 8 bytes: the renderers read them so. */
+STATIC_ASSERT(sizeof(struct blk_queue_stats) == ARRAY_SIZE(queue_rows) * 8,
+	      "struct blk_queue_stats has a member that is not a row of BLK_QUEUE_COUNTERS");
+STATIC_ASSERT(sizeof(struct blk_iothread_stats) == ARRAY_SIZE(iothread_rows) * 8,
+	      "struct blk_iothread_stats has a member that is not a row of BLK_IOTHREAD_COUNTERS");
+
+#define COPY_KEPT(name, type, src, ...)							\
+	BLK__IF_KEPT_##src(o->name = atomic_load_explicit(&q->ctr.name, memory_order_relaxed);)
 
 struct stats_call {
 	struct blk_iothread *t;
@@ -21,7 +49,6 @@ static void do_stats(void *opaque)
 {
 	struct stats_call *c = opaque;
 	struct blk_dev *d = c->t->dev;
-
 	struct loop_poll_stats cs;
 
 	c->ts->backend_submits = bdev_ctx_submits(d->b, c->t->bctx);
@@ -38,26 +65,8 @@ static void do_stats(void *opaque)
 			continue;
 		if (q->kick_h)
 			loop_fd_poll_stats(q->kick_h, &ps);
+		BLK_QUEUE_COUNTERS(COPY_KEPT)
 		o->iothread = c->t->idx;
-		o->requests = atomic_load_explicit(&q->requests, memory_order_relaxed);
-		o->kicks = atomic_load_explicit(&q->kicks, memory_order_relaxed);
-		o->calls = atomic_load_explicit(&q->calls, memory_order_relaxed);
-		o->calls_early = atomic_load_explicit(&q->calls_early, memory_order_relaxed);
-		o->calls_suppressed = atomic_load_explicit(&q->calls_suppressed,
-							   memory_order_relaxed);
-		o->calls_held = atomic_load_explicit(&q->calls_held, memory_order_relaxed);
-		o->calls_held_idle = atomic_load_explicit(&q->calls_held_idle,
-							  memory_order_relaxed);
-		o->calls_held_wasted = atomic_load_explicit(&q->calls_held_wasted,
-							    memory_order_relaxed);
-		o->completions_coalesced = atomic_load_explicit(&q->completions_coalesced,
-								memory_order_relaxed);
-		o->hold_ns_max = atomic_load_explicit(&q->hold_ns_max, memory_order_relaxed);
-		o->hold_ns_total = atomic_load_explicit(&q->hold_ns_total, memory_order_relaxed);
-		o->hold_late_ns_total = atomic_load_explicit(&q->hold_late_ns_total,
-							     memory_order_relaxed);
-		o->bad_requests = atomic_load_explicit(&q->bad_requests,
-						       memory_order_relaxed);
 		o->poll_hits = q->poll_base.hits + ps.hits;
 		o->poll_misses = q->poll_base.misses + ps.misses;
 		o->poll_vain = q->poll_base.vain + ps.vain;

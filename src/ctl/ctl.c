@@ -80,96 +80,64 @@ static struct json_object *poll_object(const struct loop_poll_params *p)
 	return done(o, ok);
 }
 
-static struct json_object *queue_object(const struct blk_queue_stats *q)
+/* One element of a counter set (blk/counters.h): its rows as members. */
+static struct json_object *counters_object(const struct blk_counter_set *set, const void *elem)
 {
 	struct json_object *o = json_object_new_object();
 	bool ok = o != NULL;
 
 	if (!o)
 		return NULL;
-	add(o, "iothread", json_object_new_uint64(q->iothread), &ok);
-	add(o, "requests", json_object_new_uint64(q->requests), &ok);
-	add(o, "kicks", json_object_new_uint64(q->kicks), &ok);
-	add(o, "calls", json_object_new_uint64(q->calls), &ok);
-	add(o, "calls_early", json_object_new_uint64(q->calls_early), &ok);
-	add(o, "calls_suppressed", json_object_new_uint64(q->calls_suppressed), &ok);
-	add(o, "calls_held", json_object_new_uint64(q->calls_held), &ok);
-	add(o, "calls_held_idle", json_object_new_uint64(q->calls_held_idle), &ok);
-	add(o, "calls_held_wasted", json_object_new_uint64(q->calls_held_wasted), &ok);
-	add(o, "completions_coalesced", json_object_new_uint64(q->completions_coalesced), &ok);
-	add(o, "hold_ns_max", json_object_new_uint64(q->hold_ns_max), &ok);
-	add(o, "hold_ns_total", json_object_new_uint64(q->hold_ns_total), &ok);
-	add(o, "hold_late_ns_total", json_object_new_uint64(q->hold_late_ns_total), &ok);
-	add(o, "bad_requests", json_object_new_uint64(q->bad_requests), &ok);
-	add(o, "poll_hits", json_object_new_uint64(q->poll_hits), &ok);
-	add(o, "poll_misses", json_object_new_uint64(q->poll_misses), &ok);
-	add(o, "poll_vain", json_object_new_uint64(q->poll_vain), &ok);
-	add(o, "poll_ns", json_object_new_uint64(q->poll_ns), &ok);
+	for (unsigned i = 0; i < set->nrows; i++) {
+		const struct blk_counter *c = &set->rows[i];
+
+		add(o, c->name, c->is_signed ? json_object_new_int64(blk_counter_s64(c, elem)) :
+			      json_object_new_uint64(blk_counter_u64(c, elem)), &ok);
+	}
 	return done(o, ok);
 }
 
-static struct json_object *iothread_object(const struct blk_iothread_stats *t)
+/* The "stats" members of snapshot st, added to reply: an array per
+ * counter set, the polling knobs. */
+static int stats_add(const struct blk_stats *st, struct json_object *reply)
 {
-	struct json_object *o = json_object_new_object();
-	bool ok = o != NULL;
+	bool ok = true;
 
-	if (!o)
-		return NULL;
-	add(o, "busy_ns", json_object_new_uint64(t->busy_ns), &ok);
-	add(o, "cpu_ns", json_object_new_uint64(t->cpu_ns), &ok);
-	add(o, "poll_ns_total", json_object_new_uint64(t->poll_ns_total), &ok);
-	add(o, "contended", json_object_new_uint64(t->contended), &ok);
-	add(o, "backend_submits", json_object_new_uint64(t->backend_submits), &ok);
-	add(o, "backend_polled", json_object_new_uint64(t->backend_polled), &ok);
-	add(o, "completion_windows", json_object_new_uint64(t->completion_windows), &ok);
-	add(o, "completion_poll_hits", json_object_new_uint64(t->completion_poll_hits), &ok);
-	add(o, "completion_poll_misses", json_object_new_uint64(t->completion_poll_misses),
-	    &ok);
-	add(o, "poll_yields", json_object_new_uint64(t->poll_yields), &ok);
-	add(o, "cpu", json_object_new_int(t->cpu), &ok);
-	return done(o, ok);
+	for (unsigned id = 0; id < BLK_COUNTER_SETS; id++) {
+		const struct blk_counter_set *set = &blk_counter_sets[id];
+		struct json_object *a = json_object_new_array();
+		unsigned n;
+		const char *elems = blk_stats_elems(st, id, &n);
+
+		for (unsigned i = 0; i < n && a; i++) {
+			struct json_object *e = counters_object(set, elems + (size_t)i * set->size);
+
+			if (!e || json_object_array_add(a, e) < 0) {
+				json_object_put(e);
+				json_object_put(a);
+				a = NULL;
+			}
+		}
+		add(reply, set->json, a, &ok);
+	}
+	add(reply, "poll", poll_object(&st->poll), &ok);
+	return ok ? 0 : -ENOMEM;
 }
 
 /* The "stats" reply's members, added to reply. */
 static int stats_fill(struct blk_dev *d, struct json_object *reply)
 {
-	struct json_object *qa = json_object_new_array(), *ta = json_object_new_array();
 	struct blk_stats st;
-	bool ok = qa && ta;
-	int r;
+	int r = blk_stats_snapshot(d, &st);
 
-	r = blk_stats_snapshot(d, &st);
-	if (r < 0 || !ok) {
-		json_object_put(qa);
-		json_object_put(ta);
-		if (!r)
-			blk_stats_release(&st);
-		return -ENOMEM;
-	}
-	for (unsigned i = 0; i < st.num_queues && ok; i++) {
-		struct json_object *q = queue_object(&st.queues[i]);
-
-		if (!q || json_object_array_add(qa, q) < 0) {
-			json_object_put(q);
-			ok = false;
-		}
-	}
-	for (unsigned i = 0; i < st.num_iothreads && ok; i++) {
-		struct json_object *t = iothread_object(&st.iothreads[i]);
-
-		if (!t || json_object_array_add(ta, t) < 0) {
-			json_object_put(t);
-			ok = false;
-		}
-	}
-	add(reply, "queues", qa, &ok);
-	add(reply, "iothreads", ta, &ok);
-	add(reply, "poll", poll_object(&st.poll), &ok);
+	if (r < 0)
+		return r;
+	r = stats_add(&st, reply);
 	blk_stats_release(&st);
-	return ok ? 0 : -ENOMEM;
+	return r;
 }
 
-int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
+int ctl_stats_format(const struct blk_stats *st, char *buf, size_t len)
 {
 	struct json_object *o = json_object_new_object();
 	const char *s;
@@ -178,7 +146,7 @@ int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 
 	if (!o)
 		return -ENOMEM;
-	r = stats_fill(d, o);
+	r = stats_add(st, o);
 	if (r < 0)
 		goto out;
 	s = json_object_to_json_string_length(o, CTL_JSON_FLAGS, &n);
@@ -192,6 +160,18 @@ int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 	}
 out:
 	json_object_put(o);
+	return r;
+}
+
+int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
+{
+	struct blk_stats st;
+	int r = blk_stats_snapshot(d, &st);
+
+	if (r < 0)
+		return r;
+	r = ctl_stats_format(&st, buf, len);
+	blk_stats_release(&st);
 	return r;
 }
 

@@ -5,15 +5,11 @@
  * { "ok": true, "size": 1024 }):
  *
  *   {"cmd": "stats"}
- *     -> {"queues": [{"iothread", "requests", "kicks", "calls",
- *         "calls_early", "calls_suppressed", "calls_held", "calls_held_idle",
- *         "calls_held_wasted",
- *         "completions_coalesced",
- *         "hold_ns_max", "hold_ns_total", "hold_late_ns_total", "bad_requests", "poll_hits", "poll_misses",
- *         "poll_ns"}, ...],
- *         "iothreads": [{"busy_ns", "cpu_ns", "poll_ns_total", "contended",
- *         "cpu"}, ...],
+ *     -> {"queues": [{"iothread": N, "requests": N, ...}, ...],
+ *         "iothreads": [{"busy_ns": N, ...}, ...],
  *         "poll": {"max_ns", "completion_max_ns", "grow", "shrink"}}
+ *        an array per counter set, an object per queue or iothread with a
+ *        member per counter, in the order blk/counters.h lists them
  *   {"cmd": "set-poll", "max_ns": N, "completion_max_ns": N, "grow": N,
  *    "shrink": N}   (any subset)
  *     -> {"ok": true, "poll": {...}}
@@ -41,6 +37,7 @@
 #include <stddef.h>
 
 struct blk_dev;
+struct blk_stats;
 struct json_object;
 struct loop;
 struct ctl_server;
@@ -98,8 +95,10 @@ typedef int (*ctl_upgrade_fn)(void *opaque, const char *exec, char *msg, size_t 
 void ctl_server_set_upgrade(struct ctl_server *s, ctl_upgrade_fn fn, void *opaque);
 
 /* The "stats" answer as a JSON object in buf.  Returns its length or
- * -ENOSPC (buf cannot hold it with its NUL), -ENOMEM. */
+ * -ENOSPC (buf cannot hold it with its NUL), -ENOMEM.  Main thread. */
 int ctl_stats_json(struct blk_dev *d, char *buf, size_t len);
+/* The same for a snapshot taken before (or made up).  Any thread. */
+int ctl_stats_format(const struct blk_stats *st, char *buf, size_t len);
 
 /*
  * Handle one request line with the built-in commands only (no server, so

@@ -15,103 +15,16 @@
 #include "util/compiler.h"
 #include "vhost/vu.h"
 
-enum kind { COUNTER, GAUGE };
-enum unit { PLAIN, NS_AS_SECONDS };
-
-/* A family with one series per queue or per iothread, read from a
- * uint64_t field of the stats struct at off. */
-struct family {
-	const char *name, *help;
-	enum kind kind;
-	enum unit unit;
-	size_t off;
-};
-
-#define Q(field) offsetof(struct blk_queue_stats, field)
-static const struct family queue_families[] = {
-	{ "vblkd_queue_requests_total", "Requests taken from the queue's ring.",
-	  COUNTER, PLAIN, Q(requests) },
-	{ "vblkd_queue_bad_requests_total",
-	  "Requests failed for a malformed descriptor chain or header.",
-	  COUNTER, PLAIN, Q(bad_requests) },
-	{ "vblkd_queue_kicks_total", "Kicks (guest notifications) received.",
-	  COUNTER, PLAIN, Q(kicks) },
-	{ "vblkd_queue_calls_total", "Calls (interrupts) sent to the guest.",
-	  COUNTER, PLAIN, Q(calls) },
-	{ "vblkd_queue_calls_early_total",
-	  "Calls sent early: the first completion a sleeping driver waits for.",
-	  COUNTER, PLAIN, Q(calls_early) },
-	{ "vblkd_queue_calls_suppressed_total",
-	  "Completed batches the driver did not want a call for.",
-	  COUNTER, PLAIN, Q(calls_suppressed) },
-	{ "vblkd_queue_calls_held_total",
-	  "Calls held back by interrupt moderation for more completions to share.",
-	  COUNTER, PLAIN, Q(calls_held) },
-	{ "vblkd_queue_calls_held_idle_total",
-	  "Held calls that waited on with nothing in flight, for requests yet to come.",
-	  COUNTER, PLAIN, Q(calls_held_idle) },
-	{ "vblkd_queue_calls_held_wasted_total",
-	  "Stream holds during which the driver sent nothing (each backs such holds off).",
-	  COUNTER, PLAIN, Q(calls_held_wasted) },
-	{ "vblkd_queue_completions_coalesced_total",
-	  "Completions that shared a held call.",
-	  COUNTER, PLAIN, Q(completions_coalesced) },
-	{ "vblkd_queue_hold_seconds_total", "Time calls were held, all holds together.",
-	  COUNTER, NS_AS_SECONDS, Q(hold_ns_total) },
-	{ "vblkd_queue_hold_late_seconds_total",
-	  "Of the time calls were held, the time past their deadlines (the iothread ran late).",
-	  COUNTER, NS_AS_SECONDS, Q(hold_late_ns_total) },
-	{ "vblkd_queue_hold_max_seconds", "Longest time one call was held.",
-	  GAUGE, NS_AS_SECONDS, Q(hold_ns_max) },
-	{ "vblkd_queue_poll_hits_total", "Times busy-polling found requests.",
-	  COUNTER, PLAIN, Q(poll_hits) },
-	{ "vblkd_queue_poll_misses_total",
-	  "Times requests came by kick after the iothread slept.",
-	  COUNTER, PLAIN, Q(poll_misses) },
-	{ "vblkd_queue_poll_vain_total",
-	  "Polling windows that found nothing before a sleep longer than the cap.",
-	  COUNTER, PLAIN, Q(poll_vain) },
-	{ "vblkd_queue_poll_window_seconds", "The queue's current adaptive polling window.",
-	  GAUGE, NS_AS_SECONDS, Q(poll_ns) },
-};
-#undef Q
-
-#define T(field) offsetof(struct blk_iothread_stats, field)
-static const struct family iothread_families[] = {
-	{ "vblkd_iothread_busy_seconds_total", "Wall time the iothread was not asleep.",
-	  COUNTER, NS_AS_SECONDS, T(busy_ns) },
-	{ "vblkd_iothread_cpu_seconds_total", "CPU time of the iothread.",
-	  COUNTER, NS_AS_SECONDS, T(cpu_ns) },
-	{ "vblkd_iothread_poll_seconds_total", "Wall time the iothread spent busy-polling.",
-	  COUNTER, NS_AS_SECONDS, T(poll_ns_total) },
-	{ "vblkd_iothread_contended_total",
-	  "Times polling stopped because another thread wanted the CPU.",
-	  COUNTER, PLAIN, T(contended) },
-	{ "vblkd_iothread_backend_submits_total",
-	  "Syscalls that handed queued I/O to the disk (io_uring_enter; io_uring only).",
-	  COUNTER, PLAIN, T(backend_submits) },
-	{ "vblkd_iothread_backend_polled_total",
-	  "I/Os whose completion was found by polling the device (io_uring IOPOLL, --iopoll).",
-	  COUNTER, PLAIN, T(backend_polled) },
-	{ "vblkd_iothread_completion_windows_total",
-	  "Polling windows spun for the disk's completions.",
-	  COUNTER, PLAIN, T(completion_windows) },
-	{ "vblkd_iothread_completion_poll_hits_total",
-	  "Disk completions found by polling (backends with a completion window).",
-	  COUNTER, PLAIN, T(completion_poll_hits) },
-	{ "vblkd_iothread_completion_poll_misses_total",
-	  "Disk completions that came by their fd after the iothread slept.",
-	  COUNTER, PLAIN, T(completion_poll_misses) },
-	{ "vblkd_iothread_poll_yields_total",
-	  "Sleeps without polling: the completion waited for was being made on the "
-	  "iothread's CPU (io_uring's worker, page cache).",
-	  COUNTER, PLAIN, T(poll_yields) },
-};
-#undef T
+/* The families of our own (process, disk, polling knobs) take the kinds
+ * and units of the counter rows (blk/counters.h). */
+#define COUNTER BLK_COUNTER_COUNTER
+#define GAUGE BLK_COUNTER_GAUGE
+#define PLAIN BLK_COUNTER_PLAIN
+#define NS_AS_SECONDS BLK_COUNTER_NS
 
 static const char *const kind_names[] = { [COUNTER] = "counter", [GAUGE] = "gauge" };
 
-static void header(FILE *f, const char *name, const char *help, enum kind kind)
+static void header(FILE *f, const char *name, const char *help, enum blk_counter_kind kind)
 {
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind_names[kind]);
 }
@@ -132,7 +45,7 @@ static void put_seconds(FILE *f, uint64_t ns)
 	fprintf(f, ".%0*" PRIu64, digits, frac);
 }
 
-static void put_value(FILE *f, enum unit unit, uint64_t v)
+static void put_value(FILE *f, enum blk_counter_unit unit, uint64_t v)
 {
 	if (unit == NS_AS_SECONDS)
 		put_seconds(f, v);
@@ -157,8 +70,8 @@ static void put_label_value(FILE *f, const char *s)
 }
 
 /* One family with one unlabelled series. */
-static void single(FILE *f, const char *name, const char *help, enum kind kind,
-		   enum unit unit, uint64_t v)
+static void single(FILE *f, const char *name, const char *help, enum blk_counter_kind kind,
+		   enum blk_counter_unit unit, uint64_t v)
 {
 	header(f, name, help, kind);
 	fputs(name, f);
@@ -166,20 +79,28 @@ static void single(FILE *f, const char *name, const char *help, enum kind kind,
 	put_value(f, unit, v);
 }
 
-/* Each family of fams, one series per element of the n structs of size
- * sz at base, labelled label="i". */
-static void per_element(FILE *f, const struct family *fams, size_t nfams, const char *label,
-			const void *base, size_t sz, unsigned n)
+/* Each row of a counter set (blk/counters.h) as a family
+ * vblkd_<label>_<metric>, one series per element, labelled <label>="i". */
+static void counter_set(FILE *f, const struct blk_stats *st, enum blk_counter_set_id id)
 {
-	for (size_t i = 0; i < nfams; i++) {
-		header(f, fams[i].name, fams[i].help, fams[i].kind);
-		for (unsigned j = 0; j < n; j++) {
-			const char *elem = (const char *)base + j * sz;
-			uint64_t v;
+	const struct blk_counter_set *set = &blk_counter_sets[id];
+	unsigned n;
+	const char *elems = blk_stats_elems(st, id, &n);
+	char name[128];
 
-			memcpy(&v, elem + fams[i].off, sizeof(v));
-			fprintf(f, "%s{%s=\"%u\"} ", fams[i].name, label, j);
-			put_value(f, fams[i].unit, v);
+	for (unsigned i = 0; i < set->nrows; i++) {
+		const struct blk_counter *c = &set->rows[i];
+
+		snprintf(name, sizeof(name), "vblkd_%s_%s", set->label, c->metric);
+		header(f, name, c->help, c->kind);
+		for (unsigned j = 0; j < n; j++) {
+			const void *elem = elems + (size_t)j * set->size;
+
+			fprintf(f, "%s{%s=\"%u\"} ", name, set->label, j);
+			if (c->is_signed)
+				fprintf(f, "%" PRId64 "\n", blk_counter_s64(c, elem));
+			else
+				put_value(f, c->unit, blk_counter_u64(c, elem));
 		}
 	}
 }
@@ -230,19 +151,8 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 	single(f, "vblkd_poll_shrink", "Polling window divisor after a long sleep (0: reset).",
 	       GAUGE, PLAIN, st->poll.shrink);
 
-	header(f, "vblkd_queue_iothread", "The iothread a queue runs on.", GAUGE);
-	for (unsigned i = 0; i < st->num_queues; i++)
-		fprintf(f, "vblkd_queue_iothread{queue=\"%u\"} %u\n", i, st->queues[i].iothread);
-	per_element(f, queue_families, ARRAY_SIZE(queue_families), "queue", st->queues,
-		    sizeof(*st->queues), st->num_queues);
-
-	per_element(f, iothread_families, ARRAY_SIZE(iothread_families), "iothread",
-		    st->iothreads, sizeof(*st->iothreads), st->num_iothreads);
-	header(f, "vblkd_iothread_pinned_cpu", "The CPU an iothread is pinned to, -1 if none.",
-	       GAUGE);
-	for (unsigned i = 0; i < st->num_iothreads; i++)
-		fprintf(f, "vblkd_iothread_pinned_cpu{iothread=\"%u\"} %d\n", i,
-			st->iothreads[i].cpu);
+	for (unsigned id = 0; id < BLK_COUNTER_SETS; id++)
+		counter_set(f, st, id);
 
 	if (ferror(f) || fclose(f)) {
 		free(buf);

@@ -1,0 +1,159 @@
+/*
+ * The counters of a blk_dev, declared once (STYLE.md 17; what each means:
+ * docs/architecture.md "Counters").  Each list below is one set, one row
+ * per counter; everything else is generated from it: the set's stats
+ * struct (blk.h), the atomics the queue keeps (blk_internal.h) and their
+ * copy into a snapshot (stats.c), the descriptor table that "vblkctl
+ * stats" (ctl.c) and the Prometheus families (metrics.c) are rendered
+ * from.  Adding a counter is one row, plus the line that counts it
+ * (KEPT) or fills it at a snapshot (READ).  tests/unit/test_counters.c
+ * checks that every row reaches every output.
+ *
+ * X(name, type, src, kind, unit, metric, help):
+ *   name    the stats struct's member and the counter's key in "vblkctl
+ *           stats"
+ *   type    u64, or s64 (a value that may be -1)
+ *   src     KEPT: a relaxed atomic the owner keeps (struct blk_queue's
+ *           ctr, written on its iothread), copied at a snapshot; READ: read
+ *           at a snapshot from where it lives (the loop, the engine, the
+ *           thread's configuration) by stats.c
+ *   kind    COUNTER (never goes back; metric ends in _total) or GAUGE
+ *   unit    PLAIN, or NS: nanoseconds, shown to Prometheus as seconds
+ *   metric  the Prometheus name after "vblkd_<set>_"
+ *   help    its HELP text
+ *
+ * The rows' order is the order of both outputs.
+ */
+#ifndef VBLK_BLK_COUNTERS_H
+#define VBLK_BLK_COUNTERS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Per queue: the JSON array "queues", series labelled queue="N". */
+#define BLK_QUEUE_COUNTERS(X)									\
+	X(iothread, u64, READ, GAUGE, PLAIN, "iothread", "The iothread a queue runs on.")	\
+	X(requests, u64, KEPT, COUNTER, PLAIN, "requests_total",				\
+	  "Requests taken from the queue's ring.")						\
+	X(bad_requests, u64, KEPT, COUNTER, PLAIN, "bad_requests_total",			\
+	  "Requests failed for a malformed descriptor chain or header.")			\
+	X(kicks, u64, KEPT, COUNTER, PLAIN, "kicks_total",					\
+	  "Kicks (guest notifications) received.")						\
+	X(calls, u64, KEPT, COUNTER, PLAIN, "calls_total",					\
+	  "Calls (interrupts) sent to the guest.")						\
+	X(calls_early, u64, KEPT, COUNTER, PLAIN, "calls_early_total",				\
+	  "Calls sent early: the first completion a sleeping driver waits for.")		\
+	X(calls_suppressed, u64, KEPT, COUNTER, PLAIN, "calls_suppressed_total",		\
+	  "Completed batches the driver did not want a call for.")				\
+	X(calls_held, u64, KEPT, COUNTER, PLAIN, "calls_held_total",				\
+	  "Calls held back by interrupt moderation for more completions to share.")		\
+	X(calls_held_idle, u64, KEPT, COUNTER, PLAIN, "calls_held_idle_total",			\
+	  "Held calls that waited on with nothing in flight, for requests yet to come.")	\
+	X(calls_held_wasted, u64, KEPT, COUNTER, PLAIN, "calls_held_wasted_total",		\
+	  "Stream holds during which the driver sent nothing (each backs such holds off).")	\
+	X(completions_coalesced, u64, KEPT, COUNTER, PLAIN, "completions_coalesced_total",	\
+	  "Completions that shared a held call.")						\
+	X(hold_ns_total, u64, KEPT, COUNTER, NS, "hold_seconds_total",				\
+	  "Time calls were held, all holds together.")						\
+	X(hold_late_ns_total, u64, KEPT, COUNTER, NS, "hold_late_seconds_total",		\
+	  "Of the time calls were held, the time past their deadlines (the iothread ran late).") \
+	X(hold_ns_max, u64, KEPT, GAUGE, NS, "hold_max_seconds",				\
+	  "Longest time one call was held.")							\
+	X(poll_hits, u64, READ, COUNTER, PLAIN, "poll_hits_total",				\
+	  "Times busy-polling found requests.")							\
+	X(poll_misses, u64, READ, COUNTER, PLAIN, "poll_misses_total",				\
+	  "Times requests came by kick after the iothread slept.")				\
+	X(poll_vain, u64, READ, COUNTER, PLAIN, "poll_vain_total",				\
+	  "Polling windows that found nothing before a sleep longer than the cap.")		\
+	X(poll_ns, u64, READ, GAUGE, NS, "poll_window_seconds",					\
+	  "The queue's current adaptive polling window.")
+
+/* Per iothread: the JSON array "iothreads", series labelled iothread="N". */
+#define BLK_IOTHREAD_COUNTERS(X)								\
+	X(busy_ns, u64, READ, COUNTER, NS, "busy_seconds_total",				\
+	  "Wall time the iothread was not asleep.")						\
+	X(cpu_ns, u64, READ, COUNTER, NS, "cpu_seconds_total", "CPU time of the iothread.")	\
+	X(poll_ns_total, u64, READ, COUNTER, NS, "poll_seconds_total",				\
+	  "Wall time the iothread spent busy-polling.")						\
+	X(contended, u64, READ, COUNTER, PLAIN, "contended_total",				\
+	  "Times polling stopped because another thread wanted the CPU.")			\
+	X(backend_submits, u64, READ, COUNTER, PLAIN, "backend_submits_total",			\
+	  "Syscalls that handed queued I/O to the disk (io_uring_enter; io_uring only).")	\
+	X(backend_polled, u64, READ, COUNTER, PLAIN, "backend_polled_total",			\
+	  "I/Os whose completion was found by polling the device (io_uring IOPOLL, --iopoll).")	\
+	X(completion_windows, u64, READ, COUNTER, PLAIN, "completion_windows_total",		\
+	  "Polling windows spun for the disk's completions.")					\
+	X(completion_poll_hits, u64, READ, COUNTER, PLAIN, "completion_poll_hits_total",	\
+	  "Disk completions found by polling (backends with a completion window).")		\
+	X(completion_poll_misses, u64, READ, COUNTER, PLAIN, "completion_poll_misses_total",	\
+	  "Disk completions that came by their fd after the iothread slept.")			\
+	X(poll_yields, u64, READ, COUNTER, PLAIN, "poll_yields_total",				\
+	  "Sleeps without polling: the completion waited for was being made on the "		\
+	  "iothread's CPU (io_uring's worker, page cache).")					\
+	X(cpu, s64, READ, GAUGE, PLAIN, "pinned_cpu",						\
+	  "The CPU an iothread is pinned to, -1 if none.")
+
+#define BLK_COUNTER_CTYPE_u64 uint64_t
+#define BLK_COUNTER_CTYPE_s64 int64_t
+#define BLK_COUNTER_MEMBER(name, type, ...) BLK_COUNTER_CTYPE_##type name;
+
+/* A snapshot of one queue's counters (blk_get_stats). */
+struct blk_queue_stats {
+	BLK_QUEUE_COUNTERS(BLK_COUNTER_MEMBER)
+};
+
+/* A snapshot of one iothread's counters. */
+struct blk_iothread_stats {
+	BLK_IOTHREAD_COUNTERS(BLK_COUNTER_MEMBER)
+};
+
+/* ---- The descriptor table, for whoever renders the counters ---- */
+
+enum blk_counter_kind { BLK_COUNTER_COUNTER, BLK_COUNTER_GAUGE };
+enum blk_counter_unit { BLK_COUNTER_PLAIN, BLK_COUNTER_NS };
+
+/* One row, as the list above gives it. */
+struct blk_counter {
+	const char *name;		/* member and JSON key */
+	const char *metric;		/* after "vblkd_<set>_" */
+	const char *help;
+	enum blk_counter_kind kind;
+	enum blk_counter_unit unit;
+	bool is_signed;			/* int64_t, else uint64_t */
+	size_t off;			/* in the set's stats struct */
+};
+
+/*
+ * One set: a stats struct per element (a queue, an iothread), one JSON
+ * array of objects keyed by the rows' names, and per row one Prometheus
+ * family vblkd_<label>_<metric> with a series per element labelled
+ * <label>="N".  A set with another label (per operation) is one more list,
+ * struct, enum value and row of blk_counter_sets.
+ */
+enum blk_counter_set_id { BLK_COUNTERS_QUEUE, BLK_COUNTERS_IOTHREAD, BLK_COUNTER_SETS };
+
+struct blk_counter_set {
+	const char *label;		/* "queue": metric prefix and label name */
+	const char *json;		/* "queues": the member of "vblkctl stats" */
+	const struct blk_counter *rows;
+	unsigned nrows;
+	size_t size;			/* of one element's stats struct */
+};
+
+/* In the order "vblkctl stats" and the metrics show them.  Read-only. */
+extern const struct blk_counter_set blk_counter_sets[BLK_COUNTER_SETS];
+
+/* The value of row c in the element at elem (a set's stats struct), as
+ * its type has it (an s64 row's -1 stays -1). */
+static inline uint64_t blk_counter_u64(const struct blk_counter *c, const void *elem)
+{
+	return *(const uint64_t *)((const char *)elem + c->off);
+}
+
+static inline int64_t blk_counter_s64(const struct blk_counter *c, const void *elem)
+{
+	return *(const int64_t *)((const char *)elem + c->off);
+}
+
+#endif

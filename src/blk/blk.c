@@ -17,7 +17,6 @@
 #include "util/iov.h"
 #include "util/log.h"
 #include "util/sys.h"
-#include "vhost/vhost_user.h"
 
 struct blk_req {
 	struct blk_queue *q;

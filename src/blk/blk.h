@@ -97,13 +97,13 @@ unsigned blk_dev_num_iothreads(const struct blk_dev *d);
 void blk_set_poll_params(struct blk_dev *d, const struct loop_poll_params *p);
 
 /*
- * Resize (docs/architecture.md "Resize"): grow the disk to size bytes
- * (bdev_resize says how), then tell the frontend through fn, set by
- * blk_dev_set_config_notify (vhost-user: CONFIG_CHANGE_MSG on the backend
- * channel; fn returns 1 sent, 0 no channel, -errno).  Returns 1 if the
- * frontend was told, 0 if the disk grew (or already had that size) but
- * no frontend could be told, or -errno with one line in err (nothing
- * changed).  Main thread.
+ * Resize (docs/architecture.md "Device status and resize"): grow the disk
+ * to size bytes (bdev_resize says how), then tell the frontend through
+ * fn, set by blk_dev_set_config_notify (vhost-user: CONFIG_CHANGE_MSG on
+ * the backend channel; fn returns 1 sent, 0 no channel, -errno).  Returns
+ * 1 if the frontend was told, 0 if the disk grew (or already had that
+ * size) but no frontend could be told, or -errno with one line in err
+ * (nothing changed).  Main thread.
  */
 void blk_dev_set_config_notify(struct blk_dev *d, int (*fn)(void *opaque), void *opaque);
 int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen);

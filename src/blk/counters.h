@@ -128,8 +128,10 @@ struct blk_counter {
  * One set: a stats struct per element (a queue, an iothread), one JSON
  * array of objects keyed by the rows' names, and per row one Prometheus
  * family vblkd_<label>_<metric> with a series per element labelled
- * <label>="N".  A set with another label (per operation) is one more list,
- * struct, enum value and row of blk_counter_sets.
+ * <label>="N".  A set of its own (per operation, say) is one more list
+ * here, its stats struct, an enum value, a row of blk_counter_sets
+ * (stats.c), an array in struct blk_stats and its case in
+ * blk_stats_elems (blk.h); the renderers walk every set as they are.
  */
 enum blk_counter_set_id { BLK_COUNTERS_QUEUE, BLK_COUNTERS_IOTHREAD, BLK_COUNTER_SETS };
 

@@ -7,28 +7,23 @@
  */
 #include <errno.h>
 #include <libaio.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "backend/bdev.h"
-#include "loop/loop.h"
+#include "backend/efd.h"
 #include "util/compiler.h"
 #include "util/iov.h"
 #include "util/log.h"
-#include "util/sys.h"
 
 #define AIO_BATCH 256
 
 struct bdev_ctx {
 	struct bdev *b;
-	struct loop *loop;
 	io_context_t ctx;
 	unsigned depth;
-	int efd;
-	struct loop_fd *efd_h;
-	unsigned inflight;		/* in the kernel or queued here */
+	struct bdev_efd efd;		/* inflight: in the kernel or queued here */
 	struct iocb **pending;		/* prepared, not yet io_submit'ed */
 	unsigned npending;
 	struct iocb *iocbs;		/* one per slot */
@@ -78,6 +73,12 @@ static void aio_kick(struct bdev_ctx *c)
 	c->kicking = false;
 }
 
+static void aio_drain(struct bdev_ctx *c)
+{
+	aio_kick(c);
+	bdev_efd_drain(&c->efd);
+}
+
 static void aio_start(struct bdev_ctx *c, struct bdev_io *io);
 
 static void aio_submit(struct bdev_ctx *c, struct bdev_io *io)
@@ -86,10 +87,10 @@ static void aio_submit(struct bdev_ctx *c, struct bdev_io *io)
 		io->next = NULL;
 		*c->wait_tail = io;
 		c->wait_tail = &io->next;
-		c->inflight++;
+		c->efd.inflight++;
 		return;
 	}
-	c->inflight++;
+	c->efd.inflight++;
 	aio_start(c, io);
 }
 
@@ -134,7 +135,7 @@ static void aio_start(struct bdev_ctx *c, struct bdev_io *io)
 		aio_complete_slot(c, slot, -EOPNOTSUPP);
 		return;
 	}
-	io_set_eventfd(cb, c->efd);
+	io_set_eventfd(cb, c->efd.fd);
 	c->pending[c->npending++] = cb;
 	if (c->npending == AIO_BATCH)
 		aio_kick(c);
@@ -146,7 +147,7 @@ static void aio_complete_slot(struct bdev_ctx *c, unsigned slot, int res)
 
 	c->slot_io[slot] = NULL;
 	c->free_slots[c->nfree++] = slot;
-	c->inflight--;
+	c->efd.inflight--;
 	if (io->op == BDEV_FLUSH && res == -EINVAL && !c->no_fdsync) {
 		log_info("aio: the filesystem has no async fdatasync; flushing "
 			 "synchronously");
@@ -167,37 +168,33 @@ static void aio_complete_slot(struct bdev_ctx *c, unsigned slot, int res)
 	bdev_complete(io, res);
 }
 
-static void aio_reap(struct bdev_ctx *c)
+static unsigned aio_reap(struct bdev_ctx *c)
 {
 	struct io_event ev[64];
 	struct timespec zero = { 0, 0 };
+	unsigned total = 0;
 	int n;
 
 	do {
 		n = io_getevents(c->ctx, 0, 64, ev, &zero);
 		for (int i = 0; i < n; i++)
 			aio_complete_slot(c, (unsigned)(ev[i].obj - c->iocbs), (int)(long)ev[i].res);
+		total += n > 0 ? (unsigned)n : 0;
 	} while (n == 64);
 	/* A refused iocb frees its slot in the kick: start waiters on it. */
 	do {
 		aio_start_waiting(c);
 		aio_kick(c);
 	} while (c->wait_head && c->nfree);
-}
-
-static void aio_efd_cb(void *opaque, uint32_t events)
-{
-	struct bdev_ctx *c = opaque;
-
-	(void)sys_eventfd_drain(c->efd);
-	aio_reap(c);
+	return total;
 }
 
 /*
- * Poll handler.  The kernel keeps completions in a ring mapped into our
- * address space at the io_context_t (the kernel's struct aio_ring, fs/aio.c;
- * the same peek QEMU's linux-aio does): head != tail means events wait, and
- * the loop can take them without waiting for the eventfd.
+ * Are completions waiting?  The kernel keeps them in a ring mapped into
+ * our address space at the io_context_t (the kernel's struct aio_ring,
+ * fs/aio.c; the same peek QEMU's linux-aio does): head != tail means
+ * events wait, and the loop can take them without waiting for the
+ * eventfd.
  */
 struct aio_ring {
 	unsigned id, nr, head, tail, magic, compat_features, incompat_features;
@@ -205,61 +202,29 @@ struct aio_ring {
 };
 #define AIO_RING_MAGIC 0xa10a10a1
 
-static bool aio_poll(void *opaque)
+static bool aio_ready(struct bdev_ctx *c)
 {
-	struct bdev_ctx *c = opaque;
 	const struct aio_ring *r = (const struct aio_ring *)c->ctx;
 
-	if (!c->inflight || r->magic != AIO_RING_MAGIC)
+	if (r->magic != AIO_RING_MAGIC)
 		return false;
 	return __atomic_load_n(&r->head, __ATOMIC_RELAXED) !=
 	       __atomic_load_n(&r->tail, __ATOMIC_ACQUIRE);
 }
 
-static void aio_poll_run(void *opaque)
-{
-	aio_reap(opaque);
-}
-
-static void aio_poll_begin(void *opaque)
-{
-	/* The kernel writes the eventfd whatever we do: one empty wake-up. */
-}
-
 /* Completions are expected while I/O is in flight (loop.h: armed). */
-static bool aio_poll_armed(void *opaque)
-{
-	struct bdev_ctx *c = opaque;
-
-	return c->inflight;
-}
-
-static const struct loop_poll_ops aio_poll_ops = {
-	.poll = aio_poll,
-	.run = aio_poll_run,
-	.begin = aio_poll_begin,
-	.end = aio_poll,
-	.armed = aio_poll_armed,
+static const struct bdev_efd_ops aio_efd_ops = {
+	.ready = aio_ready,
+	.reap = aio_reap,
+	.armed = true,
 };
-
-static void aio_drain(struct bdev_ctx *c)
-{
-	aio_kick(c);
-	while (c->inflight) {
-		(void)sys_eventfd_wait(c->efd, 100);
-		aio_reap(c);
-	}
-}
 
 static void aio_ctx_free(struct bdev_ctx *c)
 {
 	if (!c)
 		return;
 	aio_drain(c);
-	if (c->efd_h)
-		loop_fd_del(c->loop, c->efd_h);
-	if (c->efd > 0)
-		close(c->efd);
+	bdev_efd_close(&c->efd);
 	if (c->ctx)
 		io_destroy(c->ctx);
 	free(c->pending);
@@ -278,7 +243,6 @@ static int aio_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	if (!c)
 		return -ENOMEM;
 	c->b = b;
-	c->loop = l;
 	c->depth = depth;
 	c->wait_tail = &c->wait_head;
 	c->pending = calloc(depth, sizeof(*c->pending));
@@ -296,15 +260,9 @@ static int aio_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 		c->ctx = 0;
 		goto err;
 	}
-	c->efd = sys_eventfd();
-	if (c->efd < 0) {
-		r = c->efd;
-		goto err;
-	}
-	r = loop_fd_add(l, c->efd, EPOLLIN, aio_efd_cb, c, &c->efd_h);
+	r = bdev_efd_open(&c->efd, l, &aio_efd_ops, c);
 	if (r < 0)
 		goto err;
-	loop_fd_set_poll(c->efd_h, &aio_poll_ops);
 	*out = c;
 	return 0;
 err:

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "backend/bdev.h"
+#include "backend/efd.h"
 #include "loop/loop.h"
 #include "util/compiler.h"
 #include "util/iov.h"
@@ -63,9 +64,7 @@ struct bdev_ctx {
 	struct bdev *b;
 	struct rbd_disk *d;
 	struct loop *loop;
-	int efd;
-	struct loop_fd *efd_h;
-	unsigned inflight;
+	struct bdev_efd efd;
 	int librbd_cpu;		/* the one CPU librbd's threads may use, or -1 */
 	/* Found by the poll handler, run by its run(). */
 	rbd_completion_t found[RBD_BATCH];
@@ -386,7 +385,7 @@ static void img_start(struct bdev_ctx *c, struct bdev_io *io)
 		bdev_complete(io, r);
 		return;
 	}
-	c->inflight++;
+	c->efd.inflight++;
 }
 
 static void img_submit(struct bdev_ctx *c, struct bdev_io *io)
@@ -396,7 +395,7 @@ static void img_submit(struct bdev_ctx *c, struct bdev_io *io)
 
 static void img_io_done(struct bdev_ctx *c, struct bdev_io *io, ssize_t res)
 {
-	c->inflight--;
+	c->efd.inflight--;
 	/* A read's result is the bytes read: librbd clips a read at the end
 	 * of the image (shrunk under us: our size is the old one).  Past the
 	 * end reads as zeroes, as from a hole, not as whatever the guest's
@@ -445,45 +444,18 @@ static unsigned img_reap(struct bdev_ctx *c)
 	return total;
 }
 
-static void img_efd_cb(void *opaque, uint32_t events)
+/* librbd queues completions before it writes the eventfd, so they can be
+ * taken without waiting for it. */
+static bool img_ready(struct bdev_ctx *c)
 {
-	struct bdev_ctx *c = opaque;
-
-	(void)sys_eventfd_drain(c->efd);
-	img_reap(c);
-}
-
-/* Poll handler: librbd queues completions before it writes the eventfd,
- * so they can be taken without waiting for it. */
-static bool img_poll(void *opaque)
-{
-	struct bdev_ctx *c = opaque;
 	int n;
 
 	if (c->nfound)
 		return true;
-	if (!c->inflight)
-		return false;
 	n = rbd_poll_io_events(c->d->image, c->found, RBD_BATCH);
 	if (n > 0)
 		c->nfound = (unsigned)n;
 	return n > 0;
-}
-
-static void img_poll_run(void *opaque)
-{
-	img_reap(opaque);
-}
-
-static void img_poll_begin(void *opaque)
-{
-	/* librbd writes the eventfd whatever we do; a stale count only
-	 * costs one empty wake-up. */
-}
-
-static bool img_poll_end(void *opaque)
-{
-	return img_poll(opaque);
 }
 
 /*
@@ -499,16 +471,14 @@ static bool img_poll_end(void *opaque)
  * it": both allowed one CPU, the same one (an iothread alone on one CPU
  * runs on it: sched_getcpu, from the vDSO, tells which).
  */
-static bool img_poll_cpu_bound(void *opaque)
+static bool img_cpu_bound(struct bdev_ctx *c)
 {
-	struct bdev_ctx *c = opaque;
-
-	return c->inflight == 1 && c->librbd_cpu >= 0 && loop_cpu_alone(c->loop) &&
+	return c->efd.inflight == 1 && c->librbd_cpu >= 0 && loop_cpu_alone(c->loop) &&
 	       sched_getcpu() == c->librbd_cpu;
 }
 
 /*
- * No armed(): librbd's completions are polled within the kick window
+ * Not armed: librbd's completions are polled within the kick window
  * (--poll-max-ns), not for as long as a request is in flight under the
  * completion cap.  What completes an RBD request is librbd's own threads
  * (messenger, finisher) in this process, on the CPUs we run on; spinning
@@ -517,12 +487,10 @@ static bool img_poll_cpu_bound(void *opaque)
  * the client polling 4.2 K -> 5.2 K IOPS, randwrite QD1/QD32 with it
  * sleeping +13 % / +9 %, the rest unchanged (docs/benchmarks.md).
  */
-static const struct loop_poll_ops img_poll_ops = {
-	.poll = img_poll,
-	.run = img_poll_run,
-	.begin = img_poll_begin,
-	.end = img_poll_end,
-	.cpu_bound = img_poll_cpu_bound,
+static const struct bdev_efd_ops img_efd_ops = {
+	.ready = img_ready,
+	.reap = img_reap,
+	.cpu_bound = img_cpu_bound,
 };
 
 static void img_kick(struct bdev_ctx *c)
@@ -536,17 +504,17 @@ static void img_drain(struct bdev_ctx *c)
 {
 	uint64_t start = sys_now_ns(), said = start;
 
-	while (c->inflight) {
-		struct pollfd p = { .fd = c->efd, .events = POLLIN };
+	while (c->efd.inflight) {
+		struct pollfd p = { .fd = c->efd.fd, .events = POLLIN };
 
 		if (!img_reap(c))
 			(void)poll(&p, 1, 1000);
-		(void)sys_eventfd_drain(c->efd);
-		if (c->inflight && sys_now_ns() - said > 10000000000ull) {
+		(void)sys_eventfd_drain(c->efd.fd);
+		if (c->efd.inflight && sys_now_ns() - said > 10000000000ull) {
 			said = sys_now_ns();
 			log_warn("RBD image %s/%s: still waiting for %u requests after %llu s "
-				 "(is the cluster healthy?)", c->d->pool, c->d->name, c->inflight,
-				 (unsigned long long)((said - start) / 1000000000ull));
+				 "(is the cluster healthy?)", c->d->pool, c->d->name,
+				 c->efd.inflight, (unsigned long long)((said - start) / 1000000000ull));
 		}
 	}
 }
@@ -576,27 +544,18 @@ static int img_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 				if (CPU_ISSET(i, &set))
 					c->librbd_cpu = i;
 	}
-	c->efd = sys_eventfd();
-	if (c->efd < 0) {
-		r = c->efd;
+	r = bdev_efd_open(&c->efd, l, &img_efd_ops, c);
+	if (r < 0)
 		goto err_free;
-	}
-	r = rbd_set_image_notification(d->image, c->efd, EVENT_TYPE_EVENTFD);
+	r = rbd_set_image_notification(d->image, c->efd.fd, EVENT_TYPE_EVENTFD);
 	if (r < 0)
 		goto err_efd;
-	r = loop_fd_add(l, c->efd, EPOLLIN, img_efd_cb, c, &c->efd_h);
-	if (r < 0)
-		goto err_notify;
-	loop_fd_set_poll(c->efd_h, &img_poll_ops);
 	d->ctx_taken = true;
 	*out = c;
 	return 0;
 
-err_notify:
-	/* librbd would go on writing a number we close (img_ctx_free). */
-	(void)rbd_set_image_notification(d->image, -1, EVENT_TYPE_EVENTFD);
 err_efd:
-	close(c->efd);
+	bdev_efd_close(&c->efd);
 err_free:
 	free(c);
 	return r;
@@ -607,11 +566,10 @@ static void img_ctx_free(struct bdev_ctx *c)
 	if (!c)
 		return;
 	img_drain(c);
-	loop_fd_del(c->loop, c->efd_h);
 	/* librbd keeps writing the fd it was given: hand it one that stays
 	 * valid (a closed, reused number would get its writes). */
 	(void)rbd_set_image_notification(c->d->image, -1, EVENT_TYPE_EVENTFD);
-	close(c->efd);
+	bdev_efd_close(&c->efd);
 	c->d->ctx_taken = false;
 	free(c);
 }

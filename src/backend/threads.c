@@ -8,28 +8,22 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <poll.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "backend/bdev.h"
-#include "loop/loop.h"
-#include "util/log.h"
+#include "backend/efd.h"
 #include "util/sys.h"
 
 #define THREADS_PER_CTX 4
 
 struct bdev_ctx {
 	struct bdev *b;
-	struct loop *loop;
 	pthread_t workers[THREADS_PER_CTX];
 	unsigned nworkers;
 
-	/* Iothread only. */
+	/* Iothread only (but workers write efd.fd). */
 	struct bdev_io *batch_head, *batch_tail;	/* submitted, not yet kicked */
-	unsigned inflight;
-	int efd;
-	struct loop_fd *efd_h;
+	struct bdev_efd efd;
 
 	/* Shared with workers, under lock. */
 	pthread_mutex_t lock;
@@ -66,7 +60,7 @@ static void *threads_worker(void *opaque)
 		/* Atomic: the poll handler peeks at it without the lock. */
 		__atomic_store_n(&c->cq, io, __ATOMIC_RELEASE);
 		if (wake)
-			(void)sys_eventfd_signal(c->efd);
+			(void)sys_eventfd_signal(c->efd.fd);
 	}
 	pthread_mutex_unlock(&c->lock);
 	return NULL;
@@ -80,7 +74,7 @@ static void threads_submit(struct bdev_ctx *c, struct bdev_io *io)
 	else
 		c->batch_head = io;
 	c->batch_tail = io;
-	c->inflight++;
+	c->efd.inflight++;
 }
 
 static void threads_kick(struct bdev_ctx *c)
@@ -98,9 +92,16 @@ static void threads_kick(struct bdev_ctx *c)
 	c->batch_head = c->batch_tail = NULL;
 }
 
-static void threads_reap(struct bdev_ctx *c)
+static void threads_drain(struct bdev_ctx *c)
+{
+	threads_kick(c);
+	bdev_efd_drain(&c->efd);
+}
+
+static unsigned threads_reap(struct bdev_ctx *c)
 {
 	struct bdev_io *io;
+	unsigned n = 0;
 
 	pthread_mutex_lock(&c->lock);
 	io = c->cq;
@@ -109,67 +110,31 @@ static void threads_reap(struct bdev_ctx *c)
 	while (io) {
 		struct bdev_io *next = io->next;
 
-		c->inflight--;
+		c->efd.inflight--;
 		bdev_complete(io, io->res);
 		io = next;
+		n++;
 	}
 	/* Completions may have resubmitted (fallbacks). */
 	threads_kick(c);
+	return n;
 }
 
-static void threads_efd_cb(void *opaque, uint32_t events)
+/* Completions are on the list before the eventfd is written, so a polling
+ * loop finds them without waiting for it.  (Without that, a completion
+ * arriving while the loop polls the kick rings would wait for the polling
+ * window to end.) */
+static bool threads_ready(struct bdev_ctx *c)
 {
-	struct bdev_ctx *c = opaque;
-
-	(void)sys_eventfd_drain(c->efd);
-	threads_reap(c);
-}
-
-/* Poll handler: completions are on the list before the eventfd is
- * written, so a polling loop finds them without waiting for it.  (Without
- * one, a completion arriving while the loop polls the kick rings would
- * wait for the polling window to end.) */
-static bool threads_poll(void *opaque)
-{
-	struct bdev_ctx *c = opaque;
-
-	return c->inflight && __atomic_load_n(&c->cq, __ATOMIC_RELAXED);
-}
-
-static void threads_poll_run(void *opaque)
-{
-	threads_reap(opaque);
-}
-
-static void threads_poll_begin(void *opaque)
-{
-	/* Workers write the eventfd whatever we do: one empty wake-up. */
+	return __atomic_load_n(&c->cq, __ATOMIC_RELAXED);
 }
 
 /* Completions are expected while I/O is in flight (loop.h: armed). */
-static bool threads_poll_armed(void *opaque)
-{
-	struct bdev_ctx *c = opaque;
-
-	return c->inflight;
-}
-
-static const struct loop_poll_ops threads_poll_ops = {
-	.poll = threads_poll,
-	.run = threads_poll_run,
-	.begin = threads_poll_begin,
-	.end = threads_poll,
-	.armed = threads_poll_armed,
+static const struct bdev_efd_ops threads_efd_ops = {
+	.ready = threads_ready,
+	.reap = threads_reap,
+	.armed = true,
 };
-
-static void threads_drain(struct bdev_ctx *c)
-{
-	threads_kick(c);
-	while (c->inflight) {
-		(void)sys_eventfd_wait(c->efd, 100);
-		threads_reap(c);
-	}
-}
 
 static void threads_ctx_free(struct bdev_ctx *c);
 
@@ -182,18 +147,11 @@ static int threads_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	if (!c)
 		return -ENOMEM;
 	c->b = b;
-	c->loop = l;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->work, NULL);
-	c->efd = sys_eventfd();
-	if (c->efd < 0) {
-		r = c->efd;
-		goto err;
-	}
-	r = loop_fd_add(l, c->efd, EPOLLIN, threads_efd_cb, c, &c->efd_h);
+	r = bdev_efd_open(&c->efd, l, &threads_efd_ops, c);
 	if (r < 0)
 		goto err;
-	loop_fd_set_poll(c->efd_h, &threads_poll_ops);
 	for (; c->nworkers < THREADS_PER_CTX; c->nworkers++) {
 		r = -pthread_create(&c->workers[c->nworkers], NULL, threads_worker, c);
 		if (r < 0)
@@ -218,10 +176,7 @@ static void threads_ctx_free(struct bdev_ctx *c)
 	pthread_mutex_unlock(&c->lock);
 	for (unsigned i = 0; i < c->nworkers; i++)
 		pthread_join(c->workers[i], NULL);
-	if (c->efd_h)
-		loop_fd_del(c->loop, c->efd_h);
-	if (c->efd >= 0)
-		close(c->efd);
+	bdev_efd_close(&c->efd);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->work);
 	free(c);

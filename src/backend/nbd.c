@@ -90,7 +90,7 @@ struct bdev_ctx {
 
 /* ---- Connecting (blocking, with a deadline; start-up only) ---- */
 
-static void say_err(char *err, size_t errlen, const char *uri, const char *what)
+static void nbd_say_err(char *err, size_t errlen, const char *uri, const char *what)
 {
 	const char *e = nbd_get_error();
 
@@ -99,14 +99,14 @@ static void say_err(char *err, size_t errlen, const char *uri, const char *what)
 
 /* Connect h to uri within NBD_CONNECT_TIMEOUT_MS.  Returns 0 or -errno
  * with one line in err. */
-static int connect_blocking(struct nbd_handle *h, const char *uri, char *err, size_t errlen)
+static int nbd_connect_blocking(struct nbd_handle *h, const char *uri, char *err, size_t errlen)
 {
 	uint64_t deadline = sys_now_ns() + NBD_CONNECT_TIMEOUT_MS * 1000000ull;
 
 	if (nbd_aio_connect_uri(h, uri) < 0) {
 		int r = -(nbd_get_errno() ? nbd_get_errno() : EINVAL);
 
-		say_err(err, errlen, uri, r == -EINVAL ? "not an NBD URI (nbd://HOST[:PORT]/"
+		nbd_say_err(err, errlen, uri, r == -EINVAL ? "not an NBD URI (nbd://HOST[:PORT]/"
 			"EXPORT or nbd+unix:///EXPORT?socket=PATH)" : "cannot connect (is "
 			"the server up?)");
 		return r;
@@ -124,14 +124,14 @@ static int connect_blocking(struct nbd_handle *h, const char *uri, char *err, si
 			break;
 	}
 	if (!nbd_aio_is_ready(h)) {
-		say_err(err, errlen, uri, "cannot connect (is the server up, the export "
+		nbd_say_err(err, errlen, uri, "cannot connect (is the server up, the export "
 			"name right?)");
 		return -ECONNREFUSED;
 	}
 	return 0;
 }
 
-static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
+static int nbd_disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 			 size_t errlen)
 {
 	struct nbd_disk *d = calloc(1, sizeof(*d));
@@ -144,12 +144,12 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 		r = -ENOMEM;
 		goto err;
 	}
-	r = connect_blocking(h, o->path, err, errlen);
+	r = nbd_connect_blocking(h, o->path, err, errlen);
 	if (r < 0)
 		goto err;
 	size = nbd_get_size(h);
 	if (size < 0) {
-		say_err(err, errlen, o->path, "cannot read its size");
+		nbd_say_err(err, errlen, o->path, "cannot read its size");
 		r = -EIO;
 		goto err;
 	}
@@ -207,7 +207,7 @@ err:
 	return r;
 }
 
-static void disk_close(struct bdev *b)
+static void nbd_disk_close(struct bdev *b)
 {
 	struct nbd_disk *d = b->priv;
 
@@ -218,11 +218,11 @@ static void disk_close(struct bdev *b)
 
 /* ---- The connection in the loop (iothread) ---- */
 
-static void conn_retry_cb(void *opaque);
+static void nbd_conn_retry_cb(void *opaque);
 
 /* Run what completed in callbacks.  Completion may submit again (a FUA
  * write's flush): that is fine here, libnbd has returned. */
-static void run_done(struct bdev_ctx *c)
+static void nbd_run_done(struct bdev_ctx *c)
 {
 	while (c->done_head) {
 		struct bdev_io *io = c->done_head;
@@ -244,7 +244,7 @@ static void run_done(struct bdev_ctx *c)
 #define IO_ISSUING  2		/* inside nbd_aio_*() */
 #define IO_INFLIGHT 1		/* issued, no answer yet */
 
-static void queue_done(struct bdev_io *io, int res)
+static void nbd_queue_done(struct bdev_io *io, int res)
 {
 	struct bdev_ctx *c = io->ctx;
 
@@ -254,24 +254,24 @@ static void queue_done(struct bdev_io *io, int res)
 	c->done_tail = &io->next;
 }
 
-static int cmd_done(void *user_data, int *error)
+static int nbd_cmd_done(void *user_data, int *error)
 {
-	queue_done(user_data, *error ? -*error : 0);
+	nbd_queue_done(user_data, *error ? -*error : 0);
 	return 1;		/* retire the command */
 }
 
 /* libnbd frees every command exactly once, also those it never answers
  * (a handle closed with requests in flight): those fail here. */
-static void cmd_free(void *user_data)
+static void nbd_cmd_free(void *user_data)
 {
 	struct bdev_io *io = user_data;
 
 	if (io->res == IO_INFLIGHT)
-		queue_done(io, -ENOTCONN);
+		nbd_queue_done(io, -ENOTCONN);
 }
 
 /* Watch the socket for what libnbd waits for. */
-static void conn_watch(struct bdev_ctx *c)
+static void nbd_conn_watch(struct bdev_ctx *c)
 {
 	unsigned dir = nbd_aio_get_direction(c->h);
 	uint32_t ev = (dir & LIBNBD_AIO_DIRECTION_READ ? EPOLLIN : 0) |
@@ -281,9 +281,9 @@ static void conn_watch(struct bdev_ctx *c)
 		c->events = ev;
 }
 
-/* Close the connection; what it still had in flight fails (cmd_free)
- * and is completed by the caller's run_done. */
-static void conn_drop(struct bdev_ctx *c)
+/* Close the connection; what it still had in flight fails (nbd_cmd_free)
+ * and is completed by the caller's nbd_run_done. */
+static void nbd_conn_drop(struct bdev_ctx *c)
 {
 	loop_fd_del(c->loop, c->fd_h);
 	c->fd_h = NULL;
@@ -294,15 +294,15 @@ static void conn_drop(struct bdev_ctx *c)
 
 /* The server is gone (or never came back): fail what is pending, retry
  * later. */
-static void conn_lost(struct bdev_ctx *c, const char *why)
+static void nbd_conn_lost(struct bdev_ctx *c, const char *why)
 {
 	bool was_up = c->state == NBD_UP;
 	/* A server without flush has no cache: what it acknowledged is
 	 * stored (-1, not known: as if it had one). */
 	bool cache = c->h && nbd_can_flush(c->h) != 0;
 
-	conn_drop(c);
-	run_done(c);
+	nbd_conn_drop(c);
+	nbd_run_done(c);
 	if (cache && c->writes != c->durable) {
 		log_err("NBD export %s: %llu acknowledged writes were not yet flushed when "
 			"the connection was lost; the next flush fails", c->d->uri,
@@ -329,24 +329,24 @@ static void conn_lost(struct bdev_ctx *c, const char *why)
  * what completed and watch for what libnbd waits for.  Returns false if
  * the connection is gone.
  */
-static bool conn_settle(struct bdev_ctx *c)
+static bool nbd_conn_settle(struct bdev_ctx *c)
 {
 	if (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)) {
 		const char *e = nbd_get_error();
 
-		conn_lost(c, c->state == NBD_UP ? "the connection to the server was lost" :
+		nbd_conn_lost(c, c->state == NBD_UP ? "the connection to the server was lost" :
 			  e ? e : "cannot connect");
 		return false;
 	}
-	run_done(c);
+	nbd_run_done(c);
 	if (c->h)
-		conn_watch(c);
+		nbd_conn_watch(c);
 	return c->h != NULL;
 }
 
 /* A reply (or the connection's end) waits on the socket: one
  * recv(MSG_PEEK) syscall. */
-static bool conn_readable(struct bdev_ctx *c)
+static bool nbd_conn_readable(struct bdev_ctx *c)
 {
 	char b;
 
@@ -362,24 +362,24 @@ static bool conn_readable(struct bdev_ctx *c)
  * qemu-storage-daemon with a p99 1.6x its, the requests' completions
  * queued behind a loop iteration each).
  */
-static void conn_read_replies(struct bdev_ctx *c)
+static void nbd_conn_read_replies(struct bdev_ctx *c)
 {
 	for (unsigned n = 1; nbd_aio_notify_read(c->h) == 0; n++) {
 		if (n >= NBD_REPLIES_PER_WAKE || nbd_aio_in_flight(c->h) <= 0 ||
-		    !nbd_aio_is_ready(c->h) || !conn_readable(c))
+		    !nbd_aio_is_ready(c->h) || !nbd_conn_readable(c))
 			break;
 	}
 }
 
-static void conn_fd_cb(void *opaque, uint32_t events)
+static void nbd_conn_fd_cb(void *opaque, uint32_t events)
 {
 	struct bdev_ctx *c = opaque;
 
 	if (events & (EPOLLIN | EPOLLHUP | EPOLLERR))
-		conn_read_replies(c);
+		nbd_conn_read_replies(c);
 	if ((events & EPOLLOUT) && !nbd_aio_is_dead(c->h))
 		(void)nbd_aio_notify_write(c->h);
-	if (!conn_settle(c))
+	if (!nbd_conn_settle(c))
 		return;
 	if (c->state == NBD_CONNECTING && nbd_aio_is_ready(c->h)) {
 		int64_t size = nbd_get_size(c->h);
@@ -399,44 +399,44 @@ static void conn_fd_cb(void *opaque, uint32_t events)
 /* Poll handler: a reply waiting on the socket (or its end), found by a
  * polling loop without waiting for epoll: one recv(MSG_PEEK) syscall per
  * look, only while requests are in flight. */
-static bool conn_poll(void *opaque)
+static bool nbd_conn_poll(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	return c->state == NBD_UP && c->inflight && conn_readable(c);
+	return c->state == NBD_UP && c->inflight && nbd_conn_readable(c);
 }
 
-static void conn_poll_run(void *opaque)
+static void nbd_conn_poll_run(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
-	conn_read_replies(c);
-	(void)conn_settle(c);
+	nbd_conn_read_replies(c);
+	(void)nbd_conn_settle(c);
 }
 
-static void conn_poll_begin(void *opaque)
+static void nbd_conn_poll_begin(void *opaque)
 {
 	/* The socket stays in epoll; nothing to switch off. */
 }
 
 /* Completions are expected while I/O is in flight (loop.h: armed). */
-static bool conn_poll_armed(void *opaque)
+static bool nbd_conn_poll_armed(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 
 	return c->state == NBD_UP && c->inflight;
 }
 
-static const struct loop_poll_ops conn_poll_ops = {
-	.poll = conn_poll,
-	.run = conn_poll_run,
-	.begin = conn_poll_begin,
-	.end = conn_poll,
-	.armed = conn_poll_armed,
+static const struct loop_poll_ops nbd_conn_poll_ops = {
+	.poll = nbd_conn_poll,
+	.run = nbd_conn_poll_run,
+	.begin = nbd_conn_poll_begin,
+	.end = nbd_conn_poll,
+	.armed = nbd_conn_poll_armed,
 };
 
 /* Take h (connected, or connecting) into the loop. */
-static int conn_attach(struct bdev_ctx *c, struct nbd_handle *h)
+static int nbd_conn_attach(struct bdev_ctx *c, struct nbd_handle *h)
 {
 	int fd = nbd_aio_get_fd(h), r;
 
@@ -444,28 +444,28 @@ static int conn_attach(struct bdev_ctx *c, struct nbd_handle *h)
 		return -EIO;
 	c->h = h;
 	c->events = 0;
-	r = loop_fd_add(c->loop, fd, 0, conn_fd_cb, c, &c->fd_h);
+	r = loop_fd_add(c->loop, fd, 0, nbd_conn_fd_cb, c, &c->fd_h);
 	if (r < 0) {
 		c->h = NULL;
 		return r;
 	}
-	loop_fd_set_poll(c->fd_h, &conn_poll_ops);
-	conn_watch(c);
+	loop_fd_set_poll(c->fd_h, &nbd_conn_poll_ops);
+	nbd_conn_watch(c);
 	return 0;
 }
 
 /* The retry timer: a new attempt, or the end of one that took too long. */
-static void conn_retry_cb(void *opaque)
+static void nbd_conn_retry_cb(void *opaque)
 {
 	struct bdev_ctx *c = opaque;
 	struct nbd_handle *h;
 
 	if (c->state == NBD_CONNECTING) {
-		conn_lost(c, "no answer");
+		nbd_conn_lost(c, "no answer");
 		return;
 	}
 	h = nbd_create();
-	if (!h || nbd_aio_connect_uri(h, c->d->uri) < 0 || conn_attach(c, h) < 0) {
+	if (!h || nbd_aio_connect_uri(h, c->d->uri) < 0 || nbd_conn_attach(c, h) < 0) {
 		nbd_close(h);
 		c->retry_s = MIN(c->retry_s * 2, NBD_RETRY_MAX_S);
 		loop_timer_mod(c->retry, sys_now_ns() + c->retry_s * 1000000000ull);
@@ -478,10 +478,10 @@ static void conn_retry_cb(void *opaque)
 
 /* ---- I/O (iothread) ---- */
 
-static void conn_submit(struct bdev_ctx *c, struct bdev_io *io)
+static void nbd_submit(struct bdev_ctx *c, struct bdev_io *io)
 {
-	nbd_completion_callback cb = { .callback = cmd_done, .user_data = io,
-				       .free = cmd_free };
+	nbd_completion_callback cb = { .callback = nbd_cmd_done, .user_data = io,
+				       .free = nbd_cmd_free };
 	int64_t cookie;
 
 	if (c->state != NBD_UP) {
@@ -535,7 +535,7 @@ static void conn_submit(struct bdev_ctx *c, struct bdev_io *io)
 
 		bdev_complete(io, -(e ? e : EIO));
 		if (c->h)
-			(void)conn_settle(c);
+			(void)nbd_conn_settle(c);
 		return;
 	}
 	if (io->res == IO_ISSUING)
@@ -543,15 +543,15 @@ static void conn_submit(struct bdev_ctx *c, struct bdev_io *io)
 	c->inflight++;
 	/* Sending may have found the server gone (regression: the requests
 	 * libnbd failed then were never completed). */
-	(void)conn_settle(c);
+	(void)nbd_conn_settle(c);
 }
 
-static void conn_kick(struct bdev_ctx *c)
+static void nbd_kick(struct bdev_ctx *c)
 {
 	/* libnbd sends each command as it is issued. */
 }
 
-static int drain_flush_done(void *user_data, int *error)
+static int nbd_drain_flush_done(void *user_data, int *error)
 {
 	*(int *)user_data = *error ? -*error : 0;
 	return 1;
@@ -560,7 +560,7 @@ static int drain_flush_done(void *user_data, int *error)
 /* Until everything in flight completed, or the server stopped answering
  * for NBD_DRAIN_TIMEOUT_MS: then the connection is dropped, which fails
  * the rest (never a stuck iothread). */
-static void conn_drain(struct bdev_ctx *c)
+static void nbd_drain(struct bdev_ctx *c)
 {
 	uint64_t deadline = sys_now_ns() + NBD_DRAIN_TIMEOUT_MS * 1000000ull;
 	int flushed = 1;
@@ -574,20 +574,20 @@ again:
 		if (sys_now_ns() >= deadline) {
 			log_err("NBD export %s: %u requests unanswered after %d s", c->d->uri,
 				c->inflight, NBD_DRAIN_TIMEOUT_MS / 1000);
-			conn_lost(c, "it stopped answering");
+			nbd_conn_lost(c, "it stopped answering");
 			break;
 		}
 		if (nbd_poll(c->h, 100) < 0 || nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)) {
-			conn_lost(c, "the connection to the server was lost");
+			nbd_conn_lost(c, "the connection to the server was lost");
 			break;
 		}
-		run_done(c);
+		nbd_run_done(c);
 	}
-	run_done(c);
+	nbd_run_done(c);
 	if (flushed == 1 && c->h && c->state == NBD_UP && c->writes != c->durable &&
 	    nbd_can_flush(c->h) == 1) {
 		uint64_t mark = c->writes;
-		nbd_completion_callback cb = { .callback = drain_flush_done,
+		nbd_completion_callback cb = { .callback = nbd_drain_flush_done,
 					       .user_data = &flushed };
 
 		flushed = 2;	/* in flight */
@@ -596,12 +596,12 @@ again:
 		} else {
 			while (flushed == 2 && c->h) {
 				if (sys_now_ns() >= deadline) {
-					conn_lost(c, "it stopped answering");
+					nbd_conn_lost(c, "it stopped answering");
 					break;
 				}
 				if (nbd_poll(c->h, 100) < 0 || nbd_aio_is_dead(c->h) ||
 				    nbd_aio_is_closed(c->h)) {
-					conn_lost(c, "the connection to the server was lost");
+					nbd_conn_lost(c, "the connection to the server was lost");
 					break;
 				}
 			}
@@ -616,10 +616,10 @@ again:
 		goto again;
 	}
 	if (c->h)
-		conn_watch(c);
+		nbd_conn_watch(c);
 }
 
-static int ctx_new(struct bdev *b, struct loop *l, unsigned depth,
+static int nbd_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 		       struct bdev_ctx **out)
 {
 	struct nbd_disk *d = b->priv;
@@ -634,7 +634,7 @@ static int ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->d = d;
 	c->loop = l;
 	c->done_tail = &c->done_head;
-	r = loop_timer_new(l, conn_retry_cb, c, &c->retry);
+	r = loop_timer_new(l, nbd_conn_retry_cb, c, &c->retry);
 	if (r < 0)
 		goto err_free;
 	/* The first iothread takes bdev_open's connection, others make
@@ -647,14 +647,14 @@ static int ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 			r = -ENOMEM;
 			goto err_timer;
 		}
-		r = connect_blocking(h, d->uri, err, sizeof(err));
+		r = nbd_connect_blocking(h, d->uri, err, sizeof(err));
 		if (r < 0) {
 			log_err("%s", err);
 			nbd_close(h);
 			goto err_timer;
 		}
 	}
-	r = conn_attach(c, h);
+	r = nbd_conn_attach(c, h);
 	if (r < 0) {
 		nbd_close(h);
 		goto err_timer;
@@ -670,15 +670,15 @@ err_free:
 	return r;
 }
 
-static void ctx_free(struct bdev_ctx *c)
+static void nbd_ctx_free(struct bdev_ctx *c)
 {
 	if (!c)
 		return;
-	conn_drain(c);
+	nbd_drain(c);
 	loop_timer_free(c->retry);
 	if (c->h) {
 		(void)nbd_shutdown(c->h, 0);
-		conn_drop(c);
+		nbd_conn_drop(c);
 	}
 	free(c);
 }
@@ -686,11 +686,11 @@ static void ctx_free(struct bdev_ctx *c)
 const struct bdev_engine bdev_nbd_engine = {
 	.name = "nbd",
 	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES | BDEV_CAP_FUA,
-	.ctx_new = ctx_new,
-	.ctx_free = ctx_free,
-	.submit = conn_submit,
-	.kick = conn_kick,
-	.drain = conn_drain,
-	.open = disk_open,
-	.close = disk_close,
+	.ctx_new = nbd_ctx_new,
+	.ctx_free = nbd_ctx_free,
+	.submit = nbd_submit,
+	.kick = nbd_kick,
+	.drain = nbd_drain,
+	.open = nbd_disk_open,
+	.close = nbd_disk_close,
 };

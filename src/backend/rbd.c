@@ -75,7 +75,7 @@ struct bdev_ctx {
 /* ---- Opening the image (main thread) ---- */
 
 /* rbd:POOL/IMAGE[@SNAP] -> its parts (allocated), or -EINVAL. */
-static int parse_spec(const char *spec, struct rbd_disk *d, char *err, size_t errlen)
+static int rbd_parse_spec(const char *spec, struct rbd_disk *d, char *err, size_t errlen)
 {
 	const char *p = spec + 4, *slash = strchr(p, '/'), *at;
 
@@ -99,7 +99,7 @@ static int parse_spec(const char *spec, struct rbd_disk *d, char *err, size_t er
 	return 0;
 }
 
-static void disk_free(struct rbd_disk *d)
+static void rbd_disk_free(struct rbd_disk *d)
 {
 	if (d->watching)
 		(void)rbd_update_unwatch(d->image, d->watch);
@@ -115,7 +115,7 @@ static void disk_free(struct rbd_disk *d)
 	free(d);
 }
 
-static int cluster_connect(struct rbd_disk *d, const struct bdev_opts *o, char *err,
+static int rbd_cluster_connect(struct rbd_disk *d, const struct bdev_opts *o, char *err,
 			   size_t errlen)
 {
 	const char *id = o->ceph_id;
@@ -171,7 +171,7 @@ static int cluster_connect(struct rbd_disk *d, const struct bdev_opts *o, char *
 }
 
 /* librbd's thread, after it refreshed the image's header. */
-static void image_updated(void *arg)
+static void rbd_image_updated(void *arg)
 {
 	struct rbd_disk *d = arg;
 	uint64_t size;
@@ -180,7 +180,7 @@ static void image_updated(void *arg)
 		atomic_store(&d->image_size, size);
 }
 
-static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
+static int rbd_disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 			 size_t errlen)
 {
 	struct rbd_disk *d = calloc(1, sizeof(*d));
@@ -191,10 +191,10 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	r = parse_spec(o->path, d, err, errlen);
+	r = rbd_parse_spec(o->path, d, err, errlen);
 	if (r < 0)
 		goto err;
-	r = cluster_connect(d, o, err, errlen);
+	r = rbd_cluster_connect(d, o, err, errlen);
 	if (r < 0)
 		goto err;
 	/* A snapshot never changes: export it read-only. */
@@ -222,7 +222,7 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 	(void)rbd_get_features(d->image, &features);
 	d->exclusive_lock = features & RBD_FEATURE_EXCLUSIVE_LOCK;
 	atomic_store(&d->image_size, size);
-	d->watching = rbd_update_watch(d->image, &d->watch, image_updated, d) == 0;
+	d->watching = rbd_update_watch(d->image, &d->watch, rbd_image_updated, d) == 0;
 	if (!d->watching)
 		log_warn("RBD image %s/%s: cannot watch its header: a shrink by another "
 			 "client would not be noticed", d->pool, d->name);
@@ -248,20 +248,20 @@ static int disk_open(struct bdev *b, const struct bdev_opts *o, char *err,
 	return 0;
 
 err:
-	disk_free(d);
+	rbd_disk_free(d);
 	return r;
 }
 
-static void disk_close(struct bdev *b)
+static void rbd_disk_close(struct bdev *b)
 {
-	disk_free(b->priv);
+	rbd_disk_free(b->priv);
 }
 
 /* ---- The image lock (main thread, rings stopped) ---- */
 
 /* bdev_resize: librbd refreshes the image header when someone else
  * resized it (its watch), so the size read here is the image's now. */
-static int disk_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
+static int rbd_disk_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 {
 	struct rbd_disk *d = b->priv;
 	uint64_t have = 0;
@@ -282,7 +282,7 @@ static int disk_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 	return 0;
 }
 
-static int disk_lock(struct bdev *b)
+static int rbd_disk_lock(struct bdev *b)
 {
 	struct rbd_disk *d = b->priv;
 	int r;
@@ -309,7 +309,7 @@ static int disk_lock(struct bdev *b)
 	return 0;
 }
 
-static void disk_unlock(struct bdev *b)
+static void rbd_disk_unlock(struct bdev *b)
 {
 	struct rbd_disk *d = b->priv;
 	int r;
@@ -333,7 +333,7 @@ static void disk_unlock(struct bdev *b)
 
 /* ---- I/O (iothread) ---- */
 
-static void img_start(struct bdev_ctx *c, struct bdev_io *io)
+static void rbd_io_start(struct bdev_ctx *c, struct bdev_io *io)
 {
 	rbd_image_t img = c->d->image;
 	rbd_completion_t comp;
@@ -388,12 +388,12 @@ static void img_start(struct bdev_ctx *c, struct bdev_io *io)
 	c->efd.inflight++;
 }
 
-static void img_submit(struct bdev_ctx *c, struct bdev_io *io)
+static void rbd_submit(struct bdev_ctx *c, struct bdev_io *io)
 {
-	img_start(c, io);
+	rbd_io_start(c, io);
 }
 
-static void img_io_done(struct bdev_ctx *c, struct bdev_io *io, ssize_t res)
+static void rbd_io_done(struct bdev_ctx *c, struct bdev_io *io, ssize_t res)
 {
 	c->efd.inflight--;
 	/* A read's result is the bytes read: librbd clips a read at the end
@@ -411,18 +411,18 @@ static void img_io_done(struct bdev_ctx *c, struct bdev_io *io, ssize_t res)
 	bdev_complete(io, res < 0 ? (int)res : 0);
 }
 
-static void run_completions(struct bdev_ctx *c, rbd_completion_t *comps, unsigned n)
+static void rbd_run_completions(struct bdev_ctx *c, rbd_completion_t *comps, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++) {
 		struct bdev_io *io = rbd_aio_get_arg(comps[i]);
 		ssize_t res = rbd_aio_get_return_value(comps[i]);
 
 		rbd_aio_release(comps[i]);
-		img_io_done(c, io, res);
+		rbd_io_done(c, io, res);
 	}
 }
 
-static unsigned img_reap(struct bdev_ctx *c)
+static unsigned rbd_reap(struct bdev_ctx *c)
 {
 	rbd_completion_t comps[RBD_BATCH];
 	unsigned total = 0;
@@ -432,11 +432,11 @@ static unsigned img_reap(struct bdev_ctx *c)
 		unsigned k = c->nfound;
 
 		c->nfound = 0;
-		run_completions(c, c->found, k);
+		rbd_run_completions(c, c->found, k);
 		total += k;
 	}
 	while ((n = rbd_poll_io_events(c->d->image, comps, RBD_BATCH)) > 0) {
-		run_completions(c, comps, (unsigned)n);
+		rbd_run_completions(c, comps, (unsigned)n);
 		total += (unsigned)n;
 		if (n < RBD_BATCH)
 			break;
@@ -446,7 +446,7 @@ static unsigned img_reap(struct bdev_ctx *c)
 
 /* librbd queues completions before it writes the eventfd, so they can be
  * taken without waiting for it. */
-static bool img_ready(struct bdev_ctx *c)
+static bool rbd_ready(struct bdev_ctx *c)
 {
 	int n;
 
@@ -471,7 +471,7 @@ static bool img_ready(struct bdev_ctx *c)
  * it": both allowed one CPU, the same one (an iothread alone on one CPU
  * runs on it: sched_getcpu, from the vDSO, tells which).
  */
-static bool img_cpu_bound(struct bdev_ctx *c)
+static bool rbd_cpu_bound(struct bdev_ctx *c)
 {
 	return c->efd.inflight == 1 && c->librbd_cpu >= 0 && loop_cpu_alone(c->loop) &&
 	       sched_getcpu() == c->librbd_cpu;
@@ -487,27 +487,27 @@ static bool img_cpu_bound(struct bdev_ctx *c)
  * the client polling 4.2 K -> 5.2 K IOPS, randwrite QD1/QD32 with it
  * sleeping +13 % / +9 %, the rest unchanged (docs/benchmarks.md).
  */
-static const struct bdev_efd_ops img_efd_ops = {
-	.ready = img_ready,
-	.reap = img_reap,
-	.cpu_bound = img_cpu_bound,
+static const struct bdev_efd_ops rbd_efd_ops = {
+	.ready = rbd_ready,
+	.reap = rbd_reap,
+	.cpu_bound = rbd_cpu_bound,
 };
 
-static void img_kick(struct bdev_ctx *c)
+static void rbd_kick(struct bdev_ctx *c)
 {
 	/* librbd sends each request as it is queued. */
 }
 
 /* Ceph does not fail I/O while the cluster recovers: with OSDs down this
  * waits until they are back, saying so every 10 s. */
-static void img_drain(struct bdev_ctx *c)
+static void rbd_drain(struct bdev_ctx *c)
 {
 	uint64_t start = sys_now_ns(), said = start;
 
 	while (c->efd.inflight) {
 		struct pollfd p = { .fd = c->efd.fd, .events = POLLIN };
 
-		if (!img_reap(c))
+		if (!rbd_reap(c))
 			(void)poll(&p, 1, 1000);
 		(void)sys_eventfd_drain(c->efd.fd);
 		if (c->efd.inflight && sys_now_ns() - said > 10000000000ull) {
@@ -519,7 +519,7 @@ static void img_drain(struct bdev_ctx *c)
 	}
 }
 
-static int img_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
+static int rbd_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 		       struct bdev_ctx **out)
 {
 	struct rbd_disk *d = b->priv;
@@ -544,7 +544,7 @@ static int img_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 				if (CPU_ISSET(i, &set))
 					c->librbd_cpu = i;
 	}
-	r = bdev_efd_open(&c->efd, l, &img_efd_ops, c);
+	r = bdev_efd_open(&c->efd, l, &rbd_efd_ops, c);
 	if (r < 0)
 		goto err_free;
 	r = rbd_set_image_notification(d->image, c->efd.fd, EVENT_TYPE_EVENTFD);
@@ -561,11 +561,11 @@ err_free:
 	return r;
 }
 
-static void img_ctx_free(struct bdev_ctx *c)
+static void rbd_ctx_free(struct bdev_ctx *c)
 {
 	if (!c)
 		return;
-	img_drain(c);
+	rbd_drain(c);
 	/* librbd keeps writing the fd it was given: hand it one that stays
 	 * valid (a closed, reused number would get its writes). */
 	(void)rbd_set_image_notification(c->d->image, -1, EVENT_TYPE_EVENTFD);
@@ -577,14 +577,14 @@ static void img_ctx_free(struct bdev_ctx *c)
 const struct bdev_engine bdev_rbd_engine = {
 	.name = "rbd",
 	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES,
-	.ctx_new = img_ctx_new,
-	.ctx_free = img_ctx_free,
-	.submit = img_submit,
-	.kick = img_kick,
-	.drain = img_drain,
-	.open = disk_open,
-	.close = disk_close,
-	.lock = disk_lock,
-	.unlock = disk_unlock,
-	.resize = disk_resize,
+	.ctx_new = rbd_ctx_new,
+	.ctx_free = rbd_ctx_free,
+	.submit = rbd_submit,
+	.kick = rbd_kick,
+	.drain = rbd_drain,
+	.open = rbd_disk_open,
+	.close = rbd_disk_close,
+	.lock = rbd_disk_lock,
+	.unlock = rbd_disk_unlock,
+	.resize = rbd_disk_resize,
 };

@@ -212,7 +212,7 @@ int bdev_resize(struct bdev *b, uint64_t size, char *err, size_t errlen);
  * The image lock (lock.c): while a frontend's rings run, a writable disk
  * is locked exclusively against other writers, in QEMU's file locking
  * convention, so another vblkd, QEMU or qemu-storage-daemon writing the
- * same image conflicts (docs/architecture.md "Migration and the image
+ * same image conflicts (docs/architecture.md "Migration", "The image
  * lock").  bdev_lock returns 0 (also for read-only and diskless exports,
  * which take no lock), -EBUSY with one line logged when another process
  * holds it, or -errno.  bdev_lock_busy tells whether someone else holds

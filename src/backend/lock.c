@@ -1,6 +1,6 @@
 /*
  * The image lock: one writer at a time, across processes, while a
- * frontend's rings run (docs/architecture.md "Migration and the image
+ * frontend's rings run (docs/architecture.md "Migration", "The image
  * lock").
  *
  * We speak QEMU's file locking convention (its block/file-posix.c, byte

@@ -29,6 +29,7 @@
 #include "driver/vdrv_log.h"
 #include "util/barrier.h"
 #include "util/compiler.h"
+#include "util/cli.h"
 #include "util/parse.h"
 #include "util/sys.h"
 
@@ -96,24 +97,14 @@ struct job {
 static atomic_int phase;		/* 0 ramp, 1 measure, 2 stop */
 static atomic_uint verify_reports;
 
-static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("vblk-bench: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
+const char cli_name[] = "vblk-bench";
 
 static uint64_t size_arg(const char *opt, const char *s)
 {
 	uint64_t v;
 
 	if (parse_size(s, &v) < 0)
-		die("%s '%s' is not a size (e.g. 4k, 1M, 2G)", opt, s);
+		cli_die("%s '%s' is not a size (e.g. 4k, 1M, 2G)", opt, s);
 	return v;
 }
 
@@ -125,7 +116,7 @@ static uint64_t parse_num(const char *opt, const char *s, uint64_t lo, uint64_t 
 	errno = 0;
 	v = strtoull(s, &end, 10);
 	if (errno || end == s || *end || v < lo || v > hi)
-		die("%s '%s' is not a number from %" PRIu64 " to %" PRIu64, opt, s, lo, hi);
+		cli_die("%s '%s' is not a number from %" PRIu64 " to %" PRIu64, opt, s, lo, hi);
 	return v;
 }
 
@@ -135,7 +126,7 @@ static double parse_secs(const char *opt, const char *s)
 	double v = strtod(s, &end);
 
 	if (end == s || *end || !(v >= 0) || v > 86400)
-		die("%s '%s' is not a number of seconds", opt, s);
+		cli_die("%s '%s' is not a number of seconds", opt, s);
 	return v;
 }
 
@@ -616,8 +607,8 @@ static void parse(int argc, char **argv, struct opts *o)
 					have_rw = true;
 				}
 			if (!have_rw)
-				die("--rw '%s' is not one of read, write, randread, randwrite, "
-				    "randrw, trim, flush", optarg);
+				cli_die("--rw '%s' is not one of read, write, randread, randwrite, "
+					"randrw, trim, flush", optarg);
 			break;
 		case 'm': o->rwmixread = (unsigned)parse_num("--rwmixread", optarg, 0, 100); break;
 		case 'b': o->bs = size_arg("--bs", optarg); break;
@@ -644,37 +635,40 @@ static void parse(int argc, char **argv, struct opts *o)
 			o->dirty_log = true;
 			break;
 		case 'h': usage(stdout); exit(0);
-		case ':': die("option '%s' needs a value; see vblk-bench --help", argv[optind - 1]);
-		default: die("unknown option '%s'; see vblk-bench --help", argv[optind - 1]);
+		case ':':
+			cli_die("option '%s' needs a value; see vblk-bench --help", argv[optind - 1]);
+		default: cli_die("unknown option '%s'; see vblk-bench --help", argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
-		die("unexpected argument '%s'; see vblk-bench --help", argv[optind]);
+		cli_die("unexpected argument '%s'; see vblk-bench --help", argv[optind]);
 	if (!o->socket)
-		die("missing --socket PATH: the backend's vhost-user socket");
+		cli_die("missing --socket PATH: the backend's vhost-user socket");
 	if (!have_rw)
-		die("missing --rw MODE: read, write, randread, randwrite, randrw, trim or flush");
+		cli_die("missing --rw MODE: read, write, randread, randwrite, randrw, trim or "
+			"flush");
 	if (o->bs < 512 || o->bs % 512 || o->bs > (VDRV_MAX_SEGS - 2) * 1048576ull)
-		die("--bs %" PRIu64 " must be a multiple of 512 (and at most 62M)", o->bs);
+		cli_die("--bs %" PRIu64 " must be a multiple of 512 (and at most 62M)", o->bs);
 	if (o->bs > 4u << 20)
-		die("--bs %" PRIu64 " is larger than 4M, the largest buffer we hand out", o->bs);
+		cli_die("--bs %" PRIu64 " is larger than 4M, the largest buffer we hand out",
+			o->bs);
 	if (o->verify && o->rw == RW_TRIM)
-		die("--verify checks data a discard does not leave: drop it with --rw trim");
+		cli_die("--verify checks data a discard does not leave: drop it with --rw trim");
 	if (o->verify && o->rw == RW_FLUSH)
-		die("--verify checks data a flush does not carry: drop it with --rw flush");
+		cli_die("--verify checks data a flush does not carry: drop it with --rw flush");
 	if (o->rw == RW_TRIM && o->bs > (4ull << 30) - 512)
-		die("--bs %" PRIu64 " is larger than one discard segment can be", o->bs);
+		cli_die("--bs %" PRIu64 " is larger than one discard segment can be", o->bs);
 	if (o->verify && (o->rw == RW_READ || o->rw == RW_RANDREAD))
-		die("--verify needs a workload that writes (write, randwrite, randrw)");
+		cli_die("--verify needs a workload that writes (write, randwrite, randrw)");
 	if (o->iodepth > o->queue_size)
-		die("--iodepth %u is larger than the queue size %u: raise --queue-size",
-		    o->iodepth, o->queue_size);
+		cli_die("--iodepth %u is larger than the queue size %u: raise --queue-size",
+			o->iodepth, o->queue_size);
 	if (o->runtime <= 0)
-		die("--runtime must be more than 0 seconds");
+		cli_die("--runtime must be more than 0 seconds");
 	if (o->log_toggle_ms && o->runtime * 1000 <= 2.0 * o->log_toggle_ms)
-		die("--log-toggle-ms %u needs a --runtime longer than %u ms (logging off for "
-		    "%u ms, then on again)", o->log_toggle_ms, 2 * o->log_toggle_ms,
-		    o->log_toggle_ms);
+		cli_die("--log-toggle-ms %u needs a --runtime longer than %u ms (logging off for "
+			"%u ms, then on again)", o->log_toggle_ms, 2 * o->log_toggle_ms,
+			o->log_toggle_ms);
 }
 
 static double ts_sec(struct timeval tv)
@@ -740,10 +734,10 @@ static unsigned toggle_window(struct vdrv *d, const struct opts *o, uint64_t t0)
 	for (uint64_t k = 1; t0 + (k + 1) * step < end; k += 2) {
 		sleep_until(t0 + k * step);
 		if (vdrv_log_stop(d, err, sizeof(err)) < 0)
-			die("switching dirty logging off under load: %s", err);
+			cli_die("switching dirty logging off under load: %s", err);
 		sleep_until(t0 + (k + 1) * step);
 		if (vdrv_log_start(d, err, sizeof(err)) < 0)
-			die("switching dirty logging on again under load: %s", err);
+			cli_die("switching dirty logging on again under load: %s", err);
 		n += 2;
 	}
 	sleep_until(end);
@@ -904,8 +898,8 @@ static void migrate_check(struct check *c)
 	c->bases_ok = true;
 	r = vdrv_stop_rings(c->d, c->bases);
 	if (r < 0)
-		die("migrate check: stopping the rings (GET_VRING_BASE) failed: %s",
-		    strerror((int)-r));
+		cli_die("migrate check: stopping the rings (GET_VRING_BASE) failed: %s",
+			strerror((int)-r));
 	for (unsigned i = 0; i < c->d->num_queues; i++) {
 		if (c->bases[i] == c->d->q[i].avail_idx)
 			continue;
@@ -916,7 +910,7 @@ static void migrate_check(struct check *c)
 	}
 	r = vdrv_log_compare(c->d, check_diff, c);
 	if (r < 0)
-		die("migrate check: comparing memory failed: %s", strerror((int)-r));
+		cli_die("migrate check: comparing memory failed: %s", strerror((int)-r));
 	c->ran = true;
 }
 
@@ -1005,34 +999,34 @@ int main(int argc, char **argv)
 	vo.mem_bytes = (size_t)o.numjobs * o.iodepth * (o.bs + 4096 + 64) + (1 << 20);
 	r = vdrv_connect(&vo, &d, err, sizeof(err));
 	if (r < 0)
-		die("%s", err);
+		cli_die("%s", err);
 
 	cap = vdrv_capacity(d);
 	if (o.rw == RW_TRIM && !vdrv_has(d, VIRTIO_BLK_F_DISCARD))
-		die("--rw trim: the backend at '%s' does not offer discard "
-		    "(VIRTIO_BLK_F_DISCARD)", o.socket);
+		cli_die("--rw trim: the backend at '%s' does not offer discard "
+			"(VIRTIO_BLK_F_DISCARD)", o.socket);
 	if (o.rw == RW_FLUSH && !vdrv_has(d, VIRTIO_BLK_F_FLUSH))
-		die("--rw flush: the backend at '%s' does not offer flush "
-		    "(VIRTIO_BLK_F_FLUSH)", o.socket);
+		cli_die("--rw flush: the backend at '%s' does not offer flush "
+			"(VIRTIO_BLK_F_FLUSH)", o.socket);
 	if (o.bs % vdrv_block_size(d))
-		die("--bs %" PRIu64 " is not a multiple of the disk's block size %u", o.bs,
-		    vdrv_block_size(d));
+		cli_die("--bs %" PRIu64 " is not a multiple of the disk's block size %u", o.bs,
+			vdrv_block_size(d));
 	if (o.offset % o.bs || o.offset >= cap)
-		die("--offset %" PRIu64 " must be a multiple of --bs inside the disk (%" PRIu64
-		    " bytes)", o.offset, cap);
+		cli_die("--offset %" PRIu64 " must be a multiple of --bs inside the disk (%" PRIu64
+			" bytes)", o.offset, cap);
 	if (!o.size)
 		o.size = cap - o.offset;
 	if (o.size > cap - o.offset)
-		die("--size %" PRIu64 " from --offset %" PRIu64 " runs past the end of the "
-		    "disk (%" PRIu64 " bytes)", o.size, o.offset, cap);
+		cli_die("--size %" PRIu64 " from --offset %" PRIu64 " runs past the end of the "
+			"disk (%" PRIu64 " bytes)", o.size, o.offset, cap);
 	span = o.size / o.numjobs / o.bs;
 	if (span < (o.verify ? o.iodepth + 1ull : 1ull))
-		die("--size %" PRIu64 " is too small for %u jobs of --bs %" PRIu64
-		    " at --iodepth %u", o.size, o.numjobs, o.bs, o.iodepth);
+		cli_die("--size %" PRIu64 " is too small for %u jobs of --bs %" PRIu64
+			" at --iodepth %u", o.size, o.numjobs, o.bs, o.iodepth);
 
 	jobs = calloc(o.numjobs, sizeof(*jobs));
 	if (!jobs)
-		die("out of memory");
+		cli_die("out of memory");
 	for (unsigned i = 0; i < o.numjobs; i++) {
 		struct job *j = &jobs[i];
 
@@ -1043,23 +1037,23 @@ int main(int argc, char **argv)
 		j->nblocks = span;
 		j->base = o.offset + (uint64_t)i * span * o.bs;
 		if (job_setup(j) < 0)
-			die("out of memory (shared buffers for %u x %" PRIu64 " bytes)",
-			    o.iodepth, o.bs);
+			cli_die("out of memory (shared buffers for %u x %" PRIu64 " bytes)",
+				o.iodepth, o.bs);
 	}
 
 	/* A migration that starts before the guest does anything: the whole
 	 * run is logged. */
 	if (o.dirty_log) {
 		if (vdrv_log_start(d, err, sizeof(err)) < 0)
-			die("--dirty-log: %s", err);
+			cli_die("--dirty-log: %s", err);
 		if (pthread_create(&syncer, NULL, sync_main, d))
-			die("cannot start the log sync thread");
+			cli_die("cannot start the log sync thread");
 	}
 
 	atomic_store(&phase, o.ramp > 0 ? 0 : 1);
 	for (unsigned i = 0; i < o.numjobs; i++)
 		if (pthread_create(&jobs[i].thread, NULL, job_main, &jobs[i]))
-			die("cannot start job threads");
+			cli_die("cannot start job threads");
 	if (o.ramp > 0)
 		sleep_s(o.ramp);
 	for (unsigned i = 0; i < o.numjobs; i++) {

@@ -25,19 +25,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "util/cli.h"
 #include "util/parse.h"
 
-static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("vblkctl: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
+const char cli_name[] = "vblkctl";
 
 static const char *num(const char *opt, const char *s)
 {
@@ -46,7 +37,7 @@ static const char *num(const char *opt, const char *s)
 	errno = 0;
 	(void)strtoull(s, &end, 10);
 	if (errno || end == s || *end || *s == '-')
-		die("%s '%s' is not a number", opt, s);
+		cli_die("%s '%s' is not a number", opt, s);
 	return s;
 }
 
@@ -58,7 +49,7 @@ static char *read_reply(int fd, const char *path, int wait_ms)
 	char *buf = malloc(cap);
 
 	if (!buf)
-		die("out of memory");
+		cli_die("out of memory");
 	for (;;) {
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		ssize_t r;
@@ -67,12 +58,12 @@ static char *read_reply(int fd, const char *path, int wait_ms)
 			char *nb = cap < (64u << 20) ? realloc(buf, cap * 2) : NULL;
 
 			if (!nb)
-				die("reply from '%s' is too large", path);
+				cli_die("reply from '%s' is too large", path);
 			buf = nb;
 			cap *= 2;
 		}
 		if (poll(&p, 1, wait_ms) <= 0)
-			die("no reply from '%s' within %d s", path, wait_ms / 1000);
+			cli_die("no reply from '%s' within %d s", path, wait_ms / 1000);
 		r = recv(fd, buf + got, cap - 1 - got, 0);
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -82,7 +73,7 @@ static char *read_reply(int fd, const char *path, int wait_ms)
 	}
 	buf[got] = '\0';
 	if (!got)
-		die("empty reply from '%s'", path);
+		cli_die("empty reply from '%s'", path);
 	return buf;
 }
 
@@ -145,30 +136,30 @@ int main(int argc, char **argv)
 			       "pause of milliseconds, no disconnect.  If the new one fails, the old one\n"
 			       "serves on.  Prints the new process's pid.\n");
 			return 0;
-		case ':': die("option '%s' needs a value", argv[optind - 1]);
-		default: die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
+		case ':': cli_die("option '%s' needs a value", argv[optind - 1]);
+		default: cli_die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
 		}
 	}
 	if (!path)
-		die("missing --control PATH: the socket given to vblkd --control");
+		cli_die("missing --control PATH: the socket given to vblkd --control");
 	if (optind >= argc)
-		die("give one command: %s", commands);
+		cli_die("give one command: %s", commands);
 	cmd = argv[optind];
 	if (optind + 1 != argc && !(optind + 2 == argc && !strcmp(cmd, "resize")))
-		die("give one command: %s", commands);
+		cli_die("give one command: %s", commands);
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink))
-		die("--poll-* options go with set-poll");
+		cli_die("--poll-* options go with set-poll");
 	if (strcmp(cmd, "upgrade") && exec)
-		die("--exec goes with upgrade");
+		cli_die("--exec goes with upgrade");
 	req = json_object_new_object();
 	if (!req)
-		die("out of memory");
+		cli_die("out of memory");
 	if (!strcmp(cmd, "resize")) {
 		if (optind + 2 != argc)
-			die("resize needs a SIZE: bytes, or with K, M, G or T (e.g. 20G)");
+			cli_die("resize needs a SIZE: bytes, or with K, M, G or T (e.g. 20G)");
 		if (parse_size(argv[optind + 1], &size) < 0)
-			die("resize: '%s' is not a size: give bytes, or with K, M, G or T "
-			    "(e.g. 20G)", argv[optind + 1]);
+			cli_die("resize: '%s' is not a size: give bytes, or with K, M, G or T "
+				"(e.g. 20G)", argv[optind + 1]);
 		json_object_object_add(req, "cmd", json_object_new_string("resize"));
 		json_object_object_add(req, "size", json_object_new_uint64(size));
 	} else if (!strcmp(cmd, "stats") || !strcmp(cmd, "metrics")) {
@@ -187,40 +178,40 @@ int main(int argc, char **argv)
 		json_object_object_add(req, "cmd", json_object_new_string("upgrade"));
 		if (exec) {
 			if (!realpath(exec, exec_abs) || access(exec_abs, X_OK) < 0)
-				die("--exec '%s' is not an executable file", exec);
+				cli_die("--exec '%s' is not an executable file", exec);
 			json_object_object_add(req, "exec", json_object_new_string(exec_abs));
 		}
 		/* The new process may connect to a network disk first. */
 		wait_ms = 60000;
 	} else {
-		die("unknown command '%s': use %s", cmd, commands);
+		cli_die("unknown command '%s': use %s", cmd, commands);
 	}
 	line = json_object_to_json_string_ext(req, JSON_C_TO_STRING_SPACED |
 					      JSON_C_TO_STRING_NOSLASHESCAPE);
 	if (!line)
-		die("out of memory");
+		cli_die("out of memory");
 	if (strlen(path) >= sizeof(sa.sun_path))
-		die("control path '%s' is too long", path);
+		cli_die("control path '%s' is too long", path);
 	strcpy(sa.sun_path, path);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		die("cannot connect to '%s': %s: is vblkd running with --control %s?", path,
-		    strerror(errno), path);
+		cli_die("cannot connect to '%s': %s: is vblkd running with --control %s?", path,
+			strerror(errno), path);
 	if (send(fd, line, strlen(line), MSG_NOSIGNAL) < 0 ||
 	    send(fd, "\n", 1, MSG_NOSIGNAL) < 0)
-		die("cannot send to '%s': %s", path, strerror(errno));
+		cli_die("cannot send to '%s': %s", path, strerror(errno));
 	json_object_put(req);
 	reply = read_reply(fd, path, wait_ms);
 	close(fd);
 	rep = json_tokener_parse(reply);
 	if (!json_object_is_type(rep, json_type_object))
-		die("reply from '%s' is not a JSON object: %.200s", path, reply);
+		cli_die("reply from '%s' is not a JSON object: %.200s", path, reply);
 	rc = json_object_object_get_ex(rep, "error", NULL) ? 1 : 0;
 	if (!rc && !strcmp(cmd, "metrics")) {
 		/* The text itself, as an HTTP scrape would get it. */
 		if (!json_object_object_get_ex(rep, "metrics", &v) ||
 		    !json_object_is_type(v, json_type_string))
-			die("reply from '%s' has no \"metrics\" text: %.200s", path, reply);
+			cli_die("reply from '%s' has no \"metrics\" text: %.200s", path, reply);
 		fwrite(json_object_get_string(v), 1, (size_t)json_object_get_string_len(v),
 		       stdout);
 	} else {

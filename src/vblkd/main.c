@@ -20,6 +20,7 @@
 #include "ctl/ctl.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
+#include "util/cli.h"
 #include "util/log.h"
 #include "util/notify.h"
 #include "util/parse.h"
@@ -110,18 +111,7 @@ static void usage(FILE *f)
 		BLK_IRQ_MODERATION_DEFAULT_NS);
 }
 
-/* One line on stderr, exit 1: for every user mistake. */
-static void __attribute__((noreturn, format(printf, 1, 2))) die(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("vblkd: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	exit(1);
-}
+const char cli_name[] = "vblkd";
 
 static unsigned parse_uint(const char *opt, const char *s, unsigned lo, unsigned hi)
 {
@@ -131,7 +121,7 @@ static unsigned parse_uint(const char *opt, const char *s, unsigned lo, unsigned
 	errno = 0;
 	v = strtoul(s, &end, 10);
 	if (errno || *s == '\0' || *end != '\0' || v < lo || v > hi)
-		die("%s '%s' is not a number from %u to %u", opt, s, lo, hi);
+		cli_die("%s '%s' is not a number from %u to %u", opt, s, lo, hi);
 	return (unsigned)v;
 }
 
@@ -142,7 +132,7 @@ static int word_arg(const char *opt, const char *s, const char *const w[3])
 	for (int i = 0; i < 3; i++)
 		if (!strcmp(s, w[i]))
 			return i;
-	die("%s '%s' is not one of %s, %s, %s", opt, s, w[0], w[1], w[2]);
+	cli_die("%s '%s' is not one of %s, %s, %s", opt, s, w[0], w[1], w[2]);
 }
 
 /* A size for option opt, or die with a line saying what is wrong. */
@@ -151,7 +141,7 @@ static uint64_t size_arg(const char *opt, const char *s)
 	uint64_t v;
 
 	if (parse_size(s, &v) < 0 || v == 0)
-		die("%s '%s' is not a size (e.g. 4096, 512M, 1G)", opt, s);
+		cli_die("%s '%s' is not a size (e.g. 4096, 512M, 1G)", opt, s);
 	return v;
 }
 
@@ -170,13 +160,13 @@ static unsigned parse_cpus(const char *s, int *cpus, unsigned max)
 		v = strtol(p, &end, 10);
 		if (errno || end == p || v < 0 || (ncpu > 0 && v >= ncpu) || n == max ||
 		    (*end && *end != ','))
-			die("--cpu-affinity '%s' is not a list of CPUs 0-%ld (e.g. 0,1)", s,
-			    ncpu - 1);
+			cli_die("--cpu-affinity '%s' is not a list of CPUs 0-%ld (e.g. 0,1)", s,
+				ncpu - 1);
 		cpus[n++] = (int)v;
 		p = *end ? end + 1 : end;
 	}
 	if (!n)
-		die("--cpu-affinity '%s' names no CPU", s);
+		cli_die("--cpu-affinity '%s' names no CPU", s);
 	return n;
 }
 
@@ -200,22 +190,23 @@ static void parse_queue_map(const char *s, unsigned *map, unsigned nq, unsigned 
 		if (errno || end == p || (*end && *end != ','))
 			goto bad;
 		if (q >= nq)
-			die("--queue-map '%s': queue %lu does not exist (--queues %u)", s, q, nq);
+			cli_die("--queue-map '%s': queue %lu does not exist (--queues %u)", s, q,
+				nq);
 		if (t >= nt)
-			die("--queue-map '%s': iothread %lu does not exist (--iothreads %u)",
-			    s, t, nt);
+			cli_die("--queue-map '%s': iothread %lu does not exist (--iothreads %u)",
+				s, t, nt);
 		if (seen[q])
-			die("--queue-map '%s': queue %lu is mapped twice", s, q);
+			cli_die("--queue-map '%s': queue %lu is mapped twice", s, q);
 		seen[q] = true;
 		map[q] = (unsigned)t;
 		n++;
 		p = *end ? end + 1 : end;
 	}
 	if (n != nq)
-		die("--queue-map '%s' must map each of the %u queues", s, nq);
+		cli_die("--queue-map '%s' must map each of the %u queues", s, nq);
 	return;
 bad:
-	die("--queue-map '%s' is not a list of QUEUE:IOTHREAD pairs (e.g. 0:0,1:1)", s);
+	cli_die("--queue-map '%s' is not a list of QUEUE:IOTHREAD pairs (e.g. 0:0,1:1)", s);
 }
 
 /* Default serial: stable for a given disk path, distinct across paths. */
@@ -394,11 +385,11 @@ int main(int argc, char **argv)
 		case 'b':
 			bo.block_size = parse_uint("--block-size", optarg, 512, 4096);
 			if (bo.block_size != 512 && bo.block_size != 4096)
-				die("--block-size must be 512 or 4096, not %s", optarg);
+				cli_die("--block-size must be 512 or 4096, not %s", optarg);
 			break;
 		case 'S':
 			if (strlen(optarg) > 20)
-				die("--serial '%s' is longer than 20 bytes", optarg);
+				cli_die("--serial '%s' is longer than 20 bytes", optarg);
 			ko.serial = optarg;
 			break;
 		case 'B': bo.engine = optarg; break;
@@ -443,35 +434,35 @@ int main(int argc, char **argv)
 		case 'l':
 			r = log_parse_level(optarg);
 			if (r < 0)
-				die("--log-level '%s' is not one of error, warn, info, debug",
-				    optarg);
+				cli_die("--log-level '%s' is not one of error, warn, info, debug",
+					optarg);
 			log_set_level((enum log_level)r);
 			break;
 		case 'h': usage(stdout); return 0;
 		case 'V': printf("vblkd %s\n", VBLKD_VERSION); return 0;
 		case ':':
-			die("option '%s' needs a value; see vblkd --help",
-			    argv[optind - 1]);
+			cli_die("option '%s' needs a value; see vblkd --help",
+				argv[optind - 1]);
 		default:
-			die("unknown option '%s'; see vblkd --help", argv[optind - 1]);
+			cli_die("unknown option '%s'; see vblkd --help", argv[optind - 1]);
 		}
 	}
 	if (optind < argc)
-		die("unexpected argument '%s'; see vblkd --help", argv[optind]);
+		cli_die("unexpected argument '%s'; see vblkd --help", argv[optind]);
 	if (!sock)
-		die("missing --socket PATH: the unix socket QEMU connects to");
+		cli_die("missing --socket PATH: the unix socket QEMU connects to");
 	if (!bo.path && !(bo.engine && !strcmp(bo.engine, "null")))
-		die("missing --disk DISK: the image file, block device, rbd:POOL/IMAGE or "
-		    "nbd:// URI to serve");
+		cli_die("missing --disk DISK: the image file, block device, rbd:POOL/IMAGE or "
+			"nbd:// URI to serve");
 	if (bo.size && bo.path)
-		die("--size is for the null backend without --disk; the disk has its own size");
+		cli_die("--size is for the null backend without --disk; the disk has its own size");
 	if (!bo.path && !bo.size)
 		bo.size = 1ull << 30;
 	if (!ko.num_iothreads)
 		ko.num_iothreads = 1;
 	if (ko.num_iothreads > ko.num_queues)
-		die("--iothreads %u is more than --queues %u: extra iothreads would have "
-		    "no queue", ko.num_iothreads, ko.num_queues);
+		cli_die("--iothreads %u is more than --queues %u: extra iothreads would have "
+			"no queue", ko.num_iothreads, ko.num_queues);
 	if (map_arg) {
 		parse_queue_map(map_arg, qmap, ko.num_queues, ko.num_iothreads);
 		ko.queue_map = qmap;
@@ -494,30 +485,30 @@ int main(int argc, char **argv)
 	 * and disk now, its rings once we are set up (up.h). */
 	r = up_child_begin(&uc, err, sizeof(err));
 	if (r < 0)
-		die("%s", err);
+		cli_die("%s", err);
 	handover = r == 1;
 	if (handover && uc.fds.disk >= 0) {
 		bo.take_fd = true;
 		bo.fd = uc.fds.disk;
 	}
 	if (handover && uc.fds.listen < 0)
-		die("upgrade: the old vblkd handed over no vhost-user socket");
+		cli_die("upgrade: the old vblkd handed over no vhost-user socket");
 
 	r = bdev_open(&bo, &b, err, sizeof(err));
 	if (r < 0)
-		die("%s", err);
+		cli_die("%s", err);
 	if (b.max_ctxs && ko.num_iothreads > b.max_ctxs) {
 		bdev_close(&b);
-		die("--iothreads %u: %s serves one disk from %u iothread%s (%s); drop "
-		    "--iothreads (all queues then share that iothread)",
-		    ko.num_iothreads, b.engine->name, b.max_ctxs, b.max_ctxs > 1 ? "s" : "",
-		    !strcmp(b.engine->name, "rbd") ? "one librbd image handle per disk" :
-		    "the NBD server does not allow several connections (multi-conn)");
+		cli_die("--iothreads %u: %s serves one disk from %u iothread%s (%s); drop "
+			"--iothreads (all queues then share that iothread)",
+			ko.num_iothreads, b.engine->name, b.max_ctxs, b.max_ctxs > 1 ? "s" : "",
+			!strcmp(b.engine->name, "rbd") ? "one librbd image handle per disk" :
+			"the NBD server does not allow several connections (multi-conn)");
 	}
 	r = blk_dev_new(&b, &ko, &v.dev);
 	if (r < 0) {
 		bdev_close(&b);
-		die("cannot start the device: %s", strerror(-r));
+		cli_die("cannot start the device: %s", strerror(-r));
 	}
 	v.num_queues = ko.num_queues;
 	r = loop_new("main", &v.loop);
@@ -602,7 +593,7 @@ int main(int argc, char **argv)
 			 "start here once it stops (as at the end of a migration)", b.path);
 
 	if (handover && up_child_finish(&uc, srv, err, sizeof(err)) < 0)
-		die("%s", err);
+		cli_die("%s", err);
 
 	notify_ready();
 	r = loop_run(v.loop);
@@ -640,5 +631,5 @@ err_loop:
 err_dev:
 	blk_dev_free(v.dev);
 	bdev_close(&b);
-	die("%s", err);
+	cli_die("%s", err);
 }

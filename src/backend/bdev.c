@@ -1,4 +1,5 @@
 #include "backend/bdev.h"
+#include "backend/module.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,13 +21,14 @@ static const struct bdev_engine *const engines[] = {
 #ifdef HAVE_LIBAIO
 	&bdev_aio_engine,
 #endif
-#ifdef HAVE_RBD
-	&bdev_rbd_engine,
-#endif
-#ifdef HAVE_NBD
-	&bdev_nbd_engine,
-#endif
 };
+
+/* Engine i of all: built in, then modules; NULL past the last. */
+static const char *engine_name(unsigned i)
+{
+	return i < ARRAY_SIZE(engines) ? engines[i]->name :
+	       bdev__module_name(i - (unsigned)ARRAY_SIZE(engines));
+}
 
 const char *bdev_engine_names(void)
 {
@@ -35,10 +37,10 @@ const char *bdev_engine_names(void)
 	if (!names[0]) {
 		size_t n = 0;
 
-		for (unsigned i = 0; i < ARRAY_SIZE(engines); i++)
+		for (unsigned i = 0; engine_name(i); i++)
 			n += (size_t)snprintf(names + n, sizeof(names) - n, "%s%s",
-					      i == 0 ? "" : i + 1 == ARRAY_SIZE(engines) ?
-					      " or " : ", ", engines[i]->name);
+					      i == 0 ? "" : !engine_name(i + 1) ?
+					      " or " : ", ", engine_name(i));
 	}
 	return names;
 }

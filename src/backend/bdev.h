@@ -222,21 +222,24 @@ int bdev_lock(struct bdev *b);
 void bdev_unlock(struct bdev *b);
 bool bdev_lock_busy(const struct bdev *b);
 
-/* Engines. */
+/* Engines built in. */
 extern const struct bdev_engine bdev_uring_engine;
 extern const struct bdev_engine bdev_null_engine;
 extern const struct bdev_engine bdev_threads_engine;
 extern const struct bdev_engine bdev_aio_engine;	/* only with libaio */
-extern const struct bdev_engine bdev_rbd_engine;	/* only with librbd */
-extern const struct bdev_engine bdev_nbd_engine;	/* only with libnbd */
+
+/* Engines in modules, loaded when a disk needs them: rbd and nbd (see
+ * module.h). */
 
 /* Run one I/O synchronously with plain syscalls (preadv/pwritev2/
  * fdatasync/fallocate), finishing short transfers.  Returns 0 or -errno.
  * For engines that do the work in their own threads.  Any thread. */
 int bdev_io_sync(struct bdev *b, struct bdev_io *io);
 
-/* Names of the engines built in, for messages ("io_uring, null, ..."). */
+/* Names of the engines this vblkd has, built in or as modules, for
+ * messages ("io_uring, null, ..."). */
 const char *bdev_engine_names(void);
+/* An engine built in by name (NULL: the default), or NULL. */
 const struct bdev_engine *bdev_engine_find(const char *name);
 
 static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,

@@ -1,6 +1,7 @@
 /* Opening the disk: regular file or block device, size and block sizes,
  * O_DIRECT where possible.  Errors are one line for the user. */
 #include "backend/bdev.h"
+#include "backend/module.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -165,8 +166,7 @@ static int open_engine_disk(const struct bdev_opts *o, struct bdev *b, const cha
 			 "--backend %s", o->path, form, o->engine, o->engine);
 		return -EINVAL;
 	}
-	b->engine = bdev_engine_find(form);
-	if (!b->engine) {
+	if (!bdev_engine_is_module(form)) {
 		snprintf(err, errlen, "--disk '%s' needs the %s backend, and this vblkd was "
 			 "built without it: install %s and rebuild", o->path, form,
 			 !strcmp(form, "rbd") ? "librbd-dev" : "libnbd-dev");
@@ -177,6 +177,9 @@ static int open_engine_disk(const struct bdev_opts *o, struct bdev *b, const cha
 			 o->uring_sqpoll ? "--uring-sqpoll" : "--iopoll on");
 		return -EINVAL;
 	}
+	r = bdev_engine_load(form, o->path, &b->engine, err, errlen);
+	if (r < 0)
+		return r;
 	b->caps = b->engine->caps;
 	b->dio_mem_align = 1;
 	b->path = strdup(o->path);
@@ -223,11 +226,14 @@ static int open_disk(const struct bdev_opts *o, struct bdev *b, char *err, size_
 		return -EINVAL;
 	}
 	b->engine = bdev_engine_find(o->engine);
-	if (!b->engine || b->engine->open) {
-		snprintf(err, errlen, b->engine ? "--backend %s needs --disk %s" :
+	if (!b->engine) {
+		/* Engines that are their own disk (modules) take it from --disk. */
+		bool own = bdev_engine_is_module(o->engine);
+
+		snprintf(err, errlen, own ? "--backend %s needs --disk %s" :
 			 "unknown backend '%s': use --backend %s", o->engine,
-			 b->engine ? (!strcmp(o->engine, "rbd") ? "rbd:POOL/IMAGE" :
-				      "nbd://HOST[:PORT]/EXPORT") : bdev_engine_names());
+			 own ? (!strcmp(o->engine, "rbd") ? "rbd:POOL/IMAGE" :
+				"nbd://HOST[:PORT]/EXPORT") : bdev_engine_names());
 		return -EINVAL;
 	}
 	b->caps = b->engine->caps;

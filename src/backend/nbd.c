@@ -28,7 +28,9 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "config.h"
 #include "backend/bdev.h"
+#include "backend/module.h"
 #include "loop/loop.h"
 #include "util/compiler.h"
 #include "util/log.h"
@@ -683,7 +685,7 @@ static void nbd_ctx_free(struct bdev_ctx *c)
 	free(c);
 }
 
-const struct bdev_engine bdev_nbd_engine = {
+static const struct bdev_engine bdev_nbd_engine = {
 	.name = "nbd",
 	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES | BDEV_CAP_FUA,
 	.ctx_new = nbd_ctx_new,
@@ -694,3 +696,6 @@ const struct bdev_engine bdev_nbd_engine = {
 	.open = nbd_disk_open,
 	.close = nbd_disk_close,
 };
+
+/* A module (bdev.h): vblkd-nbd.so. */
+BDEV_MODULE_DEFINE(bdev_nbd_engine)

@@ -32,7 +32,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "backend/bdev.h"
+#include "backend/module.h"
 #include "backend/efd.h"
 #include "loop/loop.h"
 #include "util/compiler.h"
@@ -574,7 +576,7 @@ static void rbd_ctx_free(struct bdev_ctx *c)
 	free(c);
 }
 
-const struct bdev_engine bdev_rbd_engine = {
+static const struct bdev_engine bdev_rbd_engine = {
 	.name = "rbd",
 	.caps = BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES,
 	.ctx_new = rbd_ctx_new,
@@ -588,3 +590,6 @@ const struct bdev_engine bdev_rbd_engine = {
 	.unlock = rbd_disk_unlock,
 	.resize = rbd_disk_resize,
 };
+
+/* A module (bdev.h): vblkd-rbd.so. */
+BDEV_MODULE_DEFINE(bdev_rbd_engine)

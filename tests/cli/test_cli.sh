@@ -64,6 +64,31 @@ expect_error flag-without-value "option .--queues. needs a value" --socket "$tmp
 expect_error stray-argument "unexpected argument 'extra'" --socket "$tmp/a.sock" --disk "$tmp/disk.img" extra
 expect_error serial-too-long "longer than 20 bytes" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --serial 012345678901234567890
 expect_error backend-unknown "unknown backend 'spdk'" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --backend spdk
+
+# Engine modules (docs/architecture.md "Engine modules"): the rbd and nbd
+# engines are loaded when a disk needs them, from beside the binary here;
+# one not installed ($VBLKD_MODULE_DIR pointed at an empty directory) is one
+# line naming the file and the package, exit 1, nothing created.
+engines=$("$VBLKD" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --backend spdk 2>&1)
+mkdir "$tmp/no-modules"
+for e in rbd nbd; do
+    if [[ $engines != *" $e"* ]]; then
+        echo "SKIP: module-$e-missing (built without the $e engine)"
+        continue
+    fi
+    if [[ $e == rbd ]]; then
+        d=rbd:pool/image; loaded="cannot read Ceph config"
+        more=(--ceph-conf "$tmp/no-such-ceph.conf")
+    else
+        d=nbd://127.0.0.1:1/export; loaded="NBD export .* cannot connect"; more=()
+    fi
+    VBLKD_MODULE_DIR=$tmp/no-modules expect_error "module-$e-missing" \
+        "^vblkd: --disk '$d' needs the $e engine module $tmp/no-modules/vblkd-$e.so, which is not installed: install the Debian package vblkd-$e\$" \
+        --socket "$tmp/a.sock" --disk "$d" "${more[@]}"
+    [[ -e $tmp/a.sock ]] && fail "module-$e-missing-no-socket" || pass "module-$e-missing-no-socket"
+    # Found beside the binary: the engine itself answers.
+    expect_error "module-$e-loads" "$loaded" --socket "$tmp/a.sock" --disk "$d" "${more[@]}"
+done
 : >"$tmp/empty.img"
 expect_error disk-empty "is empty" --socket "$tmp/a.sock" --disk "$tmp/empty.img"
 mkdir "$tmp/dir.img"
@@ -106,6 +131,10 @@ if start_daemon "$tmp/live.log" --socket "$tmp/live.sock" --disk "$tmp/disk.img"
     else
         fail live-daemon-unharmed
     fi
+    # A file disk maps no engine module and none of their libraries.
+    maps=$(grep -oE '[^ /]*(vblkd-[a-z]+\.so|librbd|librados|libceph|libnbd)[^ ]*' \
+        "/proc/${pids[-1]}/maps" | sort -u | xargs)
+    [[ -z $maps ]] && pass file-disk-maps-no-module || fail file-disk-maps-no-module "$maps"
     # SIGTERM: exit 0, socket removed.
     kill -TERM "${pids[-1]}"
     rc=0; wait "${pids[-1]}" || rc=$?

@@ -3,8 +3,8 @@
 # Installs only what is missing; apt-get update runs once, only if needed.
 # Usage: scripts/deps.sh [build|ops|remote|pkg|all]   (default: all)
 #   build    compilers, meson, the libraries vblkd links (liburing, json-c,
-#            libaio, librbd, libnbd, libmicrohttpd for --metrics, libsystemd
-#            for sd_notify readiness) and scdoc for the man pages
+#            libaio, librbd, libnbd, libmicrohttpd for --metrics) and scdoc
+#            for the man pages
 #   ops      build, plus what tests/ops scrapes and checks metrics with
 #            (curl, promtool from the prometheus package)
 #   remote   build, plus the remote-storage test rig: a Ceph mon + OSD
@@ -19,7 +19,7 @@
 set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev libaio-dev
-            librbd-dev libnbd-dev libmicrohttpd-dev libsystemd-dev scdoc)
+            librbd-dev libnbd-dev libmicrohttpd-dev scdoc)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)

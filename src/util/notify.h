@@ -1,12 +1,11 @@
 /*
- * notify_: tell the service manager how the daemon is doing, through
- * sd_notify(3) (systemd's Type=notify: NOTIFY_SOCKET in the environment).
+ * notify_: tell the service manager how the daemon is doing, in the
+ * sd_notify(3) protocol (systemd's Type=notify: NOTIFY_SOCKET in the
+ * environment), spoken by notify.c itself.
  *
  * Outside a service manager (no NOTIFY_SOCKET) every call does nothing and
- * returns 0; in a build without libsystemd (meson -Dsystemd=disabled, or
- * libsystemd-dev missing) every call is an empty function.  NOTIFY_SOCKET
- * is left in the environment, so a process we start (the new daemon of an
- * upgrade in place) can notify too.
+ * returns 0.  NOTIFY_SOCKET is left in the environment, so a process we
+ * start (the new daemon of an upgrade in place) can notify too.
  *
  * Each returns 0 (sent, or nobody to tell) or -errno; a failure is also
  * logged as a warning, so callers may ignore the result.  Any thread.

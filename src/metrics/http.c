@@ -6,9 +6,15 @@
  * timeouts, and data MHD read but has not processed yet: timeout 0).  So
  * every request, and every read of the counters, happens on the main
  * thread, as the control socket's do.
+ *
+ * libmicrohttpd is loaded by the first metrics_http_new (dlopen), not
+ * linked: it brings GnuTLS and eight more libraries, about 300 kB of
+ * private memory and 1.3 MB of PSS in every vblkd (bench/memory
+ * --detail), which a vblkd without --metrics has no use for.
  */
 #include "metrics/metrics.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -39,6 +45,57 @@
  * second.  Prometheus scrapes every few seconds and never sees it. */
 #define METRICS_HTTP_CACHE_NS 100000000ull
 
+/* The library, by the name its package installs it under (Debian's
+ * libmicrohttpd12; the soname has been 12 since 0.9.x), and what we call
+ * in it: the names of microhttpd.h, their types from there too. */
+#define MHD_LIB "libmicrohttpd.so.12"
+#define MHD_FUNCTIONS(X)		\
+	X(start_daemon)			\
+	X(stop_daemon)			\
+	X(run)				\
+	X(get_timeout)			\
+	X(get_daemon_info)		\
+	X(create_response_from_buffer)	\
+	X(add_response_header)		\
+	X(queue_response)		\
+	X(destroy_response)
+static struct {
+#define MHD_FIELD(f) __typeof__(MHD_##f) *f;
+	MHD_FUNCTIONS(MHD_FIELD)
+#undef MHD_FIELD
+} mhd;
+
+/* Load the library once.  0, or -ENOTSUP with one line in err. */
+static int mhd_load(char *err, size_t errlen)
+{
+	static void *lib;
+	const char *missing = NULL;
+	void *l;
+
+	if (lib)
+		return 0;
+	l = dlopen(MHD_LIB, RTLD_NOW | RTLD_LOCAL);
+	if (!l) {
+		snprintf(err, errlen, "needs libmicrohttpd (%s): install the Debian package "
+			 "libmicrohttpd12, or use vblkctl metrics", dlerror());
+		return -ENOTSUP;
+	}
+#define MHD_SYM(f)							\
+	if (!missing && !(*(void **)&mhd.f = dlsym(l, "MHD_" #f)))	\
+		missing = "MHD_" #f;
+	MHD_FUNCTIONS(MHD_SYM)
+#undef MHD_SYM
+	if (missing) {
+		snprintf(err, errlen, "needs libmicrohttpd, and %s has no %s: install the "
+			 "Debian package libmicrohttpd12, or use vblkctl metrics", MHD_LIB,
+			 missing);
+		dlclose(l);
+		return -ENOTSUP;
+	}
+	lib = l;	/* never closed: MHD's code runs until we exit */
+	return 0;
+}
+
 struct metrics_http {
 	const struct metrics_source *src;
 	struct loop *loop;
@@ -57,14 +114,14 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
 	struct MHD_Response *r;
 	enum MHD_Result ret;
 
-	r = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+	r = mhd.create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
 	if (!r)
 		return MHD_NO;
-	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+	mhd.add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
 	if (allow)
-		MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
-	ret = MHD_queue_response(c, status, r);
-	MHD_destroy_response(r);
+		mhd.add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+	ret = mhd.queue_response(c, status, r);
+	mhd.destroy_response(r);
 	return ret;
 }
 
@@ -88,26 +145,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 		return reply(c, MHD_HTTP_NOT_FOUND, "not found: the metrics are at /metrics\n",
 			     NULL);
 	if (h->last && now - h->last_ns < METRICS_HTTP_CACHE_NS)
-		return MHD_queue_response(c, MHD_HTTP_OK, h->last);
+		return mhd.queue_response(c, MHD_HTTP_OK, h->last);
 	n = metrics_render(h->src, &text);
 	if (n < 0)
 		return reply(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "cannot render the metrics\n",
 			     NULL);
-	r = MHD_create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_FREE);
+	r = mhd.create_response_from_buffer((size_t)n, text, MHD_RESPMEM_MUST_FREE);
 	if (!r) {
 		free(text);
 		return MHD_NO;
 	}
 	/* The exposition format's own content type (text format 0.0.4). */
-	MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+	mhd.add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
 				"text/plain; version=0.0.4; charset=utf-8");
 	/* Connections still sending the previous one hold their own
 	 * reference: it is freed after the last of them. */
 	if (h->last)
-		MHD_destroy_response(h->last);
+		mhd.destroy_response(h->last);
 	h->last = r;
 	h->last_ns = now;
-	return MHD_queue_response(c, MHD_HTTP_OK, r);
+	return mhd.queue_response(c, MHD_HTTP_OK, r);
 }
 
 /* MHD_run as often as MHD wants it: at its next timeout, or never (no
@@ -116,8 +173,8 @@ static void run(struct metrics_http *h)
 {
 	MHD_UNSIGNED_LONG_LONG ms;
 
-	MHD_run(h->mhd);
-	if (MHD_get_timeout(h->mhd, &ms) == MHD_YES)
+	mhd.run(h->mhd);
+	if (mhd.get_timeout(h->mhd, &ms) == MHD_YES)
 		loop_timer_mod(h->timer, sys_now_ns() + (uint64_t)ms * 1000000u);
 	else
 		loop_timer_del(h->timer);
@@ -189,7 +246,7 @@ static int start(int fd, struct loop *l, const struct metrics_source *src,
 		snprintf(err, errlen, "cannot duplicate the listening socket: %s", strerror(-r));
 		goto err_timer;
 	}
-	h->mhd = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+	h->mhd = mhd.start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
 				  on_request, h,
 				  MHD_OPTION_LISTEN_SOCKET, mhd_fd,
 				  MHD_OPTION_CONNECTION_LIMIT, (unsigned)METRICS_HTTP_MAX_CONNECTIONS,
@@ -204,7 +261,7 @@ static int start(int fd, struct loop *l, const struct metrics_source *src,
 		snprintf(err, errlen, "libmicrohttpd could not start");
 		goto err_timer;
 	}
-	info = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+	info = mhd.get_daemon_info(h->mhd, MHD_DAEMON_INFO_EPOLL_FD);
 	r = info ? loop_fd_add(l, info->epoll_fd, EPOLLIN, on_epoll, h, &h->epoll_h) : -EINVAL;
 	if (r < 0) {
 		snprintf(err, errlen, "cannot watch libmicrohttpd's epoll fd: %s", strerror(-r));
@@ -215,7 +272,7 @@ static int start(int fd, struct loop *l, const struct metrics_source *src,
 	return 0;
 
 err_mhd:
-	MHD_stop_daemon(h->mhd);
+	mhd.stop_daemon(h->mhd);
 err_timer:
 	loop_timer_free(h->timer);
 err_free:
@@ -242,9 +299,9 @@ void metrics_http_free(struct metrics_http *h)
 	/* External polling: MHD closes its dup of the listening socket and
 	 * never shuts it down (shutdown would stop a copy handed to another
 	 * process from listening too). */
-	MHD_stop_daemon(h->mhd);
+	mhd.stop_daemon(h->mhd);
 	if (h->last)
-		MHD_destroy_response(h->last);
+		mhd.destroy_response(h->last);
 	close(h->fd);
 	free(h);
 }
@@ -431,6 +488,10 @@ int metrics_http_new(const char *addr, int listen_fd, struct loop *l,
 #ifndef HAVE_MICROHTTPD
 	/* Before looking at addr: nothing else would help. */
 	return start(-1, l, src, out, err, errlen);
+#else
+	r = mhd_load(err, errlen);
+	if (r < 0)
+		return r;
 #endif
 	if (listen_fd >= 0) {
 		r = check_listen_fd(listen_fd, err, errlen);

@@ -3,8 +3,10 @@
 # (binaries, man pages that render cleanly, the unit, sysusers.d and
 # tmpfiles.d, nothing of the tests), the unit as systemd-analyze verify
 # reads it, its system call filter against what vblkd calls, readiness over
-# NOTIFY_SOCKET, and the Debian package: built from a copy of the tree,
-# lintian without errors, installed, run as its user, purged.
+# NOTIFY_SOCKET, and the Debian packages: built from a copy of the tree,
+# lintian without errors, installed (vblkd alone first: an RBD or NBD disk
+# then names the package of its engine module; then vblkd-rbd and
+# vblkd-nbd, whose modules load), run as its user, purged.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 BUILD=$(cd "${1:?usage: test_pkg.sh PATH/TO/BUILD}" && pwd)
@@ -16,8 +18,11 @@ installed=0 made_user=0
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
     wait 2>/dev/null
-    if ((installed)) && dpkg-query -W -f='${Status}' vblkd 2>/dev/null | grep -q installed; then
-        dpkg -P vblkd >/dev/null 2>&1
+    if ((installed)); then
+        for p in vblkd-rbd vblkd-nbd vblkd; do
+            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q installed &&
+                dpkg -P "$p" >/dev/null 2>&1
+        done
     fi
     if ((made_user)) && getent passwd vblkd >/dev/null; then
         userdel vblkd 2>/dev/null; groupdel vblkd 2>/dev/null
@@ -63,7 +68,7 @@ eval "$(meson introspect "$BUILD" --buildoptions | python3 -c '
 import json, sys, os
 o = {x["name"]: x["value"] for x in json.load(sys.stdin)}
 p = o["prefix"]
-for k in ("bindir", "mandir", "datadir", "sysconfdir"):
+for k in ("bindir", "libdir", "mandir", "datadir", "sysconfdir"):
     print("%s=%s" % (k, os.path.join(p, o[k])))
 print("unitdir=%s" % o["systemdsystemunitdir"])')"
 if [[ -z $unitdir ]]; then
@@ -80,6 +85,18 @@ for b in vblkd vblkctl vblk-bench; do
     [[ -f $dest$bindir/$b && -x $dest$bindir/$b ]] || bad+=" $bindir/$b"
 done
 [[ -z $bad ]] && pass install-binaries || fail install-binaries "missing or not executable:$bad"
+# The engine modules this build has, where vblkd looks for them.
+bad="" mods=""
+for m in "$BUILD"/vblkd-*.so; do
+    [[ -f $m ]] || continue
+    mods+=" $(basename "$m")"
+    [[ -f $dest$libdir/vblkd/$(basename "$m") ]] || bad+=" $libdir/vblkd/$(basename "$m")"
+done
+if [[ -z $mods ]]; then
+    skip install-modules "built without the rbd and nbd engines"
+else
+    [[ -z $bad ]] && pass "install-modules ($mods )" || fail install-modules "missing:$bad"
+fi
 bad=""
 for m in man8/vblkd.8 man8/vblkctl.8 man1/vblk-bench.1; do
     [[ -f $dest$mandir/$m ]] || bad+=" $mandir/$m"
@@ -305,10 +322,11 @@ else
     fail deb-builds "$(tail -15 "$tmp/deb-build.log")"
 fi
 deb=$(ls "$tmp"/deb/vblkd_*.deb 2>/dev/null | head -1)
+mod_debs=$(ls "$tmp"/deb/vblkd-rbd_*.deb "$tmp"/deb/vblkd-nbd_*.deb 2>/dev/null)
 if [[ -z $deb ]]; then
     skip deb-lintian "no .deb"
 else
-    lintian -I --pedantic "$deb" "$tmp"/deb/vblkd_*.dsc >"$tmp/lintian.log" 2>/dev/null
+    lintian -I --pedantic "$deb" $mod_debs "$tmp"/deb/vblkd_*.dsc >"$tmp/lintian.log" 2>/dev/null
     sed 's/^/    lintian: /' "$tmp/lintian.log"
     if grep -q '^E: ' "$tmp/lintian.log"; then
         fail deb-lintian "$(grep '^E: ' "$tmp/lintian.log" | tr '\n' ' ')"
@@ -319,7 +337,7 @@ fi
 
 if [[ -z $deb ]]; then
     skip deb-installs "no .deb"
-elif dpkg-query -W -f='${Status}' vblkd 2>/dev/null | grep -q 'install ok installed'; then
+elif dpkg-query -W -f='${Status}' vblkd vblkd-rbd vblkd-nbd 2>/dev/null | grep -q 'install ok installed'; then
     skip deb-installs "a vblkd package is installed on this machine; not replacing it"
 else
     getent passwd vblkd >/dev/null || made_user=1
@@ -330,6 +348,34 @@ else
         fail deb-installs "$(tail -10 "$tmp/dpkg-i.log")"
     fi
     dpkg -L vblkd >"$tmp/files" 2>/dev/null
+    # vblkd alone: an RBD or NBD disk names the package of its module.
+    moddir=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH)/vblkd
+    rc=0; /usr/bin/vblkd --socket "$tmp/m.sock" --disk rbd:pool/image >"$tmp/m.out" 2>&1 || rc=$?
+    if ((rc == 1)) && [[ $(cat "$tmp/m.out") == "vblkd: --disk 'rbd:pool/image' needs the rbd engine module $moddir/vblkd-rbd.so, which is not installed: install the Debian package vblkd-rbd" ]]; then
+        pass deb-module-missing-names-package
+    else
+        fail deb-module-missing-names-package "rc=$rc: $(cat "$tmp/m.out")"
+    fi
+    if [[ -z $mod_debs ]]; then
+        skip deb-modules-install "no vblkd-rbd or vblkd-nbd package built"
+    elif dpkg -i $mod_debs >"$tmp/dpkg-i-mod.log" 2>&1; then
+        pass deb-modules-install
+        dpkg -L vblkd-rbd vblkd-nbd >>"$tmp/files" 2>/dev/null
+        # Installed, each loads: the engine itself answers (no server).
+        bad=""
+        for m in $mod_debs; do
+            case $(basename "$m") in
+            vblkd-rbd_*) d=rbd:pool/image more=(--ceph-conf "$tmp/no-such-ceph.conf")
+                         want="cannot read Ceph config" ;;
+            *) d=nbd://127.0.0.1:1/export more=() want="NBD export .* cannot connect" ;;
+            esac
+            /usr/bin/vblkd --socket "$tmp/m.sock" --disk "$d" "${more[@]}" >"$tmp/m.out" 2>&1
+            grep -q "$want" "$tmp/m.out" || bad+=" $d: $(cat "$tmp/m.out")"
+        done
+        [[ -z $bad ]] && pass deb-modules-load || fail deb-modules-load "$bad"
+    else
+        fail deb-modules-install "$(tail -10 "$tmp/dpkg-i-mod.log")"
+    fi
     v=$(/usr/bin/vblkd --version 2>&1)
     [[ $v == "vblkd $(dpkg-query -W -f='${Version}' vblkd)" ]] && pass deb-vblkd-version ||
         fail deb-vblkd-version "/usr/bin/vblkd --version: $v"
@@ -402,13 +448,18 @@ else
     kill "$vp" 2>/dev/null; wait "$vp" 2>/dev/null
     rm -f /var/lib/vblkd/test-pkg.img
 
-    if dpkg -P vblkd >"$tmp/dpkg-p.log" 2>&1; then
+    purge=(vblkd)
+    for p in vblkd-rbd vblkd-nbd; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q installed && purge=("$p" "${purge[@]}")
+    done
+    if dpkg -P "${purge[@]}" >"$tmp/dpkg-p.log" 2>&1; then
         left=""
         while read -r f; do
             [[ -e $f && ! -d $f ]] && left+=" $f"
         done <"$tmp/files"
         for d in /etc/vblkd /var/lib/vblkd; do [[ -e $d ]] && left+=" $d"; done
-        dpkg-query -W -f='${Status}' vblkd 2>/dev/null | grep -q 'installed' && left+=" (still installed)"
+        dpkg-query -W -f='${Status}' "${purge[@]}" 2>/dev/null | grep -q 'installed' &&
+            left+=" (still installed)"
         [[ -z $left ]] && pass deb-purges || fail deb-purges "left behind:$left"
     else
         fail deb-purges "$(tail -10 "$tmp/dpkg-p.log")"

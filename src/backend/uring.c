@@ -291,6 +291,11 @@ static void uring_spin_note(struct bdev_ctx *c, uint64_t lat)
 		c->spin_phase = URING_SPIN_MEASURE;
 		return;
 	}
+	/* A sample "spinning allowed" taken while the loop spun nothing
+	 * (backed off for contention, or off by its own pay check) would be
+	 * one more sample of not spinning. */
+	if (c->spin_phase == URING_SPIN_MEASURE && !loop_polling(c->loop))
+		return;
 	trim_add(&c->spin_trim, lat);
 	if (c->spin_trim.n < URING_SPIN_PROBES)
 		return;

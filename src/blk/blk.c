@@ -594,11 +594,20 @@ static bool blk_poll_end(void *opaque)
 	return vq_enable_notify(&q->vq);
 }
 
+/* The queue's work, for the pay check: requests taken from its ring. */
+static uint64_t blk_poll_work(void *opaque)
+{
+	struct blk_queue *q = opaque;
+
+	return atomic_load_explicit(&q->requests, memory_order_relaxed);
+}
+
 static const struct loop_poll_ops blk_poll_ops = {
 	.poll = blk_poll,
 	.run = blk_poll_run,
 	.begin = blk_poll_begin,
 	.end = blk_poll_end,
+	.work = blk_poll_work,
 };
 
 /* ---- Ring lifecycle, run on the iothread via loop_call_sync ---- */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "loop/defer.h"
+#include "loop/pay.h"
 #include "util/compiler.h"
 #include "util/log.h"
 #include "util/sys.h"
@@ -126,6 +127,10 @@ struct loop {
 	unsigned starve_streak;
 	bool windows_open;		/* some handler's in_window is set */
 	uint64_t blocked_total;
+	/* Does polling pay (pay.h)?  poll_gen counts changes of the poll
+	 * handler list; a check that saw another list is dropped. */
+	struct pay pay;
+	unsigned poll_gen, pay_gen;
 
 	/* Knobs (any thread writes) and counters (any thread reads). */
 	_Atomic uint64_t p_max_ns;
@@ -134,6 +139,9 @@ struct loop {
 	_Atomic uint64_t st_busy_ns, st_poll_ns, st_contended;
 	_Atomic uint64_t st_cwindows;	/* windows spun for a backend's completions */
 	_Atomic uint64_t st_yields;	/* no window: a handler was cpu_bound() */
+	atomic_bool p_pay;		/* the pay check runs (--no-poll-check: off) */
+	_Atomic uint64_t st_pay_checks, st_pay_checks_off, st_pay_aborted;
+	_Atomic uint64_t st_pay_off, st_pay_ratio_pm;
 	clockid_t cpu_clock;
 	atomic_bool have_cpu_clock;
 
@@ -198,6 +206,8 @@ int loop_new(const char *name, struct loop **out)
 	l->p_max_ns = 32768;
 	l->p_grow = 2;
 	l->p_shrink = 2;
+	l->p_pay = true;
+	pay_init(&l->pay, sys_now_ns());
 	l->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (l->epfd < 0) {
 		r = -errno;
@@ -308,6 +318,7 @@ void loop_fd_del(struct loop *l, struct loop_fd *h)
 			}
 		if (h->pops->armed)
 			poll_stats_add(h, &l->completion_base);
+		l->poll_gen++;
 	}
 	/* Events for h may already sit in this iteration's array: keep the
 	 * memory until dispatch is over and let the deleted flag skip them.
@@ -332,6 +343,7 @@ void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops)
 	h->last_active_ns = sys_now_ns();
 	h->next_poll = l->polls;
 	l->polls = h;
+	l->poll_gen++;
 	/* Join a polling session in progress so begin/end stay paired. */
 	if (l->poll_started)
 		ops->begin(h->opaque);
@@ -358,6 +370,7 @@ void loop_completion_poll_stats(struct loop *l, struct loop_poll_stats *out)
 
 void loop_set_poll_params(struct loop *l, const struct loop_poll_params *p)
 {
+	atomic_store(&l->p_pay, !p->no_check);
 	atomic_store(&l->p_max_ns, p->max_ns);
 	atomic_store(&l->p_completion_max_ns, p->completion_max_ns);
 	atomic_store(&l->p_grow, p->grow < 2 ? 2 : p->grow);
@@ -370,6 +383,7 @@ void loop_get_poll_params(struct loop *l, struct loop_poll_params *p)
 	p->completion_max_ns = atomic_load(&l->p_completion_max_ns);
 	p->grow = atomic_load(&l->p_grow);
 	p->shrink = atomic_load(&l->p_shrink);
+	p->no_check = !atomic_load(&l->p_pay);
 }
 
 void loop_get_stats(struct loop *l, struct loop_stats *out)
@@ -379,6 +393,11 @@ void loop_get_stats(struct loop *l, struct loop_stats *out)
 	out->contended = atomic_load_explicit(&l->st_contended, memory_order_relaxed);
 	out->completion_windows = atomic_load_explicit(&l->st_cwindows, memory_order_relaxed);
 	out->yields = atomic_load_explicit(&l->st_yields, memory_order_relaxed);
+	out->pay_checks = atomic_load_explicit(&l->st_pay_checks, memory_order_relaxed);
+	out->pay_checks_off = atomic_load_explicit(&l->st_pay_checks_off, memory_order_relaxed);
+	out->pay_aborted = atomic_load_explicit(&l->st_pay_aborted, memory_order_relaxed);
+	out->pay_off = atomic_load_explicit(&l->st_pay_off, memory_order_relaxed);
+	out->pay_ratio_pm = atomic_load_explicit(&l->st_pay_ratio_pm, memory_order_relaxed);
 	out->cpu_ns = atomic_load(&l->have_cpu_clock) && atomic_load(&l->running) ?
 		      clock_ns(l->cpu_clock) : 0;
 }
@@ -610,6 +629,63 @@ static bool loop_busy(const struct loop *l)
 	return false;
 }
 
+/* The work the poll handlers have done so far (loop.h: work). */
+static uint64_t loop_work(const struct loop *l)
+{
+	uint64_t w = 0;
+
+	for (const struct loop_fd *h = l->polls; h; h = h->next_poll)
+		if (h->pops->work && !h->deleted)
+			w += h->pops->work(h->opaque);
+	return w;
+}
+
+/*
+ * Does polling pay, end to end (pay.h)?  Fed at every iteration while a
+ * check runs, at the end of each run otherwise.  Returns true while
+ * spinning is off by its decision or for its OFF sub-phase.
+ */
+static bool loop_pay(struct loop *l, uint64_t now, const struct loop_poll_params *p)
+{
+	struct pay *pay = &l->pay;
+	uint64_t checks;
+	bool off;
+
+	if (!p->max_ns || !atomic_load_explicit(&l->p_pay, memory_order_relaxed)) {
+		/* Switched off (set-poll, --no-poll-check): nothing of it
+		 * stays in force; switched on again, it starts afresh. */
+		if (pay->off || pay->phase == PAY_MEASURE) {
+			pay_init(pay, now);
+			st_set(&l->st_pay_off, 0);
+		}
+		return false;
+	}
+	/* Backed off for contention, the ON side would not spin either:
+	 * nothing to compare. */
+	if (now < l->contended_until) {
+		pay_abort(pay, now);
+		return false;
+	}
+	if (!pay_due(pay, now))
+		return pay->off;
+	if (l->pay_gen != l->poll_gen) {
+		l->pay_gen = l->poll_gen;
+		pay_abort(pay, now);
+	}
+	checks = pay->checks;
+	off = pay_tick(pay, now, loop_work(l));
+	if (pay->checks != checks)
+		log_debug("loop %s: polling %s (time per request without spinning: "
+			  "%u.%u%% of with)", l->name, off ? "off" : "on",
+			  pay->last_ratio_pm / 10, pay->last_ratio_pm % 10);
+	st_set(&l->st_pay_checks, pay->checks);
+	st_set(&l->st_pay_checks_off, pay->checks_off);
+	st_set(&l->st_pay_aborted, pay->aborted);
+	st_set(&l->st_pay_off, off);
+	st_set(&l->st_pay_ratio_pm, pay->last_ratio_pm);
+	return off;
+}
+
 /* Notifications off (begin(), once per polling session), then poll until
  * something is found or window_ns is over.  True if something was. */
 static bool loop_spin(struct loop *l, uint64_t window_ns)
@@ -655,7 +731,8 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	}
 	loop_get_poll_params(l, &p);
 	now = sys_now_ns();
-	spin = timeout_ns != 0 && p.max_ns && now >= l->contended_until;
+	spin = !loop_pay(l, now, &p) && timeout_ns != 0 && p.max_ns &&
+	       now >= l->contended_until;
 	/* What we wait for is made on our CPU: leave it the CPU. */
 	if (spin && loop_cpu_bound(l)) {
 		spin = false;
@@ -734,6 +811,12 @@ static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_n
 	loop_get_poll_params(l, &p);
 	cap = poll_cap(&p, h);
 	st_add(&h->st_misses, 1);
+	h->last_active_ns = now;
+	/* Spinning off by the pay check: no window was spun, and what a
+	 * window would have caught is for the ON side to learn.  The windows
+	 * stay as the ON side left them. */
+	if (l->pay.off)
+		return;
 	/*
 	 * The other kind of contention: the producer waits for *our* CPU.
 	 * A whole window at the cap polled in vain, then the event arrives
@@ -754,7 +837,6 @@ static void loop_adjust_poll(struct loop *l, struct loop_fd *h, uint64_t block_n
 	} else {
 		l->starve_streak = 0;
 	}
-	h->last_active_ns = now;
 	/* The cap may have been lowered at runtime. */
 	if (h->poll_ns > cap)
 		h->poll_ns = cap;
@@ -939,10 +1021,15 @@ uint64_t loop_now(const struct loop *l)
 	return l->now_ns;
 }
 
-bool loop_can_spin(struct loop *l)
+bool loop_polling(const struct loop *l)
 {
 	return atomic_load_explicit(&l->p_max_ns, memory_order_relaxed) &&
-	       l->now_ns >= l->contended_until && !loop_cpu_bound(l);
+	       l->now_ns >= l->contended_until && !l->pay.off;
+}
+
+bool loop_can_spin(struct loop *l)
+{
+	return loop_polling(l) && !loop_cpu_bound(l);
 }
 
 bool loop_in_thread(struct loop *l)

@@ -97,6 +97,12 @@ struct loop_poll_ops {
 	 * passes, with an epoll_wait that does not block between them, until
 	 * busy() is false; poll() may make a syscall while it is true. */
 	bool (*busy)(void *opaque);
+	/* Optional: the work the handler has done so far, a count that only
+	 * grows (a queue's requests taken from its ring).  What the pay check
+	 * weighs polling by (pay.h: wall time per unit of work, with and
+	 * without spinning); a loop with no handler that has it never
+	 * switches polling off by that check. */
+	uint64_t (*work)(void *opaque);
 };
 void loop_fd_set_poll(struct loop_fd *h, const struct loop_poll_ops *ops);
 /* Is the loop's thread allowed a single CPU?  The threads it starts, and
@@ -126,6 +132,9 @@ struct loop_poll_params {
 	unsigned shrink;	/* divisor when blocking exceeds the cap; 0 resets */
 	/* Cap of handlers with armed() (backend completions); 0: max_ns. */
 	uint64_t completion_max_ns;
+	/* No pay check (pay.h): polling as the windows say, whatever it
+	 * costs the client or the disk (ablation, --no-poll-check). */
+	bool no_check;
 };
 void loop_set_poll_params(struct loop *l, const struct loop_poll_params *p);
 void loop_get_poll_params(struct loop *l, struct loop_poll_params *p);
@@ -139,6 +148,13 @@ struct loop_stats {
 	uint64_t completion_windows; /* windows whose length was an armed
 				      * handler's: spun for the disk */
 	uint64_t yields;	/* sleeps without a window: cpu_bound() */
+	/* The pay check (pay.h): */
+	uint64_t pay_checks;	/* checks that came to a decision */
+	uint64_t pay_checks_off; /* of which: no spinning pays better */
+	uint64_t pay_aborted;	/* checks ended without one (idle, contention) */
+	uint64_t pay_off;	/* 1 while spinning is off by the check */
+	uint64_t pay_ratio_pm;	/* the last decision's median time per unit of
+				 * work without spinning / with, per mille */
 };
 void loop_get_stats(struct loop *l, struct loop_stats *out);
 
@@ -177,6 +193,12 @@ int loop_call_sync(struct loop *l, loop_cb fn, void *arg);
 /* When the current iteration woke up (sys_now_ns() clock): a time stamp
  * for events of this iteration without a clock read each.  Loop thread. */
 uint64_t loop_now(const struct loop *l);
+
+/* True if polling is on now: not off by the knobs, by a contention
+ * back-off or by the pay check.  A measurement that compares spinning with
+ * not spinning (io_uring's, uring.c) keeps its spinning samples to these
+ * times.  Loop thread. */
+bool loop_polling(const struct loop *l);
 
 /* True if the loop may spin for a short timer now (polling is on and not
  * backed off for contention): only then is a timer of a few microseconds

@@ -97,6 +97,8 @@ static void usage(FILE *f)
 "  --no-early-notify    interrupt only at the end of a batch, never for the\n"
 "                       first completion a sleeping driver waits for (ablation)\n"
 "  --no-early-submit    io_uring: batch submissions even on a slow disk (ablation)\n"
+"  --no-poll-check      poll as the windows say, without checking that it pays\n"
+"                       end to end against not polling (ablation)\n"
 "  --no-packed          do not offer packed virtqueues (VIRTIO_F_RING_PACKED)\n"
 "  --irq-moderation-max-ns N  hold an interrupt up to N ns while the guest\n"
 "                       keeps several requests outstanding and completions\n"
@@ -340,6 +342,7 @@ int main(int argc, char **argv)
 		{ "no-event-idx", no_argument, NULL, 'E' },
 		{ "no-early-notify", no_argument, NULL, 'L' },
 		{ "no-early-submit", no_argument, NULL, 'Y' },
+		{ "no-poll-check", no_argument, NULL, 'H' },
 		{ "no-packed", no_argument, NULL, 'J' },
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' },
@@ -427,6 +430,7 @@ int main(int argc, char **argv)
 		case 'G': poll.grow = parse_uint("--poll-grow", optarg, 2, 1024); break;
 		case 'K': poll.shrink = parse_uint("--poll-shrink", optarg, 0, 1024); break;
 		case 'N': defer_set_batching(false); break;
+		case 'H': poll.no_check = true; break;
 		case 'E': ko.no_event_idx = true; break;
 		case 'L': ko.no_early_notify = true; break;
 		case 'Y': bo.no_early_submit = true; break;

@@ -599,7 +599,7 @@ static uint64_t blk_poll_work(void *opaque)
 {
 	struct blk_queue *q = opaque;
 
-	return atomic_load_explicit(&q->requests, memory_order_relaxed);
+	return atomic_load_explicit(&q->ctr.requests, memory_order_relaxed);
 }
 
 static const struct loop_poll_ops blk_poll_ops = {

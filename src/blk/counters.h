@@ -91,6 +91,16 @@
 	X(poll_yields, u64, READ, COUNTER, PLAIN, "poll_yields_total",				\
 	  "Sleeps without polling: the completion waited for was being made on the "		\
 	  "iothread's CPU (io_uring's worker, page cache).")					\
+	X(poll_checks, u64, READ, COUNTER, PLAIN, "poll_checks_total",			\
+	  "Checks of whether polling pays end to end (time per request with and "	\
+	  "without spinning) that came to a decision.")					\
+	X(poll_checks_off, u64, READ, COUNTER, PLAIN, "poll_checks_off_total",		\
+	  "Of those, checks that switched spinning off (not polling was faster).")	\
+	X(poll_checks_aborted, u64, READ, COUNTER, PLAIN, "poll_checks_aborted_total",	\
+	  "Checks ended without a decision (the load stopped, contention, a ring "	\
+	  "restarted).")								\
+	X(poll_check_off, u64, READ, GAUGE, PLAIN, "poll_check_off",			\
+	  "1 while the last check has spinning off.")					\
 	X(cpu, s64, READ, GAUGE, PLAIN, "pinned_cpu",						\
 	  "The CPU an iothread is pinned to, -1 if none.")
 

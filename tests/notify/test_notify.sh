@@ -7,7 +7,9 @@
 # moderation holds calls only with other requests outstanding and within
 # its cap, holds on for a slow driver and backs off for a waiting one, a
 # slow disk gets requests at once and in small batches when full, an
-# idle daemon uses no CPU, contention switches polling off, and the
+# idle daemon uses no CPU (and checks nothing), contention switches polling
+# off, polling that delays the client it waits for is switched off by the
+# pay check and back on when that stops, and the
 # control socket reports and changes all of it.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
@@ -127,7 +129,7 @@ start && {
     still=$(grep -c "frontend disconnected" "$tmp/vblkd.log")
     wait "$bpid"; R=""
     stop
-    check connected-idle-daemon-uses-no-cpu "t['cpu_ns'] < 50_000_000 and q['requests'] == 0 and $((ticks1 - ticks0)) * 1_000_000_000 // $(getconf CLK_TCK) < 50_000_000 and $still == 0"
+    check connected-idle-daemon-uses-no-cpu "t['cpu_ns'] < 50_000_000 and q['requests'] == 0 and $((ticks1 - ticks0)) * 1_000_000_000 // $(getconf CLK_TCK) < 50_000_000 and $still == 0 and t['poll_checks'] == 0 and t['poll_checks_aborted'] == 0"
 }
 
 # 6. Contention: the iothread shares its core with a CPU hog; its
@@ -330,6 +332,66 @@ else
         }
     fi
     rm -f "$shm"
+fi
+
+# 6f. Does polling pay (loop/pay.h)?  The client shares the daemon's CPU
+# at a lower weight (nice 19, as a VM whose vCPU thread weighs less than
+# its disk daemon): while the iothread spins for the next kick, the woken
+# client waits for the CPU, so polling delays the very request it waits
+# for, and the contention rule cannot see it (the iothread gets all the
+# CPU it wants).  The pay check decides "off", and the iothread then spends
+# a fraction of the time spinning it spends unchecked (--no-poll-check,
+# the same run otherwise).  Then the client moves to the other CPU
+# (taskset -p): polling pays again, and a later check turns it back on,
+# and kicks are absorbed again.  By counters, never by time.
+if ((ncpu >= 2)) && command -v taskset >/dev/null; then
+    last=$((ncpu - 1))
+    paycheck_start() {	# paycheck_start EXTRA...: vblkd on the last CPU
+        rm -f "$tmp/d.sock" "$tmp/c.sock"
+        taskset -c $last "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" \
+            --backend null --size 256M "$@" >"$tmp/vblkd.log" 2>&1 &
+        dpid=$!
+        for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && break; sleep 0.05; done
+    }
+    niced_bench() {	# niced_bench SECONDS: QD1 on the daemon's CPU, nice 19
+        taskset -c $last nice -n 19 "$BENCH" --socket "$tmp/d.sock" --bs 4k --ramp 0 \
+            --rw randread --iodepth 1 --runtime "$1" --json
+    }
+    iot() {	# iot STATS KEY: iothread 0's counter
+        python3 -c "import json,sys; print(json.loads(sys.argv[1])['iothreads'][0][sys.argv[2]])" "$1" "$2"
+    }
+    paycheck_start --no-poll-check
+    S0=$(stats); R=$(niced_bench 3); S1=$(stats); stop
+    unchecked_poll_ns=$(( $(iot "$S1" poll_ns_total) - $(iot "$S0" poll_ns_total) ))
+    check poll-check-off-runs-unchecked \
+        "t['poll_checks'] == 0 and s1['iothreads'][0]['poll_check_off'] == 0 and r['errors'] == 0"
+    paycheck_start
+    S0=$(stats); R=$(niced_bench 3); S1=$(stats); stop
+    check poll-check-stops-spinning-that-delays-the-client \
+        "(t['poll_checks_off'] >= 1 and s1['iothreads'][0]['poll_check_off'] == 1 and
+          t['poll_ns_total'] * 3 < $unchecked_poll_ns and r['errors'] == 0 and
+          r['requests_submitted'] == r['requests_completed'])"
+    # The client moves to the other CPU after 3 s of 8.
+    paycheck_start
+    niced_bench 8 >"$tmp/pay.json" &
+    bpid=$!
+    sleep 3
+    S0=$(stats)
+    off_before=$(iot "$S0" poll_check_off)
+    taskset -a -p -c 0 "$bpid" >/dev/null
+    sleep 4.5
+    S1=$(stats)
+    wait "$bpid"
+    R=$(cat "$tmp/pay.json")
+    stop
+    check poll-check-returns-to-polling \
+        "($off_before == 1 and t['poll_checks'] > t['poll_checks_off'] and
+          s1['iothreads'][0]['poll_check_off'] == 0 and q['poll_hits'] > 0 and
+          r['errors'] == 0 and r['requests_submitted'] == r['requests_completed'])"
+else
+    echo "SKIP: poll-check-off-runs-unchecked (needs 2 CPUs and taskset)"
+    echo "SKIP: poll-check-stops-spinning-that-delays-the-client (needs 2 CPUs and taskset)"
+    echo "SKIP: poll-check-returns-to-polling (needs 2 CPUs and taskset)"
 fi
 
 # 7. Control socket: stats keys, runtime knobs, clear errors.

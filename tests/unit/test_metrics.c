@@ -82,6 +82,10 @@ static const char *const families[] = {
 	"vblkd_iothread_completion_poll_hits_total",
 	"vblkd_iothread_completion_poll_misses_total",
 	"vblkd_iothread_poll_yields_total",
+	"vblkd_iothread_poll_checks_total",
+	"vblkd_iothread_poll_checks_off_total",
+	"vblkd_iothread_poll_checks_aborted_total",
+	"vblkd_iothread_poll_check_off",
 	"vblkd_iothread_pinned_cpu",
 };
 

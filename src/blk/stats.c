@@ -89,6 +89,10 @@ void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		ts[i].contended = ls.contended;
 		ts[i].completion_windows = ls.completion_windows;
 		ts[i].poll_yields = ls.yields;
+		ts[i].poll_checks = ls.pay_checks;
+		ts[i].poll_checks_off = ls.pay_checks_off;
+		ts[i].poll_checks_aborted = ls.pay_aborted;
+		ts[i].poll_check_off = ls.pay_off;
 		ts[i].cpu = d->iot[i].cpu;
 	}
 }

@@ -681,7 +681,7 @@ static bool loop_pay(struct loop *l, uint64_t now, const struct loop_poll_params
 	st_set(&l->st_pay_checks, pay->checks);
 	st_set(&l->st_pay_checks_off, pay->checks_off);
 	st_set(&l->st_pay_aborted, pay->aborted);
-	st_set(&l->st_pay_off, off);
+	st_set(&l->st_pay_off, pay->decided_off);
 	st_set(&l->st_pay_ratio_pm, pay->last_ratio_pm);
 	return off;
 }

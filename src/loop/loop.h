@@ -152,7 +152,7 @@ struct loop_stats {
 	uint64_t pay_checks;	/* checks that came to a decision */
 	uint64_t pay_checks_off; /* of which: no spinning pays better */
 	uint64_t pay_aborted;	/* checks ended without one (idle, contention) */
-	uint64_t pay_off;	/* 1 while spinning is off by the check */
+	uint64_t pay_off;	/* 1 while the last decision has spinning off */
 	uint64_t pay_ratio_pm;	/* the last decision's median time per unit of
 				 * work without spinning / with, per mille */
 };

@@ -24,6 +24,7 @@ static void sub_start(struct pay *p, uint64_t now)
 static void run(struct pay *p, uint64_t now, uint64_t len, uint64_t work)
 {
 	p->phase = PAY_RUN;
+	p->probing = false;
 	p->off = p->decided_off;
 	p->run_until = now + len;
 	p->run_work = work;
@@ -93,12 +94,20 @@ bool pay_tick(struct pay *p, uint64_t now, uint64_t work)
 	if (p->phase == PAY_RUN) {
 		if (now < p->run_until)
 			return p->off;
-		/* Nothing done in the whole run: an idle disk, nothing to
-		 * measure (and nothing spun: its windows have gone to 0). */
+		/* Nothing done in the whole run, or in the probe at its end:
+		 * an idle disk, nothing to measure (and nothing spun: its
+		 * windows have gone to 0). */
 		if (work == p->run_work) {
 			run(p, now, PAY_RUN_MIN_NS, work);
 			return p->off;
 		}
+		if (!p->probing) {
+			p->probing = true;
+			p->run_until = now + PAY_SUB_MAX_NS;
+			p->run_work = work;
+			return p->off;
+		}
+		p->probing = false;
 		p->phase = PAY_MEASURE;
 		p->check_start = now;
 		p->round = 0;

@@ -19,8 +19,10 @@
  * With a client that waits for each answer (a closed loop, which any
  * queue-depth-limited guest is) time per request is what it gets; with a
  * client that sends at its own pace both sides measure the same and
- * polling stays.  A sub-phase that takes too long (the disk went idle) ends
- * the check without a decision.
+ * polling stays.  A check starts only when work came in the run and in a
+ * short probe at its end (a disk that went idle during the run is not
+ * checked); a sub-phase that takes too long (the disk went idle since)
+ * ends the check without a decision.
  *
  * Pure logic: no clock, no threads; the loop feeds it time and its
  * cumulative work count (tests/unit/test_pay.c drives it by hand).  One
@@ -70,6 +72,8 @@ struct pay {
 	bool decided_off;	/* the last check's decision */
 	uint64_t run_until;	/* PAY_RUN: check again from here */
 	uint64_t run_work;	/* work count when the run began (idle test) */
+	bool probing;		/* the run's last PAY_SUB_MAX_NS: work must come
+				 * in it too for a check to start */
 	unsigned run_mult;	/* 1 .. PAY_RUN_MULT_MAX */
 	/* PAY_MEASURE */
 	uint64_t check_start;	/* when the check began */

@@ -380,7 +380,10 @@ if ((ncpu >= 2)) && command -v taskset >/dev/null; then
     fi
     # The client moves to the other CPU after 3 s of 8.
     paycheck_start
-    niced_bench 8 >"$tmp/pay.json" &
+    # Not through niced_bench: $! must be vblk-bench itself (taskset and
+    # nice exec it), not a subshell, for taskset -p to move it.
+    taskset -c $last nice -n 19 "$BENCH" --socket "$tmp/d.sock" --bs 4k --ramp 0 \
+        --rw randread --iodepth 1 --runtime 8 --json >"$tmp/pay.json" &
     bpid=$!
     sleep 3
     S0=$(stats)

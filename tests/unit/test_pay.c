@@ -3,8 +3,8 @@
  * on whether the loop spins, it switches polling off when not spinning is
  * faster beyond the margin, keeps it when the gain is within the margin or
  * absent, comes back to polling when the cost goes away, alternates the
- * order of its sub-phases, and decides nothing for an idle disk or a load
- * too light to time. */
+ * order of its sub-phases, and decides nothing for an idle disk, a load
+ * that stopped or a load too light to time. */
 #include <stdint.h>
 
 #include "loop/pay.h"
@@ -259,6 +259,26 @@ static void test_clear_case_checked_less(void)
 	}
 }
 
+/* A load that stops during a run (work in the run, none since): no check
+ * starts, none is aborted; when work comes back, checks do too. */
+static void test_stopped_load_not_checked(void)
+{
+	struct sim s;
+
+	sim_init(&s, 100000, 100000);
+	sim_run(&s, PAY_RUN_MIN_NS / 2);	/* work in the first run... */
+	for (unsigned i = 0; i < 100; i++) {	/* ...then 10 s of nothing */
+		s.now += 100000000;
+		if (pay_due(&s.p, s.now))
+			ASSERT_TRUE(!pay_tick(&s.p, s.now, s.work));
+	}
+	ASSERT_EQ(s.p.checks, 0);
+	ASSERT_EQ(s.p.aborted, 0);
+	ASSERT_EQ(s.p.phase, PAY_RUN);
+	sim_run(&s, 2 * PAY_RUN_MIN_NS);
+	ASSERT_EQ(s.p.checks, 1);
+}
+
 int main(void)
 {
 	test_off_when_spinning_delays();
@@ -267,6 +287,7 @@ int main(void)
 	test_back_on_when_cost_goes();
 	test_sub_phase_order();
 	test_idle_no_check();
+	test_stopped_load_not_checked();
 	test_light_load_aborts();
 	test_abort_keeps_decision();
 	test_run_length();

@@ -82,6 +82,8 @@ struct bdev_ctx {
 				 * slowest, which a host stall makes) */
 	uint64_t spin_lat;	/* mean latency measured spinning */
 	bool nospin;		/* no spinning while the device has I/O */
+	unsigned spin_mult;	/* the run's length, in URING_SPIN_RUN units */
+	bool nospin_last;	/* the last measurement's decision */
 };
 
 /* Measuring phases: URING_SPIN_PROBES timed I/Os with spinning allowed,
@@ -91,6 +93,13 @@ enum { URING_SPIN_MEASURE, URING_SPIN_MEASURE_OFF, URING_SPIN_RUN };
 #define URING_SPIN_PROBES 32
 _Static_assert(TRIM_TOP < URING_SPIN_PROBES, "a measurement keeps most of its samples");
 #define URING_SPIN_RUN 16
+/* A clear decision (one mode at least URING_SPIN_CLEAR_PCT per cent
+ * faster) that repeats doubles the run, up to URING_SPIN_RUN_MAX_MULT
+ * times: half of each measurement runs in the losing mode (here: spinning
+ * cost this VM's disk 40-60 us a read), so a case that keeps coming out
+ * the same is measured less often; any other result starts again at one. */
+#define URING_SPIN_CLEAR_PCT 70
+#define URING_SPIN_RUN_MAX_MULT 8
 /* Sleeping must be this much faster (percent of the spinning latency) to
  * win: spinning is what pays on most machines. */
 #define URING_SPIN_MARGIN_PCT 95
@@ -284,7 +293,7 @@ static void uring_spin_note(struct bdev_ctx *c, uint64_t lat)
 	uint64_t mean;
 
 	if (c->spin_phase == URING_SPIN_RUN) {
-		if (++c->spin_n < URING_SPIN_PROBES * URING_SPIN_RUN)
+		if (++c->spin_n < URING_SPIN_PROBES * URING_SPIN_RUN * c->spin_mult)
 			return;
 		c->spin_n = 0;
 		c->nospin = false;
@@ -306,7 +315,16 @@ static void uring_spin_note(struct bdev_ctx *c, uint64_t lat)
 		c->spin_phase = URING_SPIN_MEASURE_OFF;
 		return;
 	}
-	c->nospin = mean * 100 < c->spin_lat * URING_SPIN_MARGIN_PCT;
+	{
+		bool nospin = mean * 100 < c->spin_lat * URING_SPIN_MARGIN_PCT;
+		bool clear = nospin ? mean * 100 < c->spin_lat * URING_SPIN_CLEAR_PCT :
+				      c->spin_lat * 100 < mean * URING_SPIN_CLEAR_PCT;
+
+		c->spin_mult = clear && nospin == c->nospin_last ?
+			       MIN(c->spin_mult * 2, URING_SPIN_RUN_MAX_MULT) : 1;
+		c->nospin_last = nospin;
+		c->nospin = nospin;
+	}
 	c->spin_phase = URING_SPIN_RUN;
 	log_debug("io_uring: device latency %llu ns spinning, %llu ns not: %s",
 		  (unsigned long long)c->spin_lat, (unsigned long long)mean,
@@ -552,6 +570,7 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->loop = l;
 	c->early_off = b->no_early_submit;
 	c->wait_tail = &c->wait_head;
+	c->spin_mult = 1;
 	r = loop_timer_new(l, uring_retry_cb, c, &c->retry);
 	if (r < 0)
 		goto err_timer;

@@ -123,6 +123,9 @@ int bdev_io_consume(struct bdev_io *io, size_t done)
 		if (!io->rest)
 			return -ENOMEM;
 		memcpy(io->rest, io->iov, io->iovcnt * sizeof(*io->rest));
+		io->orig_iov = io->iov;
+		io->orig_iovcnt = io->iovcnt;
+		io->orig_offset = io->offset;
 		io->iov = io->rest;
 	}
 	iov_discard_front(&io->iov, &io->iovcnt, done);
@@ -152,8 +155,10 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 	io->bounce = NULL;
 	io->rest = NULL;
 	io->fua_flush = false;
+	io->lost = false;
 	if (io->op == BDEV_FLUSH && unlikely(atomic_load_explicit(&b->cache_lost,
 								  memory_order_relaxed))) {
+		io->lost = true;
 		bdev_complete(io, -EIO);
 		return;
 	}
@@ -232,8 +237,12 @@ void bdev_complete(struct bdev_io *io, int res)
 		}
 	}
 	if (unlikely(io->rest)) {
+		/* iov pointed into the copy: back to what was submitted. */
 		free(io->rest);
 		io->rest = NULL;
+		io->iov = io->orig_iov;
+		io->iovcnt = io->orig_iovcnt;
+		io->offset = io->orig_offset;
 	}
 	if (unlikely(io->bounce)) {
 		/* bounce_iov still describes the whole part (consume advanced

@@ -94,6 +94,10 @@ struct bdev_io {
 	bool zero_retried;	/* write zeroes: tried the other way already */
 	bool fua_flush;		/* a FUA write done, its flush running */
 	bool polled;		/* io_uring: on the polled ring */
+	/* A flush failed because writes acknowledged earlier may be lost
+	 * (cache_lost, NBD's lost_unflushed): the guest must hear it, so
+	 * blk's error policy never holds it for a retry that could succeed. */
+	bool lost;
 	uint64_t mark;		/* nbd: a flush's count of writes it covers */
 	size_t len;
 	void *bounce;		/* aligned copy for misaligned O_DIRECT buffers */
@@ -103,6 +107,12 @@ struct bdev_io {
 	size_t bounce_done, bounce_total;	/* bytes: parts done, whole I/O */
 	uint64_t bounce_offset;			/* the whole I/O's */
 	struct iovec *rest;	/* bdev_io_consume's copy (freed at completion) */
+	/* What bdev_io_consume advanced, put back at completion: a request
+	 * is given back as it was submitted (the error policy submits a
+	 * held one again). */
+	struct iovec *orig_iov;
+	unsigned orig_iovcnt;
+	uint64_t orig_offset;
 };
 
 struct bdev;

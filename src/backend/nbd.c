@@ -512,6 +512,7 @@ static void nbd_submit(struct bdev_ctx *c, struct bdev_io *io)
 	case BDEV_FLUSH:
 		if (unlikely(c->lost_unflushed)) {
 			c->lost_unflushed = false;
+			io->lost = true;
 			bdev_complete(io, -EIO);
 			return;
 		}

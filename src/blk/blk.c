@@ -18,20 +18,6 @@
 #include "util/log.h"
 #include "util/sys.h"
 
-struct blk_req {
-	struct blk_queue *q;
-	struct bdev_io io;
-	uint16_t head;
-	uint8_t *status;	/* last byte of the last writable buffer */
-	uint32_t used_len;	/* bytes written on success */
-	struct iovec *iov;	/* VQ_MAX_SEGS entries */
-	/* Device-writable buffers but the status byte: iov[in_off..+in_n),
-	 * never changed after blk_handle (bdev.h), for dirty logging. */
-	unsigned in_off, in_n;
-	/* Discard / write zeroes: segments run one after another. */
-	struct virtio_blk_discard_write_zeroes segs[BLK_MAX_DWZ_SEGS];
-	unsigned nsegs, seg;
-};
 
 /* Requests taken from one queue per pass before yielding to others. */
 #define BLK_BUDGET 256
@@ -226,13 +212,26 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 	defer_call(blk_queue_notify, q);
 }
 
+void blk__req_complete(struct blk_req *r, uint8_t status)
+{
+	blk_req_complete(r, status);
+}
+
 static void blk_io_done(struct bdev_io *io, int res)
 {
 	struct blk_req *r = container_of(io, struct blk_req, io);
 
-	if (res < 0)
+	if (unlikely(res < 0)) {
+		/* The error policy may keep it (pause.c), but not a flush
+		 * that says acknowledged writes may be lost: the guest's
+		 * fsync must fail, not succeed on a retry. */
+		if (!io->lost && blk__error_stops(r->q->dev, io->op, -res)) {
+			blk__hold_request(r->q, r, -res);
+			return;
+		}
 		log_debug("queue %u: I/O error on request %u: %s", r->q->idx,
 			  r->head, strerror(-res));
+	}
 	blk_req_complete(r, res < 0 ? VIRTIO_BLK_S_IOERR : VIRTIO_BLK_S_OK);
 }
 
@@ -245,12 +244,28 @@ static void blk_dwz_done(struct bdev_io *io, int res)
 	struct blk_req *r = container_of(io, struct blk_req, io);
 
 	if (res < 0) {
+		if (blk__error_stops(r->q->dev, io->op, -res)) {
+			/* blk__resubmit runs this segment again. */
+			blk__hold_request(r->q, r, -res);
+			return;
+		}
 		log_debug("queue %u: discard/write-zeroes error on request %u: %s",
 			  r->q->idx, r->head, strerror(-res));
 		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 		return;
 	}
 	blk_dwz_next(r);
+}
+
+void blk__resubmit(struct blk_queue *q, struct blk_req *r)
+{
+	if (r->io.op == BDEV_DISCARD || r->io.op == BDEV_WRITE_ZEROES) {
+		r->seg--;		/* the segment that failed */
+		blk_dwz_next(r);
+		return;
+	}
+	/* bdev_complete left io as it was submitted (offset, iovecs, op). */
+	bdev_submit(q->dev->b, q->t->bctx, &r->io);
 }
 
 static void blk_dwz_next(struct blk_req *r)
@@ -502,6 +517,12 @@ static void blk_queue_process(struct blk_queue *q)
 
 	if (!q->started || !q->enabled || q->vq.broken)
 		return;
+	if (unlikely(blk__queue_waits(q))) {
+		/* Paused: no kick needed until resumed (blk_dev_resume looks
+		 * at the ring again), so none is asked for. */
+		vq_disable_notify(&q->vq);
+		return;
+	}
 	if (q->polling) {
 		/* The loop polls this queue: kicks stay off until it stops
 		 * polling (blk_poll_end re-enables and re-checks). */
@@ -544,6 +565,11 @@ out:
 		q->err_fd = -1;		/* as the call fd above */
 }
 
+void blk__queue_process(struct blk_queue *q)
+{
+	blk_queue_process(q);
+}
+
 static void blk_resume_bh(void *opaque)
 {
 	blk_queue_process(opaque);
@@ -566,7 +592,8 @@ static bool blk_poll(void *opaque)
 {
 	struct blk_queue *q = opaque;
 
-	return q->started && q->enabled && !q->vq.broken && vq_avail_pending(&q->vq);
+	return q->started && q->enabled && !q->vq.broken && !blk__queue_waits(q) &&
+	       vq_avail_pending(&q->vq);
 }
 
 static void blk_poll_run(void *opaque)
@@ -588,7 +615,8 @@ static bool blk_poll_end(void *opaque)
 	struct blk_queue *q = opaque;
 
 	q->polling = false;
-	if (!q->started || !q->enabled || q->vq.broken)
+	/* Paused: kicks stay off, nothing to find (blk_queue_process). */
+	if (!q->started || !q->enabled || q->vq.broken || blk__queue_waits(q))
 		return false;
 	/* Kicks on, full barrier, re-check: the race-free way to sleep. */
 	return vq_enable_notify(&q->vq);
@@ -719,6 +747,9 @@ static void do_queue_stop(void *opaque)
 	/* In-flight requests complete into the ring before we report where
 	 * it stopped: the frontend may hand the ring to someone else. */
 	q->dev->b->engine->drain(q->t->bctx);
+	/* What the error policy holds (the drain may have added to it). */
+	if (unlikely(q->nheld))
+		blk__held_at_stop(q);
 	if (q->irq.held)
 		blk_unhold(q, sys_now_ns());
 	blk_queue_signal(q);
@@ -1007,17 +1038,23 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 		q->t = &d->iot[ti];
 		q->kick_fd = q->call_fd = q->err_fd = -1;
 		q->irq.max_ns = o->irq_moderation_max_ns;
+		q->held_tail = &q->held_head;
 	}
+	r = blk__pause_init(d, o);
+	if (r < 0)
+		goto err_free;
 	for (i = 0; i < nt; i++) {
 		r = blk_iothread_start(d, i, o);
 		if (r < 0) {
 			blk_iothreads_free(d, i);
-			goto err_free;
+			goto err_pause;
 		}
 	}
 	*out = d;
 	return 0;
 
+err_pause:
+	blk__pause_free(d);
 err_free:
 	free(d->iot);
 	free(d);
@@ -1031,6 +1068,7 @@ void blk_dev_free(struct blk_dev *d)
 	for (unsigned i = 0; i < d->num_queues; i++)
 		blk_queue_stop(d, i);
 	blk_iothreads_free(d, d->num_iothreads);
+	blk__pause_free(d);
 	free(d->iot);
 	free(d);
 }

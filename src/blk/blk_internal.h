@@ -7,6 +7,7 @@
 #ifndef VBLK_BLK_INTERNAL_H
 #define VBLK_BLK_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -21,7 +22,23 @@
 #define BLK_MAX_DWZ_SEGS 16
 #define BLK_MAX_DWZ_SECTORS (1u << 22)		/* 2 GiB per segment */
 
-struct blk_req;
+struct blk_queue;
+
+struct blk_req {
+	struct blk_queue *q;
+	struct bdev_io io;
+	uint16_t head;
+	uint8_t *status;	/* last byte of the last writable buffer */
+	uint32_t used_len;	/* bytes written on success */
+	struct iovec *iov;	/* VQ_MAX_SEGS entries */
+	/* Device-writable buffers but the status byte: iov[in_off..+in_n),
+	 * never changed after blk_handle (bdev.h), for dirty logging. */
+	unsigned in_off, in_n;
+	struct blk_req *held_next;	/* the queue's held list (pause.c) */
+	/* Discard / write zeroes: segments run one after another. */
+	struct virtio_blk_discard_write_zeroes segs[BLK_MAX_DWZ_SEGS];
+	unsigned nsegs, seg;
+};
 
 struct blk_iothread {
 	struct blk_dev *dev;
@@ -65,6 +82,10 @@ struct blk_queue {
 	unsigned nfree;
 	unsigned inflight;
 	bool logged_no_status;
+	/* Failed requests the error policy holds, in order (pause.c):
+	 * not completed, counted in inflight. */
+	struct blk_req *held_head, **held_tail;
+	unsigned nheld;
 
 	/* Written by the iothread, read by anyone. */
 	struct blk_queue_counters ctr;
@@ -86,6 +107,23 @@ struct blk_dev {
 	int (*config_changed)(void *opaque);
 	void *config_opaque;
 
+	/* The error policy (pause.c).  paused: set by the iothread that
+	 * holds the first request, cleared by the main thread (resume); every
+	 * iothread reads it when it looks at its rings. */
+	enum blk_err_policy rerror, werror;
+	uint64_t retry_ns;
+	atomic_bool paused;
+	_Atomic uint64_t held;		/* requests held, all queues */
+	pthread_mutex_t pause_lock;	/* the fields below */
+	char pause_reason[200];
+	int pause_errno;
+	uint64_t paused_since;		/* Unix time */
+	uint64_t pauses[BLK_PAUSE_NR];
+	int pause_efd;			/* iothread -> main: paused */
+	struct loop *main_loop;		/* blk_dev_attach's */
+	struct loop_fd *pause_h;
+	struct loop_timer *retry_timer;
+
 	unsigned num_iothreads;
 	struct blk_iothread *iot;
 	struct blk_queue q[];
@@ -103,6 +141,41 @@ static inline void stat_inc(_Atomic uint64_t *c)
 {
 	stat_add(c, 1);
 }
+
+/* A queue that must not take new requests: it holds failed ones, or the
+ * disk is paused (pause.c).  Iothread. */
+static inline bool blk__queue_waits(const struct blk_queue *q)
+{
+	return q->nheld || atomic_load_explicit(&q->dev->paused, memory_order_relaxed);
+}
+
+/* ---- blk.c, for pause.c (iothread) ---- */
+
+/* Look at the ring again (the drain / re-enable / re-check loop). */
+void blk__queue_process(struct blk_queue *q);
+/* Submit a held request again, as it was first submitted. */
+void blk__resubmit(struct blk_queue *q, struct blk_req *r);
+/* Complete a request with a status byte (and account for it). */
+void blk__req_complete(struct blk_req *r, uint8_t status);
+
+/* ---- pause.c: the error policy ---- */
+
+/* Does the policy stop on err for an I/O of op?  Any thread. */
+bool blk__error_stops(const struct blk_dev *d, enum bdev_op op, int err);
+/* Hold r (failed with err), pause the disk.  Iothread of r's queue. */
+void blk__hold_request(struct blk_queue *q, struct blk_req *r, int err);
+/* A ring stops with requests held (do_queue_stop, after the drain): with
+ * an in-flight region and no migration under way they stay in flight
+ * there (the next start, in this process or the next, submits them
+ * again); else they fail with IOERR, logged.  Iothread. */
+void blk__held_at_stop(struct blk_queue *q);
+/* Upgrade in place: the pause's blob in the device state (config.c).
+ * save: bytes written (0: not paused or no room); load: main thread,
+ * before the rings start. */
+size_t blk__pause_save(struct blk_dev *d, uint8_t *buf, size_t len);
+void blk__pause_load(struct blk_dev *d, const uint8_t *buf, size_t len);
+int blk__pause_init(struct blk_dev *d, const struct blk_opts *o);
+void blk__pause_free(struct blk_dev *d);
 
 /* ---- config.c: vu_dev_ops of the config space and features (main thread) ---- */
 

@@ -109,34 +109,46 @@ int blk__set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32_t len
  * whether a flush failed through the page cache (bdev.h, cache_lost: the
  * new process must go on failing flushes).  Byte 0 is this blob's
  * version, byte 1 the writeback byte, byte 2 (since 2026-12) flags: bit 0
- * cache_lost.  A loader of version 1 reads bytes 0 and 1 only, so one
- * that predates byte 2 still takes the blob (and a blob without it is
- * taken here). */
+ * cache_lost, bit 1 (since 2026-12) paused, whose blob follows from
+ * byte 3 (pause.c: the reason).  A loader of version 1 reads bytes 0 and
+ * 1 only, so one that predates byte 2 still takes the blob (and a blob
+ * without it is taken here); one that knows byte 2 but not a flag in it
+ * refuses the state, and the old process serves on: a pause is never
+ * dropped by an upgrade to a binary that cannot keep it. */
 #define BLK_STATE_CACHE_LOST 0x01
+#define BLK_STATE_PAUSED 0x02
 
 size_t blk__save_state(void *opaque, uint8_t *buf, size_t len)
 {
 	struct blk_dev *d = opaque;
+	size_t n;
 
 	if (len < 3)
 		return 0;
 	buf[0] = 1;
 	buf[1] = d->wce;
 	buf[2] = atomic_load(&d->b->cache_lost) ? BLK_STATE_CACHE_LOST : 0;
-	return 3;
+	n = blk__pause_save(d, buf + 3, len - 3);
+	if (n)
+		buf[2] |= BLK_STATE_PAUSED;
+	return 3 + n;
 }
 
 int blk__load_state(void *opaque, const uint8_t *buf, size_t len)
 {
 	struct blk_dev *d = opaque;
 
-	if (len < 2 || buf[0] != 1 || buf[1] > 1 || (len > 2 && (buf[2] & ~BLK_STATE_CACHE_LOST)))
+	if (len < 2 || buf[0] != 1 || buf[1] > 1 ||
+	    (len > 2 && (buf[2] & ~(BLK_STATE_CACHE_LOST | BLK_STATE_PAUSED))) ||
+	    (len > 2 && (buf[2] & BLK_STATE_PAUSED) && len < 4))
 		return -EINVAL;
 	d->wce = buf[1];
 	blk_update_cache_mode(d);
 	if (len > 2 && (buf[2] & BLK_STATE_CACHE_LOST) && !atomic_exchange(&d->b->cache_lost, true))
 		log_err("disk %s: a flush failed before the upgrade: every flush fails, as "
 			"it did", d->b->path);
+	if (len > 2 && (buf[2] & BLK_STATE_PAUSED))
+		blk__pause_load(d, buf + 3, len - 3);
 	return 0;
 }
 

@@ -275,11 +275,61 @@ static int cmd_resize(void *opaque, struct json_object *req, struct json_object 
 	return 0;
 }
 
+/* The pause of the error policy, as "status" and "resume" tell it. */
+static void add_pause_state(struct blk_dev *d, struct json_object *reply, bool *ok)
+{
+	struct blk_pause_state st;
+	struct json_object *p = json_object_new_object();
+
+	blk_dev_pause_state(d, &st);
+	add(reply, "state", json_object_new_string(st.paused ? "paused" : "running"), ok);
+	if (st.paused) {
+		add(reply, "reason", json_object_new_string(st.reason), ok);
+		add(reply, "since", json_object_new_uint64(st.since), ok);
+	}
+	add(reply, "held_requests", json_object_new_uint64(st.held), ok);
+	for (unsigned i = 0; p && i < BLK_PAUSE_NR; i++)
+		add(p, blk_pause_reason_name(i), json_object_new_uint64(st.pauses[i]), ok);
+	add(reply, "pauses", p, ok);
+}
+
+static int cmd_status(void *opaque, struct json_object *req, struct json_object *reply,
+		      char *err, size_t errlen)
+{
+	bool ok = true;
+
+	add_pause_state(opaque, reply, &ok);
+	if (!ok) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int cmd_resume(void *opaque, struct json_object *req, struct json_object *reply,
+		      char *err, size_t errlen)
+{
+	int n = blk_dev_resume(opaque);
+	bool ok = true;
+
+	add(reply, "ok", json_object_new_boolean(1), &ok);
+	add(reply, "resubmitted", json_object_new_uint64((uint64_t)n), &ok);
+	/* A request that failed again at once has paused the disk again. */
+	add_pause_state(opaque, reply, &ok);
+	if (!ok) {
+		snprintf(err, errlen, "resumed, but out of memory for the reply");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 /* Built-in commands: their opaque is the device. */
 static const struct ctl_cmd builtin_cmds[] = {
 	{ "stats", cmd_stats, NULL },
 	{ "set-poll", cmd_set_poll, NULL },
 	{ "resize", cmd_resize, NULL },
+	{ "status", cmd_status, NULL },
+	{ "resume", cmd_resume, NULL },
 };
 
 static const struct ctl_cmd *find_cmd(const struct ctl_cmd *cmds, unsigned n, const char *name,

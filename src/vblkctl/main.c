@@ -2,6 +2,7 @@
  * vblkctl: talk to a running vblkd over its control socket.
  *
  *   vblkctl --control PATH stats
+ *   vblkctl --control PATH status | resume    (the error policy's pause)
  *   vblkctl --control PATH set-poll [--poll-max-ns N] [--completion-poll-max-ns N]
  *                                   [--poll-grow N] [--poll-shrink N]
  *   vblkctl --control PATH resize SIZE      (bytes, or with K/M/G/T)
@@ -95,7 +96,8 @@ int main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	static const char commands[] = "stats, set-poll, resize SIZE, metrics or upgrade";
+	static const char commands[] =
+		"stats, status, resume, set-poll, resize SIZE, metrics or upgrade";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL;
 	char exec_abs[PATH_MAX];
@@ -120,10 +122,16 @@ int main(int argc, char **argv)
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
 			       "[--completion-poll-max-ns N] [--poll-grow N] [--poll-shrink N]\n"
+			       "       vblkctl --control PATH status\n"
+			       "       vblkctl --control PATH resume\n"
 			       "       vblkctl --control PATH resize SIZE\n"
 			       "       vblkctl --control PATH metrics\n"
 			       "       vblkctl --control PATH upgrade [--exec BINARY]\n"
 			       "\n"
+			       "status says whether the disk runs or is paused (the error policy,\n"
+			       "vblkd --werror/--rerror: a failed request held), why and since when;\n"
+			       "resume submits the held requests again and takes new ones (one that\n"
+			       "fails again pauses the disk again).\n"
 			       "resize grows the disk under the running guest to SIZE bytes (K, M, G, T:\n"
 			       "binary units): a file is extended; a block device or RBD image must have\n"
 			       "grown first (lvextend, rbd resize).  The guest is told at once.\n"
@@ -162,7 +170,8 @@ int main(int argc, char **argv)
 				"(e.g. 20G)", argv[optind + 1]);
 		json_object_object_add(req, "cmd", json_object_new_string("resize"));
 		json_object_object_add(req, "size", json_object_new_uint64(size));
-	} else if (!strcmp(cmd, "stats") || !strcmp(cmd, "metrics")) {
+	} else if (!strcmp(cmd, "stats") || !strcmp(cmd, "metrics") || !strcmp(cmd, "status") ||
+		   !strcmp(cmd, "resume")) {
 		json_object_object_add(req, "cmd", json_object_new_string(cmd));
 	} else if (!strcmp(cmd, "set-poll")) {
 		json_object_object_add(req, "cmd", json_object_new_string("set-poll"));

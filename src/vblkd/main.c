@@ -100,6 +100,14 @@ static void usage(FILE *f)
 "  --no-poll-check      poll as the windows say, without checking that it pays\n"
 "                       end to end against not polling (ablation)\n"
 "  --no-packed          do not offer packed virtqueues (VIRTIO_F_RING_PACKED)\n"
+"  --werror report|stop|enospc  a write, flush, discard or write zeroes that\n"
+"                       fails: the guest gets the error (report), or the\n"
+"                       request is held and the disk pauses until vblkctl\n"
+"                       resume (stop: on any error; enospc, the default: on\n"
+"                       No space left on device only)\n"
+"  --rerror report|stop a read that fails (default report)\n"
+"  --error-retry-s N    while paused, retry the held requests every N\n"
+"                       seconds (default 0: only on vblkctl resume)\n"
 "  --irq-moderation-max-ns N  hold an interrupt up to N ns while the guest\n"
 "                       keeps several requests outstanding and completions\n"
 "                       come close together, so one covers several\n"
@@ -335,6 +343,9 @@ int main(int argc, char **argv)
 		{ "cpu-affinity", required_argument, NULL, 'A' },
 		{ "poll-max-ns", required_argument, NULL, 'P' },
 		{ "irq-moderation-max-ns", required_argument, NULL, 'O' },
+		{ "werror", required_argument, NULL, 'w' },
+		{ "rerror", required_argument, NULL, 'e' },
+		{ "error-retry-s", required_argument, NULL, 'f' },
 		{ "completion-poll-max-ns", required_argument, NULL, 'W' },
 		{ "poll-grow", required_argument, NULL, 'G' },
 		{ "poll-shrink", required_argument, NULL, 'K' },
@@ -352,7 +363,7 @@ int main(int argc, char **argv)
 	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
 	struct loop_poll_params poll = { .max_ns = BLK_POLL_DEFAULT_NS, .grow = 2, .shrink = 2,
 					 .completion_max_ns = BLK_COMPLETION_POLL_DEFAULT_NS };
-	struct blk_opts ko = { .num_queues = 1, .poll = &poll,
+	struct blk_opts ko = { .num_queues = 1, .poll = &poll, .werror = BLK_ERR_ENOSPC,
 			       .irq_moderation_max_ns = BLK_IRQ_MODERATION_DEFAULT_NS };
 	const char *sock = NULL, *ctl_path = NULL, *map_arg = NULL, *metrics_addr = NULL;
 	struct metrics_source ms;
@@ -423,6 +434,18 @@ int main(int argc, char **argv)
 		case 'O':
 			ko.irq_moderation_max_ns = parse_uint("--irq-moderation-max-ns", optarg, 0,
 							      1000000);
+			break;
+		case 'w':
+			ko.werror = (enum blk_err_policy)word_arg("--werror", optarg,
+				(const char *const[]){ "report", "stop", "enospc" });
+			break;
+		case 'e':
+			ko.rerror = (enum blk_err_policy)word_arg("--rerror", optarg,
+				(const char *const[]){ "report", "stop", "report" });
+			break;
+		case 'f':
+			ko.error_retry_ns = parse_uint("--error-retry-s", optarg, 0, 86400) *
+					    1000000000ull;
 			break;
 		case 'P':
 			poll.max_ns = parse_uint("--poll-max-ns", optarg, 0, 1000000000);
@@ -518,6 +541,11 @@ int main(int argc, char **argv)
 	r = loop_new("main", &v.loop);
 	if (r < 0)
 		goto err_dev;
+	r = blk_dev_attach(v.dev, v.loop);
+	if (r < 0) {
+		snprintf(err, sizeof(err), "cannot watch the device's pauses: %s", strerror(-r));
+		goto err_loop;
+	}
 	v.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (v.sfd < 0 || loop_fd_add(v.loop, v.sfd, EPOLLIN, signal_cb, &v, &v.sfd_h) < 0) {
 		snprintf(err, sizeof(err), "cannot set up signal handling: %s",
@@ -627,6 +655,7 @@ int main(int argc, char **argv)
 	return r < 0 ? 1 : 0;
 
 err_loop:
+	blk_dev_detach(v.dev);
 	if (v.sfd_h)
 		loop_fd_del(v.loop, v.sfd_h);
 	if (v.sfd >= 0)

@@ -440,8 +440,10 @@ int main(int argc, char **argv)
 				(const char *const[]){ "report", "stop", "enospc" });
 			break;
 		case 'e':
-			ko.rerror = (enum blk_err_policy)word_arg("--rerror", optarg,
-				(const char *const[]){ "report", "stop", "report" });
+			if (!strcmp(optarg, "report") || !strcmp(optarg, "stop"))
+				ko.rerror = optarg[0] == 's' ? BLK_ERR_STOP : BLK_ERR_REPORT;
+			else
+				cli_die("--rerror '%s' is not one of report, stop", optarg);
 			break;
 		case 'f':
 			ko.error_retry_ns = parse_uint("--error-retry-s", optarg, 0, 86400) *

@@ -185,6 +185,9 @@ kill -TERM "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
 grep -q "error" "$tmp/null.log" && fail null-backend-clean-exit "$(grep error "$tmp/null.log")" || pass null-backend-clean-exit
 expect_error sqpoll-needs-io-uring "--uring-sqpoll needs --backend io_uring" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --backend threads --uring-sqpoll
 expect_error iopoll-needs-io-uring "--iopoll on needs --backend io_uring" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --backend threads --iopoll on
+expect_error werror-bad-mode "--werror 'pause' is not one of report, stop, enospc" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --werror pause
+expect_error rerror-bad-mode "--rerror 'enospc' is not one of report, stop" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --rerror enospc
+expect_error error-retry-not-a-number "--error-retry-s '-1' is not a number from 0 to 86400" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --error-retry-s -1
 expect_error iopoll-bad-mode "--iopoll 'sometimes' is not one of auto, on, off" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --iopoll sometimes
 expect_error iopoll-needs-o-direct "--iopoll on for disk .*: it needs O_DIRECT" --socket "$tmp/a.sock" --disk "$tmp/disk.img" --cache writeback --iopoll on
 # Where the disk's device has no poll queues (every virtual disk without

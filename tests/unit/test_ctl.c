@@ -656,6 +656,25 @@ static void test_resize_command(void)
 	ASSERT_EQ(bdev.size, 2 << 20);
 }
 
+/* ---- status and resume (the error policy's pause) ---- */
+
+/* A device that never paused: status says running with nothing held and
+ * no pause so far, by reason; resume has nothing to do and says so; both
+ * replies pinned, since scripts read them. */
+static void test_status_and_resume_commands(void)
+{
+	const char *rep = handle("{\"cmd\": \"status\"}");
+
+	if (strcmp(rep, "{ \"state\": \"running\", \"held_requests\": 0, \"pauses\": "
+			"{ \"enospc\": 0, \"edquot\": 0, \"eio\": 0 } }"))
+		T_FAIL("status reply: %s", rep);
+	rep = handle("{\"cmd\": \"resume\"}");
+	if (strcmp(rep, "{ \"ok\": true, \"resubmitted\": 0, \"state\": \"running\", "
+			"\"held_requests\": 0, \"pauses\": { \"enospc\": 0, \"edquot\": 0, "
+			"\"eio\": 0 } }"))
+		T_FAIL("resume reply: %s", rep);
+}
+
 /* ---- The server: a socket, added commands, handing the socket over ---- */
 
 struct asker {
@@ -994,6 +1013,7 @@ int main(void)
 	RUN(test_long_junk_requests_get_error);
 	RUN(test_reply_never_overflows_small_buffer);
 	RUN(test_resize_command);
+	RUN(test_status_and_resume_commands);
 
 	ASSERT_TRUE(mkdtemp(sock_dir) != NULL);
 	snprintf(sock_path, sizeof(sock_path), "%s/c.sock", sock_dir);

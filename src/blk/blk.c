@@ -22,6 +22,12 @@ struct blk_req {
 	struct blk_queue *q;
 	struct bdev_io io;
 	uint16_t head;
+	/* Accounting (acct.h): the operation, or ACCT_NR_OPS for none (a
+	 * header that could not be read, an unknown type); its bytes; when it
+	 * was taken off the ring (loop time). */
+	uint8_t op;
+	uint64_t bytes;
+	uint64_t t0;
 	uint8_t *status;	/* last byte of the last writable buffer */
 	uint32_t used_len;	/* bytes written on success */
 	struct iovec *iov;	/* VQ_MAX_SEGS entries */
@@ -188,6 +194,19 @@ static __cold void blk_req_log(struct blk_queue *q, struct blk_req *r)
 	vq_log_write(&q->vq, r->status, 1);
 }
 
+/* A request with an operation completes: its counters, the iothread's
+ * busy time.  Loop time, not a clock read per request. */
+static inline void blk_req_acct(struct blk_queue *q, struct blk_req *r, uint8_t status)
+{
+	uint64_t now;
+
+	if (unlikely(r->op >= ACCT_NR_OPS))
+		return;
+	now = loop_now(q->t->loop);
+	acct_done(&q->acct, r->op, status == VIRTIO_BLK_S_OK, r->bytes, now - r->t0);
+	acct_busy_end(&q->t->busy, now);
+}
+
 static void blk_req_complete(struct blk_req *r, uint8_t status)
 {
 	struct blk_queue *q = r->q;
@@ -199,6 +218,7 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 	vq_push(&q->vq, r->head, status == VIRTIO_BLK_S_OK ? r->used_len : 1);
 	q->inflight--;
 	q->irq.done++;
+	blk_req_acct(q, r, status);
 	blk_req_put(q, r);
 	if (q->dev->early_notify && defer_batching()) {
 		/*
@@ -237,6 +257,16 @@ static void blk_io_done(struct bdev_io *io, int res)
 }
 
 /* ---- Request parsing (iothread) ---- */
+
+/* A request of operation op, of bytes, is taken: it counts from here
+ * (blk_req_acct when it completes). */
+static inline void blk_req_start(struct blk_queue *q, struct blk_req *r, enum acct_op op,
+				 uint64_t bytes)
+{
+	r->op = (uint8_t)op;
+	r->bytes = bytes;
+	acct_busy_start(&q->t->busy, r->t0);
+}
 
 static void blk_dwz_next(struct blk_req *r);
 
@@ -291,7 +321,9 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 	uint32_t align = d->b->block_size >> VIRTIO_BLK_SECTOR_SHIFT;
 	bool discard = type == VIRTIO_BLK_T_DISCARD;
 	unsigned cap_bit = discard ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES;
+	uint64_t bytes = 0;
 
+	blk_req_start(q, r, discard ? ACCT_DISCARD : ACCT_WRITE_ZEROES, 0);
 	if (!(d->b->caps & cap_bit)) {
 		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
 		return;
@@ -324,7 +356,9 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
 		}
+		bytes += (uint64_t)g->num_sectors << VIRTIO_BLK_SECTOR_SHIFT;
 	}
+	r->bytes = bytes;
 	r->io.op = discard ? BDEV_DISCARD : BDEV_WRITE_ZEROES;
 	blk_dwz_next(r);
 }
@@ -332,7 +366,7 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 /* virtio 1.2, 5.2.6.2 "Device Requirements: Device Operation": a request
  * is [header][data][status]; header device-readable, status the last
  * device-writable byte. */
-static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e)
+static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e, uint64_t now)
 {
 	struct blk_dev *d = q->dev;
 	struct virtio_blk_outhdr hdr;
@@ -348,11 +382,13 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->in_off = out_num;
 	r->in_n = in_num;
 	r->used_len = 1;
+	r->t0 = now;
 	if (++q->inflight > 1)
-		blk_irq_note_overlap(&q->irq, loop_now(q->t->loop));
+		blk_irq_note_overlap(&q->irq, now);
 	stat_inc(&q->ctr.requests);
 
 	if (iov_to_buf(out, out_num, 0, &hdr, sizeof(hdr)) < sizeof(hdr)) {
+		r->op = ACCT_NR_OPS;
 		stat_inc(&q->ctr.bad_requests);
 		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 		return;
@@ -369,11 +405,12 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		unsigned cnt = is_write ? out_num : in_num;
 		uint64_t off, size = READ_ONCE(d->b->size);	/* grows: bdev_resize */
 
+		len = iov_size(data, cnt);
+		blk_req_start(q, r, is_write ? ACCT_WRITE : ACCT_READ, len);
 		if (is_write && d->b->read_only) {
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
 		}
-		len = iov_size(data, cnt);
 		/* Whole blocks, inside the disk: sector is in 512-byte units
 		 * whatever the block size (5.2.6). */
 		if (sector > (size >> VIRTIO_BLK_SECTOR_SHIFT)) {
@@ -404,6 +441,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		return;
 	}
 	case VIRTIO_BLK_T_FLUSH:
+		blk_req_start(q, r, ACCT_FLUSH, 0);
 		if (d->b->read_only) {
 			blk_req_complete(r, VIRTIO_BLK_S_OK);
 			return;
@@ -417,9 +455,11 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		bdev_submit(d->b, q->t->bctx, &r->io);
 		return;
 	case VIRTIO_BLK_T_GET_ID: {
-		size_t n = iov_from_buf(in, in_num, 0, d->serial,
-					MIN(sizeof(d->serial), iov_size(in, in_num)));
+		size_t n;
 
+		blk_req_start(q, r, ACCT_GET_ID, 0);
+		n = iov_from_buf(in, in_num, 0, d->serial,
+				 MIN(sizeof(d->serial), iov_size(in, in_num)));
 		r->used_len = (uint32_t)n + 1;
 		blk_req_complete(r, VIRTIO_BLK_S_OK);
 		return;
@@ -429,6 +469,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		blk_handle_dwz(q, r, type, out, out_num);
 		return;
 	default:
+		r->op = ACCT_NR_OPS;
 		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
 		return;
 	}
@@ -440,6 +481,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
  */
 static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 {
+	uint64_t now = loop_now(q->t->loop);	/* taken off the ring (loop time) */
 	unsigned n = 0;
 
 	while (n < budget) {
@@ -486,7 +528,7 @@ static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 			defer_call(blk_queue_notify, q);
 			continue;
 		}
-		blk_handle(q, r, &e);
+		blk_handle(q, r, &e, now);
 	}
 	return (int)n;
 }
@@ -980,11 +1022,13 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	d = calloc(1, sizeof(*d) + o->num_queues * sizeof(d->q[0]));
 	if (!d)
 		return -ENOMEM;
-	d->iot = calloc(nt, sizeof(*d->iot));
+	/* Aligned: each iothread's busy time on a line of its own. */
+	d->iot = aligned_alloc(BLK_CACHELINE, nt * sizeof(*d->iot));
 	if (!d->iot) {
 		free(d);
 		return -ENOMEM;
 	}
+	memset(d->iot, 0, nt * sizeof(*d->iot));
 	d->b = b;
 	d->num_queues = o->num_queues;
 	d->num_iothreads = nt;

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "acct/acct.h"
 #include "blk/blk.h"
 #include "blk/irq.h"
 #include "blk/virtio_blk.h"
@@ -23,12 +24,19 @@
 
 struct blk_req;
 
+#define BLK_CACHELINE 64
+
 struct blk_iothread {
 	struct blk_dev *dev;
 	unsigned idx;
 	int cpu;			/* pinned CPU, or -1 */
 	struct loop *loop;
 	struct bdev_ctx *bctx;		/* owned by this iothread */
+	/* Time with requests in flight on any of its queues (their union);
+	 * iothread-owned, read on it by stats.c.  Written per request: a
+	 * cache line of its own, not shared with the next iothread's fields
+	 * (blk_dev.iot is allocated aligned). */
+	struct acct_busy busy __attribute__((aligned(BLK_CACHELINE)));
 };
 
 /* The queue's own counters: the KEPT rows of BLK_QUEUE_COUNTERS
@@ -65,6 +73,10 @@ struct blk_queue {
 	unsigned nfree;
 	unsigned inflight;
 	bool logged_no_status;
+
+	/* Per operation (acct_done at completion); iothread-owned, plain
+	 * fields, read on the iothread by stats.c. */
+	struct acct acct;
 
 	/* Written by the iothread, read by anyone. */
 	struct blk_queue_counters ctr;

@@ -22,10 +22,11 @@ struct blk_req {
 	struct blk_queue *q;
 	struct bdev_io io;
 	uint16_t head;
-	/* Accounting (acct.h): the operation, or ACCT_NR_OPS for none (a
-	 * header that could not be read, an unknown type); its bytes; when it
-	 * was taken off the ring (loop time). */
-	uint8_t op;
+	/* Accounting (acct.h): its operation's counters in the queue's
+	 * struct acct, or NULL for none (a header that could not be read, an
+	 * unknown type); its bytes; when it was taken off the ring (loop
+	 * time). */
+	struct acct_op_stats *acct;
 	uint64_t bytes;
 	uint64_t t0;
 	uint8_t *status;	/* last byte of the last writable buffer */
@@ -200,10 +201,10 @@ static inline void blk_req_acct(struct blk_queue *q, struct blk_req *r, uint8_t 
 {
 	uint64_t now;
 
-	if (unlikely(r->op >= ACCT_NR_OPS))
+	if (unlikely(!r->acct))
 		return;
 	now = loop_now(q->t->loop);
-	acct_done(&q->acct, r->op, status == VIRTIO_BLK_S_OK, r->bytes, now - r->t0);
+	acct_op_done(r->acct, status == VIRTIO_BLK_S_OK, r->bytes, now - r->t0);
 	acct_busy_end(&q->t->busy, now);
 }
 
@@ -258,12 +259,12 @@ static void blk_io_done(struct bdev_io *io, int res)
 
 /* ---- Request parsing (iothread) ---- */
 
-/* A request of operation op, of bytes, is taken: it counts from here
- * (blk_req_acct when it completes). */
-static inline void blk_req_start(struct blk_queue *q, struct blk_req *r, enum acct_op op,
-				 uint64_t bytes)
+/* A request of bytes is taken, to count in s (&q->acct.op[its
+ * operation]) from here: blk_req_acct when it completes. */
+static inline void blk_req_start(struct blk_queue *q, struct blk_req *r,
+				 struct acct_op_stats *s, uint64_t bytes)
 {
-	r->op = (uint8_t)op;
+	r->acct = s;
 	r->bytes = bytes;
 	acct_busy_start(&q->t->busy, r->t0);
 }
@@ -323,7 +324,7 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 	unsigned cap_bit = discard ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES;
 	uint64_t bytes = 0;
 
-	blk_req_start(q, r, discard ? ACCT_DISCARD : ACCT_WRITE_ZEROES, 0);
+	blk_req_start(q, r, &q->acct.op[discard ? ACCT_DISCARD : ACCT_WRITE_ZEROES], 0);
 	if (!(d->b->caps & cap_bit)) {
 		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
 		return;
@@ -366,7 +367,7 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 /* virtio 1.2, 5.2.6.2 "Device Requirements: Device Operation": a request
  * is [header][data][status]; header device-readable, status the last
  * device-writable byte. */
-static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e, uint64_t now)
+static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e)
 {
 	struct blk_dev *d = q->dev;
 	struct virtio_blk_outhdr hdr;
@@ -382,13 +383,13 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->in_off = out_num;
 	r->in_n = in_num;
 	r->used_len = 1;
-	r->t0 = now;
+	r->t0 = loop_now(q->t->loop);	/* taken off the ring (loop time) */
 	if (++q->inflight > 1)
-		blk_irq_note_overlap(&q->irq, now);
+		blk_irq_note_overlap(&q->irq, r->t0);
 	stat_inc(&q->ctr.requests);
 
 	if (iov_to_buf(out, out_num, 0, &hdr, sizeof(hdr)) < sizeof(hdr)) {
-		r->op = ACCT_NR_OPS;
+		r->acct = NULL;
 		stat_inc(&q->ctr.bad_requests);
 		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 		return;
@@ -406,7 +407,9 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		uint64_t off, size = READ_ONCE(d->b->size);	/* grows: bdev_resize */
 
 		len = iov_size(data, cnt);
-		blk_req_start(q, r, is_write ? ACCT_WRITE : ACCT_READ, len);
+		/* Two addresses to choose from, not an index to scale. */
+		blk_req_start(q, r, is_write ? &q->acct.op[ACCT_WRITE] : &q->acct.op[ACCT_READ],
+			      len);
 		if (is_write && d->b->read_only) {
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
@@ -441,7 +444,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		return;
 	}
 	case VIRTIO_BLK_T_FLUSH:
-		blk_req_start(q, r, ACCT_FLUSH, 0);
+		blk_req_start(q, r, &q->acct.op[ACCT_FLUSH], 0);
 		if (d->b->read_only) {
 			blk_req_complete(r, VIRTIO_BLK_S_OK);
 			return;
@@ -457,7 +460,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	case VIRTIO_BLK_T_GET_ID: {
 		size_t n;
 
-		blk_req_start(q, r, ACCT_GET_ID, 0);
+		blk_req_start(q, r, &q->acct.op[ACCT_GET_ID], 0);
 		n = iov_from_buf(in, in_num, 0, d->serial,
 				 MIN(sizeof(d->serial), iov_size(in, in_num)));
 		r->used_len = (uint32_t)n + 1;
@@ -469,7 +472,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		blk_handle_dwz(q, r, type, out, out_num);
 		return;
 	default:
-		r->op = ACCT_NR_OPS;
+		r->acct = NULL;
 		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
 		return;
 	}
@@ -481,7 +484,6 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
  */
 static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 {
-	uint64_t now = loop_now(q->t->loop);	/* taken off the ring (loop time) */
 	unsigned n = 0;
 
 	while (n < budget) {
@@ -528,7 +530,7 @@ static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 			defer_call(blk_queue_notify, q);
 			continue;
 		}
-		blk_handle(q, r, &e, now);
+		blk_handle(q, r, &e);
 	}
 	return (int)n;
 }

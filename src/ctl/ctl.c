@@ -125,9 +125,10 @@ static struct json_object *counters_object(const struct blk_counter_set *set, co
 
 		if (c->kind == BLK_COUNTER_HISTOGRAM)
 			add_hist(o, c->name, blk_counter_hist(c, elem), &ok);
+		else if (c->is_signed)
+			add(o, c->name, json_object_new_int64(blk_counter_s64(c, elem)), &ok);
 		else
-			add(o, c->name, c->is_signed ? json_object_new_int64(blk_counter_s64(c, elem)) :
-				      json_object_new_uint64(blk_counter_u64(c, elem)), &ok);
+			add(o, c->name, json_object_new_uint64(blk_counter_u64(c, elem)), &ok);
 	}
 	return done(o, ok);
 }

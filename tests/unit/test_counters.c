@@ -378,7 +378,8 @@ static void check_hist_series(const char *text, const char *fam, unsigned id, un
 		double bound;
 
 		cum += (uint64_t)value_of(id, i, j, k);
-		snprintf(prefix, sizeof(prefix), "\n%s_bucket{%s%sle=\"", fam, lab, *lab ? "," : "");
+		snprintf(prefix, sizeof(prefix), "\n%s_bucket{%s%sle=\"", fam, lab,
+			 *lab ? "," : "");
 		/* The k-th such line. */
 		p = text;
 		for (unsigned x = 0; x <= k; x++) {
@@ -394,7 +395,8 @@ static void check_hist_series(const char *text, const char *fam, unsigned id, un
 			continue;
 		}
 		bound = strtod(le, (char **)&p);
-		if (fabs(bound - 1e-6 * (double)(1ull << k)) > 1e-15 * bound || strncmp(p, line, strlen(line)))
+		if (fabs(bound - 1e-6 * (double)(1ull << k)) > 1e-15 * bound ||
+		    strncmp(p, line, strlen(line)))
 			T_FAIL("bucket %u of %s{%s}: %.60s, want le 2^%u us and %" PRIu64, k, fam,
 			       lab, le, k, cum);
 	}

@@ -76,12 +76,12 @@ static inline unsigned acct_bucket(uint64_t ns)
 	return b < ACCT_BUCKETS - 1 ? b : ACCT_BUCKETS - 1;
 }
 
-/* A request completed: ok or failed, its bytes and how long it took. */
-static inline void acct_done(struct acct *a, enum acct_op op, bool ok, uint64_t bytes,
-			     uint64_t ns)
+/* A request of the operation s counts completed: ok or failed, its bytes
+ * and how long it took.  s is &a->op[op], which a hot path can find when
+ * it takes the request (the operation known then) rather than index with
+ * at completion. */
+static inline void acct_op_done(struct acct_op_stats *s, bool ok, uint64_t bytes, uint64_t ns)
 {
-	struct acct_op_stats *s = &a->op[op];
-
 	if (!ok) {
 		s->errors++;
 		return;
@@ -90,6 +90,13 @@ static inline void acct_done(struct acct *a, enum acct_op op, bool ok, uint64_t 
 	s->bytes += bytes;
 	s->total_ns += ns;
 	s->hist[acct_bucket(ns)]++;
+}
+
+/* A request completed: ok or failed, its bytes and how long it took. */
+static inline void acct_done(struct acct *a, enum acct_op op, bool ok, uint64_t bytes,
+			     uint64_t ns)
+{
+	acct_op_done(&a->op[op], ok, bytes, ns);
 }
 
 static inline void acct_busy_start(struct acct_busy *b, uint64_t now)

@@ -174,6 +174,19 @@ static __cold void blk_req_log(struct blk_queue *q, struct blk_req *r)
 	vq_log_write(&q->vq, r->status, 1);
 }
 
+/* A request with an operation completes: its counters, the iothread's
+ * busy time.  Loop time, not a clock read per request. */
+static inline void blk_req_acct(struct blk_queue *q, struct blk_req *r, uint8_t status)
+{
+	uint64_t now;
+
+	if (unlikely(!r->acct))
+		return;
+	now = loop_now(q->t->loop);
+	acct_op_done(r->acct, status == VIRTIO_BLK_S_OK, r->bytes, now - r->t0);
+	acct_busy_end(&q->t->busy, now);
+}
+
 static void blk_req_complete(struct blk_req *r, uint8_t status)
 {
 	struct blk_queue *q = r->q;
@@ -185,6 +198,7 @@ static void blk_req_complete(struct blk_req *r, uint8_t status)
 	vq_push(&q->vq, r->head, status == VIRTIO_BLK_S_OK ? r->used_len : 1);
 	q->inflight--;
 	q->irq.done++;
+	blk_req_acct(q, r, status);
 	blk_req_put(q, r);
 	if (q->dev->early_notify && defer_batching()) {
 		/*
@@ -236,6 +250,16 @@ static void blk_io_done(struct bdev_io *io, int res)
 }
 
 /* ---- Request parsing (iothread) ---- */
+
+/* A request of bytes is taken, to count in s (&q->acct.op[its
+ * operation]) from here: blk_req_acct when it completes. */
+static inline void blk_req_start(struct blk_queue *q, struct blk_req *r,
+				 struct acct_op_stats *s, uint64_t bytes)
+{
+	r->acct = s;
+	r->bytes = bytes;
+	acct_busy_start(&q->t->busy, r->t0);
+}
 
 static void blk_dwz_next(struct blk_req *r);
 
@@ -306,7 +330,9 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 	uint32_t align = d->b->block_size >> VIRTIO_BLK_SECTOR_SHIFT;
 	bool discard = type == VIRTIO_BLK_T_DISCARD;
 	unsigned cap_bit = discard ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES;
+	uint64_t bytes = 0;
 
+	blk_req_start(q, r, &q->acct.op[discard ? ACCT_DISCARD : ACCT_WRITE_ZEROES], 0);
 	if (!(d->b->caps & cap_bit)) {
 		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
 		return;
@@ -339,7 +365,9 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
 		}
+		bytes += (uint64_t)g->num_sectors << VIRTIO_BLK_SECTOR_SHIFT;
 	}
+	r->bytes = bytes;
 	r->io.op = discard ? BDEV_DISCARD : BDEV_WRITE_ZEROES;
 	blk_dwz_next(r);
 }
@@ -363,11 +391,13 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 	r->in_off = out_num;
 	r->in_n = in_num;
 	r->used_len = 1;
+	r->t0 = loop_now(q->t->loop);	/* taken off the ring (loop time) */
 	if (++q->inflight > 1)
-		blk_irq_note_overlap(&q->irq, loop_now(q->t->loop));
+		blk_irq_note_overlap(&q->irq, r->t0);
 	stat_inc(&q->ctr.requests);
 
 	if (iov_to_buf(out, out_num, 0, &hdr, sizeof(hdr)) < sizeof(hdr)) {
+		r->acct = NULL;
 		stat_inc(&q->ctr.bad_requests);
 		blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 		return;
@@ -384,11 +414,14 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		unsigned cnt = is_write ? out_num : in_num;
 		uint64_t off, size = READ_ONCE(d->b->size);	/* grows: bdev_resize */
 
+		len = iov_size(data, cnt);
+		/* Two addresses to choose from, not an index to scale. */
+		blk_req_start(q, r, is_write ? &q->acct.op[ACCT_WRITE] : &q->acct.op[ACCT_READ],
+			      len);
 		if (is_write && d->b->read_only) {
 			blk_req_complete(r, VIRTIO_BLK_S_IOERR);
 			return;
 		}
-		len = iov_size(data, cnt);
 		/* Whole blocks, inside the disk: sector is in 512-byte units
 		 * whatever the block size (5.2.6). */
 		if (sector > (size >> VIRTIO_BLK_SECTOR_SHIFT)) {
@@ -419,6 +452,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		return;
 	}
 	case VIRTIO_BLK_T_FLUSH:
+		blk_req_start(q, r, &q->acct.op[ACCT_FLUSH], 0);
 		if (d->b->read_only) {
 			blk_req_complete(r, VIRTIO_BLK_S_OK);
 			return;
@@ -432,9 +466,11 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		bdev_submit(d->b, q->t->bctx, &r->io);
 		return;
 	case VIRTIO_BLK_T_GET_ID: {
-		size_t n = iov_from_buf(in, in_num, 0, d->serial,
-					MIN(sizeof(d->serial), iov_size(in, in_num)));
+		size_t n;
 
+		blk_req_start(q, r, &q->acct.op[ACCT_GET_ID], 0);
+		n = iov_from_buf(in, in_num, 0, d->serial,
+				 MIN(sizeof(d->serial), iov_size(in, in_num)));
 		r->used_len = (uint32_t)n + 1;
 		blk_req_complete(r, VIRTIO_BLK_S_OK);
 		return;
@@ -444,6 +480,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		blk_handle_dwz(q, r, type, out, out_num);
 		return;
 	default:
+		r->acct = NULL;
 		blk_req_complete(r, VIRTIO_BLK_S_UNSUPP);
 		return;
 	}
@@ -1011,11 +1048,13 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	d = calloc(1, sizeof(*d) + o->num_queues * sizeof(d->q[0]));
 	if (!d)
 		return -ENOMEM;
-	d->iot = calloc(nt, sizeof(*d->iot));
+	/* Aligned: each iothread's busy time on a line of its own. */
+	d->iot = aligned_alloc(BLK_CACHELINE, nt * sizeof(*d->iot));
 	if (!d->iot) {
 		free(d);
 		return -ENOMEM;
 	}
+	memset(d->iot, 0, nt * sizeof(*d->iot));
 	d->b = b;
 	d->num_queues = o->num_queues;
 	d->num_iothreads = nt;

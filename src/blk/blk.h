@@ -83,16 +83,13 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out);
 /* Stop every queue (draining I/O), stop the iothread, free. */
 void blk_dev_free(struct blk_dev *d);
 
-/* Snapshot of every queue's counters (qs: num_queues entries) and every
- * iothread's (ts: num_iothreads entries); the counters are listed in
- * blk/counters.h.  Main thread (hands off to each iothread). */
-void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
-		   struct blk_iothread_stats *ts);
-
 /* Every counter and the polling knobs at one moment, in arrays of their
- * own: what the control socket's "stats" and the metrics show. */
+ * own: what the control socket's "stats" and the metrics show.  The
+ * counters are listed in blk/counters.h. */
 struct blk_stats {
 	unsigned num_queues, num_iothreads;
+	struct blk_disk_stats disk;
+	struct blk_op_stats ops[ACCT_NR_OPS];	/* all queues together */
 	struct blk_queue_stats *queues;		/* num_queues entries */
 	struct blk_iothread_stats *iothreads;	/* num_iothreads entries */
 	struct loop_poll_params poll;
@@ -103,16 +100,25 @@ struct blk_stats {
 static inline const void *blk_stats_elems(const struct blk_stats *s, enum blk_counter_set_id id,
 					  unsigned *n)
 {
-	if (id == BLK_COUNTERS_QUEUE) {
+	switch (id) {
+	case BLK_COUNTERS_OP:
+		*n = ACCT_NR_OPS;
+		return s->ops;
+	case BLK_COUNTERS_DISK:
+		*n = 1;
+		return &s->disk;
+	case BLK_COUNTERS_QUEUE:
 		*n = s->num_queues;
 		return s->queues;
+	default:
+		*n = s->num_iothreads;
+		return s->iothreads;
 	}
-	*n = s->num_iothreads;
-	return s->iothreads;
 }
 
-/* Fill s (blk_get_stats, blk_get_poll_params).  Returns 0 or -ENOMEM
- * (s then holds nothing to release).  Main thread. */
+/* Fill s: every queue's, iothread's and operation's counters, read on
+ * each iothread, and the polling knobs (blk_get_poll_params).  Returns 0
+ * or -ENOMEM (s then holds nothing to release).  Main thread. */
 int blk_stats_snapshot(struct blk_dev *d, struct blk_stats *s);
 /* Free s's arrays.  Any thread. */
 void blk_stats_release(struct blk_stats *s);

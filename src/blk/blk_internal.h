@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "acct/acct.h"
 #include "blk/blk.h"
 #include "blk/irq.h"
 #include "blk/virtio_blk.h"
@@ -28,6 +29,13 @@ struct blk_req {
 	struct blk_queue *q;
 	struct bdev_io io;
 	uint16_t head;
+	/* Accounting (acct.h): its operation's counters in the queue's
+	 * struct acct, or NULL for none (a header that could not be read, an
+	 * unknown type); its bytes; when it was taken off the ring (loop
+	 * time). */
+	struct acct_op_stats *acct;
+	uint64_t bytes;
+	uint64_t t0;
 	uint8_t *status;	/* last byte of the last writable buffer */
 	uint32_t used_len;	/* bytes written on success */
 	struct iovec *iov;	/* VQ_MAX_SEGS entries */
@@ -40,12 +48,19 @@ struct blk_req {
 	unsigned nsegs, seg;
 };
 
+#define BLK_CACHELINE 64
+
 struct blk_iothread {
 	struct blk_dev *dev;
 	unsigned idx;
 	int cpu;			/* pinned CPU, or -1 */
 	struct loop *loop;
 	struct bdev_ctx *bctx;		/* owned by this iothread */
+	/* Time with requests in flight on any of its queues (their union);
+	 * iothread-owned, read on it by stats.c.  Written per request: a
+	 * cache line of its own, not shared with the next iothread's fields
+	 * (blk_dev.iot is allocated aligned). */
+	struct acct_busy busy __attribute__((aligned(BLK_CACHELINE)));
 };
 
 /* The queue's own counters: the KEPT rows of BLK_QUEUE_COUNTERS
@@ -86,6 +101,10 @@ struct blk_queue {
 	 * not completed, counted in inflight. */
 	struct blk_req *held_head, **held_tail;
 	unsigned nheld;
+
+	/* Per operation (acct_done at completion); iothread-owned, plain
+	 * fields, read on the iothread by stats.c. */
+	struct acct acct;
 
 	/* Written by the iothread, read by anyone. */
 	struct blk_queue_counters ctr;

@@ -1,25 +1,35 @@
 /*
  * The counters of a blk_dev, declared once (STYLE.md 17; what each means:
- * docs/architecture.md "Counters").  Each list below is one set, one row
- * per counter; everything else is generated from it: the set's stats
- * struct (blk.h), the atomics the queue keeps (blk_internal.h) and their
- * copy into a snapshot (stats.c), the descriptor table that "vblkctl
- * stats" (ctl.c) and the Prometheus families (metrics.c) are rendered
- * from.  Adding a counter is one row, plus the line that counts it
- * (KEPT) or fills it at a snapshot (READ).  tests/unit/test_counters.c
- * checks that every row reaches every output.
+ * docs/architecture.md "Counters" and "I/O accounting").  Each list below
+ * is one set, one row per counter; everything else is generated from it:
+ * the set's stats struct (blk.h), the atomics the queue keeps
+ * (blk_internal.h) and their copy into a snapshot (stats.c), the
+ * descriptor table that "vblkctl stats" (ctl.c) and the Prometheus
+ * families (metrics.c) are rendered from.  Adding a counter is one row,
+ * plus the line that counts it (KEPT) or fills it at a snapshot (READ).
+ * tests/unit/test_counters.c checks that every row reaches every output.
  *
  * X(name, type, src, kind, unit, metric, help):
  *   name    the stats struct's member and the counter's key in "vblkctl
  *           stats"
- *   type    u64, or s64 (a value that may be -1)
+ *   type    u64, s64 (a value that may be -1), or hist (ACCT_BUCKETS
+ *           counts, acct.h's latency buckets)
  *   src     KEPT: a relaxed atomic the owner keeps (struct blk_queue's
  *           ctr, written on its iothread), copied at a snapshot; READ: read
  *           at a snapshot from where it lives (the loop, the engine, the
- *           thread's configuration) by stats.c
- *   kind    COUNTER (never goes back; metric ends in _total) or GAUGE
- *   unit    PLAIN, or NS: nanoseconds, shown to Prometheus as seconds
- *   metric  the Prometheus name after "vblkd_<set>_"
+ *           thread's configuration, the queues' accounting) by stats.c
+ *   kind    COUNTER (never goes back; metric ends in _total), GAUGE,
+ *           HISTOGRAM (a hist row: in "vblkctl stats" the members
+ *           <name>_ns, its quantiles p50/p90/p99/p999, and <name>_buckets,
+ *           the counts as kept; in the metrics a histogram family <metric>,
+ *           _bucket{le} cumulative, _count, and _sum from its SUM row), or
+ *           SUM (the total a HISTOGRAM row's _sum shows: its metric is that
+ *           row's and "_sum"; a member of "vblkctl stats", no family of
+ *           its own)
+ *   unit    PLAIN, or NS: nanoseconds, shown to Prometheus as seconds (a
+ *           histogram's le bounds too)
+ *   metric  the Prometheus name after "vblkd_<set>_"; NULL: "vblkctl
+ *           stats" only
  *   help    its HELP text
  *
  * The rows' order is the order of both outputs.
@@ -30,6 +40,42 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "acct/acct.h"
+
+/*
+ * The disk as a whole: the JSON object "disk", families vblkd_disk_<metric>
+ * without labels.  Busy time is each iothread's (the union of its queues'
+ * busy periods: acct_busy), summed over iothreads; %util divides it by
+ * the time and the iothreads.
+ */
+#define BLK_DISK_COUNTERS(X)									\
+	X(in_flight, u64, READ, GAUGE, PLAIN, "requests_in_flight",				\
+	  "Requests taken from the rings and not completed yet.")				\
+	X(busy_ns, u64, READ, COUNTER, NS, "busy_seconds_total",				\
+	  "Time with at least one request in flight, per iothread, summed over iothreads.")	\
+	X(iothreads, u64, READ, GAUGE, PLAIN, NULL,						\
+	  "The iothreads busy time is summed over (%util divides by them).")
+
+/*
+ * Per operation (enum acct_op, acct_op_name): "disk": {"ops": {"read":
+ * {...}, ...}}, series labelled op="read".  Kept per queue by acct_done,
+ * summed over queues at a snapshot.  A request counts once it completes,
+ * in requests or errors; the time and the histogram are of the successful
+ * ones (requests is the histogram's _count), from taking the request off
+ * the ring to pushing its used element.
+ */
+#define BLK_OP_COUNTERS(X)									\
+	X(requests, u64, READ, COUNTER, PLAIN, "requests_total",				\
+	  "Requests completed successfully.")							\
+	X(bytes, u64, READ, COUNTER, PLAIN, "bytes_total",					\
+	  "Bytes of the requests completed successfully: read, written, discarded or zeroed.") \
+	X(errors, u64, READ, COUNTER, PLAIN, "errors_total",					\
+	  "Requests completed with an error status.")						\
+	X(total_ns, u64, READ, SUM, NS, "request_duration_seconds_sum",			\
+	  "Time the requests completed successfully took, all together.")			\
+	X(latency, hist, READ, HISTOGRAM, NS, "request_duration_seconds",			\
+	  "Time from taking a request off the ring to completing it successfully.")
 
 /* Per queue: the JSON array "queues", series labelled queue="N". */
 #define BLK_QUEUE_COUNTERS(X)									\
@@ -106,9 +152,24 @@
 
 #define BLK_COUNTER_CTYPE_u64 uint64_t
 #define BLK_COUNTER_CTYPE_s64 int64_t
-#define BLK_COUNTER_MEMBER(name, type, ...) BLK_COUNTER_CTYPE_##type name;
+#define BLK_COUNTER_CTYPE_hist uint64_t
+#define BLK_COUNTER_DIM_u64
+#define BLK_COUNTER_DIM_s64
+#define BLK_COUNTER_DIM_hist [ACCT_BUCKETS]
+#define BLK_COUNTER_MEMBER(name, type, ...) \
+	BLK_COUNTER_CTYPE_##type name BLK_COUNTER_DIM_##type;
 
-/* A snapshot of one queue's counters (blk_get_stats). */
+/* A snapshot of the disk's own counters. */
+struct blk_disk_stats {
+	BLK_DISK_COUNTERS(BLK_COUNTER_MEMBER)
+};
+
+/* A snapshot of one operation's counters, all queues together. */
+struct blk_op_stats {
+	BLK_OP_COUNTERS(BLK_COUNTER_MEMBER)
+};
+
+/* A snapshot of one queue's counters (blk_stats_snapshot). */
 struct blk_queue_stats {
 	BLK_QUEUE_COUNTERS(BLK_COUNTER_MEMBER)
 };
@@ -120,13 +181,18 @@ struct blk_iothread_stats {
 
 /* ---- The descriptor table, for whoever renders the counters ---- */
 
-enum blk_counter_kind { BLK_COUNTER_COUNTER, BLK_COUNTER_GAUGE };
+enum blk_counter_kind {
+	BLK_COUNTER_COUNTER,
+	BLK_COUNTER_GAUGE,
+	BLK_COUNTER_HISTOGRAM,
+	BLK_COUNTER_SUM,
+};
 enum blk_counter_unit { BLK_COUNTER_PLAIN, BLK_COUNTER_NS };
 
 /* One row, as the list above gives it. */
 struct blk_counter {
 	const char *name;		/* member and JSON key */
-	const char *metric;		/* after "vblkd_<set>_" */
+	const char *metric;		/* after "vblkd_<set>_"; NULL: JSON only */
 	const char *help;
 	enum blk_counter_kind kind;
 	enum blk_counter_unit unit;
@@ -135,19 +201,39 @@ struct blk_counter {
 };
 
 /*
- * One set: a stats struct per element (a queue, an iothread), one JSON
- * array of objects keyed by the rows' names, and per row one Prometheus
- * family vblkd_<label>_<metric> with a series per element labelled
- * <label>="N".  A set of its own (per operation, say) is one more list
- * here, its stats struct, an enum value, a row of blk_counter_sets
- * (stats.c), an array in struct blk_stats and its case in
- * blk_stats_elems (blk.h); the renderers walk every set as they are.
+ * One set: a stats struct per element, and per row one Prometheus family
+ * vblkd_<prefix>_<metric> with a series per element.  The elements are
+ * one of:
+ *   - numbered (elem_name NULL: a queue, an iothread): series labelled
+ *     <label>="N", a JSON array of one object per element, keyed by the
+ *     rows' names;
+ *   - named (elem_name: an operation): series labelled <label>="<name>",
+ *     a JSON object of one such object per element, keyed by its name;
+ *   - one (label NULL: the disk): series without labels, one JSON object.
+ * The JSON is the member json of "vblkctl stats", or of the object of set
+ * parent (which then has it after its own rows).  A set of its own is one
+ * more list here, its stats struct, an enum value, a row of
+ * blk_counter_sets (stats.c), its elements in struct blk_stats and its
+ * case in blk_stats_elems (blk.h); the renderers walk every set as they
+ * are.
  */
-enum blk_counter_set_id { BLK_COUNTERS_QUEUE, BLK_COUNTERS_IOTHREAD, BLK_COUNTER_SETS };
+enum blk_counter_set_id {
+	/* The disk's first: an operator reads them first (the metrics show
+	 * them before anything else, the stats JSON as its first member). */
+	BLK_COUNTERS_OP,
+	BLK_COUNTERS_DISK,
+	BLK_COUNTERS_QUEUE,
+	BLK_COUNTERS_IOTHREAD,
+	BLK_COUNTER_SETS
+};
 
 struct blk_counter_set {
-	const char *label;		/* "queue": metric prefix and label name */
-	const char *json;		/* "queues": the member of "vblkctl stats" */
+	const char *prefix;		/* "queue": vblkd_queue_<metric> */
+	const char *label;		/* "queue": the series' label; NULL: one element */
+	const char *json;		/* "queues": its member in "vblkctl stats" */
+	int parent;			/* -1, or the set whose JSON object has json */
+	/* The name of element i (label value, JSON key); NULL: numbered. */
+	const char *(*elem_name)(unsigned i);
 	const struct blk_counter *rows;
 	unsigned nrows;
 	size_t size;			/* of one element's stats struct */
@@ -166,6 +252,12 @@ static inline uint64_t blk_counter_u64(const struct blk_counter *c, const void *
 static inline int64_t blk_counter_s64(const struct blk_counter *c, const void *elem)
 {
 	return *(const int64_t *)((const char *)elem + c->off);
+}
+
+/* A hist row's ACCT_BUCKETS counts (not cumulative). */
+static inline const uint64_t *blk_counter_hist(const struct blk_counter *c, const void *elem)
+{
+	return (const uint64_t *)((const char *)elem + c->off);
 }
 
 #endif

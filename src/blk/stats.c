@@ -1,37 +1,61 @@
 /*
- * The counters' snapshot (blk_get_stats, blk_stats_snapshot) and their
- * descriptor table, both generated from blk/counters.h; the polling knobs.
- * Main thread, handing off to each iothread.
+ * The counters' snapshot (blk_stats_snapshot) and their descriptor table,
+ * both generated from blk/counters.h; the polling knobs.  Main thread,
+ * handing off to each iothread.
  */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "blk/blk_internal.h"
 #include "util/compiler.h"
 
 #define BLK_COUNTER_SIGNED_u64 false
 #define BLK_COUNTER_SIGNED_s64 true
+#define BLK_COUNTER_SIGNED_hist false
 #define ROW(set, name, type, src, kind, unit, metric, help)				\
 	{ #name, metric, help, BLK_COUNTER_##kind, BLK_COUNTER_##unit,			\
 	  BLK_COUNTER_SIGNED_##type, offsetof(struct set, name) },
+#define DISK_ROW(...) ROW(blk_disk_stats, __VA_ARGS__)
+#define OP_ROW(...) ROW(blk_op_stats, __VA_ARGS__)
 #define QUEUE_ROW(...) ROW(blk_queue_stats, __VA_ARGS__)
 #define IOTHREAD_ROW(...) ROW(blk_iothread_stats, __VA_ARGS__)
 
+static const struct blk_counter disk_rows[] = { BLK_DISK_COUNTERS(DISK_ROW) };
+static const struct blk_counter op_rows[] = { BLK_OP_COUNTERS(OP_ROW) };
 static const struct blk_counter queue_rows[] = { BLK_QUEUE_COUNTERS(QUEUE_ROW) };
 static const struct blk_counter iothread_rows[] = { BLK_IOTHREAD_COUNTERS(IOTHREAD_ROW) };
 
+static const char *op_name(unsigned i)
+{
+	return acct_op_name((enum acct_op)i);
+}
+
 const struct blk_counter_set blk_counter_sets[BLK_COUNTER_SETS] = {
-	[BLK_COUNTERS_QUEUE] = { "queue", "queues", queue_rows, ARRAY_SIZE(queue_rows),
-				 sizeof(struct blk_queue_stats) },
-	[BLK_COUNTERS_IOTHREAD] = { "iothread", "iothreads", iothread_rows,
+	[BLK_COUNTERS_OP] = { "disk", "op", "ops", BLK_COUNTERS_DISK, op_name, op_rows,
+			      ARRAY_SIZE(op_rows), sizeof(struct blk_op_stats) },
+	[BLK_COUNTERS_DISK] = { "disk", NULL, "disk", -1, NULL, disk_rows, ARRAY_SIZE(disk_rows),
+				sizeof(struct blk_disk_stats) },
+	[BLK_COUNTERS_QUEUE] = { "queue", "queue", "queues", -1, NULL, queue_rows,
+				 ARRAY_SIZE(queue_rows), sizeof(struct blk_queue_stats) },
+	[BLK_COUNTERS_IOTHREAD] = { "iothread", "iothread", "iothreads", -1, NULL, iothread_rows,
 				    ARRAY_SIZE(iothread_rows), sizeof(struct blk_iothread_stats) },
 };
 
-/* Every member a row, every row 8 bytes: the renderers read them so. */
-STATIC_ASSERT(sizeof(struct blk_queue_stats) == ARRAY_SIZE(queue_rows) * 8,
+/* Every member a row, every row 8 bytes (a hist row ACCT_BUCKETS times
+ * 8): the renderers read them so. */
+#define BLK_COUNTER_SIZE_u64 8
+#define BLK_COUNTER_SIZE_s64 8
+#define BLK_COUNTER_SIZE_hist (8 * ACCT_BUCKETS)
+#define ROW_SIZE(name, type, ...) + BLK_COUNTER_SIZE_##type
+STATIC_ASSERT(sizeof(struct blk_disk_stats) == 0 BLK_DISK_COUNTERS(ROW_SIZE),
+	      "struct blk_disk_stats has a member that is not a row of BLK_DISK_COUNTERS");
+STATIC_ASSERT(sizeof(struct blk_op_stats) == 0 BLK_OP_COUNTERS(ROW_SIZE),
+	      "struct blk_op_stats has a member that is not a row of BLK_OP_COUNTERS");
+STATIC_ASSERT(sizeof(struct blk_queue_stats) == 0 BLK_QUEUE_COUNTERS(ROW_SIZE),
 	      "struct blk_queue_stats has a member that is not a row of BLK_QUEUE_COUNTERS");
-STATIC_ASSERT(sizeof(struct blk_iothread_stats) == ARRAY_SIZE(iothread_rows) * 8,
+STATIC_ASSERT(sizeof(struct blk_iothread_stats) == 0 BLK_IOTHREAD_COUNTERS(ROW_SIZE),
 	      "struct blk_iothread_stats has a member that is not a row of BLK_IOTHREAD_COUNTERS");
 
 #define COPY_KEPT(name, type, src, ...)							\
@@ -41,16 +65,22 @@ struct stats_call {
 	struct blk_iothread *t;
 	struct blk_queue_stats *qs;
 	struct blk_iothread_stats *ts;	/* the iothread's */
+	struct blk_disk_stats *disk;	/* added to */
+	struct acct *acct;		/* added to */
 };
 
 /* On the iothread: kick handlers come and go with ring restarts, so their
- * poll counters are read where they live. */
+ * poll counters are read where they live; the accounting is plain fields
+ * of the iothread's. */
 static void do_stats(void *opaque)
 {
 	struct stats_call *c = opaque;
 	struct blk_dev *d = c->t->dev;
 	struct loop_poll_stats cs;
 
+	/* Loop time, as the busy periods are stamped: a period that ends
+	 * later in this iteration cannot end before what is read now. */
+	c->disk->busy_ns += acct_busy_ns(&c->t->busy, loop_now(c->t->loop));
 	c->ts->backend_submits = bdev_ctx_submits(d->b, c->t->bctx);
 	c->ts->backend_polled = bdev_ctx_polled(d->b, c->t->bctx);
 	loop_completion_poll_stats(c->t->loop, &cs);
@@ -66,6 +96,8 @@ static void do_stats(void *opaque)
 		if (q->kick_h)
 			loop_fd_poll_stats(q->kick_h, &ps);
 		BLK_QUEUE_COUNTERS(COPY_KEPT)
+		acct_add(c->acct, &q->acct);
+		c->disk->in_flight += q->inflight;
 		o->iothread = c->t->idx;
 		o->poll_hits = q->poll_base.hits + ps.hits;
 		o->poll_misses = q->poll_base.misses + ps.misses;
@@ -74,11 +106,28 @@ static void do_stats(void *opaque)
 	}
 }
 
-void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
-		   struct blk_iothread_stats *ts)
+/* The operations' counters from the queues' sum. */
+static void ops_from(struct blk_op_stats *ops, const struct acct *a)
 {
+	for (unsigned i = 0; i < ACCT_NR_OPS; i++) {
+		const struct acct_op_stats *o = &a->op[i];
+
+		ops[i].requests = o->requests;
+		ops[i].bytes = o->bytes;
+		ops[i].errors = o->errors;
+		ops[i].total_ns = o->total_ns;
+		memcpy(ops[i].latency, o->hist, sizeof(ops[i].latency));
+	}
+}
+
+static void get_stats(struct blk_dev *d, struct blk_stats *s)
+{
+	struct blk_iothread_stats *ts = s->iothreads;
+	struct acct sum = { 0 };
+
+	s->disk.iothreads = d->num_iothreads;
 	for (unsigned i = 0; i < d->num_iothreads; i++) {
-		struct stats_call c = { &d->iot[i], qs, &ts[i] };
+		struct stats_call c = { &d->iot[i], s->queues, &ts[i], &s->disk, &sum };
 		struct loop_stats ls;
 
 		loop_call_sync(d->iot[i].loop, do_stats, &c);
@@ -95,6 +144,7 @@ void blk_get_stats(struct blk_dev *d, struct blk_queue_stats *qs,
 		ts[i].poll_check_off = ls.pay_off;
 		ts[i].cpu = d->iot[i].cpu;
 	}
+	ops_from(s->ops, &sum);
 }
 
 int blk_stats_snapshot(struct blk_dev *d, struct blk_stats *s)
@@ -107,7 +157,7 @@ int blk_stats_snapshot(struct blk_dev *d, struct blk_stats *s)
 		blk_stats_release(s);
 		return -ENOMEM;
 	}
-	blk_get_stats(d, s->queues, s->iothreads);
+	get_stats(d, s);
 	blk_get_poll_params(d, &s->poll);
 	return 0;
 }

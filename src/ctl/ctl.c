@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "acct/acct.h"
 #include "blk/blk.h"
 #include "loop/loop.h"
 #include "util/compiler.h"
@@ -80,6 +81,37 @@ static struct json_object *poll_object(const struct loop_poll_params *p)
 	return done(o, ok);
 }
 
+/* The quantiles of a latency histogram (acct.h), in ns, as Prometheus'
+ * histogram_quantile() would give them from the metrics. */
+static const struct {
+	const char *key;
+	double q;
+} quantiles[] = { { "p50", 0.5 }, { "p90", 0.9 }, { "p99", 0.99 }, { "p999", 0.999 } };
+
+/* A hist row's members: <name>_ns, the quantiles; <name>_buckets, the
+ * counts as kept (not cumulative). */
+static void add_hist(struct json_object *o, const char *name, const uint64_t *hist, bool *ok)
+{
+	struct json_object *q = json_object_new_object(), *b = json_object_new_array();
+	char key[64];
+
+	for (unsigned i = 0; q && i < ARRAY_SIZE(quantiles); i++)
+		add(q, quantiles[i].key, json_object_new_uint64(acct_quantile_ns(hist,
+									 quantiles[i].q)), ok);
+	for (unsigned i = 0; b && i < ACCT_BUCKETS; i++) {
+		struct json_object *v = json_object_new_uint64(hist[i]);
+
+		if (!v || json_object_array_add(b, v) < 0) {
+			json_object_put(v);
+			*ok = false;
+		}
+	}
+	snprintf(key, sizeof(key), "%s_ns", name);
+	add(o, key, q, ok);
+	snprintf(key, sizeof(key), "%s_buckets", name);
+	add(o, key, b, ok);
+}
+
 /* One element of a counter set (blk/counters.h): its rows as members. */
 static struct json_object *counters_object(const struct blk_counter_set *set, const void *elem)
 {
@@ -91,35 +123,58 @@ static struct json_object *counters_object(const struct blk_counter_set *set, co
 	for (unsigned i = 0; i < set->nrows; i++) {
 		const struct blk_counter *c = &set->rows[i];
 
-		add(o, c->name, c->is_signed ? json_object_new_int64(blk_counter_s64(c, elem)) :
-			      json_object_new_uint64(blk_counter_u64(c, elem)), &ok);
+		if (c->kind == BLK_COUNTER_HISTOGRAM)
+			add_hist(o, c->name, blk_counter_hist(c, elem), &ok);
+		else if (c->is_signed)
+			add(o, c->name, json_object_new_int64(blk_counter_s64(c, elem)), &ok);
+		else
+			add(o, c->name, json_object_new_uint64(blk_counter_u64(c, elem)), &ok);
 	}
 	return done(o, ok);
 }
 
-/* The "stats" members of snapshot st, added to reply: an array per
- * counter set, the polling knobs. */
+/* Counter set id of st as JSON: one element an object, with the sets
+ * whose parent it is as members after its rows; numbered elements an
+ * array of objects; named ones an object of objects. */
+static struct json_object *set_json(const struct blk_stats *st, unsigned id)
+{
+	const struct blk_counter_set *set = &blk_counter_sets[id];
+	unsigned n;
+	const char *elems = blk_stats_elems(st, id, &n);
+	struct json_object *o;
+	bool ok = true;
+
+	if (!set->label) {
+		o = counters_object(set, elems);
+		for (unsigned k = 0; o && k < BLK_COUNTER_SETS; k++)
+			if (blk_counter_sets[k].parent == (int)id)
+				add(o, blk_counter_sets[k].json, set_json(st, k), &ok);
+		return done(o, ok);
+	}
+	o = set->elem_name ? json_object_new_object() : json_object_new_array();
+	for (unsigned i = 0; o && i < n; i++) {
+		struct json_object *e = counters_object(set, elems + (size_t)i * set->size);
+
+		if (set->elem_name) {
+			add(o, set->elem_name(i), e, &ok);
+		} else if (!e || json_object_array_add(o, e) < 0) {
+			json_object_put(e);
+			ok = false;
+		}
+	}
+	return o ? done(o, ok) : NULL;
+}
+
+/* The "stats" members of snapshot st, added to reply: a member per
+ * counter set of the top level (the others are inside their parent's),
+ * the polling knobs. */
 static int stats_add(const struct blk_stats *st, struct json_object *reply)
 {
 	bool ok = true;
 
-	for (unsigned id = 0; id < BLK_COUNTER_SETS; id++) {
-		const struct blk_counter_set *set = &blk_counter_sets[id];
-		struct json_object *a = json_object_new_array();
-		unsigned n;
-		const char *elems = blk_stats_elems(st, id, &n);
-
-		for (unsigned i = 0; i < n && a; i++) {
-			struct json_object *e = counters_object(set, elems + (size_t)i * set->size);
-
-			if (!e || json_object_array_add(a, e) < 0) {
-				json_object_put(e);
-				json_object_put(a);
-				a = NULL;
-			}
-		}
-		add(reply, set->json, a, &ok);
-	}
+	for (unsigned id = 0; id < BLK_COUNTER_SETS; id++)
+		if (blk_counter_sets[id].parent < 0)
+			add(reply, blk_counter_sets[id].json, set_json(st, id), &ok);
 	add(reply, "poll", poll_object(&st->poll), &ok);
 	return ok ? 0 : -ENOMEM;
 }

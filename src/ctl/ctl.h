@@ -5,11 +5,17 @@
  * { "ok": true, "size": 1024 }):
  *
  *   {"cmd": "stats"}
- *     -> {"queues": [{"iothread": N, "requests": N, ...}, ...],
+ *     -> {"disk": {"in_flight": N, "busy_ns": N, "iothreads": N,
+ *                  "ops": {"read": {"requests": N, ..., "latency_ns":
+ *                                   {"p50": N, ...}, "latency_buckets":
+ *                                   [N, ...]}, "write": ...}},
+ *         "queues": [{"iothread": N, "requests": N, ...}, ...],
  *         "iothreads": [{"busy_ns": N, ...}, ...],
  *         "poll": {"max_ns", "completion_max_ns", "grow", "shrink"}}
- *        an array per counter set, an object per queue or iothread with a
- *        member per counter, in the order blk/counters.h lists them
+ *        a member per counter set (blk/counters.h: an object for the disk,
+ *        with the operations' set inside it, keyed by operation; an array
+ *        of objects for the queues and the iothreads), a member per
+ *        counter in the order the table lists them
  *   {"cmd": "set-poll", "max_ns": N, "completion_max_ns": N, "grow": N,
  *    "shrink": N}   (any subset)
  *     -> {"ok": true, "poll": {...}}

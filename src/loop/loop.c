@@ -94,6 +94,7 @@ struct loop_call {
 #define LOOP_SIG_POKE SIGRTMIN
 
 struct loop {
+	struct loop_pub pub;		/* first: loop.h's inline helpers */
 	char name[16];
 	int epfd;
 	int wake_fd;			/* eventfd: stop and cross-thread calls */
@@ -105,7 +106,6 @@ struct loop {
 	bool has_thread;		/* started by loop_thread_start */
 	bool accepting;			/* calls are queued, under call_lock */
 	bool no_pwait2;			/* the kernel has no epoll_pwait2 */
-	uint64_t now_ns;		/* the current iteration woke (loop_now) */
 	/* Shared-fd operations begun and ended by the loop thread (odd: one
 	 * under way; sys_shared_fd_watch), for loop_call_sync's watchdog. */
 	_Atomic uint64_t shared_ops;
@@ -150,6 +150,8 @@ struct loop {
 	pthread_cond_t call_done;
 	struct loop_call *calls;
 };
+STATIC_ASSERT(offsetof(struct loop, pub) == 0,
+	      "loop.h's inline helpers read struct loop_pub at the start of struct loop");
 
 static inline void st_add(_Atomic uint64_t *c, uint64_t v)
 {
@@ -560,7 +562,7 @@ static bool loop_poll_once(struct loop *l, uint64_t now)
 		if (h->deleted)
 			continue;
 		if (h->pops->poll(h->opaque)) {
-			l->now_ns = now;
+			l->pub.now_ns = now;
 			loop_poll_hit(h, now);
 			progress = true;
 		}
@@ -601,12 +603,12 @@ static void loop_check_contention(struct loop *l, uint64_t now)
 
 bool loop_cpu_alone(struct loop *l)
 {
-	if (!l->cpu_alone_ns || l->now_ns - l->cpu_alone_ns >= LOOP_AFFINITY_CHECK_NS) {
+	if (!l->cpu_alone_ns || l->pub.now_ns - l->cpu_alone_ns >= LOOP_AFFINITY_CHECK_NS) {
 		cpu_set_t set;
 
 		l->cpu_alone = sched_getaffinity(0, sizeof(set), &set) == 0 &&
 			       CPU_COUNT(&set) == 1;
-		l->cpu_alone_ns = l->now_ns ? l->now_ns : 1;
+		l->cpu_alone_ns = l->pub.now_ns ? l->pub.now_ns : 1;
 	}
 	return l->cpu_alone;
 }
@@ -973,7 +975,7 @@ int loop_run(struct loop *l)
 		n = loop_epoll_wait(l, evs, LOOP_MAX_EVENTS, timeout);
 		t1 = sys_now_ns();
 		l->blocked_total += t1 - t0;
-		now = woke = l->now_ns = t1;
+		now = woke = l->pub.now_ns = t1;
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -1016,15 +1018,10 @@ void loop_stop(struct loop *l)
 	(void)sys_eventfd_signal(l->wake_fd);
 }
 
-uint64_t loop_now(const struct loop *l)
-{
-	return l->now_ns;
-}
-
 bool loop_polling(const struct loop *l)
 {
 	return atomic_load_explicit(&l->p_max_ns, memory_order_relaxed) &&
-	       l->now_ns >= l->contended_until && !l->pay.off;
+	       l->pub.now_ns >= l->contended_until && !l->pay.off;
 }
 
 bool loop_can_spin(struct loop *l)

@@ -190,9 +190,20 @@ void loop_stop(struct loop *l);
  */
 int loop_call_sync(struct loop *l, loop_cb fn, void *arg);
 
-/* When the current iteration woke up (sys_now_ns() clock): a time stamp
- * for events of this iteration without a clock read each.  Loop thread. */
-uint64_t loop_now(const struct loop *l);
+/* What the inline helpers here read of a loop: the first member of
+ * struct loop (loop.c checks it); the rest is loop.c's. */
+struct loop_pub {
+	uint64_t now_ns;	/* loop_now; written by the loop thread */
+};
+
+/* When the current iteration woke up (sys_now_ns() clock), moved on by
+ * each polling pass that finds work: a time stamp for events of this
+ * iteration without a clock read each.  Inline: the data path stamps
+ * every request with it (I/O accounting).  Loop thread. */
+static inline uint64_t loop_now(const struct loop *l)
+{
+	return ((const struct loop_pub *)(const void *)l)->now_ns;
+}
 
 /* True if polling is on now: not off by the knobs, by a contention
  * back-off or by the pay check.  A measurement that compares spinning with

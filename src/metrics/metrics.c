@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "config.h"
+#include "acct/acct.h"
 #include "backend/bdev.h"
 #include "blk/blk.h"
 #include "util/barrier.h"
@@ -22,7 +23,11 @@
 #define PLAIN BLK_COUNTER_PLAIN
 #define NS_AS_SECONDS BLK_COUNTER_NS
 
-static const char *const kind_names[] = { [COUNTER] = "counter", [GAUGE] = "gauge" };
+static const char *const kind_names[] = {
+	[COUNTER] = "counter",
+	[GAUGE] = "gauge",
+	[BLK_COUNTER_HISTOGRAM] = "histogram",
+};
 
 static void header(FILE *f, const char *name, const char *help, enum blk_counter_kind kind)
 {
@@ -79,8 +84,100 @@ static void single(FILE *f, const char *name, const char *help, enum blk_counter
 	put_value(f, unit, v);
 }
 
-/* Each row of a counter set (blk/counters.h) as a family
- * vblkd_<label>_<metric>, one series per element, labelled <label>="i". */
+/*
+ * The upper bound of latency bucket i (acct.h: 2^i us; the last +Inf) as
+ * an le label value: seconds, written as Prometheus' own clients write a
+ * float (Go's strconv 'g', shortest): "1e-06", "3.2e-05", "0.000128",
+ * "16.777216".  C's %g at the fewest digits that read back the same
+ * double is that format; 2^i / 10^6 has an exact short decimal.
+ */
+static void put_le(FILE *f, unsigned i)
+{
+	double v;
+	char buf[32];
+
+	if (i >= ACCT_BUCKETS - 1) {
+		fputs("+Inf", f);
+		return;
+	}
+	v = (double)acct_bucket_le_ns(i) / 1e9;
+	for (int p = 1; p <= 17; p++) {
+		snprintf(buf, sizeof(buf), "%.*g", p, v);
+		if (strtod(buf, NULL) == v)
+			break;
+	}
+	fputs(buf, f);
+}
+
+/* A series' name and labels, then the space before its value:
+ * name{<label>="j",le="..."} for set's element j and, if le >= 0, latency
+ * bucket le; no braces for a set of one element without le. */
+static void series(FILE *f, const char *name, const struct blk_counter_set *set, unsigned j,
+		   int le)
+{
+	fputs(name, f);
+	if (set->label || le >= 0) {
+		fputc('{', f);
+		if (set->label) {
+			fprintf(f, "%s=", set->label);
+			if (set->elem_name)
+				put_label_value(f, set->elem_name(j));
+			else
+				fprintf(f, "\"%u\"", j);
+		}
+		if (le >= 0) {
+			fputs(set->label ? ",le=\"" : "le=\"", f);
+			put_le(f, (unsigned)le);
+			fputc('"', f);
+		}
+		fputc('}', f);
+	}
+	fputc(' ', f);
+}
+
+/* The SUM row of set whose metric is hist's and "_sum" (counters.h). */
+static const struct blk_counter *sum_row(const struct blk_counter_set *set,
+					 const struct blk_counter *hist)
+{
+	size_t l = strlen(hist->metric);
+
+	for (unsigned i = 0; i < set->nrows; i++) {
+		const struct blk_counter *c = &set->rows[i];
+
+		if (c->kind == BLK_COUNTER_SUM && !strncmp(c->metric, hist->metric, l) &&
+		    !strcmp(c->metric + l, "_sum"))
+			return c;
+	}
+	return NULL;
+}
+
+/* A histogram row's series for element j (elem): _bucket{le} cumulative,
+ * _sum, _count. */
+static void histogram(FILE *f, const char *name, const struct blk_counter_set *set,
+		      const struct blk_counter *c, unsigned j, const void *elem)
+{
+	const uint64_t *hist = blk_counter_hist(c, elem);
+	const struct blk_counter *sum = sum_row(set, c);
+	char metric[160];
+	uint64_t cum = 0;
+
+	snprintf(metric, sizeof(metric), "%s_bucket", name);
+	for (unsigned i = 0; i < ACCT_BUCKETS; i++) {
+		cum += hist[i];
+		series(f, metric, set, j, (int)i);
+		fprintf(f, "%" PRIu64 "\n", cum);
+	}
+	snprintf(metric, sizeof(metric), "%s_sum", name);
+	series(f, metric, set, j, -1);
+	put_value(f, c->unit, sum ? blk_counter_u64(sum, elem) : 0);
+	snprintf(metric, sizeof(metric), "%s_count", name);
+	series(f, metric, set, j, -1);
+	fprintf(f, "%" PRIu64 "\n", cum);
+}
+
+/* Each row of a counter set (blk/counters.h) with a metric as a family
+ * vblkd_<prefix>_<metric>, one series per element (series()); a SUM row
+ * is its histogram's _sum. */
 static void counter_set(FILE *f, const struct blk_stats *st, enum blk_counter_set_id id)
 {
 	const struct blk_counter_set *set = &blk_counter_sets[id];
@@ -91,12 +188,18 @@ static void counter_set(FILE *f, const struct blk_stats *st, enum blk_counter_se
 	for (unsigned i = 0; i < set->nrows; i++) {
 		const struct blk_counter *c = &set->rows[i];
 
-		snprintf(name, sizeof(name), "vblkd_%s_%s", set->label, c->metric);
+		if (!c->metric || c->kind == BLK_COUNTER_SUM)
+			continue;
+		snprintf(name, sizeof(name), "vblkd_%s_%s", set->prefix, c->metric);
 		header(f, name, c->help, c->kind);
 		for (unsigned j = 0; j < n; j++) {
 			const void *elem = elems + (size_t)j * set->size;
 
-			fprintf(f, "%s{%s=\"%u\"} ", name, set->label, j);
+			if (c->kind == BLK_COUNTER_HISTOGRAM) {
+				histogram(f, name, set, c, j, elem);
+				continue;
+			}
+			series(f, name, set, j, -1);
 			if (c->is_signed)
 				fprintf(f, "%" PRId64 "\n", blk_counter_s64(c, elem));
 			else
@@ -115,6 +218,20 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 	if (!f)
 		return -ENOMEM;
 
+	/* The disk first: what an operator reads first. */
+	for (unsigned id = 0; id < BLK_COUNTERS_QUEUE; id++)
+		counter_set(f, st, id);
+	header(f, "vblkd_disk_info", "The disk served (always 1).", GAUGE);
+	fputs("vblkd_disk_info{path=", f);
+	put_label_value(f, s->disk_path ? s->disk_path : "");
+	fputs(",engine=", f);
+	put_label_value(f, s->engine);
+	fputs("} 1\n", f);
+	single(f, "vblkd_disk_size_bytes", "Size of the disk shown to the guest.",
+	       GAUGE, PLAIN, s->disk_size);
+	single(f, "vblkd_disk_read_only", "1 if the disk is exported read-only, else 0.",
+	       GAUGE, PLAIN, s->read_only);
+
 	header(f, "vblkd_build_info", "The vblkd build serving this disk (always 1).", GAUGE);
 	fputs("vblkd_build_info{version=", f);
 	put_label_value(f, s->version);
@@ -130,17 +247,6 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 	single(f, "vblkd_frontend_connections_total", "Frontend connections accepted.",
 	       COUNTER, PLAIN, s->frontend_connections);
 
-	header(f, "vblkd_disk_info", "The disk served (always 1).", GAUGE);
-	fputs("vblkd_disk_info{path=", f);
-	put_label_value(f, s->disk_path ? s->disk_path : "");
-	fputs(",engine=", f);
-	put_label_value(f, s->engine);
-	fputs("} 1\n", f);
-	single(f, "vblkd_disk_size_bytes", "Size of the disk shown to the guest.",
-	       GAUGE, PLAIN, s->disk_size);
-	single(f, "vblkd_disk_read_only", "1 if the disk is exported read-only, else 0.",
-	       GAUGE, PLAIN, s->read_only);
-
 	single(f, "vblkd_poll_max_seconds", "Cap of the adaptive polling window for kicks.",
 	       GAUGE, NS_AS_SECONDS, st->poll.max_ns);
 	single(f, "vblkd_completion_poll_max_seconds",
@@ -151,7 +257,7 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 	single(f, "vblkd_poll_shrink", "Polling window divisor after a long sleep (0: reset).",
 	       GAUGE, PLAIN, st->poll.shrink);
 
-	for (unsigned id = 0; id < BLK_COUNTER_SETS; id++)
+	for (unsigned id = BLK_COUNTERS_QUEUE; id < BLK_COUNTER_SETS; id++)
 		counter_set(f, st, id);
 
 	if (ferror(f) || fclose(f)) {

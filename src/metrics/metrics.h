@@ -2,9 +2,10 @@
  * metrics_: vblkd's counters for Prometheus, in the text exposition format
  * 0.0.4: families named vblkd_*, each with its # HELP and # TYPE lines;
  * counters end in _total; times are in seconds (the ns counters divided,
- * printed exactly: 1500000000 ns is 1.5); per-queue series are labelled
- * queue="N", per-iothread ones iothread="N".  The families are listed in
- * README.md ("Watching it").
+ * printed exactly: 1500000000 ns is 1.5); per-operation series are
+ * labelled op="read" (the disk's, first), per-queue ones queue="N",
+ * per-iothread ones iothread="N"; latency is a histogram.  The families
+ * are listed in README.md ("Watching it").
  *
  * Served two ways, both rendered on the main thread, where the control
  * socket's "stats" reads the same counters (blk_stats_snapshot: relaxed

@@ -8,26 +8,26 @@
  *   vblkctl --control PATH resize SIZE      (bytes, or with K/M/G/T)
  *   vblkctl --control PATH metrics          (Prometheus text format)
  *   vblkctl --control PATH upgrade [--exec BINARY]
+ *   vblkctl --control PATH iostat [--interval S] [--count N] [--json]
  *
- * Prints the daemon's JSON reply (metrics: the text it carries); exit 1 on
- * an error reply or no daemon.
+ * Prints the daemon's JSON reply (metrics: the text it carries; iostat: a
+ * line per interval, iostat.c); exit 1 on an error reply or no daemon.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <json-c/json.h>
 #include <limits.h>
-#include <poll.h>
-#include <stdarg.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "util/cli.h"
 #include "util/parse.h"
+#include "vblkctl/vctl.h"
 
 const char cli_name[] = "vblkctl";
 
@@ -42,40 +42,18 @@ static const char *num(const char *opt, const char *s)
 	return s;
 }
 
-/* The whole reply (up to EOF, each read within wait_ms), NUL-terminated;
- * malloc'd. */
-static char *read_reply(int fd, const char *path, int wait_ms)
+/* --interval: seconds, fractions allowed, > 0 (at most a day). */
+static double seconds(const char *opt, const char *s)
 {
-	size_t got = 0, cap = 65536;
-	char *buf = malloc(cap);
+	char *end;
+	double v;
 
-	if (!buf)
-		cli_die("out of memory");
-	for (;;) {
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		ssize_t r;
-
-		if (got + 1 == cap) {
-			char *nb = cap < (64u << 20) ? realloc(buf, cap * 2) : NULL;
-
-			if (!nb)
-				cli_die("reply from '%s' is too large", path);
-			buf = nb;
-			cap *= 2;
-		}
-		if (poll(&p, 1, wait_ms) <= 0)
-			cli_die("no reply from '%s' within %d s", path, wait_ms / 1000);
-		r = recv(fd, buf + got, cap - 1 - got, 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		got += (size_t)r;
-	}
-	buf[got] = '\0';
-	if (!got)
-		cli_die("empty reply from '%s'", path);
-	return buf;
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || v <= 0 || v > 86400)
+		cli_die("%s '%s' is not a number of seconds > 0 (at most 86400; e.g. 1 or 0.5)",
+			opt, s);
+	return v;
 }
 
 /* Add key: the number in s (checked by num()) to req. */
@@ -93,21 +71,24 @@ int main(int argc, char **argv)
 		{ "poll-grow", required_argument, NULL, 'g' },
 		{ "poll-shrink", required_argument, NULL, 's' },
 		{ "exec", required_argument, NULL, 'e' },
+		{ "interval", required_argument, NULL, 'i' },
+		{ "count", required_argument, NULL, 'n' },
+		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	static const char commands[] =
-		"stats, status, resume, set-poll, resize SIZE, metrics or upgrade";
+		"stats, status, resume, set-poll, resize SIZE, metrics, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
-	const char *exec = NULL;
-	char exec_abs[PATH_MAX];
+	const char *exec = NULL, *count = NULL;
+	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	const char *line;
+	double interval = 0;
+	bool json = false;
 	char *reply;
 	uint64_t size;
-	int c, fd, rc;
+	int c, rc;
 
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":", lo, NULL)) != -1) {
@@ -118,6 +99,9 @@ int main(int argc, char **argv)
 		case 'g': grow = num("--poll-grow", optarg); break;
 		case 's': shrink = num("--poll-shrink", optarg); break;
 		case 'e': exec = optarg; break;
+		case 'i': interval = seconds("--interval", optarg); break;
+		case 'n': count = num("--count", optarg); break;
+		case 'j': json = true; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
@@ -127,6 +111,8 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH resize SIZE\n"
 			       "       vblkctl --control PATH metrics\n"
 			       "       vblkctl --control PATH upgrade [--exec BINARY]\n"
+			       "       vblkctl --control PATH iostat [--interval S] [--count N] "
+			       "[--json]\n"
 			       "\n"
 			       "status says whether the disk runs or is paused (the error policy,\n"
 			       "vblkd --werror/--rerror: a failed request held), why and since when;\n"
@@ -142,7 +128,12 @@ int main(int argc, char **argv)
 			       "the file it was started from, e.g. after a package upgrade) with the same\n"
 			       "options, handing it the guest's connection, rings and disk: the VM sees a\n"
 			       "pause of milliseconds, no disconnect.  If the new one fails, the old one\n"
-			       "serves on.  Prints the new process's pid.\n");
+			       "serves on.  Prints the new process's pid.\n"
+			       "\n"
+			       "iostat prints what the disk did every S seconds (default 1; fractions\n"
+			       "allowed), like iostat -x: r/s w/s rMB/s wMB/s r_await w_await (ms) aqu-sz\n"
+			       "%%util p99 (ms, reads and writes) f/s d/s (flushes, discards); N lines\n"
+			       "(default: until interrupted), or one JSON object per line with --json.\n");
 			return 0;
 		case ':': cli_die("option '%s' needs a value", argv[optind - 1]);
 		default: cli_die("unknown option '%s'; see vblkctl --help", argv[optind - 1]);
@@ -159,6 +150,15 @@ int main(int argc, char **argv)
 		cli_die("--poll-* options go with set-poll");
 	if (strcmp(cmd, "upgrade") && exec)
 		cli_die("--exec goes with upgrade");
+	if (strcmp(cmd, "iostat") && (interval || count || json))
+		cli_die("--interval, --count and --json go with iostat");
+	if (!strcmp(cmd, "iostat")) {
+		unsigned long n = count ? strtoul(count, NULL, 10) : 0;
+
+		if (count && (n == 0 || n > UINT32_MAX))
+			cli_die("--count '%s' must be 1..%u", count, UINT32_MAX);
+		return vctl_iostat(path, interval ? interval : 1.0, n, json);
+	}
 	req = json_object_new_object();
 	if (!req)
 		cli_die("out of memory");
@@ -195,26 +195,9 @@ int main(int argc, char **argv)
 	} else {
 		cli_die("unknown command '%s': use %s", cmd, commands);
 	}
-	line = json_object_to_json_string_ext(req, JSON_C_TO_STRING_SPACED |
-					      JSON_C_TO_STRING_NOSLASHESCAPE);
-	if (!line)
-		cli_die("out of memory");
-	if (strlen(path) >= sizeof(sa.sun_path))
-		cli_die("control path '%s' is too long", path);
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		cli_die("cannot connect to '%s': %s: is vblkd running with --control %s?", path,
-			strerror(errno), path);
-	if (send(fd, line, strlen(line), MSG_NOSIGNAL) < 0 ||
-	    send(fd, "\n", 1, MSG_NOSIGNAL) < 0)
-		cli_die("cannot send to '%s': %s", path, strerror(errno));
+	if (vctl_call(path, req, wait_ms, &rep, &reply, err, sizeof(err)) < 0)
+		cli_die("%s", err);
 	json_object_put(req);
-	reply = read_reply(fd, path, wait_ms);
-	close(fd);
-	rep = json_tokener_parse(reply);
-	if (!json_object_is_type(rep, json_type_object))
-		cli_die("reply from '%s' is not a JSON object: %.200s", path, reply);
 	rc = json_object_object_get_ex(rep, "error", NULL) ? 1 : 0;
 	if (!rc && !strcmp(cmd, "metrics")) {
 		/* The text itself, as an HTTP scrape would get it. */

@@ -296,8 +296,9 @@ else
     fail frontend-killed-mid-io-next-one-served "rc=$rc $(tail -3 "$tmp/die.log")"
 fi
 stop
-if grep -qE "error|ERROR|Sanitizer" "$tmp/die.log"; then
-    fail frontend-killed-mid-io-clean "$(grep -m2 -E "error|Sanitizer" "$tmp/die.log")"
+# Error lines ("... error: ..."), not the counters logged at exit ("errors": 0).
+if grep -qE " error: |ERROR|Sanitizer" "$tmp/die.log"; then
+    fail frontend-killed-mid-io-clean "$(grep -m2 -E " error: |Sanitizer" "$tmp/die.log")"
 else
     pass frontend-killed-mid-io-clean
 fi

@@ -477,7 +477,7 @@ print("%.1f" % (time.time() - t0))' "$tmp/c.sock")
         pass ctl-trickling-client-cut "answered after $out s" ||
         fail ctl-trickling-client-cut "still reading after $out s"
     kill -USR1 "$dpid"; sleep 0.3
-    grep -q ' stats { "queues": \[' "$tmp/vblkd.log" && pass sigusr1-logs-stats || fail sigusr1-logs-stats
+    grep -q ' stats { "disk": { "in_flight": .*, "queues": \[' "$tmp/vblkd.log" && pass sigusr1-logs-stats || fail sigusr1-logs-stats
     stop
 }
 # The counters logged on SIGUSR1 are one whole JSON line however many

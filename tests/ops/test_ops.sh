@@ -7,15 +7,20 @@
 # other paths 404, other methods 405; vblkctl metrics prints text that
 # promtool accepts; an idle daemon with a scraper connected uses no CPU;
 # a busy port or a bad address is one line and exit 1 with nothing left
-# behind.
+# behind; the example alert rules pass promtool check rules and promtool
+# test rules; I/O accounting: per operation, requests, bytes and the
+# latency histogram's _count are exactly what vblk-bench did, _sum is
+# vblkctl stats' total_ns; vblkctl iostat prints a line per interval, and
+# one line and exit 1 for bad values or a daemon that goes away.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 BUILD=${1:?usage: test_ops.sh BUILD_DIR}
 VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench CTL=$BUILD/vblkctl
+top=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d /tmp/vblk-ops.XXXXXX)
-dpid="" bpid="" ipid="" npid=""
+dpid="" bpid="" ipid="" npid="" spid=""
 cleanup() {
-    for p in $dpid $bpid $ipid $npid; do kill "$p" 2>/dev/null; done
+    for p in $dpid $bpid $ipid $npid $spid; do kill "$p" 2>/dev/null; done
     wait 2>/dev/null; rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -163,10 +168,14 @@ d = lambda k: m1[k] - m0[k]
 bad = []
 for k in m0:
     name = k.split("{")[0]
-    if types[name] == "counter" and m1[k] < m0[k]:
+    fam = name if name in types else name.rsplit("_", 1)[0]	# a histogram's _bucket...
+    if types[fam] in ("counter", "histogram") and m1[k] < m0[k]:
         bad.append("%s went back: %s -> %s" % (k, m0[k], m1[k]))
 checks = {
     "requests = submitted": d('vblkd_queue_requests_total{%s}' % q) == r["requests_submitted"] > 100,
+    "reads + writes = submitted": d('vblkd_disk_requests_total{op="read"}') +
+        d('vblkd_disk_requests_total{op="write"}') == r["requests_submitted"],
+    "disk busy moved": d("vblkd_disk_busy_seconds_total") > 0,
     "kicks moved": d('vblkd_queue_kicks_total{%s}' % q) > 0,
     "calls moved": d('vblkd_queue_calls_total{%s}' % q) > 0,
     "iothread cpu moved": d('vblkd_iothread_cpu_seconds_total{iothread="0"}') > 0,
@@ -289,4 +298,188 @@ else
     fail metrics-every-address-v4-and-v6 "$(tail -2 "$tmp/vblkd.log")"
 fi
 stop
+
+# 11. The example alerting rules (contrib/prometheus): valid, and their
+#     unit tests pass.
+out=$(promtool check rules "$top/contrib/prometheus/vblkd-alerts.yml" 2>&1) &&
+    pass alert-rules-check || fail alert-rules-check "$out"
+out=$(cd "$top/contrib/prometheus" && promtool test rules vblkd-alerts.test.yml 2>&1) &&
+    pass alert-rules-unit-tests || fail alert-rules-unit-tests "$out"
+
+# 12. I/O accounting: vblk-bench runs of known sizes (randread 4k,
+#     randwrite 16k, flush, trim 8k): each operation's requests, bytes and
+#     histogram _count (and +Inf bucket) are exactly what the client
+#     completed, no errors, nothing in flight; the histogram's _sum is the
+#     operation's total_ns of vblkctl stats as exact seconds; promtool
+#     accepts the text.  On the null engine (completions at once) and on
+#     an image through io_uring (completions later: time that is not 0).
+start_plain() {	# start_plain ARGS...: vblkd with a control socket, no metrics
+    rm -f "$tmp/d.sock" "$tmp/c.sock"
+    "$VBLKD" --socket "$tmp/d.sock" --control "$tmp/c.sock" "$@" >"$tmp/vblkd.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 100); do [[ -S $tmp/c.sock ]] && break; sleep 0.05; done
+    [[ -S $tmp/c.sock ]] || { fail start "$(tail -3 "$tmp/vblkd.log")"; return 1; }
+}
+acct_check() {	# acct_check NAME VBLKD_ARGS...
+    local name=$1 job ok=1; shift
+    start_plain "$@" || return
+    for job in "randread 4096" "randwrite 16384" "flush 4096" "trim 8192"; do
+        set -- $job
+        "$BENCH" --socket "$tmp/d.sock" --rw "$1" --bs "$2" --iodepth 4 --runtime 0.3 \
+            --ramp 0 --size 8M --json >"$tmp/acct-$1.json" 2>"$tmp/bench.err" || {
+            fail "$name" "vblk-bench --rw $1: $(tail -2 "$tmp/bench.err")"; ok=0; }
+    done
+    "$CTL" --control "$tmp/c.sock" metrics >"$tmp/acct.txt"
+    "$CTL" --control "$tmp/c.sock" stats >"$tmp/acct-stats.json"
+    stop
+    ((ok)) || return
+    promcheck "$name-passes-promtool" <"$tmp/acct.txt"
+    if python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+m = {}
+for l in open(tmp + "/acct.txt"):
+    if l.strip() and not l.startswith("#"):
+        k, v = l.rstrip("\n").rsplit(" ", 1)
+        m[k] = v
+disk = json.load(open(tmp + "/acct-stats.json"))["disk"]
+runs = {op: json.load(open("%s/acct-%s.json" % (tmp, rw)))
+        for op, rw in (("read", "randread"), ("write", "randwrite"), ("flush", "flush"),
+                       ("discard", "trim"))}
+def seconds(ns):	# as the metrics render ns: exact, no trailing zeros
+    s = str(ns // 10**9)
+    return s + ("." + ("%09d" % (ns % 10**9)).rstrip("0") if ns % 10**9 else "")
+bad = []
+for op in ("read", "write", "flush", "discard", "write_zeroes", "get_id"):
+    r = runs.get(op)
+    n = r["requests_completed"] if r else 0
+    size = r["bs"] if r and op in ("read", "write", "discard") else 0
+    if r and (r["errors"] or r["bad_used"] or n < 10):
+        bad.append("%s: vblk-bench says errors %d, bad used %d, %d completed"
+                   % (op, r["errors"], r["bad_used"], n))
+    lab = '{op="%s"}' % op
+    st = disk["ops"][op]
+    want = {
+        "vblkd_disk_requests_total" + lab: str(n),
+        "vblkd_disk_bytes_total" + lab: str(n * size),
+        "vblkd_disk_errors_total" + lab: "0",
+        "vblkd_disk_request_duration_seconds_count" + lab: str(n),
+        'vblkd_disk_request_duration_seconds_bucket{op="%s",le="+Inf"}' % op: str(n),
+        "vblkd_disk_request_duration_seconds_sum" + lab: seconds(st["total_ns"]),
+    }
+    for k, v in want.items():
+        if m.get(k) != v:
+            bad.append("%s is %s, want %s" % (k, m.get(k), v))
+    if (st["requests"], st["bytes"], sum(st["latency_buckets"])) != (n, n * size, n):
+        bad.append("stats %s: %s" % (op, {k: st[k] for k in ("requests", "bytes", "errors")}))
+if m.get("vblkd_disk_requests_in_flight") != "0" or disk["in_flight"] != 0:
+    bad.append("in flight: %s" % m.get("vblkd_disk_requests_in_flight"))
+if bad:
+    print("  ", bad)
+sys.exit(1 if bad else 0)
+PY
+    then pass "$name"; else fail "$name"; fi
+}
+acct_check acct-null-exact --backend null --size 64M
+acct_check acct-io-uring-exact --disk "$tmp/disk.img"
+if python3 -c '
+import json, sys; d = json.load(open(sys.argv[1]))["disk"]
+assert d["ops"]["read"]["total_ns"] > 0 and d["busy_ns"] > 0 and d["iothreads"] == 1' \
+    "$tmp/acct-stats.json"; then
+    pass acct-io-uring-time-counted
+else
+    fail acct-io-uring-time-counted "$(head -c 300 "$tmp/acct-stats.json")"
+fi
+
+# 13. vblkctl iostat during a vblk-bench run: --json, two lines of
+#     numbers, reads moving, %util within 0..100; as text, a header then
+#     a line; SIGINT ends it with 0; the daemon going away mid-way, one
+#     line and exit 1.
+start_plain --backend null --size 64M && {
+    "$BENCH" --socket "$tmp/d.sock" --rw randread --iodepth 4 --runtime 4 --ramp 0 \
+        --size 8M --json >/dev/null 2>&1 &
+    bpid=$!
+    sleep 0.3
+    rc=0
+    "$CTL" --control "$tmp/c.sock" iostat --count 2 --interval 0.5 --json >"$tmp/io.json" \
+        2>"$tmp/io.err" || rc=$?
+    if ((rc == 0)) && [[ ! -s $tmp/io.err ]] && python3 - "$tmp/io.json" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 2, lines
+keys = ["r/s", "w/s", "rMB/s", "wMB/s", "r_await", "w_await", "aqu-sz", "%util", "p99",
+        "f/s", "d/s"]
+for l in lines:
+    o = json.loads(l)
+    assert list(o) == keys, o
+    assert all(type(o[k]) in (int, float) for k in keys), o
+    assert o["r/s"] > 0 and 0 <= o["%util"] <= 100 and o["w/s"] == 0, o
+    assert abs(o["rMB/s"] - o["r/s"] * 4096 / 1048576) <= 0.01 + o["rMB/s"] * 0.001, o
+PY
+    then
+        pass iostat-json-two-lines
+    else
+        fail iostat-json-two-lines "rc=$rc $(head -c 400 "$tmp/io.json") $(cat "$tmp/io.err")"
+    fi
+    rc=0
+    "$CTL" --control "$tmp/c.sock" iostat --count 1 --interval 0.3 >"$tmp/io.txt" 2>&1 || rc=$?
+    if ((rc == 0)) && [[ $(wc -l <"$tmp/io.txt") == 2 ]] &&
+        [[ $(head -1 "$tmp/io.txt" | xargs) == "r/s w/s rMB/s wMB/s r_await w_await aqu-sz %util p99 f/s d/s" ]] &&
+        [[ $(tail -1 "$tmp/io.txt" | wc -w) == 11 ]]; then
+        pass iostat-text-header-and-line
+    else
+        fail iostat-text-header-and-line "rc=$rc $(cat "$tmp/io.txt")"
+    fi
+    "$CTL" --control "$tmp/c.sock" iostat --interval 0.2 >"$tmp/io.txt" 2>&1 &
+    spid=$!
+    sleep 0.7
+    kill -INT "$spid"; rc=0; wait "$spid" || rc=$?; spid=""
+    if ((rc == 0)) && (($(wc -l <"$tmp/io.txt") >= 2)) && ! grep -q "vblkctl:" "$tmp/io.txt"; then
+        pass iostat-sigint-exits-0
+    else
+        fail iostat-sigint-exits-0 "rc=$rc $(cat "$tmp/io.txt")"
+    fi
+    wait "$bpid" 2>/dev/null; bpid=""
+
+    "$CTL" --control "$tmp/c.sock" iostat --interval 0.2 --json >"$tmp/io.out" 2>"$tmp/io.err" &
+    spid=$!
+    sleep 0.5
+    stop
+    rc=0; wait "$spid" || rc=$?; spid=""
+    if ((rc == 1)) && [[ $(wc -l <"$tmp/io.err") == 1 ]] &&
+        grep -q "^vblkctl: iostat: vblkd went away" "$tmp/io.err"; then
+        pass iostat-daemon-gone-one-line
+    else
+        fail iostat-daemon-gone-one-line "rc=$rc $(cat "$tmp/io.err")"
+    fi
+}
+
+# 14. vblkctl iostat's bad values, and no daemon: one line, exit 1,
+#     nothing on stdout.
+start_plain --backend null --size 64M && {
+    bad=""
+    while IFS='|' read -r sock args want; do
+        rc=0
+        "$CTL" --control "$tmp/$sock" $args >"$tmp/out" 2>"$tmp/err" || rc=$?
+        if ((rc != 1)) || [[ -s $tmp/out || $(wc -l <"$tmp/err") != 1 ]] ||
+            ! grep -qF -- "$want" "$tmp/err" || ! grep -q "^vblkctl: " "$tmp/err"; then
+            bad+="[$args] rc=$rc $(cat "$tmp/err" "$tmp/out"); "
+        fi
+    done <<'CASES'
+c.sock|iostat --interval 0|--interval '0' is not a number of seconds > 0
+c.sock|iostat --interval -1|--interval '-1' is not a number of seconds > 0
+c.sock|iostat --interval abc|--interval 'abc' is not a number of seconds
+c.sock|iostat --interval nan|--interval 'nan' is not a number of seconds
+c.sock|iostat --interval 1e9|--interval '1e9' is not a number of seconds
+c.sock|iostat --count 0|--count '0' must be 1
+c.sock|iostat --count x|--count 'x' is not a number
+c.sock|iostat --count -2|--count '-2' is not a number
+c.sock|iostat --interval|option '--interval' needs a value
+c.sock|stats --json|--interval, --count and --json go with iostat
+c.sock|iostat extra|give one command
+none.sock|iostat --count 1|cannot connect to
+CASES
+    [[ -z $bad ]] && pass iostat-bad-values-one-line || fail iostat-bad-values-one-line "$bad"
+    stop
+}
 exit 0

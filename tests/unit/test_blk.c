@@ -22,6 +22,7 @@
 
 #include "test.h"
 
+#include "acct/acct.h"
 #include "backend/bdev.h"
 #include "blk/blk.h"
 #include "blk/virtio_blk.h"
@@ -916,6 +917,85 @@ static void test_status_shares_data_descriptor_ok(void)
 
 /* ---- Groups ---- */
 
+/* ---- Accounting ---- */
+
+/* What operation op did between snapshots a and b. */
+static struct blk_op_stats op_delta(const struct blk_stats *a, const struct blk_stats *b,
+				    enum acct_op op)
+{
+	const struct blk_op_stats *x = &a->ops[op], *y = &b->ops[op];
+	struct blk_op_stats d = {
+		.requests = y->requests - x->requests, .bytes = y->bytes - x->bytes,
+		.errors = y->errors - x->errors, .total_ns = y->total_ns - x->total_ns,
+	};
+	uint64_t n = 0;
+
+	for (unsigned i = 0; i < ACCT_BUCKETS; i++) {
+		d.latency[i] = y->latency[i] - x->latency[i];
+		n += d.latency[i];
+	}
+	/* Every success in the histogram, only they. */
+	ASSERT_EQ(n, d.requests);
+	return d;
+}
+
+/* Requests of known operations and sizes each count once, in their
+ * operation, with their bytes (data read or written, segments discarded;
+ * none for flush and get id); a failed one as an error of its operation
+ * only; a header that cannot be read or an unknown type in none; nothing
+ * stays in flight, busy time does not go back; the queue counts them all
+ * as taken. */
+static void test_accounting_per_op(void)
+{
+	static const struct virtio_blk_discard_write_zeroes segs[2] = {
+		{ .sector = 512, .num_sectors = 8 },
+		{ .sector = 1024, .num_sectors = 16 },
+	};
+	struct iovec no_hdr[2] = { { fx.hdr, sizeof(*fx.hdr) }, { fx.status, 1 } };
+	struct blk_stats a, b;
+	struct blk_op_stats d;
+
+	ASSERT_EQ(blk_stats_snapshot(fx.dev, &a), 0);
+	ASSERT_EQ(do_read(0, 4096), S_OK);
+	ASSERT_EQ(do_read(8, 8192), S_OK);
+	ASSERT_EQ(do_write(16, 4096), S_OK);
+	ASSERT_EQ(do_write(fx.cap, 4096), S_IOERR);	/* past the end */
+	ASSERT_EQ(submit(VIRTIO_BLK_T_FLUSH, 0, NULL, 0, 0), S_OK);
+	ASSERT_EQ(submit(VIRTIO_BLK_T_GET_ID, 0, NULL, 0, VIRTIO_BLK_ID_BYTES), S_OK);
+	ASSERT_EQ(dwz(T_DISCARD, segs, 2), S_OK);
+	model_zero(512, 8);
+	model_zero(1024, 16);
+	ASSERT_EQ(submit(99, 0, NULL, 0, 0), S_UNSUPP);
+	set_hdr(VIRTIO_BLK_T_OUT, 0);
+	ASSERT_EQ(submit_raw(NULL, 0, no_hdr, 2, fx.status), 1);	/* no readable header */
+	ASSERT_EQ(blk_stats_snapshot(fx.dev, &b), 0);
+
+	d = op_delta(&a, &b, ACCT_READ);
+	ASSERT_EQ(d.requests, 2);
+	ASSERT_EQ(d.bytes, 12288);
+	ASSERT_EQ(d.errors, 0);
+	d = op_delta(&a, &b, ACCT_WRITE);
+	ASSERT_EQ(d.requests, 1);
+	ASSERT_EQ(d.bytes, 4096);
+	ASSERT_EQ(d.errors, 1);
+	d = op_delta(&a, &b, ACCT_FLUSH);
+	ASSERT_TRUE(d.requests == 1 && d.bytes == 0 && d.errors == 0);
+	d = op_delta(&a, &b, ACCT_GET_ID);
+	ASSERT_TRUE(d.requests == 1 && d.bytes == 0 && d.errors == 0);
+	d = op_delta(&a, &b, ACCT_DISCARD);
+	ASSERT_TRUE(d.requests == 1 && d.bytes == 24 * 512 && d.errors == 0);
+	d = op_delta(&a, &b, ACCT_WRITE_ZEROES);
+	ASSERT_TRUE(d.requests == 0 && d.errors == 0 && d.total_ns == 0);
+	/* 9 taken from the ring, 7 of them counted in an operation. */
+	ASSERT_EQ(b.queues[0].requests - a.queues[0].requests, 9);
+	ASSERT_EQ(b.disk.in_flight, 0);
+	ASSERT_EQ(b.disk.iothreads, 1);
+	ASSERT_TRUE(b.disk.busy_ns >= a.disk.busy_ns);
+	blk_stats_release(&a);
+	blk_stats_release(&b);
+	expect_file_is_model();
+}
+
 static const struct group g_uring = {
 	"io_uring, 512-byte blocks", "io_uring", false, 0, DISK_BYTES };
 static const struct group g_threads = {
@@ -1196,6 +1276,7 @@ static void group_uring(void)
 	RUN(test_status_read_only_returns_empty);
 	RUN(test_status_zero_length_returns_empty);
 	RUN(test_status_shares_data_descriptor_ok);
+	RUN(test_accounting_per_op);
 	/* Refusals first, on the untouched pattern: nothing may change. */
 	RUN(test_discard_unmap_flag_unsupp);
 	RUN(test_unknown_flag_unsupp);

@@ -308,15 +308,73 @@ static const char *const iothread_keys[] = {
 	"cpu",
 };
 
-/* queues: 2 objects with exactly the queue keys, integers; iothreads: one
- * with exactly its keys; poll: the four knobs. */
+static const char *const disk_keys[] = { "in_flight", "busy_ns", "iothreads", "ops" };
+
+static const char *const ops[] = { "read", "write", "flush", "discard", "write_zeroes",
+				   "get_id" };
+
+static const char *const op_keys[] = {
+	"requests", "bytes", "errors", "total_ns", "latency_ns", "latency_buckets",
+};
+
+static const char *const latency_keys[] = { "p50", "p90", "p99", "p999" };
+
+/* disk: in flight, busy time, iothreads, and per operation (in this order)
+ * its counters, quantiles and 26 latency buckets; all 0 with no traffic. */
+static void check_disk(struct json_object *disk)
+{
+	struct json_object *ops_o;
+	unsigned i = 0;
+
+	ASSERT_EQ(json_object_object_length(disk), ARRAY_SIZE(disk_keys));
+	json_object_object_foreach(disk, dkey, dval) {
+		if (strcmp(dkey, disk_keys[i++]))
+			T_FAIL("disk member %u is %s, want %s", i - 1, dkey, disk_keys[i - 1]);
+		(void)dval;
+	}
+	ASSERT_EQ(member_u64(disk, "in_flight"), 0);
+	ASSERT_EQ(member_u64(disk, "busy_ns"), 0);
+	ASSERT_EQ(member_u64(disk, "iothreads"), 1);
+	ops_o = member(disk, "ops");
+	ASSERT_EQ(json_object_object_length(ops_o), ARRAY_SIZE(ops));
+	i = 0;
+	json_object_object_foreach(ops_o, name, op) {
+		struct json_object *lat, *b;
+		unsigned k = 0;
+
+		if (strcmp(name, ops[i++]))
+			T_FAIL("op %u is %s, want %s", i - 1, name, ops[i - 1]);
+		ASSERT_EQ(json_object_object_length(op), ARRAY_SIZE(op_keys));
+		json_object_object_foreach(op, key, val) {
+			if (strcmp(key, op_keys[k++]))
+				T_FAIL("%s member %u is %s, want %s", name, k - 1, key,
+				       op_keys[k - 1]);
+			(void)val;
+		}
+		for (k = 0; k < 4; k++)
+			ASSERT_EQ(member_u64(op, op_keys[k]), 0);
+		lat = member(op, "latency_ns");
+		ASSERT_EQ(json_object_object_length(lat), ARRAY_SIZE(latency_keys));
+		for (k = 0; k < ARRAY_SIZE(latency_keys); k++)
+			ASSERT_EQ(member_u64(lat, latency_keys[k]), 0);
+		b = member(op, "latency_buckets");
+		ASSERT_TRUE(json_object_is_type(b, json_type_array));
+		ASSERT_EQ(json_object_array_length(b), 26);
+		for (k = 0; k < 26; k++)
+			ASSERT_EQ(json_object_get_int64(json_object_array_get_idx(b, k)), 0);
+	}
+}
+
+/* disk: check_disk; queues: 2 objects with exactly the queue keys,
+ * integers; iothreads: one with exactly its keys; poll: the four knobs. */
 static void check_stats(const char *rep)
 {
 	struct json_object *o, *qa, *ta;
 
 	ASSERT_TRUE(json_object_valid(rep));
 	o = parse_object(rep);
-	ASSERT_EQ(json_object_object_length(o), 3);
+	ASSERT_EQ(json_object_object_length(o), 4);
+	check_disk(member(o, "disk"));
 	qa = member(o, "queues");
 	ta = member(o, "iothreads");
 	ASSERT_TRUE(json_object_is_type(qa, json_type_array));
@@ -615,7 +673,11 @@ static void test_reply_format_pinned(void)
 	if (!strstr(rep, "unknown cmd 'a/b\\\"c'"))
 		T_FAIL("error with a slash and a quote: %s", rep);
 	rep = handle("{\"cmd\": \"stats\"}");
-	if (strncmp(rep, "{ \"queues\": [ { \"iothread\": 0, \"requests\": 0, ", 44))
+	if (strncmp(rep, "{ \"disk\": { \"in_flight\": 0, \"busy_ns\": 0, \"iothreads\": 1, "
+		    "\"ops\": { \"read\": { \"requests\": 0, \"bytes\": 0, \"errors\": 0, "
+		    "\"total_ns\": 0, \"latency_ns\": { \"p50\": 0, \"p90\": 0, \"p99\": 0, "
+		    "\"p999\": 0 }, \"latency_buckets\": [ 0, 0, ", 218) ||
+	    !strstr(rep, " }, \"queues\": [ { \"iothread\": 0, \"requests\": 0, "))
 		T_FAIL("stats reply: %s", rep);
 }
 

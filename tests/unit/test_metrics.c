@@ -25,6 +25,7 @@
 
 #include "test.h"
 
+#include "acct/acct.h"
 #include "backend/bdev.h"
 #include "blk/blk.h"
 #include "loop/loop.h"
@@ -42,14 +43,20 @@ static struct metrics_source src;
 /* Every family, in the order rendered: the names are a contract with
  * whoever writes dashboards and alerts (README "Watching it"). */
 static const char *const families[] = {
+	"vblkd_disk_requests_total",
+	"vblkd_disk_bytes_total",
+	"vblkd_disk_errors_total",
+	"vblkd_disk_request_duration_seconds",
+	"vblkd_disk_requests_in_flight",
+	"vblkd_disk_busy_seconds_total",
+	"vblkd_disk_info",
+	"vblkd_disk_size_bytes",
+	"vblkd_disk_read_only",
 	"vblkd_build_info",
 	"vblkd_start_time_seconds",
 	"vblkd_process_cpu_seconds_total",
 	"vblkd_frontend_connected",
 	"vblkd_frontend_connections_total",
-	"vblkd_disk_info",
-	"vblkd_disk_size_bytes",
-	"vblkd_disk_read_only",
 	"vblkd_poll_max_seconds",
 	"vblkd_completion_poll_max_seconds",
 	"vblkd_poll_grow",
@@ -89,15 +96,27 @@ static const char *const families[] = {
 	"vblkd_iothread_pinned_cpu",
 };
 
+/* The operations, the values of label op of the vblkd_disk_ families. */
+static const char *const ops[] = { "read", "write", "flush", "discard", "write_zeroes", "get_id" };
+
+/* The latency buckets' le: 2^i us in seconds, as Prometheus' clients
+ * write a float; then +Inf. */
+static const char *const les[] = {
+	"1e-06", "2e-06", "4e-06", "8e-06", "1.6e-05", "3.2e-05", "6.4e-05", "0.000128",
+	"0.000256", "0.000512", "0.001024", "0.002048", "0.004096", "0.008192", "0.016384",
+	"0.032768", "0.065536", "0.131072", "0.262144", "0.524288", "1.048576", "2.097152",
+	"4.194304", "8.388608", "16.777216", "+Inf",
+};
+
 /* ---- A checker for the text format ---- */
 
 struct sample {
-	char name[96];
+	char name[96];		/* with _bucket, _sum, _count in a histogram */
 	char labels[256];	/* as written between the braces */
 	double value;
 };
 
-#define MAX_SAMPLES 256
+#define MAX_SAMPLES 1024
 
 struct parsed {
 	char fam[64][96];	/* in order */
@@ -151,6 +170,14 @@ static size_t labels_len(const char *s)
 	return (size_t)(p - s) + 1;
 }
 
+/* A histogram's sample name after the family's: _bucket (with labels,
+ * le among them), _sum or _count. */
+static bool hist_suffix(const char *s, size_t n, char next)
+{
+	return (n == 7 && !strncmp(s, "_bucket", 7) && next == '{') ||
+	       (n == 4 && !strncmp(s, "_sum", 4)) || (n == 6 && !strncmp(s, "_count", 6));
+}
+
 /* Parse text, failing the test on anything the format (or our own rules)
  * does not allow. */
 static void parse(const char *text, struct parsed *out)
@@ -194,7 +221,8 @@ static void parse(const char *text, struct parsed *out)
 			*sp = '\0';
 			if (strcmp(name, out->fam[out->nfam]))
 				T_FAIL("TYPE %s after HELP %s", name, out->fam[out->nfam]);
-			if (strcmp(sp + 1, "counter") && strcmp(sp + 1, "gauge"))
+			if (strcmp(sp + 1, "counter") && strcmp(sp + 1, "gauge") &&
+			    strcmp(sp + 1, "histogram"))
 				T_FAIL("type %s of %s", sp + 1, name);
 			snprintf(out->type[out->nfam], sizeof(out->type[0]), "%.15s", sp + 1);
 			out->nfam++;
@@ -206,12 +234,14 @@ static void parse(const char *text, struct parsed *out)
 		{
 			struct sample *s = &out->s[out->ns];
 			const char *fam = out->fam[out->nfam - 1];
-			size_t nl2 = strcspn(buf, "{ "), ll = 0;
+			size_t nl2 = strcspn(buf, "{ "), ll = 0, fl = strlen(fam);
+			bool hist = !strcmp(out->type[out->nfam - 1], "histogram");
 			char *end;
 
 			if (out->ns == MAX_SAMPLES)
 				T_FAIL("too many samples");
-			if (nl2 != strlen(fam) || strncmp(buf, fam, nl2))
+			if (nl2 < fl || strncmp(buf, fam, fl) ||
+			    (hist ? !hist_suffix(buf + fl, nl2 - fl, buf[nl2]) : nl2 != fl))
 				T_FAIL("sample %s in family %s", buf, fam);
 			if (buf[nl2] == '{') {
 				ll = labels_len(buf + nl2);
@@ -225,7 +255,10 @@ static void parse(const char *text, struct parsed *out)
 			s->value = strtod(buf + nl2 + ll + 1, &end);
 			if (*end)
 				T_FAIL("value is not a number: %s", buf);
-			memcpy(s->name, fam, strlen(fam) + 1);	/* a family name: fits */
+			if (nl2 >= sizeof(s->name))
+				T_FAIL("sample name too long: %s", buf);
+			memcpy(s->name, buf, nl2);
+			s->name[nl2] = '\0';
 			out->ns++;
 		}
 	}
@@ -294,7 +327,8 @@ static char *format(const struct metrics_snapshot *s)
 }
 
 /* Every line well formed; the families are exactly the list, counters end
- * in _total and nothing else does; a series per queue and per iothread. */
+ * in _total and nothing else does; a series per queue, per iothread, per
+ * operation (a histogram's counted by its _count). */
 static void test_format_lines_and_families(void)
 {
 	static struct parsed p;
@@ -310,12 +344,18 @@ static void test_format_lines_and_families(void)
 
 		if (strcmp(p.fam[i], families[i]))
 			T_FAIL("family %u is %s, want %s", i, p.fam[i], families[i]);
+		char name[128];
+
 		if (total != !strcmp(p.type[i], "counter"))
 			T_FAIL("%s is a %s", p.fam[i], p.type[i]);
+		snprintf(name, sizeof(name), "%s%s", p.fam[i],
+			 strcmp(p.type[i], "histogram") ? "" : "_count");
 		for (unsigned j = 0; j < p.ns; j++)
-			n += !strcmp(p.s[j].name, p.fam[i]);
+			n += !strcmp(p.s[j].name, name);
 		if (!strncmp(p.fam[i], "vblkd_queue_", 12))
 			ASSERT_EQ(n, 2);
+		else if (i < 4)	/* the families per operation */
+			ASSERT_EQ(n, ARRAY_SIZE(ops));
 		else
 			ASSERT_EQ(n, 1);
 	}
@@ -386,6 +426,68 @@ static void test_fields_map_to_families(void)
 	expect_line(text, "vblkd_iothread_poll_yields_total{iothread=\"0\"} 9");
 	expect_line(text, "vblkd_iothread_pinned_cpu{iothread=\"0\"} -1");
 	free(text);
+}
+
+/* The disk's families, pinned: first in the text, a series per operation
+ * (op="read", ...) of requests, bytes and errors; the latency histogram
+ * with the buckets cumulative at le 1e-06 ... 16.777216 and +Inf, _sum in
+ * seconds, _count; in flight and busy time without labels. */
+static void test_disk_families_pinned(void)
+{
+	static struct parsed p;
+	struct metrics_snapshot s = fake();
+	char *text, want[256];
+	uint64_t cum = 0;
+
+	memset(fake_blk.ops, 0, sizeof(fake_blk.ops));
+	fake_blk.ops[ACCT_READ] = (struct blk_op_stats){ .requests = 5, .bytes = 20480,
+							 .errors = 2, .total_ns = 12345 };
+	fake_blk.ops[ACCT_READ].latency[0] = 2;
+	fake_blk.ops[ACCT_READ].latency[3] = 3;
+	fake_blk.ops[ACCT_WRITE_ZEROES] = (struct blk_op_stats){ .requests = 1, .bytes = 1 << 20,
+								 .total_ns = 1500000000 };
+	fake_blk.ops[ACCT_WRITE_ZEROES].latency[ACCT_BUCKETS - 1] = 1;
+	fake_blk.ops[ACCT_GET_ID].errors = 7;
+	fake_blk.disk = (struct blk_disk_stats){ .in_flight = 3, .busy_ns = 2500000000,
+						 .iothreads = 1 };
+	text = format(&s);
+	parse(text, &p);
+	if (strncmp(text, "# HELP vblkd_disk_requests_total ", 33))
+		T_FAIL("the text starts with %.60s", text);
+	expect_line(text, "# TYPE vblkd_disk_request_duration_seconds histogram");
+	expect_line(text, "vblkd_disk_requests_total{op=\"read\"} 5");
+	expect_line(text, "vblkd_disk_bytes_total{op=\"read\"} 20480");
+	expect_line(text, "vblkd_disk_errors_total{op=\"read\"} 2");
+	expect_line(text, "vblkd_disk_requests_total{op=\"write_zeroes\"} 1");
+	expect_line(text, "vblkd_disk_bytes_total{op=\"write_zeroes\"} 1048576");
+	expect_line(text, "vblkd_disk_errors_total{op=\"get_id\"} 7");
+	for (unsigned i = 0; i < ARRAY_SIZE(ops); i++) {
+		char lab[64];
+
+		snprintf(lab, sizeof(lab), "op=\"%s\"", ops[i]);
+		sample(&p, "vblkd_disk_requests_total", lab);
+		sample(&p, "vblkd_disk_request_duration_seconds_count", lab);
+	}
+	ASSERT_EQ(ARRAY_SIZE(les), ACCT_BUCKETS);
+	for (unsigned i = 0; i < ACCT_BUCKETS; i++) {
+		cum += fake_blk.ops[ACCT_READ].latency[i];
+		snprintf(want, sizeof(want), "vblkd_disk_request_duration_seconds_bucket"
+			 "{op=\"read\",le=\"%s\"} %" PRIu64, les[i], cum);
+		expect_line(text, want);
+		snprintf(want, sizeof(want), "vblkd_disk_request_duration_seconds_bucket"
+			 "{op=\"write_zeroes\",le=\"%s\"} %u", les[i], i == ACCT_BUCKETS - 1);
+		expect_line(text, want);
+	}
+	expect_line(text, "vblkd_disk_request_duration_seconds_sum{op=\"read\"} 0.000012345");
+	expect_line(text, "vblkd_disk_request_duration_seconds_count{op=\"read\"} 5");
+	expect_line(text, "vblkd_disk_request_duration_seconds_sum{op=\"write_zeroes\"} 1.5");
+	expect_line(text, "vblkd_disk_request_duration_seconds_count{op=\"write_zeroes\"} 1");
+	expect_line(text, "vblkd_disk_request_duration_seconds_count{op=\"get_id\"} 0");
+	expect_line(text, "vblkd_disk_requests_in_flight 3");
+	expect_line(text, "vblkd_disk_busy_seconds_total 2.5");
+	free(text);
+	memset(fake_blk.ops, 0, sizeof(fake_blk.ops));
+	memset(&fake_blk.disk, 0, sizeof(fake_blk.disk));
 }
 
 /* ns become seconds exactly: no rounding, no exponent, no trailing
@@ -507,6 +609,12 @@ static void test_real_device_counters_monotone(void)
 	ASSERT_EQ(sample(&a, "vblkd_queue_iothread", "queue=\"2\"")->value, 0);
 	ASSERT_EQ(sample(&a, "vblkd_queue_iothread", "queue=\"1\"")->value, 1);
 	ASSERT_EQ(sample(&a, "vblkd_disk_size_bytes", "")->value, 1 << 20);
+	/* Nothing connected: no request, none in flight, never busy. */
+	ASSERT_EQ(sample(&a, "vblkd_disk_requests_in_flight", "")->value, 0);
+	ASSERT_EQ(sample(&a, "vblkd_disk_busy_seconds_total", "")->value, 0);
+	ASSERT_EQ(sample(&b, "vblkd_disk_requests_total", "op=\"read\"")->value, 0);
+	ASSERT_EQ(sample(&b, "vblkd_disk_request_duration_seconds_bucket",
+			 "op=\"write\",le=\"+Inf\"")->value, 0);
 	ASSERT_EQ(sample(&a, "vblkd_frontend_connected", "")->value, 0);
 	expect_line(t1, "vblkd_disk_info{path=\"(null)\",engine=\"null\"} 1");
 	free(t1);
@@ -789,6 +897,7 @@ int main(void)
 
 	RUN(test_format_lines_and_families);
 	RUN(test_fields_map_to_families);
+	RUN(test_disk_families_pinned);
 	RUN(test_seconds_conversion_exact);
 	RUN(test_label_values_escaped);
 	RUN(test_real_device_counters_monotone);

@@ -231,6 +231,18 @@ void blk__req_complete(struct blk_req *r, uint8_t status)
 	blk_req_complete(r, status);
 }
 
+void blk__req_drop(struct blk_req *r)
+{
+	struct blk_queue *q = r->q;
+
+	/* Not completed, not counted as done: out of the busy time and of
+	 * what is in flight here. */
+	if (r->acct)
+		acct_busy_end(&q->t->busy, loop_now(q->t->loop));
+	q->inflight--;
+	blk_req_put(q, r);
+}
+
 static void blk_io_done(struct bdev_io *io, int res)
 {
 	struct blk_req *r = container_of(io, struct blk_req, io);

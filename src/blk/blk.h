@@ -90,6 +90,7 @@ struct blk_stats {
 	unsigned num_queues, num_iothreads;
 	struct blk_disk_stats disk;
 	struct blk_op_stats ops[ACCT_NR_OPS];	/* all queues together */
+	struct blk_pause_stats pauses[BLK_PAUSE_NR];
 	struct blk_queue_stats *queues;		/* num_queues entries */
 	struct blk_iothread_stats *iothreads;	/* num_iothreads entries */
 	struct loop_poll_params poll;
@@ -107,6 +108,9 @@ static inline const void *blk_stats_elems(const struct blk_stats *s, enum blk_co
 	case BLK_COUNTERS_DISK:
 		*n = 1;
 		return &s->disk;
+	case BLK_COUNTERS_PAUSE:
+		*n = BLK_PAUSE_NR;
+		return s->pauses;
 	case BLK_COUNTERS_QUEUE:
 		*n = s->num_queues;
 		return s->queues;

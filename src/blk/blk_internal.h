@@ -176,6 +176,9 @@ void blk__queue_process(struct blk_queue *q);
 void blk__resubmit(struct blk_queue *q, struct blk_req *r);
 /* Complete a request with a status byte (and account for it). */
 void blk__req_complete(struct blk_req *r, uint8_t status);
+/* Let a request go without completing it (it stays in flight in the
+ * in-flight region, for whoever starts the ring next). */
+void blk__req_drop(struct blk_req *r);
 
 /* ---- pause.c: the error policy ---- */
 

@@ -55,7 +55,18 @@
 	X(busy_ns, u64, READ, COUNTER, NS, "busy_seconds_total",				\
 	  "Time with at least one request in flight, per iothread, summed over iothreads.")	\
 	X(iothreads, u64, READ, GAUGE, PLAIN, NULL,						\
-	  "The iothreads busy time is summed over (%util divides by them).")
+	  "The iothreads busy time is summed over (%util divides by them).")			\
+	X(paused, u64, READ, GAUGE, PLAIN, "paused",					\
+	  "1 while the disk is paused: a failed request is held (--werror, --rerror).")	\
+	X(held_requests, u64, READ, GAUGE, PLAIN, "held_requests",			\
+	  "Failed requests held for a retry while the disk is paused.")
+
+/* Pauses by reason (enum blk_pause_reason, blk_pause_reason_name): "disk":
+ * {"pauses": {"enospc": {"count": N}, ...}}, series labelled
+ * reason="enospc". */
+#define BLK_PAUSE_COUNTERS(X)									\
+	X(count, u64, READ, COUNTER, PLAIN, "pauses_total",					\
+	  "Times the disk paused (the error policy), by the error that paused it.")
 
 /*
  * Per operation (enum acct_op, acct_op_name): "disk": {"ops": {"read":
@@ -164,6 +175,11 @@ struct blk_disk_stats {
 	BLK_DISK_COUNTERS(BLK_COUNTER_MEMBER)
 };
 
+/* A snapshot of the pauses of one reason. */
+struct blk_pause_stats {
+	BLK_PAUSE_COUNTERS(BLK_COUNTER_MEMBER)
+};
+
 /* A snapshot of one operation's counters, all queues together. */
 struct blk_op_stats {
 	BLK_OP_COUNTERS(BLK_COUNTER_MEMBER)
@@ -222,6 +238,7 @@ enum blk_counter_set_id {
 	 * them before anything else, the stats JSON as its first member). */
 	BLK_COUNTERS_OP,
 	BLK_COUNTERS_DISK,
+	BLK_COUNTERS_PAUSE,
 	BLK_COUNTERS_QUEUE,
 	BLK_COUNTERS_IOTHREAD,
 	BLK_COUNTER_SETS

@@ -269,8 +269,7 @@ void blk__held_at_stop(struct blk_queue *q)
 		if (keep) {
 			/* In flight in the region, not in our hands: the slot
 			 * goes back to the pool, the ring entry stays taken. */
-			q->inflight--;
-			q->free_reqs[q->nfree++] = (uint16_t)(r - q->reqs);
+			blk__req_drop(r);
 		} else {
 			blk__req_complete(r, VIRTIO_BLK_S_IOERR);
 		}

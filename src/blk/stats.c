@@ -19,11 +19,13 @@
 	  BLK_COUNTER_SIGNED_##type, offsetof(struct set, name) },
 #define DISK_ROW(...) ROW(blk_disk_stats, __VA_ARGS__)
 #define OP_ROW(...) ROW(blk_op_stats, __VA_ARGS__)
+#define PAUSE_ROW(...) ROW(blk_pause_stats, __VA_ARGS__)
 #define QUEUE_ROW(...) ROW(blk_queue_stats, __VA_ARGS__)
 #define IOTHREAD_ROW(...) ROW(blk_iothread_stats, __VA_ARGS__)
 
 static const struct blk_counter disk_rows[] = { BLK_DISK_COUNTERS(DISK_ROW) };
 static const struct blk_counter op_rows[] = { BLK_OP_COUNTERS(OP_ROW) };
+static const struct blk_counter pause_rows[] = { BLK_PAUSE_COUNTERS(PAUSE_ROW) };
 static const struct blk_counter queue_rows[] = { BLK_QUEUE_COUNTERS(QUEUE_ROW) };
 static const struct blk_counter iothread_rows[] = { BLK_IOTHREAD_COUNTERS(IOTHREAD_ROW) };
 
@@ -32,11 +34,18 @@ static const char *op_name(unsigned i)
 	return acct_op_name((enum acct_op)i);
 }
 
+static const char *pause_name(unsigned i)
+{
+	return blk_pause_reason_name((enum blk_pause_reason)i);
+}
+
 const struct blk_counter_set blk_counter_sets[BLK_COUNTER_SETS] = {
 	[BLK_COUNTERS_OP] = { "disk", "op", "ops", BLK_COUNTERS_DISK, op_name, op_rows,
 			      ARRAY_SIZE(op_rows), sizeof(struct blk_op_stats) },
 	[BLK_COUNTERS_DISK] = { "disk", NULL, "disk", -1, NULL, disk_rows, ARRAY_SIZE(disk_rows),
 				sizeof(struct blk_disk_stats) },
+	[BLK_COUNTERS_PAUSE] = { "disk", "reason", "pauses", BLK_COUNTERS_DISK, pause_name,
+				 pause_rows, ARRAY_SIZE(pause_rows), sizeof(struct blk_pause_stats) },
 	[BLK_COUNTERS_QUEUE] = { "queue", "queue", "queues", -1, NULL, queue_rows,
 				 ARRAY_SIZE(queue_rows), sizeof(struct blk_queue_stats) },
 	[BLK_COUNTERS_IOTHREAD] = { "iothread", "iothread", "iothreads", -1, NULL, iothread_rows,
@@ -51,6 +60,8 @@ const struct blk_counter_set blk_counter_sets[BLK_COUNTER_SETS] = {
 #define ROW_SIZE(name, type, ...) + BLK_COUNTER_SIZE_##type
 STATIC_ASSERT(sizeof(struct blk_disk_stats) == 0 BLK_DISK_COUNTERS(ROW_SIZE),
 	      "struct blk_disk_stats has a member that is not a row of BLK_DISK_COUNTERS");
+STATIC_ASSERT(sizeof(struct blk_pause_stats) == 0 BLK_PAUSE_COUNTERS(ROW_SIZE),
+	      "struct blk_pause_stats has a member that is not a row of BLK_PAUSE_COUNTERS");
 STATIC_ASSERT(sizeof(struct blk_op_stats) == 0 BLK_OP_COUNTERS(ROW_SIZE),
 	      "struct blk_op_stats has a member that is not a row of BLK_OP_COUNTERS");
 STATIC_ASSERT(sizeof(struct blk_queue_stats) == 0 BLK_QUEUE_COUNTERS(ROW_SIZE),
@@ -145,6 +156,15 @@ static void get_stats(struct blk_dev *d, struct blk_stats *s)
 		ts[i].cpu = d->iot[i].cpu;
 	}
 	ops_from(s->ops, &sum);
+	{
+		struct blk_pause_state ps;
+
+		blk_dev_pause_state(d, &ps);
+		s->disk.paused = ps.paused;
+		s->disk.held_requests = ps.held;
+		for (unsigned i = 0; i < BLK_PAUSE_NR; i++)
+			s->pauses[i].count = ps.pauses[i];
+	}
 }
 
 int blk_stats_snapshot(struct blk_dev *d, struct blk_stats *s)

@@ -308,7 +308,8 @@ static const char *const iothread_keys[] = {
 	"cpu",
 };
 
-static const char *const disk_keys[] = { "in_flight", "busy_ns", "iothreads", "ops" };
+static const char *const disk_keys[] = { "in_flight", "busy_ns", "iothreads", "paused",
+					 "held_requests", "ops", "pauses" };
 
 static const char *const ops[] = { "read", "write", "flush", "discard", "write_zeroes",
 				   "get_id" };
@@ -674,9 +675,12 @@ static void test_reply_format_pinned(void)
 		T_FAIL("error with a slash and a quote: %s", rep);
 	rep = handle("{\"cmd\": \"stats\"}");
 	if (strncmp(rep, "{ \"disk\": { \"in_flight\": 0, \"busy_ns\": 0, \"iothreads\": 1, "
+		    "\"paused\": 0, \"held_requests\": 0, "
 		    "\"ops\": { \"read\": { \"requests\": 0, \"bytes\": 0, \"errors\": 0, "
 		    "\"total_ns\": 0, \"latency_ns\": { \"p50\": 0, \"p90\": 0, \"p99\": 0, "
-		    "\"p999\": 0 }, \"latency_buckets\": [ 0, 0, ", 218) ||
+		    "\"p999\": 0 }, \"latency_buckets\": [ 0, 0, ", 251) ||
+	    !strstr(rep, "\"pauses\": { \"enospc\": { \"count\": 0 }, \"edquot\": { \"count\": 0 }, "
+		    "\"eio\": { \"count\": 0 } } }, \"queues\"") ||
 	    !strstr(rep, " }, \"queues\": [ { \"iothread\": 0, \"requests\": 0, "))
 		T_FAIL("stats reply: %s", rep);
 }

@@ -49,6 +49,9 @@ static const char *const families[] = {
 	"vblkd_disk_request_duration_seconds",
 	"vblkd_disk_requests_in_flight",
 	"vblkd_disk_busy_seconds_total",
+	"vblkd_disk_paused",
+	"vblkd_disk_held_requests",
+	"vblkd_disk_pauses_total",
 	"vblkd_disk_info",
 	"vblkd_disk_size_bytes",
 	"vblkd_disk_read_only",
@@ -356,6 +359,8 @@ static void test_format_lines_and_families(void)
 			ASSERT_EQ(n, 2);
 		else if (i < 4)	/* the families per operation */
 			ASSERT_EQ(n, ARRAY_SIZE(ops));
+		else if (!strcmp(p.fam[i], "vblkd_disk_pauses_total"))	/* per reason */
+			ASSERT_EQ(n, BLK_PAUSE_NR);
 		else
 			ASSERT_EQ(n, 1);
 	}

@@ -47,16 +47,20 @@ void pay_abort(struct pay *p, uint64_t now)
 	run(p, now, PAY_RUN_MIN_NS, UINT64_MAX);
 }
 
-/* Median of the rounds' OFF/ON ratios, per mille. */
-static uint32_t median_ratio_pm(const struct pay *p)
+/* Median of the rounds' OFF/ON ratios, per mille; *off_wins: the rounds
+ * in which not spinning was faster. */
+static uint32_t median_ratio_pm(const struct pay *p, unsigned *off_wins)
 {
 	uint32_t r[PAY_ROUNDS];
+
+	*off_wins = 0;
 
 	for (unsigned i = 0; i < PAY_ROUNDS; i++) {
 		uint64_t on = p->per_on[i] ? p->per_on[i] : 1;
 		uint64_t pm = p->per_off[i] * 1000 / on;
 
 		r[i] = pm > UINT32_MAX ? UINT32_MAX : (uint32_t)pm;
+		*off_wins += r[i] < 1000;
 	}
 	/* Insertion sort: eight values. */
 	for (unsigned i = 1; i < PAY_ROUNDS; i++)
@@ -71,8 +75,9 @@ static uint32_t median_ratio_pm(const struct pay *p)
 
 static void decide(struct pay *p, uint64_t now, uint64_t work)
 {
-	uint32_t pm = median_ratio_pm(p);
-	bool off = pm < PAY_MARGIN_PCT * 10;
+	unsigned off_wins;
+	uint32_t pm = median_ratio_pm(p, &off_wins);
+	bool off = pm < PAY_MARGIN_PCT * 10 && off_wins >= PAY_MIN_OFF_ROUNDS;
 	bool clear = off ? pm < PAY_CLEAR_OFF_PM : pm > PAY_CLEAR_ON_PM;
 
 	if (clear && p->checks && off == p->decided_off) {

@@ -76,6 +76,16 @@ start() {	# start LOG DISK ARGS...: vblkd on the shared socket
     done
     return 1
 }
+results() {	# results PREFIX CONSOLE RC: the scenario's verdicts
+    local t
+    for t in pause-phase1-fio-verify pause-phase2-fio-verify pause-no-io-error-in-guest; do
+        if (($3 == 0)) && tr -d '\r' <"$2" | grep -aq "VBLK-RESULT: PASS $t"; then
+            pass "$1-$t"
+        else
+            fail "$1-$t" "rc=$3, see $2"
+        fi
+    done
+}
 stop_vblkd() {	# an upgraded vblkd is not our child: wait by its pid
     kill -TERM "$dpid" 2>/dev/null; wait "$dpid" 2>/dev/null
     for _ in $(seq 200); do kill -0 "$dpid" 2>/dev/null || break; sleep 0.05; done
@@ -143,13 +153,7 @@ else
 fi
 wait "$gpid"; rc=$?; gpid=""
 stop_vblkd
-for t in pause-phase1-fio-verify pause-phase2-fio-verify pause-no-io-error-in-guest; do
-    if ((rc == 0)) && tr -d '\r' <"$con" | grep -aq "VBLK-RESULT: PASS $t"; then
-        pass "guest-$t"
-    else
-        fail "guest-$t" "rc=$rc, see $con"
-    fi
-done
+results guest "$con" "$rc"
 for _ in $(seq 50); do	# io_uring lets go of its files a moment after exit
     umount "$work/fs" 2>/dev/null && break
     sleep 0.1
@@ -191,10 +195,4 @@ else
 fi
 wait "$gpid"; rc=$?; gpid=""
 stop_vblkd
-for t in pause-phase1-fio-verify pause-phase2-fio-verify pause-no-io-error-in-guest; do
-    if ((rc == 0)) && tr -d '\r' <"$con" | grep -aq "VBLK-RESULT: PASS $t"; then
-        pass "guest-nbd-$t"
-    else
-        fail "guest-nbd-$t" "rc=$rc, see $con"
-    fi
-done
+results guest-nbd "$con" "$rc"

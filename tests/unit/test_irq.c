@@ -447,6 +447,56 @@ static void test_long_pause_counts_as_gap_max(void)
 	ASSERT_TRUE(want(&s, spin_yes, &h) && h.stream);
 }
 
+/* A ring starts afresh (blk_irq_start): nothing held, nothing measured
+ * (no hold at its first completions), no back-off and no overlap left
+ * from before; the overlap counts up to BLK_IRQ_OVERLAP_NS inclusive. */
+static void test_ring_start_resets(void)
+{
+	struct blk_irq_hold h;
+	struct sim s;
+
+	/* Nothing measured yet: two in flight, one completes fast. */
+	sim_start(&s, CAP);
+	take(&s);
+	take(&s);
+	s.now += 5 * US;
+	complete(&s);
+	ASSERT_TRUE(!want(&s, spin_yes, &h));
+	/* The overlap counts while at most BLK_IRQ_OVERLAP_NS old. */
+	steady(&s, 2, 40 * US, 300);
+	complete(&s);
+	blk_irq_note_overlap(&s.m, s.now - BLK_IRQ_OVERLAP_NS);
+	ASSERT_TRUE(want(&s, spin_yes, &h) && h.stream);
+	blk_irq_note_overlap(&s.m, s.now - BLK_IRQ_OVERLAP_NS - 1);
+	ASSERT_TRUE(!want(&s, spin_yes, &h));
+	/* Held and backed off (a wasted hold); the ring restarts. */
+	blk_irq_note_overlap(&s.m, s.now);
+	ASSERT_TRUE(want(&s, spin_yes, &h) && h.stream);
+	hold(&s, &h);
+	s.now = s.m.held_until;
+	ASSERT_TRUE(end(&s).wasted);
+	hold(&s, &h);
+	while (s.inflight)
+		complete(&s);
+	blk_irq_start(&s.m, s.now);
+	ASSERT_TRUE(!s.m.held);
+	/* No back-off: a stream hold as soon as the gaps are measured. */
+	steady(&s, 2, 40 * US, 30);
+	complete(&s);
+	ASSERT_TRUE(want(&s, spin_yes, &h) && h.stream);
+	/* No overlap from before: at QD1 right after a restart, none. */
+	while (s.inflight)
+		complete(&s);
+	blk_irq_start(&s.m, s.now);
+	for (unsigned i = 0; i < 100; i++) {
+		take(&s);
+		s.now += 5 * US;
+		complete(&s);
+		ASSERT_TRUE(!want(&s, spin_yes, &h));
+		s.now += 5 * US;
+	}
+}
+
 int main(void)
 {
 	RUN(test_never_at_qd1);
@@ -457,5 +507,6 @@ int main(void)
 	RUN(test_hold_ends);
 	RUN(test_disk_pace_counts_busy_gaps_only);
 	RUN(test_long_pause_counts_as_gap_max);
+	RUN(test_ring_start_resets);
 	return T_EXIT_PASS;
 }

@@ -117,7 +117,10 @@ start --no-event-idx && {
 #    (vblk-bench --hold); from 1 s after the load, over 5 s, the iothread
 #    uses under 1% of a CPU (an idle loop sleeps in epoll_wait with no
 #    timer; the polling window is dropped after 1 s idle) and the whole
-#    daemon too (utime + stime from /proc, in clock ticks).
+#    daemon too (utime + stime from /proc, in clock ticks).  No pay check
+#    starts while idle; one that began as the load ended is counted as
+#    aborted when the loop next wakes (the stats call itself), so one
+#    abort may fall in the window (seen in CI).
 start && {
     "${CPIN[@]}" "$BENCH" --socket "$tmp/d.sock" --bs 4k --ramp 0 --rw randread --iodepth 1 \
         --runtime 1 --poll --hold 7 >"$tmp/hold.out" 2>&1 &
@@ -129,7 +132,7 @@ start && {
     still=$(grep -c "frontend disconnected" "$tmp/vblkd.log")
     wait "$bpid"; R=""
     stop
-    check connected-idle-daemon-uses-no-cpu "t['cpu_ns'] < 50_000_000 and q['requests'] == 0 and $((ticks1 - ticks0)) * 1_000_000_000 // $(getconf CLK_TCK) < 50_000_000 and $still == 0 and t['poll_checks'] == 0 and t['poll_checks_aborted'] == 0"
+    check connected-idle-daemon-uses-no-cpu "t['cpu_ns'] < 50_000_000 and q['requests'] == 0 and $((ticks1 - ticks0)) * 1_000_000_000 // $(getconf CLK_TCK) < 50_000_000 and $still == 0 and t['poll_checks'] == 0 and t['poll_checks_aborted'] <= 1"
 }
 
 # 6. Contention: the iothread shares its core with a CPU hog; its

@@ -207,12 +207,15 @@ static int put_state(struct vu_server *s, int sock)
 		r = put_ring(s, sock, i);
 	if (!r && s->status)
 		r = send_u64(sock, VHOST_USER_SET_STATUS, s->status, -1);
+end:
+	/* The device's state goes with or without a frontend connected: a
+	 * disk paused, a failed page-cache flush, QoS limits set at runtime
+	 * are the disk's, not the connection's. */
 	if (!r && s->ops->save_state) {
 		size_t n = s->ops->save_state(s->dev, dev, sizeof(dev));
 
 		r = vu_handover_send(sock, VU_HO_DEVICE, dev, (uint32_t)n, NULL, 0);
 	}
-end:
 	if (!r)
 		r = vu_handover_send(sock, VU_HO_END, NULL, 0, NULL, 0);
 	return r;

@@ -381,6 +381,14 @@ static void blk_handle_dwz(struct blk_queue *q, struct blk_req *r, uint32_t type
 	}
 	r->bytes = bytes;
 	r->io.op = discard ? BDEV_DISCARD : BDEV_WRITE_ZEROES;
+	/* Counted as a write of its bytes (qos.h, as QEMU's throttle filter). */
+	if (blk__throttle(q, r))
+		return;
+	blk_dwz_next(r);
+}
+
+void blk__dwz_next(struct blk_req *r)
+{
 	blk_dwz_next(r);
 }
 
@@ -460,6 +468,8 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		r->io.iov = data;
 		r->io.iovcnt = cnt;
 		r->io.cb = blk_io_done;
+		if (unlikely(blk__throttle(q, r)))
+			return;		/* throttle.c sends it when the budget has room */
 		bdev_submit(d->b, q->t->bctx, &r->io);
 		return;
 	}
@@ -506,6 +516,8 @@ static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 {
 	unsigned n = 0;
 
+	if (unlikely(q->throttled))
+		return 0;
 	while (n < budget) {
 		struct vq_elem e;
 		struct blk_req *r;
@@ -551,6 +563,10 @@ static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 			continue;
 		}
 		blk_handle(q, r, &e);
+		/* Over the QoS budget: it waits, and so does the rest of
+		 * the ring (FIFO), until throttle.c's timer. */
+		if (unlikely(q->throttled))
+			break;
 	}
 	return (int)n;
 }
@@ -588,6 +604,10 @@ static void blk_queue_process(struct blk_queue *q)
 		/* One io_uring_enter for everything this pass queued. */
 		q->dev->b->engine->kick(q->t->bctx);
 		if (n < 0)
+			break;
+		/* A request waits for the QoS budget: kicks stay off, the
+		 * timer comes back (throttle.c). */
+		if (unlikely(q->throttled))
 			break;
 		total += (unsigned)n;
 		if (total >= BLK_BUDGET && n == BLK_BUDGET) {
@@ -671,6 +691,15 @@ static bool blk_poll_end(void *opaque)
 	return vq_enable_notify(&q->vq);
 }
 
+/* Waiting for the QoS budget's timer (throttle.c): no kick comes, no
+ * request is taken, so no window is worth opening for this queue. */
+static bool blk_poll_quiet(void *opaque)
+{
+	const struct blk_queue *q = opaque;
+
+	return q->throttled != NULL;
+}
+
 /* The queue's work, for the pay check: requests taken from its ring. */
 static uint64_t blk_poll_work(void *opaque)
 {
@@ -684,6 +713,7 @@ static const struct loop_poll_ops blk_poll_ops = {
 	.run = blk_poll_run,
 	.begin = blk_poll_begin,
 	.end = blk_poll_end,
+	.quiet = blk_poll_quiet,
 	.work = blk_poll_work,
 };
 
@@ -793,6 +823,9 @@ static void do_queue_stop(void *opaque)
 		(void)blk_queue_drain_avail(q, vq_resubmit_left(&q->vq));
 		q->dev->b->engine->kick(q->t->bctx);
 	}
+	/* A request waiting for the QoS budget goes now, for the drain. */
+	if (unlikely(q->throttled))
+		blk__throttle_at_stop(q);
 	/* In-flight requests complete into the ring before we report where
 	 * it stopped: the frontend may hand the ring to someone else. */
 	q->dev->b->engine->drain(q->t->bctx);
@@ -959,8 +992,9 @@ static void do_ctx_free(void *opaque)
 		loop_bh_free(q->resume_bh);
 		loop_bh_free(q->notify_bh);
 		loop_timer_free(q->hold_timer);
+		loop_timer_free(q->qos_timer);
 		q->resume_bh = q->notify_bh = NULL;
-		q->hold_timer = NULL;
+		q->hold_timer = q->qos_timer = NULL;
 	}
 	if (t->bctx)
 		t->dev->b->engine->ctx_free(t->bctx);
@@ -1017,6 +1051,8 @@ static int blk_iothread_start(struct blk_dev *d, unsigned i, const struct blk_op
 			r = loop_bh_new(t->loop, blk_notify_bh, q, &q->notify_bh);
 		if (r == 0)
 			r = loop_timer_new(t->loop, blk_hold_timer_cb, q, &q->hold_timer);
+		if (r == 0)
+			r = loop_timer_new(t->loop, blk__throttle_timer_cb, q, &q->qos_timer);
 		if (r < 0)
 			goto err_loop;
 	}
@@ -1041,8 +1077,9 @@ err_loop:
 			loop_bh_free(d->q[qi].resume_bh);
 			loop_bh_free(d->q[qi].notify_bh);
 			loop_timer_free(d->q[qi].hold_timer);
+			loop_timer_free(d->q[qi].qos_timer);
 			d->q[qi].resume_bh = d->q[qi].notify_bh = NULL;
-			d->q[qi].hold_timer = NULL;
+			d->q[qi].hold_timer = d->q[qi].qos_timer = NULL;
 		}
 	loop_free(t->loop);
 	return r;
@@ -1055,14 +1092,24 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	unsigned i;
 	int r;
 
-	if (o->num_queues < 1 || o->num_queues > BLK_MAX_QUEUES || nt > BLK_MAX_QUEUES)
+	if (o->num_queues < 1 || o->num_queues > BLK_MAX_QUEUES || nt > BLK_MAX_QUEUES) {
+		qos_free(o->qos);
 		return -EINVAL;
+	}
 	d = calloc(1, sizeof(*d) + o->num_queues * sizeof(d->q[0]));
-	if (!d)
+	if (!d) {
+		qos_free(o->qos);
 		return -ENOMEM;
+	}
+	d->qos = o->qos;
+	if (!d->qos && (r = qos_new(NULL, &d->qos)) < 0) {
+		free(d);
+		return r;
+	}
 	/* Aligned: each iothread's busy time on a line of its own. */
 	d->iot = aligned_alloc(BLK_CACHELINE, nt * sizeof(*d->iot));
 	if (!d->iot) {
+		qos_free(d->qos);
 		free(d);
 		return -ENOMEM;
 	}
@@ -1107,9 +1154,15 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 err_pause:
 	blk__pause_free(d);
 err_free:
+	qos_free(d->qos);
 	free(d->iot);
 	free(d);
 	return r;
+}
+
+struct qos *blk_dev_qos(struct blk_dev *d)
+{
+	return d->qos;
 }
 
 void blk_dev_free(struct blk_dev *d)
@@ -1120,6 +1173,7 @@ void blk_dev_free(struct blk_dev *d)
 		blk_queue_stop(d, i);
 	blk_iothreads_free(d, d->num_iothreads);
 	blk__pause_free(d);
+	qos_free(d->qos);
 	free(d->iot);
 	free(d);
 }

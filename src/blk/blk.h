@@ -50,6 +50,8 @@ enum blk_pause_reason {
 	BLK_PAUSE_NR,
 };
 
+struct qos;
+
 struct blk_opts {
 	unsigned num_queues;		/* 1..BLK_MAX_QUEUES */
 	/* Error policy for reads (rerror) and for writes, flushes,
@@ -73,6 +75,11 @@ struct blk_opts {
 	const unsigned *queue_map;	/* queue -> iothread; NULL: q mod N */
 	const int *cpus;		/* iothread i pinned to cpus[i % ncpus] */
 	unsigned ncpus;
+	/* The disk's QoS budget, made by the caller (qos_new, or
+	 * qos_group_join for --qos-group): the device owns it from
+	 * blk_dev_new on, and frees it with itself or on failure.  NULL: a
+	 * budget of its own with no limit (vblkctl set-limits may set one). */
+	struct qos *qos;
 };
 
 struct blk_dev;
@@ -82,6 +89,9 @@ struct blk_dev;
 int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out);
 /* Stop every queue (draining I/O), stop the iothread, free. */
 void blk_dev_free(struct blk_dev *d);
+/* The disk's QoS budget (qos.h: its limits, levels, qos_set).  Any
+ * thread, while the device lives. */
+struct qos *blk_dev_qos(struct blk_dev *d);
 
 /* Every counter and the polling knobs at one moment, in arrays of their
  * own: what the control socket's "stats" and the metrics show.  The

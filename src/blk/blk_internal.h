@@ -16,7 +16,9 @@
 #include "blk/blk.h"
 #include "blk/irq.h"
 #include "blk/virtio_blk.h"
+#include "loop/defer.h"
 #include "loop/loop.h"
+#include "qos/qos.h"
 #include "virtio/vq.h"
 
 /* Discard / write-zeroes limits we advertise (5.2.4) and enforce. */
@@ -101,6 +103,14 @@ struct blk_queue {
 	 * not completed, counted in inflight. */
 	struct blk_req *held_head, **held_tail;
 	unsigned nheld;
+	/* QoS (throttle.c): the request the budget cannot take yet, taken
+	 * from the ring and waiting for qos_timer; its place in the disk's
+	 * line (qos_admit); since when. */
+	struct blk_req *throttled;
+	uint64_t qos_ticket;
+	uint64_t throttled_since;
+	uint64_t throttled_ns_done;	/* waits that ended (stats.c adds the current) */
+	struct loop_timer *qos_timer;
 
 	/* Per operation (acct_done at completion); iothread-owned, plain
 	 * fields, read on the iothread by stats.c. */
@@ -143,6 +153,10 @@ struct blk_dev {
 	struct loop_fd *pause_h;
 	struct loop_timer *retry_timer;
 
+	/* QoS: the disk's budget, its own or a group's (qos.h); set by
+	 * blk_dev_new, never NULL; the limits change under it (qos_set). */
+	struct qos *qos;
+
 	unsigned num_iothreads;
 	struct blk_iothread *iot;
 	struct blk_queue q[];
@@ -165,8 +179,25 @@ static inline void stat_inc(_Atomic uint64_t *c)
  * disk is paused (pause.c).  Iothread. */
 static inline bool blk__queue_waits(const struct blk_queue *q)
 {
-	return q->nheld || atomic_load_explicit(&q->dev->paused, memory_order_relaxed);
+	return q->nheld || q->throttled ||
+	       atomic_load_explicit(&q->dev->paused, memory_order_relaxed);
 }
+
+/* ---- throttle.c: QoS on the queues (iothread) ---- */
+
+bool blk__throttle_slow(struct blk_queue *q, struct blk_req *r);
+/* Must r wait for the disk's budget?  true: it waits (the queue stops
+ * taking requests until the timer lets it go); false: it goes now, and
+ * is counted.  With no limit set, a relaxed load and a branch. */
+static inline bool blk__throttle(struct blk_queue *q, struct blk_req *r)
+{
+	return qos_active(q->dev->qos) && blk__throttle_slow(q, r);
+}
+void blk__throttle_timer_cb(void *opaque);
+/* A ring stops: a waiting request goes now (over budget) for the drain. */
+void blk__throttle_at_stop(struct blk_queue *q);
+/* blk.c, for throttle.c: send a discard / write zeroes' next segment. */
+void blk__dwz_next(struct blk_req *r);
 
 /* ---- blk.c, for pause.c (iothread) ---- */
 

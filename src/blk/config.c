@@ -11,6 +11,7 @@
 #include "blk/blk_internal.h"
 #include "util/compiler.h"
 #include "util/log.h"
+#include "util/sys.h"
 
 uint64_t blk__features(void *opaque)
 {
@@ -117,31 +118,79 @@ int blk__set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32_t len
  * dropped by an upgrade to a binary that cannot keep it. */
 #define BLK_STATE_CACHE_LOST 0x01
 #define BLK_STATE_PAUSED 0x02
+/* Bit 2 (since 2026-12): the QoS limits a disk of its own has now (set at
+ * runtime, perhaps), after the pause's blob: a length byte and the
+ * --limit text.  A group's limits live in the group's file. */
+#define BLK_STATE_QOS 0x04
 
 size_t blk__save_state(void *opaque, uint8_t *buf, size_t len)
 {
 	struct blk_dev *d = opaque;
-	size_t n;
+	char text[256];
+	int k = -1;
+	size_t n, room;
 
 	if (len < 3)
 		return 0;
+	if (!qos_group_name(d->qos)) {
+		struct qos_limits l;
+
+		qos_get(d->qos, &l, NULL, sys_now_ns());
+		k = qos_limits_format(&l, text, sizeof(text));
+		if (k < 0 || (size_t)k >= sizeof(text) || (size_t)k + 1 > len - 3) {
+			log_warn("upgrade: the QoS limits do not fit the handover; the new "
+				 "process takes its --limit");
+			k = -1;
+		}
+	}
 	buf[0] = 1;
 	buf[1] = d->wce;
 	buf[2] = atomic_load(&d->b->cache_lost) ? BLK_STATE_CACHE_LOST : 0;
-	n = blk__pause_save(d, buf + 3, len - 3);
+	/* The pause's reason is cut to leave room for the limits. */
+	room = len - 3 - (k >= 0 ? (size_t)k + 1 : 0);
+	n = room ? blk__pause_save(d, buf + 3, room) : 0;
 	if (n)
 		buf[2] |= BLK_STATE_PAUSED;
-	return 3 + n;
+	n += 3;
+	if (k >= 0) {
+		buf[n] = (uint8_t)k;
+		memcpy(buf + n + 1, text, (size_t)k);
+		n += 1 + (size_t)k;
+		buf[2] |= BLK_STATE_QOS;
+	}
+	return n;
 }
 
 int blk__load_state(void *opaque, const uint8_t *buf, size_t len)
 {
 	struct blk_dev *d = opaque;
 
+	size_t off = 3;
+	struct qos_limits ql = { 0 };
+	bool have_qos = false;
+
 	if (len < 2 || buf[0] != 1 || buf[1] > 1 ||
-	    (len > 2 && (buf[2] & ~(BLK_STATE_CACHE_LOST | BLK_STATE_PAUSED))) ||
+	    (len > 2 && (buf[2] & ~(BLK_STATE_CACHE_LOST | BLK_STATE_PAUSED | BLK_STATE_QOS))) ||
 	    (len > 2 && (buf[2] & BLK_STATE_PAUSED) && len < 4))
 		return -EINVAL;
+	if (len > 2 && (buf[2] & BLK_STATE_PAUSED))
+		off += 1 + (size_t)buf[3];
+	if (len > 2 && (buf[2] & BLK_STATE_QOS)) {
+		char text[256], e[200];
+
+		/* Checked whole before anything is taken: a blob we cannot
+		 * read refuses the state (the old process serves on). */
+		if (off >= len || (size_t)buf[off] + 1 > len - off)
+			return -EINVAL;
+		memcpy(text, buf + off + 1, buf[off]);
+		text[buf[off]] = '\0';
+		if (text[0] && qos_limits_parse(text, &ql, e, sizeof(e)) < 0) {
+			log_err("upgrade: the QoS limits handed over ('%s') do not parse: %s",
+				text, e);
+			return -EINVAL;
+		}
+		have_qos = true;
+	}
 	d->wce = buf[1];
 	blk_update_cache_mode(d);
 	if (len > 2 && (buf[2] & BLK_STATE_CACHE_LOST) && !atomic_exchange(&d->b->cache_lost, true))
@@ -149,6 +198,13 @@ int blk__load_state(void *opaque, const uint8_t *buf, size_t len)
 			"it did", d->b->path);
 	if (len > 2 && (buf[2] & BLK_STATE_PAUSED))
 		blk__pause_load(d, buf + 3, len - 3);
+	if (have_qos && !qos_group_name(d->qos)) {
+		char text[256];
+
+		qos_set(d->qos, &ql);
+		qos_limits_format(&ql, text, sizeof(text));
+		log_info("QoS limits as before the upgrade: %s", text);
+	}
 	return 0;
 }
 

@@ -59,7 +59,23 @@
 	X(paused, u64, READ, GAUGE, PLAIN, "paused",					\
 	  "1 while the disk is paused: a failed request is held (--werror, --rerror).")	\
 	X(held_requests, u64, READ, GAUGE, PLAIN, "held_requests",			\
-	  "Failed requests held for a retry while the disk is paused.")
+	  "Failed requests held for a retry while the disk is paused.")				\
+	X(throttled_requests, u64, READ, COUNTER, PLAIN, "throttled_requests_total",		\
+	  "Requests that waited for the QoS budget (--limit), all queues.")			\
+	X(throttled_ns, u64, READ, COUNTER, NS, "throttled_seconds_total",			\
+	  "Time queues waited for the QoS budget, all queues together.")			\
+	X(limit_iops_total, u64, READ, GAUGE, PLAIN, "limit_iops",				\
+	  "QoS limit iops-total (0: none).")							\
+	X(limit_iops_read, u64, READ, GAUGE, PLAIN, "limit_read_iops",			\
+	  "QoS limit iops-read (0: none).")							\
+	X(limit_iops_write, u64, READ, GAUGE, PLAIN, "limit_write_iops",			\
+	  "QoS limit iops-write (0: none).")							\
+	X(limit_bps_total, u64, READ, GAUGE, PLAIN, "limit_bytes_per_second",		\
+	  "QoS limit bps-total in bytes per second (0: none).")				\
+	X(limit_bps_read, u64, READ, GAUGE, PLAIN, "limit_read_bytes_per_second",		\
+	  "QoS limit bps-read in bytes per second (0: none).")					\
+	X(limit_bps_write, u64, READ, GAUGE, PLAIN, "limit_write_bytes_per_second",		\
+	  "QoS limit bps-write in bytes per second (0: none).")
 
 /* Pauses by reason (enum blk_pause_reason, blk_pause_reason_name): "disk":
  * {"pauses": {"enospc": {"count": N}, ...}}, series labelled
@@ -117,6 +133,10 @@
 	  "Of the time calls were held, the time past their deadlines (the iothread ran late).") \
 	X(hold_ns_max, u64, KEPT, GAUGE, NS, "hold_max_seconds",				\
 	  "Longest time one call was held.")							\
+	X(throttled_requests, u64, KEPT, COUNTER, PLAIN, "throttled_requests_total",		\
+	  "Requests that waited for the QoS budget (--limit) before going to the disk.")	\
+	X(throttled_ns, u64, READ, COUNTER, NS, "throttled_seconds_total",			\
+	  "Time the queue waited for the QoS budget (a wait under way included).")		\
 	X(poll_hits, u64, READ, COUNTER, PLAIN, "poll_hits_total",				\
 	  "Times busy-polling found requests.")							\
 	X(poll_misses, u64, READ, COUNTER, PLAIN, "poll_misses_total",				\

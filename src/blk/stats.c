@@ -10,6 +10,7 @@
 
 #include "blk/blk_internal.h"
 #include "util/compiler.h"
+#include "util/sys.h"
 
 #define BLK_COUNTER_SIGNED_u64 false
 #define BLK_COUNTER_SIGNED_s64 true
@@ -114,6 +115,10 @@ static void do_stats(void *opaque)
 		o->poll_misses = q->poll_base.misses + ps.misses;
 		o->poll_vain = q->poll_base.vain + ps.vain;
 		o->poll_ns = ps.poll_ns;
+		o->throttled_ns = q->throttled_ns_done +
+				  (q->throttled ? loop_now(c->t->loop) - q->throttled_since : 0);
+		c->disk->throttled_requests += o->throttled_requests;
+		c->disk->throttled_ns += o->throttled_ns;
 	}
 }
 
@@ -164,6 +169,17 @@ static void get_stats(struct blk_dev *d, struct blk_stats *s)
 		s->disk.held_requests = ps.held;
 		for (unsigned i = 0; i < BLK_PAUSE_NR; i++)
 			s->pauses[i].count = ps.pauses[i];
+	}
+	{
+		struct qos_limits l;
+
+		qos_get(d->qos, &l, NULL, sys_now_ns());
+		s->disk.limit_iops_total = l.b[QOS_IOPS_TOTAL].avg;
+		s->disk.limit_iops_read = l.b[QOS_IOPS_READ].avg;
+		s->disk.limit_iops_write = l.b[QOS_IOPS_WRITE].avg;
+		s->disk.limit_bps_total = l.b[QOS_BPS_TOTAL].avg;
+		s->disk.limit_bps_read = l.b[QOS_BPS_READ].avg;
+		s->disk.limit_bps_write = l.b[QOS_BPS_WRITE].avg;
 	}
 }
 

@@ -14,6 +14,7 @@
 #include "acct/acct.h"
 #include "blk/blk.h"
 #include "loop/loop.h"
+#include "qos/qos.h"
 #include "util/compiler.h"
 #include "util/log.h"
 #include "util/sock.h"
@@ -180,15 +181,69 @@ static int stats_add(const struct blk_stats *st, struct json_object *reply)
 }
 
 /* The "stats" reply's members, added to reply. */
+/* The QoS limits and the buckets' levels: "limits" (the --limit
+ * syntax), "group", "buckets" (the limited ones). */
+static struct json_object *qos_object(struct blk_dev *d)
+{
+	struct json_object *o = json_object_new_object(), *bk = json_object_new_object();
+	struct qos *q = blk_dev_qos(d);
+	const char *group = qos_group_name(q);
+	struct qos_limits l;
+	struct qos_buckets b;
+	char buf[512];
+	bool ok = o && bk;
+
+	qos_get(q, &l, &b, sys_now_ns());
+	qos_limits_format(&l, buf, sizeof(buf));
+	if (o)
+		add(o, "limits", json_object_new_string(buf), &ok);
+	if (o && group)
+		add(o, "group", json_object_new_string(group), &ok);
+	else if (o)
+		json_object_object_add(o, "group", NULL);	/* JSON null */
+	if (o)
+		add(o, "iops_size", json_object_new_uint64(l.iops_size), &ok);
+	for (unsigned i = 0; bk && i < QOS_NR_BKT; i++) {
+		struct json_object *e;
+		bool eok = true;
+
+		if (!l.b[i].avg)
+			continue;
+		e = json_object_new_object();
+		if (!e) {
+			ok = false;
+			break;
+		}
+		add(e, "avg", json_object_new_uint64(l.b[i].avg), &eok);
+		add(e, "max", json_object_new_uint64(l.b[i].max), &eok);
+		add(e, "max_length", json_object_new_uint64(l.b[i].max_len ? l.b[i].max_len : 1),
+		    &eok);
+		add(e, "level", json_object_new_double(b.level[i]), &eok);
+		add(e, "burst_level", json_object_new_double(b.burst[i]), &eok);
+		add(bk, qos_bkt_name(i), done(e, eok), &ok);
+	}
+	if (o)
+		add(o, "buckets", bk, &ok);
+	else
+		json_object_put(bk);
+	return done(o, ok);
+}
+
 static int stats_fill(struct blk_dev *d, struct json_object *reply)
 {
 	struct blk_stats st;
+	bool ok = true;
 	int r = blk_stats_snapshot(d, &st);
 
 	if (r < 0)
 		return r;
 	r = stats_add(&st, reply);
 	blk_stats_release(&st);
+	if (r == 0) {
+		add(reply, "qos", qos_object(d), &ok);
+		if (!ok)
+			r = -ENOMEM;
+	}
 	return r;
 }
 
@@ -378,6 +433,70 @@ static int cmd_resume(void *opaque, struct json_object *req, struct json_object 
 	return 0;
 }
 
+static int cmd_limits(void *opaque, struct json_object *req, struct json_object *reply,
+		      char *err, size_t errlen)
+{
+	struct json_object *o = qos_object(opaque);
+
+	if (!o) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	json_object_object_foreach(o, k, v)
+		json_object_object_add(reply, k, json_object_get(v));
+	json_object_put(o);
+	return 0;
+}
+
+/* {"cmd": "set-limits", "limits": "iops-total=1000", "group": true}: the
+ * keys named change, the others stay (0 removes one).  A disk in a group
+ * has the group's limits: changing them is said with "group", for every
+ * member at once. */
+static int cmd_set_limits(void *opaque, struct json_object *req, struct json_object *reply,
+			  char *err, size_t errlen)
+{
+	struct qos *q = blk_dev_qos(opaque);
+	const char *group = qos_group_name(q);
+	struct json_object *f, *g;
+	struct qos_limits l;
+	bool want_group = false, ok = true;
+	char buf[512];
+	int r;
+
+	if (!json_object_object_get_ex(req, "limits", &f) ||
+	    !json_object_is_type(f, json_type_string)) {
+		snprintf(err, errlen, "set-limits needs \"limits\": \"KEY=VALUE,...\"");
+		return -EINVAL;
+	}
+	if (json_object_object_get_ex(req, "group", &g))
+		want_group = json_object_get_boolean(g);
+	if (group && !want_group) {
+		snprintf(err, errlen, "this disk's limits are those of its QoS group '%s': "
+			 "change them for every member with set-limits --group", group);
+		return -EINVAL;
+	}
+	if (!group && want_group) {
+		snprintf(err, errlen, "this disk is in no QoS group (--qos-group): "
+			 "set-limits without --group");
+		return -EINVAL;
+	}
+	qos_get(q, &l, NULL, sys_now_ns());
+	r = qos_limits_parse(json_object_get_string(f), &l, err, errlen);
+	if (r < 0)
+		return r;
+	qos_set(q, &l);
+	qos_limits_format(&l, buf, sizeof(buf));
+	log_info("QoS limits%s%s set: %s", group ? " of group " : "", group ? group : "",
+		 buf[0] ? buf : "none");
+	add(reply, "ok", json_object_new_boolean(1), &ok);
+	add(reply, "limits", json_object_new_string(buf), &ok);
+	if (!ok) {
+		snprintf(err, errlen, "limits set, but out of memory for the reply");
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 /* Built-in commands: their opaque is the device. */
 static const struct ctl_cmd builtin_cmds[] = {
 	{ "stats", cmd_stats, NULL },
@@ -385,6 +504,8 @@ static const struct ctl_cmd builtin_cmds[] = {
 	{ "resize", cmd_resize, NULL },
 	{ "status", cmd_status, NULL },
 	{ "resume", cmd_resume, NULL },
+	{ "limits", cmd_limits, NULL },
+	{ "set-limits", cmd_set_limits, NULL },
 };
 
 static const struct ctl_cmd *find_cmd(const struct ctl_cmd *cmds, unsigned n, const char *name,

@@ -748,8 +748,10 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 				h->poll_ns = 0;
 				st_set(&h->st_poll_ns, 0);
 			}
-			/* A backend with nothing in flight expects nothing. */
-			if (h->pops->armed && !h->pops->armed(h->opaque))
+			/* A backend with nothing in flight expects nothing,
+			 * and neither does a handler that says so. */
+			if ((h->pops->armed && !h->pops->armed(h->opaque)) ||
+			    (h->pops->quiet && h->pops->quiet(h->opaque)))
 				continue;
 			window = MAX(window, MIN(h->poll_ns, poll_cap(&p, h)));
 		}
@@ -758,6 +760,7 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 		 * queue's kick window inside io_uring's completion window). */
 		for (struct loop_fd *h = l->polls; window && h; h = h->next_poll) {
 			h->in_window = (!h->pops->armed || h->pops->armed(h->opaque)) &&
+				       !(h->pops->quiet && h->pops->quiet(h->opaque)) &&
 				       MIN(h->poll_ns, poll_cap(&p, h)) == window;
 			l->windows_open |= h->in_window;
 			cwindow |= h->in_window && h->pops->armed;

@@ -97,6 +97,10 @@ struct loop_poll_ops {
 	 * passes, with an epoll_wait that does not block between them, until
 	 * busy() is false; poll() may make a syscall while it is true. */
 	bool (*busy)(void *opaque);
+	/* Optional: true while no event can come however long the loop
+	 * polls (a queue that waits for its QoS timer takes no request):
+	 * the handler's window is not opened. */
+	bool (*quiet)(void *opaque);
 	/* Optional: the work the handler has done so far, a count that only
 	 * grows (a queue's requests taken from its ring).  What the pay check
 	 * weighs polling by (pay.h: wall time per unit of work, with and

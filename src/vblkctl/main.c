@@ -74,18 +74,20 @@ int main(int argc, char **argv)
 		{ "interval", required_argument, NULL, 'i' },
 		{ "count", required_argument, NULL, 'n' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "group", no_argument, NULL, 'G' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	static const char commands[] =
-		"stats, status, resume, set-poll, resize SIZE, metrics, upgrade or iostat";
+		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
+		"upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL, *count = NULL;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
 	double interval = 0;
-	bool json = false;
+	bool json = false, group = false;
 	char *reply;
 	uint64_t size;
 	int c, rc;
@@ -102,6 +104,7 @@ int main(int argc, char **argv)
 		case 'i': interval = seconds("--interval", optarg); break;
 		case 'n': count = num("--count", optarg); break;
 		case 'j': json = true; break;
+		case 'G': group = true; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
@@ -109,6 +112,8 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH status\n"
 			       "       vblkctl --control PATH resume\n"
 			       "       vblkctl --control PATH resize SIZE\n"
+			       "       vblkctl --control PATH limits\n"
+			       "       vblkctl --control PATH set-limits LIMITS [--group]\n"
 			       "       vblkctl --control PATH metrics\n"
 			       "       vblkctl --control PATH upgrade [--exec BINARY]\n"
 			       "       vblkctl --control PATH iostat [--interval S] [--count N] "
@@ -121,6 +126,10 @@ int main(int argc, char **argv)
 			       "resize grows the disk under the running guest to SIZE bytes (K, M, G, T:\n"
 			       "binary units): a file is extended; a block device or RBD image must have\n"
 			       "grown first (lvextend, rbd resize).  The guest is told at once.\n"
+			       "limits shows the QoS limits (vblkd --limit) and how full each bucket is;\n"
+			       "set-limits changes them at once, no pause (the --limit syntax, e.g.\n"
+			       "iops-total=1000,bps-total=100M; keys not named stay, 0 removes one;\n"
+			       "--group: for every vblkd of the disk's --qos-group).\n"
 			       "metrics prints the counters in the Prometheus text format (what vblkd\n"
 			       "--metrics serves over HTTP), e.g. for promtool or a textfile collector.\n"
 			       "\n"
@@ -144,8 +153,11 @@ int main(int argc, char **argv)
 	if (optind >= argc)
 		cli_die("give one command: %s", commands);
 	cmd = argv[optind];
-	if (optind + 1 != argc && !(optind + 2 == argc && !strcmp(cmd, "resize")))
+	if (optind + 1 != argc &&
+	    !(optind + 2 == argc && (!strcmp(cmd, "resize") || !strcmp(cmd, "set-limits"))))
 		cli_die("give one command: %s", commands);
+	if (strcmp(cmd, "set-limits") && group)
+		cli_die("--group goes with set-limits");
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink))
 		cli_die("--poll-* options go with set-poll");
 	if (strcmp(cmd, "upgrade") && exec)
@@ -170,8 +182,15 @@ int main(int argc, char **argv)
 				"(e.g. 20G)", argv[optind + 1]);
 		json_object_object_add(req, "cmd", json_object_new_string("resize"));
 		json_object_object_add(req, "size", json_object_new_uint64(size));
+	} else if (!strcmp(cmd, "set-limits")) {
+		if (optind + 2 != argc)
+			cli_die("set-limits needs LIMITS, e.g. iops-total=1000 (0 removes a limit)");
+		json_object_object_add(req, "cmd", json_object_new_string("set-limits"));
+		json_object_object_add(req, "limits", json_object_new_string(argv[optind + 1]));
+		if (group)
+			json_object_object_add(req, "group", json_object_new_boolean(1));
 	} else if (!strcmp(cmd, "stats") || !strcmp(cmd, "metrics") || !strcmp(cmd, "status") ||
-		   !strcmp(cmd, "resume")) {
+		   !strcmp(cmd, "resume") || !strcmp(cmd, "limits")) {
 		json_object_object_add(req, "cmd", json_object_new_string(cmd));
 	} else if (!strcmp(cmd, "set-poll")) {
 		json_object_object_add(req, "cmd", json_object_new_string("set-poll"));

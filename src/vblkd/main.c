@@ -20,6 +20,7 @@
 #include "ctl/ctl.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
+#include "qos/qos.h"
 #include "util/cli.h"
 #include "util/log.h"
 #include "util/notify.h"
@@ -108,6 +109,13 @@ static void usage(FILE *f)
 "  --rerror report|stop a read that fails (default report)\n"
 "  --error-retry-s N    while paused, retry the held requests every N\n"
 "                       seconds (default 0: only on vblkctl resume)\n"
+"  --limit LIMITS       QoS, QEMU's throttling names: iops-total=N,iops-read=N,\n"
+"                       iops-write=N,bps-total=N,bps-read=N,bps-write=N (K/M/G),\n"
+"                       each with -max=N and -max-length=S for bursts, and\n"
+"                       iops-size=BYTES; vblkctl set-limits changes them\n"
+"  --qos-group NAME     share one budget with every vblkd of that group\n"
+"                       (shared memory in $RUNTIME_DIRECTORY/qos or\n"
+"                       /run/vblkd/qos; the first member's --limit rules)\n"
 "  --irq-moderation-max-ns N  hold an interrupt up to N ns while the guest\n"
 "                       keeps several requests outstanding and completions\n"
 "                       come close together, so one covers several\n"
@@ -346,6 +354,8 @@ int main(int argc, char **argv)
 		{ "werror", required_argument, NULL, 'w' },
 		{ "rerror", required_argument, NULL, 'e' },
 		{ "error-retry-s", required_argument, NULL, 'f' },
+		{ "limit", required_argument, NULL, 'o' },
+		{ "qos-group", required_argument, NULL, 'g' },
 		{ "completion-poll-max-ns", required_argument, NULL, 'W' },
 		{ "poll-grow", required_argument, NULL, 'G' },
 		{ "poll-shrink", required_argument, NULL, 'K' },
@@ -366,6 +376,9 @@ int main(int argc, char **argv)
 	struct blk_opts ko = { .num_queues = 1, .poll = &poll, .werror = BLK_ERR_ENOSPC,
 			       .irq_moderation_max_ns = BLK_IRQ_MODERATION_DEFAULT_NS };
 	const char *sock = NULL, *ctl_path = NULL, *map_arg = NULL, *metrics_addr = NULL;
+	const char *qos_group = NULL;
+	struct qos_limits limits = { 0 };
+	bool have_limits = false;
 	struct metrics_source ms;
 	struct metrics_http *mh = NULL;
 	unsigned qmap[BLK_MAX_QUEUES];
@@ -449,6 +462,12 @@ int main(int argc, char **argv)
 			ko.error_retry_ns = parse_uint("--error-retry-s", optarg, 0, 86400) *
 					    1000000000ull;
 			break;
+		case 'o':
+			if (qos_limits_parse(optarg, &limits, msg, sizeof(msg)) < 0)
+				cli_die("--limit %s: %s", optarg, msg);
+			have_limits = true;
+			break;
+		case 'g': qos_group = optarg; break;
 		case 'P':
 			poll.max_ns = parse_uint("--poll-max-ns", optarg, 0, 1000000000);
 			break;
@@ -534,10 +553,35 @@ int main(int argc, char **argv)
 			!strcmp(b.engine->name, "rbd") ? "one librbd image handle per disk" :
 			"the NBD server does not allow several connections (multi-conn)");
 	}
+	/* QoS: a group's budget (joined after the disk opened, so a bad
+	 * disk leaves no group behind), or the disk's own.  Upgraded in
+	 * place, a member takes the group's limits as they are now. */
+	if (qos_group) {
+		r = qos_group_join(qos_group, NULL, handover || !have_limits ? NULL : &limits,
+				   &ko.qos, msg, sizeof(msg));
+		if (r < 0) {
+			bdev_close(&b);
+			cli_die("%s", msg);
+		}
+	} else if (have_limits) {
+		r = qos_new(&limits, &ko.qos);
+		if (r < 0) {
+			bdev_close(&b);
+			cli_die("cannot set up the QoS limits: %s", strerror(-r));
+		}
+	}
 	r = blk_dev_new(&b, &ko, &v.dev);
 	if (r < 0) {
 		bdev_close(&b);
 		cli_die("cannot start the device: %s", strerror(-r));
+	}
+	if (have_limits || qos_group) {
+		struct qos_limits l;
+
+		qos_get(blk_dev_qos(v.dev), &l, NULL, sys_now_ns());
+		qos_limits_format(&l, msg, sizeof(msg));
+		log_info("QoS limits%s%s: %s", qos_group ? " of group " : "",
+			 qos_group ? qos_group : "", msg[0] ? msg : "none");
 	}
 	v.num_queues = ko.num_queues;
 	r = loop_new("main", &v.loop);

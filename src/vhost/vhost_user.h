@@ -172,7 +172,7 @@ union vhost_user_payload {
 };
 
 STATIC_ASSERT(sizeof(struct vhost_user_hdr) == 12, "vhost-user header");
-STATIC_ASSERT(sizeof(union vhost_user_payload) >= 192, "a handed-over device state fits");
+STATIC_ASSERT(sizeof(union vhost_user_payload) >= 256, "a handed-over device state fits");
 STATIC_ASSERT(sizeof(struct vhost_vring_state) == 8, "vring state");
 STATIC_ASSERT(sizeof(struct vhost_vring_addr) == 40, "vring addr");
 STATIC_ASSERT(sizeof(struct vhost_user_mem_region) == 32, "mem region");

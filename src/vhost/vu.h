@@ -152,9 +152,10 @@ bool vu_server_connected(const struct vu_server *s);
 #define VU_HO_BEGIN  0x76620001u	/* struct vu_ho_begin, the connection's fd */
 #define VU_HO_DEVICE 0x76620002u	/* save_state's bytes */
 #define VU_HO_END    0x76620003u
-/* The device's state blob: a few bytes, and the reason a paused disk
- * paused (blk pause.c); within any vhost-user payload. */
-#define VU_HO_DEVICE_MAX 192
+/* The device's state blob: a few bytes, the reason a paused disk paused
+ * (blk pause.c) and its QoS limits (blk config.c); within any vhost-user
+ * payload (264 bytes: SET_MEM_TABLE's). */
+#define VU_HO_DEVICE_MAX 256
 
 struct vu_ho_begin {
 	uint32_t version;	/* VU_HO_VERSION */

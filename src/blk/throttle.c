@@ -1,0 +1,95 @@
+/*
+ * QoS on the queues (docs/architecture.md "QoS"): a request the disk's
+ * budget (qos.h) cannot take now waits on its queue, and the queue stops:
+ * no further request is taken from its ring (FIFO per queue), no kick is
+ * asked for, its kick handler opens no polling window (blk_poll_quiet), and
+ * the iothread sleeps on one timer until the budget has room.  Then the
+ * request goes, and the queue looks at its ring again the race-free way
+ * (kicks on, barrier, re-check).  Across queues (and a group's processes)
+ * the waiting requests go in the order they came (qos.c's tickets), so no
+ * queue starves and a multi-queue guest gets one budget, not one per queue.
+ *
+ * Threads: everything here runs on the queue's iothread.
+ */
+#include <stdbool.h>
+
+#include "blk/blk_internal.h"
+#include "qos/qos.h"
+#include "util/compiler.h"
+#include "util/sys.h"
+
+static bool is_write(const struct blk_req *r)
+{
+	return r->io.op != BDEV_READ;
+}
+
+/* The request goes to the disk, as blk_handle would have sent it. */
+static void go(struct blk_queue *q, struct blk_req *r)
+{
+	if (r->io.op == BDEV_DISCARD || r->io.op == BDEV_WRITE_ZEROES)
+		blk__dwz_next(r);
+	else
+		bdev_submit(q->dev->b, q->t->bctx, &r->io);
+}
+
+static void wait_end(struct blk_queue *q, uint64_t now)
+{
+	q->throttled_ns_done += now - q->throttled_since;
+	q->throttled = NULL;
+}
+
+bool blk__throttle_slow(struct blk_queue *q, struct blk_req *r)
+{
+	uint64_t now = loop_now(q->t->loop);
+	uint64_t w = qos_admit(q->dev->qos, is_write(r), r->bytes, now, &q->qos_ticket);
+
+	if (likely(w == 0))
+		return false;
+	q->throttled = r;
+	q->throttled_since = now;
+	stat_inc(&q->ctr.throttled_requests);
+	/* No kick until it has gone: the drain loop sees blk__queue_waits. */
+	vq_disable_notify(&q->vq);
+	loop_timer_mod(q->qos_timer, now + w);
+	return true;
+}
+
+void blk__throttle_timer_cb(void *opaque)
+{
+	struct blk_queue *q = opaque;
+	struct blk_req *r = q->throttled;
+	uint64_t now = sys_now_ns(), w;
+
+	if (!r || !q->started)
+		return;
+	w = qos_admit(q->dev->qos, is_write(r), r->bytes, now, &q->qos_ticket);
+	if (w) {
+		loop_timer_mod(q->qos_timer, now + w);
+		return;
+	}
+	wait_end(q, now);
+	defer_begin();
+	go(q, r);
+	/* Take what the ring has now (up to the next request over budget),
+	 * kicks back on before the queue sleeps. */
+	blk__queue_process(q);
+	q->dev->b->engine->kick(q->t->bctx);
+	defer_end();
+}
+
+void blk__throttle_at_stop(struct blk_queue *q)
+{
+	struct blk_req *r = q->throttled;
+
+	if (!r)
+		return;
+	/* The ring stops (VM stop, migration, upgrade): the request goes
+	 * now, over budget, so that the drain completes it; a request taken
+	 * from the ring is never left behind. */
+	loop_timer_del(q->qos_timer);
+	qos_cancel(q->dev->qos, q->qos_ticket);
+	q->qos_ticket = 0;
+	wait_end(q, sys_now_ns());
+	go(q, r);
+	q->dev->b->engine->kick(q->t->bctx);
+}

@@ -114,7 +114,9 @@ static bool blk_hold(struct blk_queue *q)
 
 	if (q->irq.held)
 		return true;
-	if (!q->irq.max_ns ||
+	/* A queue waiting for its QoS budget has nothing coming soon to
+	 * share the call with: it goes now. */
+	if (!q->irq.max_ns || q->throttled ||
 	    !blk_irq_want(&q->irq, loop_now(q->t->loop), q->inflight, loop_can_spin, q->t->loop,
 			  &h))
 		return false;

@@ -353,3 +353,8 @@ void qos_set(struct qos *q, const struct qos_limits *l)
 {
 	qos_shared_set(q->sh, l);
 }
+
+uint64_t qos_io_ns(const struct qos *q, bool is_write, uint64_t bytes)
+{
+	return qos__one_io_ns(&q->sh->lim, is_write, bytes);
+}

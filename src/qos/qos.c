@@ -306,7 +306,7 @@ void qos_buckets_account(struct qos_buckets *s, const struct qos_limits *l, bool
 
 /* Roughly how long one I/O of bytes takes at the tightest limit it
  * counts in: where in line a waiter sleeps to. */
-static uint64_t one_io_ns(const struct qos_limits *l, bool is_write, uint64_t bytes)
+uint64_t qos__one_io_ns(const struct qos_limits *l, bool is_write, uint64_t bytes)
 {
 	unsigned idx[4], n = buckets_of(is_write, idx);
 	uint64_t t = 0;
@@ -337,7 +337,7 @@ uint64_t qos_shared_admit(struct qos_shared *sh, bool is_write, uint64_t bytes, 
 		qos__unlock(sh);
 		return 0;
 	}
-	io_ns = one_io_ns(&sh->lim, is_write, bytes);
+	io_ns = qos__one_io_ns(&sh->lim, is_write, bytes);
 	/* Tickets served+1 .. next_ticket wait, the oldest at the head.  A
 	 * head whose owner stays away past its turn is skipped (its ring
 	 * stopped, its process died); an owner that comes back with a skipped

@@ -108,6 +108,11 @@ const char *qos_group_dir(void);
 /* The group's name, or NULL for a disk's own limits.  Any thread. */
 const char *qos_group_name(const struct qos *q);
 
+/* Roughly how long one I/O of bytes takes at the tightest limit it
+ * counts in (0: none): how often a throttled queue need wake up.  Reads
+ * the limits unlocked (a change races harmlessly).  Any thread. */
+uint64_t qos_io_ns(const struct qos *q, bool is_write, uint64_t bytes);
+
 /* True if any limit is set (a relaxed read; the data path's only cost
  * when none is).  Any thread. */
 bool qos_active(const struct qos *q);

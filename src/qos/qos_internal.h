@@ -45,6 +45,7 @@ void qos__lock(struct qos_shared *sh);
 void qos__unlock(struct qos_shared *sh);
 int qos__shared_init(struct qos_shared *sh, const struct qos_limits *l, bool pshared);
 
+uint64_t qos__one_io_ns(const struct qos_limits *l, bool is_write, uint64_t bytes);
 uint64_t qos_shared_admit(struct qos_shared *sh, bool is_write, uint64_t bytes, uint64_t now,
 			  uint64_t *ticket);
 void qos_shared_cancel(struct qos_shared *sh, uint64_t ticket, uint64_t now);

@@ -18,32 +18,42 @@
 #include "util/compiler.h"
 #include "util/sys.h"
 
-/* How long a throttled queue sleeps at least: eight I/Os' worth of the
+/* How long a throttled queue sleeps at least: sixteen I/Os' worth of the
  * budget, from 1 to 25 ms (a quarter of the tenth of a second a bucket
- * holds).  The budget then goes in batches (at 5,000 IOPS eight requests
+ * holds).  The budget then goes in batches (at 5,000 IOPS sixteen requests
  * per wake-up, not one; at 500, twelve): the rate is the same, since the
  * bucket keeps what leaked meanwhile, and a wake-up (and an interrupt)
  * is paid per batch, not per request.  A QD1 client gets the batch one
  * request after another, at once. */
 #define BLK_QOS_SLICE_MIN_NS 1000000ull
 #define BLK_QOS_SLICE_MAX_NS 25000000ull
-#define BLK_QOS_SLICE_IOS 8
+#define BLK_QOS_SLICE_IOS 16
+/* A queue wakes when qos.c says its turn comes, but never sooner than
+ * this (a timer nearer than 100 us would be spun for). */
+#define BLK_QOS_BEHIND_MIN_NS 150000ull
 
-/* Sleep until the budget has room: on a timer, never spun for (the
- * loop spins for timers due within 100 us; this one is at least a slice
- * away, counted from now, not from the loop's wake-up). */
-static void sleep_for(struct blk_queue *q, const struct blk_req *r, uint64_t w)
+/* The slice for r: how long the queue sleeps at least at the head of
+ * the line (qos_admit_turn). */
+static uint64_t slice_of(struct blk_queue *q, const struct blk_req *r)
 {
 	uint64_t slice = BLK_QOS_SLICE_IOS * qos_io_ns(q->dev->qos, r->io.op != BDEV_READ, r->bytes);
 
-	slice = slice < BLK_QOS_SLICE_MIN_NS ? BLK_QOS_SLICE_MIN_NS :
-		slice > BLK_QOS_SLICE_MAX_NS ? BLK_QOS_SLICE_MAX_NS : slice;
-	loop_timer_mod(q->qos_timer, sys_now_ns() + (w > slice ? w : slice));
+	return slice < BLK_QOS_SLICE_MIN_NS ? BLK_QOS_SLICE_MIN_NS :
+	       slice > BLK_QOS_SLICE_MAX_NS ? BLK_QOS_SLICE_MAX_NS : slice;
 }
 
-static bool is_write(const struct blk_req *r)
+/* Sleep as qos.c says: on a timer, never spun for (the loop spins for
+ * timers due within 100 us), counted from now, not from the loop's
+ * wake-up. */
+static void sleep_for(struct blk_queue *q, uint64_t w)
 {
-	return r->io.op != BDEV_READ;
+	loop_timer_mod(q->qos_timer, sys_now_ns() + MAX(w, BLK_QOS_BEHIND_MIN_NS));
+}
+
+static uint64_t admit(struct blk_queue *q, const struct blk_req *r, uint64_t now)
+{
+	return qos_admit_turn(q->dev->qos, r->io.op != BDEV_READ, r->bytes, now, &q->qos_turn,
+			      slice_of(q, r));
 }
 
 /* The request goes to the disk, as blk_handle would have sent it. */
@@ -64,7 +74,7 @@ static void wait_end(struct blk_queue *q, uint64_t now)
 bool blk__throttle_slow(struct blk_queue *q, struct blk_req *r)
 {
 	uint64_t now = loop_now(q->t->loop);
-	uint64_t w = qos_admit(q->dev->qos, is_write(r), r->bytes, now, &q->qos_ticket);
+	uint64_t w = admit(q, r, now);
 
 	if (likely(w == 0))
 		return false;
@@ -73,7 +83,7 @@ bool blk__throttle_slow(struct blk_queue *q, struct blk_req *r)
 	stat_inc(&q->ctr.throttled_requests);
 	/* No kick until it has gone: the drain loop sees blk__queue_waits. */
 	vq_disable_notify(&q->vq);
-	sleep_for(q, r, w);
+	sleep_for(q, w);
 	return true;
 }
 
@@ -85,9 +95,9 @@ void blk__throttle_timer_cb(void *opaque)
 
 	if (!r || !q->started)
 		return;
-	w = qos_admit(q->dev->qos, is_write(r), r->bytes, now, &q->qos_ticket);
+	w = admit(q, r, now);
 	if (w) {
-		sleep_for(q, r, w);
+		sleep_for(q, w);
 		return;
 	}
 	wait_end(q, now);
@@ -96,6 +106,7 @@ void blk__throttle_timer_cb(void *opaque)
 	/* Take what the ring has now (up to the next request over budget),
 	 * kicks back on before the queue sleeps. */
 	blk__queue_process(q);
+	q->qos_turn.credit = 0;		/* the turn ends with this pass */
 	q->dev->b->engine->kick(q->t->bctx);
 	defer_end();
 }
@@ -110,8 +121,9 @@ void blk__throttle_at_stop(struct blk_queue *q)
 	 * now, over budget, so that the drain completes it; a request taken
 	 * from the ring is never left behind. */
 	loop_timer_del(q->qos_timer);
-	qos_cancel(q->dev->qos, q->qos_ticket);
-	q->qos_ticket = 0;
+	qos_cancel(q->dev->qos, q->qos_turn.ticket);
+	q->qos_turn.ticket = 0;
+	q->qos_turn.credit = 0;
 	wait_end(q, sys_now_ns());
 	go(q, r);
 	q->dev->b->engine->kick(q->t->bctx);

@@ -336,7 +336,17 @@ bool qos_active(const struct qos *q)
 
 uint64_t qos_admit(struct qos *q, bool is_write, uint64_t bytes, uint64_t now, uint64_t *ticket)
 {
-	return qos_shared_admit(q->sh, is_write, bytes, now, ticket);
+	unsigned credit = 0;
+	bool head;
+
+	return qos_shared_admit(q->sh, is_write, bytes, now, ticket, 0, &credit, &head);
+}
+
+uint64_t qos_admit_turn(struct qos *q, bool is_write, uint64_t bytes, uint64_t now,
+			struct qos_turn *t, uint64_t slice_ns)
+{
+	return qos_shared_admit(q->sh, is_write, bytes, now, &t->ticket, slice_ns, &t->credit,
+				&t->head);
 }
 
 void qos_cancel(struct qos *q, uint64_t ticket)

@@ -303,6 +303,8 @@ void qos_buckets_account(struct qos_buckets *s, const struct qos_limits *l, bool
  * this long after its turn came is skipped: its ring stopped without
  * qos_cancel reaching the line, or (a group) its process died. */
 #define QOS_STALE_NS 20000000ull	/* 20 ms */
+/* How much later than the one ahead of it a waiter behind the head wakes. */
+#define QOS_BEHIND_STEP_NS 50000ull
 
 /* Roughly how long one I/O of bytes takes at the tightest limit it
  * counts in: where in line a waiter sleeps to. */
@@ -325,39 +327,63 @@ uint64_t qos__one_io_ns(const struct qos_limits *l, bool is_write, uint64_t byte
 }
 
 uint64_t qos_shared_admit(struct qos_shared *sh, bool is_write, uint64_t bytes, uint64_t now,
-			  uint64_t *ticket)
+			  uint64_t *ticket, uint64_t slice_ns, unsigned *credit, bool *head)
 {
-	uint64_t wait, t = *ticket, io_ns;
+	uint64_t wait, t = *ticket, io_ns, batch;
 
 	qos__lock(sh);
 	if (!qos_limits_any(&sh->lim)) {
 		/* Unlimited now (set-limits 0): everyone goes, the line too. */
 		sh->served = sh->next_ticket;
 		*ticket = 0;
+		*credit = 0;
 		qos__unlock(sh);
 		return 0;
 	}
+	/* The rest of a turn at the head (below): no line, the bucket only. */
+	if (*credit && !t) {
+		wait = qos_buckets_wait(&sh->b, &sh->lim, is_write, now);
+		if (wait == 0) {
+			qos_buckets_account(&sh->b, &sh->lim, is_write, bytes);
+			(*credit)--;
+			qos__unlock(sh);
+			return 0;
+		}
+		*credit = 0;
+	}
 	io_ns = qos__one_io_ns(&sh->lim, is_write, bytes);
+	/* A turn's batch: what a slice is worth at the tightest limit. */
+	batch = slice_ns && io_ns ? slice_ns / io_ns : 1;
+	batch = batch < 1 ? 1 : batch > 1024 ? 1024 : batch;
 	/* Tickets served+1 .. next_ticket wait, the oldest at the head.  A
 	 * head whose owner stays away past its turn is skipped (its ring
 	 * stopped, its process died); an owner that comes back with a skipped
 	 * ticket goes first when there is room, so a skip costs nobody their
 	 * place for good. */
 	while (sh->served < sh->next_ticket && t != sh->served + 1 &&
-	       now > sh->head_since + sh->head_wait + QOS_STALE_NS + 2 * io_ns) {
+	       now > sh->head_due + QOS_STALE_NS + 2 * io_ns) {
 		sh->served++;
-		sh->head_since = now;
-		sh->head_wait = 0;
+		sh->head_due = now;
 		sh->skipped++;
 	}
 	wait = qos_buckets_wait(&sh->b, &sh->lim, is_write, now);
 	if (wait == 0 && (sh->served == sh->next_ticket || (t && t <= sh->served + 1))) {
 		/* Room, and nobody older waiting (or we are the oldest). */
 		qos_buckets_account(&sh->b, &sh->lim, is_write, bytes);
+		*credit = 0;
+		if (t && t <= sh->served + 1) {
+			/* A turn: up to batch I/Os (its share of them when others
+			 * wait too) go one after another while the bucket has
+			 * room, so a queue woken once sends a batch, not one
+			 * request, and waiting queues still take turns. */
+			uint64_t waiting = sh->next_ticket - sh->served;	/* us included */
+			uint64_t share = batch / (waiting ? waiting : 1);
+
+			*credit = share > 1 ? (unsigned)(share - 1) : 0;
+		}
 		if (t == sh->served + 1) {
 			sh->served++;
-			sh->head_since = now;
-			sh->head_wait = 0;
+			sh->head_due = now;	/* the next head's turn: now */
 		}
 		*ticket = 0;
 		qos__unlock(sh);
@@ -366,15 +392,22 @@ uint64_t qos_shared_admit(struct qos_shared *sh, bool is_write, uint64_t bytes, 
 	if (!t) {
 		t = ++sh->next_ticket;	/* from 1; 0 is "none" */
 		if (t == sh->served + 1)
-			sh->head_since = now;	/* first in an empty line */
+			sh->head_due = now;	/* first in an empty line */
 		*ticket = t;
 	}
-	if (t <= sh->served + 1) {
-		sh->head_wait = wait;
+	*head = t <= sh->served + 1;
+	if (*head) {
+		/* A slice at least, so that the turn is a batch. */
+		if (wait < slice_ns)
+			wait = slice_ns;
+		sh->head_due = now + wait;
 	} else {
-		/* Behind others: sleep until about our turn, not until the
-		 * bucket's next room, which the head takes. */
-		wait += (t - sh->served - 1) * io_ns;
+		/* Behind others: until just after the head's turn (the
+		 * bucket's room is the head's first), later the further back;
+		 * then it is our turn, or one of the few ahead of us. */
+		uint64_t ahead = t - sh->served - 1;
+
+		wait = (sh->head_due > now ? sh->head_due - now : 0) + ahead * QOS_BEHIND_STEP_NS;
 	}
 	qos__unlock(sh);
 	return wait ? wait : 1;
@@ -389,8 +422,7 @@ void qos_shared_cancel(struct qos_shared *sh, uint64_t ticket, uint64_t now)
 	 * to the head and stays away. */
 	if (ticket == sh->served + 1 && sh->served < sh->next_ticket) {
 		sh->served++;
-		sh->head_since = now;
-		sh->head_wait = 0;
+		sh->head_due = now;
 	}
 	qos__unlock(sh);
 }

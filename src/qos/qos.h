@@ -93,6 +93,22 @@ void qos_free(struct qos *q);
  * oldest may go: over-budget I/O goes in the order it arrived, whatever
  * queue or iothread it is on, so no queue starves.  Any iothread. */
 uint64_t qos_admit(struct qos *q, bool is_write, uint64_t bytes, uint64_t now, uint64_t *ticket);
+/* A queue's place in line and its turn (qos_admit_turn). */
+struct qos_turn {
+	uint64_t ticket;	/* 0: not waiting */
+	unsigned credit;	/* I/Os of this turn still to go without waiting in line */
+	bool head;		/* waiting at the head of the line (else behind others) */
+};
+/* qos_admit for a queue that sends in batches: it waits at least slice_ns
+ * at the head of the line, and when its turn comes, up to a slice's worth
+ * of I/Os (divided among the queues waiting, when others wait too) go at
+ * once while the bucket has room, without queuing behind the others
+ * again; then the queue waits its next turn.  A waiter behind the head is
+ * told to sleep until just after the head's turn.  So a queue woken once
+ * sends a batch, and busy queues share the budget in turns.  Any
+ * iothread. */
+uint64_t qos_admit_turn(struct qos *q, bool is_write, uint64_t bytes, uint64_t now,
+			struct qos_turn *t, uint64_t slice_ns);
 /* Give up a ticket (the I/O will not ask again: its ring stopped).  Any
  * iothread. */
 void qos_cancel(struct qos *q, uint64_t ticket);

@@ -28,7 +28,7 @@ struct qos_shared {
 	struct qos_buckets b;
 	/* The line of waiting I/O: tickets served+1 .. next_ticket. */
 	uint64_t next_ticket, served;
-	uint64_t head_since, head_wait;	/* when the head's turn came; its wait */
+	uint64_t head_due;		/* when the head's turn comes (came) */
 	uint64_t skipped;		/* heads skipped (owner gone) */
 	_Atomic uint32_t active;	/* limits set (relaxed: qos_active) */
 };
@@ -47,7 +47,7 @@ int qos__shared_init(struct qos_shared *sh, const struct qos_limits *l, bool psh
 
 uint64_t qos__one_io_ns(const struct qos_limits *l, bool is_write, uint64_t bytes);
 uint64_t qos_shared_admit(struct qos_shared *sh, bool is_write, uint64_t bytes, uint64_t now,
-			  uint64_t *ticket);
+			  uint64_t *ticket, uint64_t slice_ns, unsigned *credit, bool *head);
 void qos_shared_cancel(struct qos_shared *sh, uint64_t ticket, uint64_t now);
 void qos_shared_get(struct qos_shared *sh, struct qos_limits *l, struct qos_buckets *b,
 		    uint64_t now);

@@ -5,7 +5,8 @@
  * seconds then the average, iops-size, reads and writes in their own
  * buckets); admission in arrival order (a waiter keeps its place, a new
  * request does not jump the line, a head that stays away is skipped and
- * may come back first); a group shared by two objects as two processes
+ * may come back first; turns send a slice's worth per wake-up and busy
+ * queues share them); a group shared by two objects as two processes
  * would (same limits, refused with others, the last member removes it). */
 #include <errno.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 
 #include "qos/qos.h"
 #include "test.h"
+#include "util/compiler.h"
 #include "util/sys.h"
 
 #define MS 1000000ull
@@ -203,6 +205,62 @@ static void test_line(void)
 	qos_free(q);
 }
 
+/* Turns (qos_admit_turn): the head sleeps at least a slice and then
+ * sends a slice's worth at once; two busy queues take turns and share. */
+static void test_turns(void)
+{
+	struct qos *q = make("iops-total=1000");
+	struct qos_turn a = { 0 }, b = { 0 };
+	uint64_t now = S, wake_a = 0, wake_b = 0, na = 0, nb = 0, wakes = 0;
+	const uint64_t slice = 16 * MS;
+
+	/* One queue: every wake-up sends ~16 (a slice at 1,000/s). */
+	while (qos_admit_turn(q, false, 512, now, &a, slice) == 0)
+		;
+	for (unsigned i = 0; i < 50; i++) {
+		uint64_t w = qos_admit_turn(q, false, 512, now, &a, slice), n = 0;
+
+		ASSERT_TRUE(w >= slice);
+		now += w;
+		while (qos_admit_turn(q, false, 512, now, &a, slice) == 0)
+			n++;
+		ASSERT_TRUE(i == 0 || (n >= 15 && n <= 17));
+	}
+	qos_free(q);
+
+	/* Two queues, each greedy, each sleeping as told: one budget, in
+	 * turns, about half each, a few wake-ups per slice. */
+	q = make("iops-total=1000");
+	a = b = (struct qos_turn){ 0 };
+	now = S;
+	while (now < 11 * S) {
+		uint64_t w;
+
+		if (now >= wake_a) {
+			wakes++;
+			while ((w = qos_admit_turn(q, false, 512, now, &a, slice)) == 0)
+				na++;
+			a.credit = 0;
+			wake_a = now + w;
+		}
+		if (now >= wake_b) {
+			wakes++;
+			while ((w = qos_admit_turn(q, false, 512, now, &b, slice)) == 0)
+				nb++;
+			b.credit = 0;
+			wake_b = now + w;
+		}
+		now = MIN(wake_a, wake_b);
+	}
+	ASSERT_TRUE(na + nb >= 10000 && na + nb <= 10000 + 150);
+	ASSERT_TRUE(na * 100 >= (na + nb) * 45 && nb * 100 >= (na + nb) * 45);
+	/* Batches, not a wake-up per I/O (about three I/Os a wake-up: a
+	 * queue that becomes the head with the bucket just emptied wakes once
+	 * for nothing). */
+	ASSERT_TRUE(wakes < (na + nb) / 2);
+	qos_free(q);
+}
+
 static void test_unlimited(void)
 {
 	struct qos_limits none = { 0 };
@@ -280,6 +338,7 @@ int main(void)
 	RUN(test_rate_held);
 	RUN(test_burst);
 	RUN(test_line);
+	RUN(test_turns);
 	RUN(test_unlimited);
 	RUN(test_group);
 	return T_EXIT_PASS;

@@ -3,7 +3,9 @@
 # loop block device, with 512 and 4096-byte logical blocks, as disks of a
 # real Linux guest: fio crc32c verify on each; discard, fio trim and write
 # zeroes on one (the host then finds holes in the image); a read-only export
-# refusing write, discard and write zeroes.  Two boots, six disks each.
+# refusing write, discard and write zeroes; a disk with a QoS limit
+# (--limit iops-total=500): fio at QD32 gets 500 IOPS within 10 % and
+# verifies clean.  Two boots, six to nine disks each.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 VBLKD=${1:?usage: backends.sh PATH/TO/vblkd}
@@ -103,8 +105,21 @@ cp "$work/ro-src.img" "$work/ro.img.keep"
 disk ro file io_uring 512 --read-only
 # disk() truncated ro.img to an empty 128M file; put the data back.
 cp "$work/ro.img.keep" "$work/ro.img"
+disk qos500 file io_uring 512 --limit iops-total=500
 boot boot-files
 stop_all
+# QoS: 8 s at QD32 under iops-total=500 (plus the bucket's first tenth of
+# a second, 50 I/Os): 500 within 10 %.
+qiops=$(tr -d '\r' <"$logs/boot-files.console.log" | sed -n 's/.*VBLK-QOS: iops=\([0-9]*\).*/\1/p' | head -1)
+if [[ -n $qiops ]] && ((qiops >= 450 && qiops <= 550)); then
+    pass "qos-guest-iops-within-10pc ($qiops)"
+else
+    fail qos-guest-iops-within-10pc "guest fio got '${qiops}' IOPS under iops-total=500"
+fi
+# The daemon's counters at exit: requests waited for the budget.
+qthr=$(grep -o '"throttled_requests": [0-9]*' "$logs/qos500.vblkd.log" | head -1 | sed 's/.*: //')
+if [[ -n $qthr ]] && ((qthr > 0)); then pass "qos-guest-throttled-counted ($qthr)"
+else fail qos-guest-throttled-counted "no throttled_requests in $logs/qos500.vblkd.log"; fi
 # Discard: [1M,5M) and [6M,7M) deallocated, [7M,8M) zeroed, rest is data.
 python3 - "$work/discard.img" <<'PY' && pass discard-made-holes || fail discard-made-holes "no hole where the guest discarded"
 import os, sys

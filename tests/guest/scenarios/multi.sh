@@ -4,6 +4,8 @@
 #   v-*       fio crc32c verify (the rest of the serial names the backend)
 #   discard*  discard, fio trim and write zeroes, reads back as zeroes
 #   ro        read-only: write, discard and write zeroes all refused
+#   qos*      8 s of 4k randread at QD32 (the host set a QoS limit: it
+#             checks the IOPS printed, VBLK-QOS: iops=N), then fio verify
 # Prints one VBLK-RESULT line per disk.
 if fio --enghelp 2>/dev/null | grep -qw libaio; then ENG=libaio; else ENG=psync; fi
 zeroes() {	# zeroes DEV OFFSET_MIB LEN_MIB: 0 if the range reads as zeroes
@@ -44,6 +46,18 @@ for sys in /sys/block/vd*; do
         echo "VBLK-GUEST: discard done (host checks the holes)"
         if [ -z "$fail" ]; then echo "VBLK-RESULT: PASS $serial"
         else echo "VBLK-RESULT: FAIL $serial$fail"; fi
+        ;;
+    qos*)
+        fio --name=qos --eta=never --filename="$dev" --direct=1 --ioengine=$ENG \
+            --rw=randread --bs=4k --iodepth=32 --runtime=8 --time_based=1 --size=64M \
+            --output-format=terse --terse-version=3 >/tmp/qos.log 2>&1
+        echo "VBLK-QOS: iops=$(awk -F';' 'NF > 8 { print $8; exit }' /tmp/qos.log)"
+        fio --name=verify --eta=never --filename="$dev" --direct=1 --ioengine=$ENG \
+            --rw=randwrite --bsrange="$lbs"-128k --iodepth=32 --size=8M \
+            --verify=crc32c --verify_fatal=1 --do_verify=1 >/tmp/fio.log 2>&1
+        rc=$?
+        if [ $rc = 0 ]; then echo "VBLK-RESULT: PASS $serial"
+        else tail -5 /tmp/fio.log; echo "VBLK-RESULT: FAIL $serial rc=$rc"; fi
         ;;
     ro)
         fail=""

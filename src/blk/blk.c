@@ -1108,6 +1108,7 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 		free(d);
 		return r;
 	}
+	d->qos_on = qos_active_flag(d->qos);
 	/* Aligned: each iothread's busy time on a line of its own. */
 	d->iot = aligned_alloc(BLK_CACHELINE, nt * sizeof(*d->iot));
 	if (!d->iot) {

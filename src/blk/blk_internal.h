@@ -154,8 +154,10 @@ struct blk_dev {
 	struct loop_timer *retry_timer;
 
 	/* QoS: the disk's budget, its own or a group's (qos.h); set by
-	 * blk_dev_new, never NULL; the limits change under it (qos_set). */
+	 * blk_dev_new, never NULL; the limits change under it (qos_set).
+	 * qos_on: its "any limit set" flag, read inline per request. */
 	struct qos *qos;
+	const _Atomic uint32_t *qos_on;
 
 	unsigned num_iothreads;
 	struct blk_iothread *iot;
@@ -191,7 +193,8 @@ bool blk__throttle_slow(struct blk_queue *q, struct blk_req *r);
  * is counted.  With no limit set, a relaxed load and a branch. */
 static inline bool blk__throttle(struct blk_queue *q, struct blk_req *r)
 {
-	return qos_active(q->dev->qos) && blk__throttle_slow(q, r);
+	return atomic_load_explicit(q->dev->qos_on, memory_order_relaxed) &&
+	       blk__throttle_slow(q, r);
 }
 void blk__throttle_timer_cb(void *opaque);
 /* A ring stops: a waiting request goes now (over budget) for the drain. */

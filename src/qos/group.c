@@ -334,6 +334,11 @@ bool qos_active(const struct qos *q)
 	return atomic_load_explicit(&q->sh->active, memory_order_relaxed);
 }
 
+const _Atomic uint32_t *qos_active_flag(const struct qos *q)
+{
+	return &q->sh->active;
+}
+
 uint64_t qos_admit(struct qos *q, bool is_write, uint64_t bytes, uint64_t now, uint64_t *ticket)
 {
 	unsigned credit = 0;

@@ -17,6 +17,7 @@
 #ifndef VBLK_QOS_H
 #define VBLK_QOS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -129,9 +130,12 @@ const char *qos_group_name(const struct qos *q);
  * the limits unlocked (a change races harmlessly).  Any thread. */
 uint64_t qos_io_ns(const struct qos *q, bool is_write, uint64_t bytes);
 
-/* True if any limit is set (a relaxed read; the data path's only cost
- * when none is).  Any thread. */
+/* True if any limit is set (a relaxed read).  Any thread. */
 bool qos_active(const struct qos *q);
+/* The flag qos_active reads, for a data path that tests it inline (its
+ * only cost when no limit is set: a load and a branch).  Lives as long as
+ * q.  Any thread. */
+const _Atomic uint32_t *qos_active_flag(const struct qos *q);
 
 /* The limits and the buckets' levels now (leaked to now).  Any thread. */
 void qos_get(struct qos *q, struct qos_limits *l, struct qos_buckets *b, uint64_t now);

@@ -657,68 +657,6 @@ static void blk_kick_cb(void *opaque, uint32_t events)
 	blk_queue_process(q);
 }
 
-/* ---- Poll handler of the kick fd (see loop.h) ---- */
-
-static bool blk_poll(void *opaque)
-{
-	struct blk_queue *q = opaque;
-
-	return q->started && q->enabled && !q->vq.broken && !blk__queue_waits(q) &&
-	       vq_avail_pending(&q->vq);
-}
-
-static void blk_poll_run(void *opaque)
-{
-	blk_queue_process(opaque);
-}
-
-static void blk_poll_begin(void *opaque)
-{
-	struct blk_queue *q = opaque;
-
-	q->polling = true;
-	if (q->started)
-		vq_disable_notify(&q->vq);
-}
-
-static bool blk_poll_end(void *opaque)
-{
-	struct blk_queue *q = opaque;
-
-	q->polling = false;
-	/* Paused: kicks stay off, nothing to find (blk_queue_process). */
-	if (!q->started || !q->enabled || q->vq.broken || blk__queue_waits(q))
-		return false;
-	/* Kicks on, full barrier, re-check: the race-free way to sleep. */
-	return vq_enable_notify(&q->vq);
-}
-
-/* Waiting for the QoS budget's timer (throttle.c): no kick comes, no
- * request is taken, so no window is worth opening for this queue. */
-static bool blk_poll_quiet(void *opaque)
-{
-	const struct blk_queue *q = opaque;
-
-	return q->throttled != NULL;
-}
-
-/* The queue's work, for the pay check: requests taken from its ring. */
-static uint64_t blk_poll_work(void *opaque)
-{
-	struct blk_queue *q = opaque;
-
-	return atomic_load_explicit(&q->ctr.requests, memory_order_relaxed);
-}
-
-static const struct loop_poll_ops blk_poll_ops = {
-	.poll = blk_poll,
-	.run = blk_poll_run,
-	.begin = blk_poll_begin,
-	.end = blk_poll_end,
-	.quiet = blk_poll_quiet,
-	.work = blk_poll_work,
-};
-
 /* ---- Ring lifecycle, run on the iothread via loop_call_sync ---- */
 
 struct blk_call {
@@ -781,7 +719,7 @@ static void do_queue_start(void *opaque)
 	if (r < 0)
 		goto err_pool;
 	q->started = true;
-	loop_fd_set_poll(q->kick_h, &blk_poll_ops);
+	loop_fd_set_poll(q->kick_h, &blk__poll_ops);
 	/* The driver may have queued requests before we watched the kick
 	 * fd (e.g. after a restart): look at the ring once. */
 	blk_queue_process(q);

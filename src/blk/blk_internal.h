@@ -202,6 +202,10 @@ void blk__throttle_at_stop(struct blk_queue *q);
 /* blk.c, for throttle.c: send a discard / write zeroes' next segment. */
 void blk__dwz_next(struct blk_req *r);
 
+/* ---- poll.c: the kick fd's poll handler (iothread) ---- */
+
+extern const struct loop_poll_ops blk__poll_ops;
+
 /* ---- blk.c, for pause.c (iothread) ---- */
 
 /* Look at the ring again (the drain / re-enable / re-check loop). */

@@ -132,7 +132,10 @@ size_t blk__save_state(void *opaque, uint8_t *buf, size_t len)
 
 	if (len < 3)
 		return 0;
-	if (!qos_group_name(d->qos)) {
+	/* The limits go when there are some, or when they were changed at
+	 * runtime (to none, perhaps: the new process must not take its
+	 * --limit back). */
+	if (!qos_group_name(d->qos) && (qos_active(d->qos) || qos_changed(d->qos))) {
 		struct qos_limits l;
 
 		qos_get(d->qos, &l, NULL, sys_now_ns());

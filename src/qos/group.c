@@ -367,6 +367,12 @@ void qos_get(struct qos *q, struct qos_limits *l, struct qos_buckets *b, uint64_
 void qos_set(struct qos *q, const struct qos_limits *l)
 {
 	qos_shared_set(q->sh, l);
+	q->changed = true;
+}
+
+bool qos_changed(const struct qos *q)
+{
+	return q->changed;
 }
 
 uint64_t qos_io_ns(const struct qos *q, bool is_write, uint64_t bytes)

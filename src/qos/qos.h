@@ -143,5 +143,8 @@ void qos_get(struct qos *q, struct qos_limits *l, struct qos_buckets *b, uint64_
  * block_set_io_throttle leaves them (throttle_config).  Waiting I/O keeps
  * its place in line and asks again at its timer.  Any thread. */
 void qos_set(struct qos *q, const struct qos_limits *l);
+/* Were the limits set with qos_set since qos_new (in this process)?
+ * Main thread. */
+bool qos_changed(const struct qos *q);
 
 #endif

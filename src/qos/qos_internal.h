@@ -35,6 +35,7 @@ struct qos_shared {
 
 struct qos {
 	struct qos_shared *sh;
+	bool changed;			/* qos_set since qos_new (this process) */
 	struct qos_shared own;		/* when not in a group */
 	/* A group (group.c): its file, mapped; -1 / NULL when none. */
 	int fd;

@@ -297,7 +297,7 @@ static const char *const queue_keys[] = {
 	"iothread", "requests", "kicks", "calls", "calls_early", "calls_suppressed",
 	"calls_held", "calls_held_idle", "calls_held_wasted",
 	"completions_coalesced", "hold_ns_max", "hold_ns_total", "hold_late_ns_total",
-	"bad_requests",
+	"bad_requests", "throttled_requests", "throttled_ns",
 	"poll_hits", "poll_misses", "poll_vain", "poll_ns",
 };
 
@@ -309,7 +309,10 @@ static const char *const iothread_keys[] = {
 };
 
 static const char *const disk_keys[] = { "in_flight", "busy_ns", "iothreads", "paused",
-					 "held_requests", "ops", "pauses" };
+					 "held_requests", "throttled_requests", "throttled_ns",
+					 "limit_iops_total", "limit_iops_read", "limit_iops_write",
+					 "limit_bps_total", "limit_bps_read", "limit_bps_write",
+					 "ops", "pauses" };
 
 static const char *const ops[] = { "read", "write", "flush", "discard", "write_zeroes",
 				   "get_id" };
@@ -367,15 +370,24 @@ static void check_disk(struct json_object *disk)
 }
 
 /* disk: check_disk; queues: 2 objects with exactly the queue keys,
- * integers; iothreads: one with exactly its keys; poll: the four knobs. */
+ * integers; iothreads: one with exactly its keys; poll: the four knobs;
+ * qos: the limits. */
 static void check_stats(const char *rep)
 {
 	struct json_object *o, *qa, *ta;
 
 	ASSERT_TRUE(json_object_valid(rep));
 	o = parse_object(rep);
-	ASSERT_EQ(json_object_object_length(o), 4);
+	ASSERT_EQ(json_object_object_length(o), 5);
 	check_disk(member(o, "disk"));
+	{
+		/* The QoS limits (none here) and the buckets. */
+		struct json_object *qos = member(o, "qos"), *g;
+
+		ASSERT_TRUE(json_object_is_type(member(qos, "limits"), json_type_string));
+		ASSERT_TRUE(json_object_object_get_ex(qos, "group", &g) && g == NULL);
+		ASSERT_TRUE(json_object_is_type(member(qos, "buckets"), json_type_object));
+	}
 	qa = member(o, "queues");
 	ta = member(o, "iothreads");
 	ASSERT_TRUE(json_object_is_type(qa, json_type_array));

@@ -275,13 +275,28 @@ out:
 
 int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 {
-	struct blk_stats st;
-	int r = blk_stats_snapshot(d, &st);
+	struct json_object *o = json_object_new_object();
+	const char *s;
+	size_t n;
+	int r;
 
+	/* The same object as the "stats" reply, the QoS limits included. */
+	if (!o)
+		return -ENOMEM;
+	r = stats_fill(d, o);
 	if (r < 0)
-		return r;
-	r = ctl_stats_format(&st, buf, len);
-	blk_stats_release(&st);
+		goto out;
+	s = json_object_to_json_string_length(o, CTL_JSON_FLAGS, &n);
+	if (!s) {
+		r = -ENOMEM;
+	} else if (n >= len) {
+		r = -ENOSPC;
+	} else {
+		memcpy(buf, s, n + 1);
+		r = (int)n;
+	}
+out:
+	json_object_put(o);
 	return r;
 }
 

@@ -686,11 +686,18 @@ static void test_reply_format_pinned(void)
 	if (!strstr(rep, "unknown cmd 'a/b\\\"c'"))
 		T_FAIL("error with a slash and a quote: %s", rep);
 	rep = handle("{\"cmd\": \"stats\"}");
-	if (strncmp(rep, "{ \"disk\": { \"in_flight\": 0, \"busy_ns\": 0, \"iothreads\": 1, "
-		    "\"paused\": 0, \"held_requests\": 0, "
+	static const char head[] = "{ \"disk\": { \"in_flight\": 0, \"busy_ns\": 0, \"iothreads\": 1, "
+		    "\"paused\": 0, \"held_requests\": 0, \"throttled_requests\": 0, "
+		    "\"throttled_ns\": 0, \"limit_iops_total\": 0, \"limit_iops_read\": 0, "
+		    "\"limit_iops_write\": 0, \"limit_bps_total\": 0, \"limit_bps_read\": 0, "
+		    "\"limit_bps_write\": 0, "
 		    "\"ops\": { \"read\": { \"requests\": 0, \"bytes\": 0, \"errors\": 0, "
 		    "\"total_ns\": 0, \"latency_ns\": { \"p50\": 0, \"p90\": 0, \"p99\": 0, "
-		    "\"p999\": 0 }, \"latency_buckets\": [ 0, 0, ", 251) ||
+		    "\"p999\": 0 }, \"latency_buckets\": [ 0, 0, ";
+
+	if (strncmp(rep, head, strlen(head)) ||
+	    !strstr(rep, ", \"qos\": { \"limits\": \"\", \"group\": null, \"iops_size\": 0, "
+		    "\"buckets\": { } } }") ||
 	    !strstr(rep, "\"pauses\": { \"enospc\": { \"count\": 0 }, \"edquot\": { \"count\": 0 }, "
 		    "\"eio\": { \"count\": 0 } } }, \"queues\"") ||
 	    !strstr(rep, " }, \"queues\": [ { \"iothread\": 0, \"requests\": 0, "))
@@ -856,7 +863,8 @@ static void test_server_added_command(void)
 		T_FAIL("count failing: %s", rep);
 	ASSERT_EQ(calls, 2);
 	rep = ask(main_loop, sock_path, "{\"cmd\": \"nope\"}\n");
-	if (!strstr(rep, "use stats, set-poll, resize, status, resume, count, other\""))
+	if (!strstr(rep, "use stats, set-poll, resize, status, resume, limits, set-limits, count, "
+			 "other\""))
 		T_FAIL("unknown: %s", rep);
 	rep = ask(main_loop, sock_path, "[\"count\"]\n");
 	check_error_reply("[\"count\"]", rep);
@@ -931,7 +939,8 @@ static void test_server_upgrade_command(void)
 	if (strcmp(rep, "{ \"error\": \"the new vblkd said: no\" }\n"))
 		T_FAIL("refused: %s", rep);
 	rep = ask(main_loop, sock_path, "{\"cmd\": \"nope\"}\n");
-	ASSERT_TRUE(strstr(rep, "use stats, set-poll, resize, status, resume, upgrade\"") != NULL);
+	ASSERT_TRUE(strstr(rep, "use stats, set-poll, resize, status, resume, limits, set-limits, "
+			   "upgrade\"") != NULL);
 	ctl_server_free(s);
 	ASSERT_EQ(access(sock_path, F_OK), -1);
 }

@@ -247,57 +247,45 @@ static int stats_fill(struct blk_dev *d, struct json_object *reply)
 	return r;
 }
 
+/* o (built, or r < 0) as text into buf; frees o.  Returns the length,
+ * -ENOSPC if it does not fit with its NUL, or r. */
+static int json_to_buf(struct json_object *o, int r, char *buf, size_t len)
+{
+	const char *s;
+	size_t n;
+
+	if (r >= 0) {
+		s = json_object_to_json_string_length(o, CTL_JSON_FLAGS, &n);
+		if (!s) {
+			r = -ENOMEM;
+		} else if (n >= len) {
+			r = -ENOSPC;
+		} else {
+			memcpy(buf, s, n + 1);
+			r = (int)n;
+		}
+	}
+	json_object_put(o);
+	return r;
+}
+
 int ctl_stats_format(const struct blk_stats *st, char *buf, size_t len)
 {
 	struct json_object *o = json_object_new_object();
-	const char *s;
-	size_t n;
-	int r;
 
 	if (!o)
 		return -ENOMEM;
-	r = stats_add(st, o);
-	if (r < 0)
-		goto out;
-	s = json_object_to_json_string_length(o, CTL_JSON_FLAGS, &n);
-	if (!s) {
-		r = -ENOMEM;
-	} else if (n >= len) {
-		r = -ENOSPC;
-	} else {
-		memcpy(buf, s, n + 1);
-		r = (int)n;
-	}
-out:
-	json_object_put(o);
-	return r;
+	return json_to_buf(o, stats_add(st, o), buf, len);
 }
 
 int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 {
 	struct json_object *o = json_object_new_object();
-	const char *s;
-	size_t n;
-	int r;
 
 	/* The same object as the "stats" reply, the QoS limits included. */
 	if (!o)
 		return -ENOMEM;
-	r = stats_fill(d, o);
-	if (r < 0)
-		goto out;
-	s = json_object_to_json_string_length(o, CTL_JSON_FLAGS, &n);
-	if (!s) {
-		r = -ENOMEM;
-	} else if (n >= len) {
-		r = -ENOSPC;
-	} else {
-		memcpy(buf, s, n + 1);
-		r = (int)n;
-	}
-out:
-	json_object_put(o);
-	return r;
+	return json_to_buf(o, stats_fill(d, o), buf, len);
 }
 
 /* ---- Requests ---- */

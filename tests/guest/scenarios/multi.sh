@@ -13,6 +13,14 @@ zeroes() {	# zeroes DEV OFFSET_MIB LEN_MIB: 0 if the range reads as zeroes
     dd if=/dev/zero of=/tmp/z0 bs=1M count="$3" 2>/dev/null
     [ "$(md5sum </tmp/z | cut -d' ' -f1)" = "$(md5sum </tmp/z0 | cut -d' ' -f1)" ]
 }
+verify() {	# verify SIZE: fio crc32c write+verify of $dev, one VBLK-RESULT line
+    fio --name=verify --eta=never --filename="$dev" --direct=1 --ioengine=$ENG \
+        --rw=randwrite --bsrange="$lbs"-128k --iodepth=32 --size="$1" \
+        --verify=crc32c --verify_fatal=1 --do_verify=1 >/tmp/fio.log 2>&1
+    rc=$?
+    if [ $rc = 0 ]; then echo "VBLK-RESULT: PASS $serial"
+    else tail -5 /tmp/fio.log; echo "VBLK-RESULT: FAIL $serial rc=$rc"; fi
+}
 for sys in /sys/block/vd*; do
     dev=/dev/${sys##*/}
     serial=$(cat "$sys/serial" 2>/dev/null)
@@ -20,12 +28,7 @@ for sys in /sys/block/vd*; do
     echo "VBLK-GUEST: $dev serial=$serial lbs=$lbs discard_max=$(cat "$sys/queue/discard_max_bytes") wz_max=$(cat "$sys/queue/write_zeroes_max_bytes") ro=$(cat "$sys/ro")"
     case "$serial" in
     v-*)
-        fio --name=verify --eta=never --filename="$dev" --direct=1 --ioengine=$ENG \
-            --rw=randwrite --bsrange="$lbs"-128k --iodepth=32 --size=16M \
-            --verify=crc32c --verify_fatal=1 --do_verify=1 >/tmp/fio.log 2>&1
-        rc=$?
-        if [ $rc = 0 ]; then echo "VBLK-RESULT: PASS $serial"
-        else tail -5 /tmp/fio.log; echo "VBLK-RESULT: FAIL $serial rc=$rc"; fi
+        verify 16M
         ;;
     discard*)
         fail=""
@@ -52,12 +55,7 @@ for sys in /sys/block/vd*; do
             --rw=randread --bs=4k --iodepth=32 --runtime=8 --time_based=1 --size=64M \
             --output-format=terse --terse-version=3 >/tmp/qos.log 2>&1
         echo "VBLK-QOS: iops=$(awk -F';' 'NF > 8 { print $8; exit }' /tmp/qos.log)"
-        fio --name=verify --eta=never --filename="$dev" --direct=1 --ioengine=$ENG \
-            --rw=randwrite --bsrange="$lbs"-128k --iodepth=32 --size=8M \
-            --verify=crc32c --verify_fatal=1 --do_verify=1 >/tmp/fio.log 2>&1
-        rc=$?
-        if [ $rc = 0 ]; then echo "VBLK-RESULT: PASS $serial"
-        else tail -5 /tmp/fio.log; echo "VBLK-RESULT: FAIL $serial rc=$rc"; fi
+        verify 8M
         ;;
     ro)
         fail=""

@@ -714,6 +714,7 @@ static void do_queue_start(void *opaque)
 	q->enabled = s->enabled;
 	q->event_idx = s->cfg.event_idx;
 	q->polling = false;
+	q->qos_bypass = false;
 	blk_irq_start(&q->irq, loop_now(q->t->loop));
 	r = loop_fd_add(q->t->loop, q->kick_fd, EPOLLIN, blk_kick_cb, q, &q->kick_h);
 	if (r < 0)
@@ -751,6 +752,12 @@ static void do_queue_stop(void *opaque)
 	}
 	loop_fd_del(q->t->loop, q->kick_h);
 	q->kick_h = NULL;
+	/* From here the ring stops: nothing waits for the QoS budget (a
+	 * parked request goes now, and so does every request the drain of
+	 * stranded resubmissions below takes), or it would never run. */
+	q->qos_bypass = true;
+	if (unlikely(q->throttled))
+		blk__throttle_at_stop(q);
 	/* Requests a previous backend left in flight that no pass took yet
 	 * (the ring stops before it was enabled, or before its resume bottom
 	 * half ran): the base reported counts them as taken, so they run now,
@@ -763,9 +770,6 @@ static void do_queue_stop(void *opaque)
 		(void)blk_queue_drain_avail(q, vq_resubmit_left(&q->vq));
 		q->dev->b->engine->kick(q->t->bctx);
 	}
-	/* A request waiting for the QoS budget goes now, for the drain. */
-	if (unlikely(q->throttled))
-		blk__throttle_at_stop(q);
 	/* In-flight requests complete into the ring before we report where
 	 * it stopped: the frontend may hand the ring to someone else. */
 	q->dev->b->engine->drain(q->t->bctx);

@@ -107,6 +107,7 @@ struct blk_queue {
 	 * from the ring and waiting for qos_timer; its place in the disk's
 	 * line (qos_admit); since when. */
 	struct blk_req *throttled;
+	bool qos_bypass;		/* the ring is stopping: nothing waits */
 	struct qos_turn qos_turn;
 	uint64_t throttled_since;
 	uint64_t throttled_ns_done;	/* waits that ended (stats.c adds the current) */

@@ -74,8 +74,11 @@ static void wait_end(struct blk_queue *q, uint64_t now)
 bool blk__throttle_slow(struct blk_queue *q, struct blk_req *r)
 {
 	uint64_t now = loop_now(q->t->loop);
-	uint64_t w = admit(q, r, now);
+	uint64_t w;
 
+	if (unlikely(q->qos_bypass))
+		return false;
+	w = admit(q, r, now);
 	if (likely(w == 0))
 		return false;
 	q->throttled = r;

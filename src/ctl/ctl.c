@@ -190,7 +190,7 @@ static struct json_object *qos_object(struct blk_dev *d)
 	const char *group = qos_group_name(q);
 	struct qos_limits l;
 	struct qos_buckets b;
-	char buf[512];
+	char buf[1024];
 	bool ok = o && bk;
 
 	qos_get(q, &l, &b, sys_now_ns());
@@ -463,7 +463,7 @@ static int cmd_set_limits(void *opaque, struct json_object *req, struct json_obj
 	struct json_object *f, *g;
 	struct qos_limits l;
 	bool want_group = false, ok = true;
-	char buf[512];
+	char buf[1024];
 	int r;
 
 	if (!json_object_object_get_ex(req, "limits", &f) ||

@@ -146,11 +146,8 @@ const char *qos_group_dir(void)
 
 static bool limits_equal(const struct qos_limits *a, const struct qos_limits *b)
 {
-	char x[512], y[512];
-
-	qos_limits_format(a, x, sizeof(x));
-	qos_limits_format(b, y, sizeof(y));
-	return !strcmp(x, y);
+	/* Plain integers, no padding: the same limits are the same bytes. */
+	return !memcmp(a, b, sizeof(*a));
 }
 
 int qos_group_join(const char *name, const char *dir, const struct qos_limits *l,
@@ -270,7 +267,7 @@ int qos_group_join(const char *name, const char *dir, const struct qos_limits *l
 			}
 			if (l && qos_limits_any(l)) {
 				struct qos_limits have;
-				char a[512], b[512];
+				char a[1024], b[1024];
 
 				qos_shared_get(sh, &have, NULL, sys_now_ns());
 				if (!limits_equal(&have, l)) {

@@ -28,6 +28,7 @@
 #include "blk/virtio_blk.h"
 #include "driver/vdrv.h"
 #include "loop/loop.h"
+#include "qos/qos.h"
 #include "util/log.h"
 #include "util/sys.h"
 #include "vhost/vhost_user.h"
@@ -1200,37 +1201,56 @@ static void test_call_fd_made_blocking_is_interrupted(void)
  * FLUSH chains (heads 0 and 2) made available and marked in flight, none
  * used.  Stops the fixture's ring: last in its group.
  */
-static void test_stop_runs_stranded_resubmits(void)
+static void stranded_resubmits(bool over_budget)
 {
-	enum { NUM = 4 };
+	enum { NUM = 8 };
 	struct vring_desc *desc = vdrv_alloc(fx.drv, NUM * sizeof(*desc), 16);
 	struct vring_avail *avail = vdrv_alloc(fx.drv, 4 + 2 * NUM + 2, 2);
 	struct vring_used *used = vdrv_alloc(fx.drv, 4 + 8 * NUM + 2, 4);
 	struct virtio_blk_outhdr *hdr = vdrv_alloc(fx.drv, 2 * sizeof(*hdr), 16);
 	uint8_t *status = vdrv_alloc(fx.drv, 2, 1);
+	uint8_t *data = vdrv_alloc(fx.drv, 2 * 512, 512);
 	struct vq_inflight_region *infl = calloc(1, vq_inflight_region_size(NUM));
 	static struct gm_table t;
 	struct gm_region r;
 	struct vu_queue_setup su;
+	struct qos_limits none = { 0 }, one = { 0 };
+	char err[200];
 	uint32_t base;
 
-	ASSERT_TRUE(desc && avail && used && hdr && status && infl);
-	ASSERT_EQ(vdrv_stop_rings(fx.drv, NULL), 0);
+	ASSERT_TRUE(desc && avail && used && hdr && status && data && infl);
+	if (fx.drv->q[0].kick_fd >= 0 && !fx.drv->q[0].stopped)
+		ASSERT_EQ(vdrv_stop_rings(fx.drv, NULL), 0);
 	for (unsigned i = 0; i < 2; i++) {
-		hdr[i] = (struct virtio_blk_outhdr){ .type = VIRTIO_BLK_T_FLUSH };
+		/* Heads 0 and 4: FLUSH (header, status) or, over the QoS
+		 * budget, a 512-byte write (header, data, status). */
+		unsigned h = 4 * i, k = h;
+
+		hdr[i] = (struct virtio_blk_outhdr){
+			.type = over_budget ? VIRTIO_BLK_T_OUT : VIRTIO_BLK_T_FLUSH, .sector = i };
 		status[i] = 0xff;
-		desc[2 * i] = (struct vring_desc){ vdrv_gpa(fx.drv, &hdr[i]), sizeof(hdr[i]),
-						   VRING_DESC_F_NEXT, (uint16_t)(2 * i + 1) };
-		desc[2 * i + 1] = (struct vring_desc){ vdrv_gpa(fx.drv, &status[i]), 1,
-						       VRING_DESC_F_WRITE, 0 };
-		avail->ring[i] = (uint16_t)(2 * i);
-		infl->desc[2 * i].inflight = 1;
-		infl->desc[2 * i].counter = i + 1;
+		desc[k] = (struct vring_desc){ vdrv_gpa(fx.drv, &hdr[i]), sizeof(hdr[i]),
+					       VRING_DESC_F_NEXT, (uint16_t)(k + 1) };
+		if (over_budget) {
+			k++;
+			desc[k] = (struct vring_desc){ vdrv_gpa(fx.drv, data + 512 * i), 512,
+						       VRING_DESC_F_NEXT, (uint16_t)(k + 1) };
+		}
+		k++;
+		desc[k] = (struct vring_desc){ vdrv_gpa(fx.drv, &status[i]), 1,
+					       VRING_DESC_F_WRITE, 0 };
+		avail->ring[i] = (uint16_t)h;
+		infl->desc[h].inflight = 1;
+		infl->desc[h].counter = i + 1;
 	}
 	avail->idx = 2;
 	used->idx = 0;
 	infl->version = 1;
 	infl->desc_num = NUM;
+	/* One I/O a second: the first write goes, the second would wait. */
+	ASSERT_EQ(qos_limits_parse("iops-total=1", &one, err, sizeof(err)), 0);
+	if (over_budget)
+		qos_set(blk_dev_qos(fx.dev), &one);
 	ASSERT_EQ(gm_region_map(&r, 0, fx.drv->mem_size, (uint64_t)(uintptr_t)fx.drv->mem, 0,
 				fx.drv->memfd), 0);
 	ASSERT_EQ(gm_table_add(&t, &r), 0);
@@ -1244,15 +1264,30 @@ static void test_stop_runs_stranded_resubmits(void)
 	ASSERT_TRUE(su.kick_fd >= 0 && su.call_fd >= 0);
 	ASSERT_EQ(blk_vu_ops.queue_start(fx.dev, 0, &su), 0);
 	base = blk_vu_ops.queue_stop(fx.dev, 0);
+	qos_set(blk_dev_qos(fx.dev), &none);
 	ASSERT_EQ(base, 2);
 	ASSERT_EQ(__atomic_load_n(&used->idx, __ATOMIC_ACQUIRE), 2);
 	ASSERT_EQ(status[0], S_OK);
 	ASSERT_EQ(status[1], S_OK);
-	ASSERT_EQ(infl->desc[0].inflight | infl->desc[2].inflight, 0);
+	ASSERT_EQ(infl->desc[0].inflight | infl->desc[4].inflight, 0);
 	close(su.kick_fd);
 	close(su.call_fd);
 	gm_table_clear(&t);
 	free(infl);
+}
+
+static void test_stop_runs_stranded_resubmits(void)
+{
+	stranded_resubmits(false);
+}
+
+/* The same, over the QoS budget: a ring that stops lets every request it
+ * takes go, or the second write would wait for a timer that the stopped
+ * ring never runs (regression: the drain of stranded requests found the
+ * queue throttled and ran nothing). */
+static void test_stop_runs_stranded_resubmits_over_budget(void)
+{
+	stranded_resubmits(true);
 }
 
 static unsigned groups_run;
@@ -1331,6 +1366,7 @@ static void group_aio(void)
 	RUN(test_aio_discard_write_zeroes_unsupp);
 	RUN(test_write_then_read_back);
 	RUN(test_stop_runs_stranded_resubmits);
+	RUN(test_stop_runs_stranded_resubmits_over_budget);
 	teardown();
 }
 

@@ -185,11 +185,11 @@ int qos_group_join(const char *name, const char *dir, const struct qos_limits *l
 			r = -EAGAIN;
 			goto fail;
 		}
-		fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+		fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0660);
 		if (fd >= 0) {
 			made = true;
 		} else if (errno == EEXIST) {
-			fd = open(path, O_RDWR | O_CLOEXEC);
+			fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
 			if (fd < 0 && errno == ENOENT)
 				continue;	/* removed by its last member */
 		}
@@ -207,11 +207,16 @@ int qos_group_join(const char *name, const char *dir, const struct qos_limits *l
 		}
 		/* Still the file at the path (not removed by a last member
 		 * between our open and our lock)? */
-		if (fstat(fd, &st) < 0 || stat(path, &st2) < 0 || st.st_ino != st2.st_ino ||
+		if (fstat(fd, &st) < 0 || lstat(path, &st2) < 0 || st.st_ino != st2.st_ino ||
 		    st.st_dev != st2.st_dev) {
 			close(fd);
 			fd = -1;
 			continue;
+		}
+		if (!S_ISREG(st.st_mode)) {
+			snprintf(err, errlen, "--qos-group %s: %s is not a regular file", name, path);
+			r = -EINVAL;
+			goto fail;
 		}
 		if (made && ftruncate(fd, sizeof(struct qos_shared)) < 0) {
 			r = -errno;

@@ -518,8 +518,6 @@ static int blk_queue_drain_avail(struct blk_queue *q, unsigned budget)
 {
 	unsigned n = 0;
 
-	if (unlikely(q->throttled))
-		return 0;
 	while (n < budget) {
 		struct vq_elem e;
 		struct blk_req *r;

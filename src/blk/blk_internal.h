@@ -105,7 +105,7 @@ struct blk_queue {
 	unsigned nheld;
 	/* QoS (throttle.c): the request the budget cannot take yet, taken
 	 * from the ring and waiting for qos_timer; its place in the disk's
-	 * line (qos_admit); since when. */
+	 * line (qos_admit_turn); since when. */
 	struct blk_req *throttled;
 	bool qos_bypass;		/* the ring is stopping: nothing waits */
 	struct qos_turn qos_turn;

@@ -185,24 +185,25 @@ static int stats_add(const struct blk_stats *st, struct json_object *reply)
  * syntax), "group", "buckets" (the limited ones). */
 static struct json_object *qos_object(struct blk_dev *d)
 {
-	struct json_object *o = json_object_new_object(), *bk = json_object_new_object();
+	struct json_object *o = json_object_new_object(), *bk;
 	struct qos *q = blk_dev_qos(d);
 	const char *group = qos_group_name(q);
 	struct qos_limits l;
 	struct qos_buckets b;
 	char buf[1024];
-	bool ok = o && bk;
+	bool ok = true;
 
+	if (!o)
+		return NULL;
 	qos_get(q, &l, &b, sys_now_ns());
 	qos_limits_format(&l, buf, sizeof(buf));
-	if (o)
-		add(o, "limits", json_object_new_string(buf), &ok);
-	if (o && group)
+	add(o, "limits", json_object_new_string(buf), &ok);
+	if (group)
 		add(o, "group", json_object_new_string(group), &ok);
-	else if (o)
+	else
 		json_object_object_add(o, "group", NULL);	/* JSON null */
-	if (o)
-		add(o, "iops_size", json_object_new_uint64(l.iops_size), &ok);
+	add(o, "iops_size", json_object_new_uint64(l.iops_size), &ok);
+	bk = json_object_new_object();
 	for (unsigned i = 0; bk && i < QOS_NR_BKT; i++) {
 		struct json_object *e;
 		bool eok = true;
@@ -222,10 +223,7 @@ static struct json_object *qos_object(struct blk_dev *d)
 		add(e, "burst_level", json_object_new_double(b.burst[i]), &eok);
 		add(bk, qos_bkt_name(i), done(e, eok), &ok);
 	}
-	if (o)
-		add(o, "buckets", bk, &ok);
-	else
-		json_object_put(bk);
+	add(o, "buckets", bk, &ok);	/* NULL bk: not ok */
 	return done(o, ok);
 }
 

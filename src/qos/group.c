@@ -341,14 +341,6 @@ const _Atomic uint32_t *qos_active_flag(const struct qos *q)
 	return &q->sh->active;
 }
 
-uint64_t qos_admit(struct qos *q, bool is_write, uint64_t bytes, uint64_t now, uint64_t *ticket)
-{
-	unsigned credit = 0;
-	bool head;
-
-	return qos_shared_admit(q->sh, is_write, bytes, now, ticket, 0, &credit, &head);
-}
-
 uint64_t qos_admit_turn(struct qos *q, bool is_write, uint64_t bytes, uint64_t now,
 			struct qos_turn *t, uint64_t slice_ns)
 {

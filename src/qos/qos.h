@@ -8,7 +8,7 @@
  *   - struct qos_limits: the six limits and their bursts, parsed from and
  *     printed as "iops-total=1000,bps-read=10M,..." (pure, any thread);
  *   - struct qos: the buckets of one disk, shared by all its queues
- *     (iothreads), behind a mutex.  qos_admit is the data path's one call.
+ *     (iothreads), behind a mutex.  qos_admit_turn is the data path's one call.
  *
  * What is counted (QEMU's throttle filter driver, block/throttle.c): reads
  * count as reads; writes, write zeroes and discards as writes with their
@@ -81,26 +81,25 @@ void qos_buckets_account(struct qos_buckets *s, const struct qos_limits *l, bool
 
 struct qos;
 
-/* Create with the limits l (may be none: qos_admit then always lets
+/* Create with the limits l (may be none: qos_admit_turn then always lets
  * through, but the limits can be set later).  Returns 0 or -errno.  Main
  * thread. */
 int qos_new(const struct qos_limits *l, struct qos **out);
 void qos_free(struct qos *q);
 
-/* Is this I/O let through now?  Returns 0 (it is, and it is counted), or
- * the ns to wait before asking again (the caller keeps the I/O and asks
- * with the same ticket).  *ticket: 0 for an I/O that has not waited yet;
- * an I/O that must wait gets a ticket, and while tickets are out, only the
- * oldest may go: over-budget I/O goes in the order it arrived, whatever
- * queue or iothread it is on, so no queue starves.  Any iothread. */
-uint64_t qos_admit(struct qos *q, bool is_write, uint64_t bytes, uint64_t now, uint64_t *ticket);
 /* A queue's place in line and its turn (qos_admit_turn). */
 struct qos_turn {
 	uint64_t ticket;	/* 0: not waiting */
 	unsigned credit;	/* I/Os of this turn still to go without waiting in line */
 	bool head;		/* waiting at the head of the line (else behind others) */
 };
-/* qos_admit for a queue that sends in batches: it waits at least slice_ns
+/* Is this I/O let through now?  Returns 0 (it is, and it is counted), or
+ * the ns to wait before asking again with the same turn (the caller keeps
+ * the I/O).  An I/O that must wait gets a ticket in t, and while tickets
+ * are out only the oldest may go: over-budget I/O goes in the order it
+ * arrived, whatever queue, iothread or process it is on.  slice_ns 0: one
+ * I/O a turn, no least wait.  For a queue that sends in batches, slice_ns
+ * > 0: it waits at least slice_ns
  * at the head of the line, and when its turn comes, up to a slice's worth
  * of I/Os (divided among the queues waiting, when others wait too) go at
  * once while the bucket has room, without queuing behind the others

@@ -74,6 +74,17 @@ static void test_parse(void)
 	}
 }
 
+/* One I/O a turn (qos_admit_turn with no slice), a bare ticket. */
+static uint64_t admit1(struct qos *q, bool is_write, uint64_t bytes, uint64_t now,
+		       uint64_t *ticket)
+{
+	struct qos_turn t = { .ticket = *ticket };
+	uint64_t w = qos_admit_turn(q, is_write, bytes, now, &t, 0);
+
+	*ticket = t.ticket;
+	return w;
+}
+
 /* I/Os let through in [0, secs) by a closed loop that asks as soon as the
  * last wait ends (the worst client: always over budget). */
 static uint64_t drive(struct qos *q, bool is_write, uint64_t bytes, uint64_t t0, uint64_t secs,
@@ -84,7 +95,7 @@ static uint64_t drive(struct qos *q, bool is_write, uint64_t bytes, uint64_t t0,
 	if (first_s)
 		*first_s = 0;
 	while (now < t0 + secs * S) {
-		uint64_t w = qos_admit(q, is_write, bytes, now, &ticket);
+		uint64_t w = admit1(q, is_write, bytes, now, &ticket);
 
 		if (w) {
 			now += w;
@@ -163,44 +174,44 @@ static void test_line(void)
 	unsigned i;
 
 	/* Empty the 10-I/O allowance. */
-	for (i = 0; qos_admit(q, false, 512, now, &ta) == 0; i++)
+	for (i = 0; admit1(q, false, 512, now, &ta) == 0; i++)
 		;
 	ASSERT_TRUE(i >= 10 && i <= 11);
 	ASSERT_TRUE(ta != 0);			/* A waits, at the head */
-	ASSERT_TRUE(qos_admit(q, false, 512, now, &tb) > 0);
+	ASSERT_TRUE(admit1(q, false, 512, now, &tb) > 0);
 	ASSERT_TRUE(tb == ta + 1);		/* B behind it */
 	/* When there is room, only the head goes; a new request (no
 	 * ticket) does not jump the line. */
 	now += 20 * MS;
-	ASSERT_TRUE(qos_admit(q, false, 512, now, &tc) > 0);
+	ASSERT_TRUE(admit1(q, false, 512, now, &tc) > 0);
 	ASSERT_TRUE(tc == tb + 1);
-	ASSERT_TRUE(qos_admit(q, false, 512, now, &tb) > 0);	/* not B's turn */
-	ASSERT_EQ(qos_admit(q, false, 512, now, &ta), 0);	/* A goes */
+	ASSERT_TRUE(admit1(q, false, 512, now, &tb) > 0);	/* not B's turn */
+	ASSERT_EQ(admit1(q, false, 512, now, &ta), 0);	/* A goes */
 	ASSERT_EQ(ta, 0);
 	now += 20 * MS;
-	ASSERT_EQ(qos_admit(q, false, 512, now, &tb), 0);	/* then B */
+	ASSERT_EQ(admit1(q, false, 512, now, &tb), 0);	/* then B */
 	/* C's owner stays away (its ring stopped, its process died): after a
 	 * while the line goes on without it. */
 	{
 		uint64_t td = 0;
 
-		ASSERT_TRUE(qos_admit(q, false, 512, now, &td) > 0);
+		ASSERT_TRUE(admit1(q, false, 512, now, &td) > 0);
 		now += S;
-		ASSERT_EQ(qos_admit(q, false, 512, now, &td), 0);
+		ASSERT_EQ(admit1(q, false, 512, now, &td), 0);
 		/* C comes back with its skipped ticket: it goes first. */
-		w = qos_admit(q, false, 512, now, &tc);
+		w = admit1(q, false, 512, now, &tc);
 		ASSERT_TRUE(w == 0 || tc != 0);
 	}
 	/* Cancelled at the head: the next one is the head at once. */
 	{
 		uint64_t te = 0, tf = 0;
 
-		while (qos_admit(q, false, 512, now, &te) == 0)
+		while (admit1(q, false, 512, now, &te) == 0)
 			;
-		ASSERT_TRUE(qos_admit(q, false, 512, now, &tf) > 0);
+		ASSERT_TRUE(admit1(q, false, 512, now, &tf) > 0);
 		qos_cancel(q, te);
 		now += 20 * MS;
-		ASSERT_EQ(qos_admit(q, false, 512, now, &tf), 0);
+		ASSERT_EQ(admit1(q, false, 512, now, &tf), 0);
 	}
 	qos_free(q);
 }
@@ -267,15 +278,15 @@ static void test_unlimited(void)
 	struct qos *q = make("iops-total=10");
 	uint64_t t = 0, t2 = 0, now = S;
 
-	while (qos_admit(q, false, 512, now, &t) == 0)
+	while (admit1(q, false, 512, now, &t) == 0)
 		;
-	ASSERT_TRUE(qos_admit(q, false, 512, now, &t2) > 0);
+	ASSERT_TRUE(admit1(q, false, 512, now, &t2) > 0);
 	/* set-limits to none: the waiting ones go, and the object says
 	 * inactive (the data path then skips it). */
 	qos_set(q, &none);
 	ASSERT_TRUE(!qos_active(q));
-	ASSERT_EQ(qos_admit(q, false, 512, now, &t), 0);
-	ASSERT_EQ(qos_admit(q, false, 512, now, &t2), 0);
+	ASSERT_EQ(admit1(q, false, 512, now, &t), 0);
+	ASSERT_EQ(admit1(q, false, 512, now, &t2), 0);
 	qos_free(q);
 }
 
@@ -310,8 +321,8 @@ static void test_group(void)
 	now = sys_now_ns();
 	end = now + 10 * S;
 	while (now < end) {
-		uint64_t wa = qos_admit(a, false, 512, now, &ta);
-		uint64_t wb = qos_admit(b, false, 512, now, &tb);
+		uint64_t wa = admit1(a, false, 512, now, &ta);
+		uint64_t wb = admit1(b, false, 512, now, &tb);
 
 		na += wa == 0;
 		nb += wb == 0;

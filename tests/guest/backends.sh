@@ -70,11 +70,7 @@ boot() {
         guest_boot "$first_sock" 1 "$work/multi.initrd" "$logs/$boot.console.log" 400
     echo "  ($boot: guest ran $((SECONDS - t0)) s with ${#names[@]} disks)"
     for n in "${names[@]}"; do
-        if tr -d '\r' <"$logs/$boot.console.log" | grep -aq "VBLK-RESULT: PASS $n\$"; then
-            pass "guest-$n"
-        else
-            fail "guest-$n" "$(tr -d '\r' <"$logs/$boot.console.log" | grep -a "VBLK-RESULT: FAIL $n" | head -1) (see $logs/$boot.console.log)"
-        fi
+        guest_log_verdict "$logs/$boot.console.log" "$n"
     done
 }
 

@@ -544,6 +544,19 @@ guest_boot_kill() {
     VBLK_GUEST_BOOT_PID=""
 }
 
+# guest_log_has LOG ERE: 0 iff a line of LOG (CRs stripped) matches ERE.
+# Every check of a log goes through here.  Not "tr <LOG | grep -q": grep -q
+# leaves at the first match, tr's next write then dies of SIGPIPE, and
+# under pipefail the pipe fails although the line is there (how a CI run
+# lost the results of the first disks of a boot, the ones early in the
+# log).  grep -c reads to the end.
+guest_log_has() {
+    local n
+    [[ -r "${1:-}" ]] || return 1
+    n=$(tr -d '\r' <"$1" | grep -acE -- "${2:-}")
+    ((n > 0))
+}
+
 # guest_log_result LOG [NAME]: 0 iff LOG has "VBLK-RESULT: PASS [NAME]",
 # no "VBLK-RESULT: FAIL [NAME]" (with NAME: another scenario of the same
 # boot may fail on its own) and the VBLK-GUEST-DONE marker.  Markers are
@@ -552,12 +565,28 @@ guest_boot_kill() {
 guest_log_result() {
     local log="${1:-}" name="${2:-}"
     [[ -r "$log" ]] || { _guest_err "log $log not readable"; return 1; }
-    # (no grep -q after a pipe: with pipefail an early exit gives SIGPIPE)
-    if tr -d '\r' <"$log" | grep -aE "VBLK-RESULT: FAIL${name:+ $name}( |\$)" >/dev/null; then
-        return 1
+    guest_log_has "$log" "VBLK-RESULT: FAIL${name:+ $name}( |\$)" && return 1
+    guest_log_has "$log" "VBLK-RESULT: PASS${name:+ $name}( |\$)" || return 1
+    guest_log_has "$log" 'VBLK-GUEST-DONE' || return 1
+}
+
+# guest_log_verdict LOG NAME: a PASS:/FAIL: line for the disk NAME of a
+# multi-disk boot (scenarios/multi.sh), saying what the log holds when it
+# has no verdict for NAME.
+guest_log_verdict() {
+    local log=$1 name=$2 why
+    if guest_log_result "$log" "$name"; then
+        echo "PASS: guest-$name"
+        return 0
     fi
-    tr -d '\r' <"$log" | grep -aE "VBLK-RESULT: PASS${name:+ $name}( |\$)" >/dev/null || return 1
-    grep -a 'VBLK-GUEST-DONE' "$log" >/dev/null || return 1
+    why=$(tr -d '\r' <"$log" | grep -ao "VBLK-RESULT: FAIL $name\( .*\)\?\$" | head -1)
+    if [[ -z $why ]]; then
+        if ! guest_log_has "$log" "serial=$name( |\$)"; then why="the guest did not see this disk"
+        elif ! guest_log_has "$log" 'VBLK-GUEST-DONE'; then why="the guest did not finish"
+        else why="no VBLK-RESULT line for it"; fi
+    fi
+    echo "FAIL: guest-$name: $why (see $log)"
+    return 1
 }
 
 # guest_log_lines LOG PREFIX: print the "PREFIX..." parts of LOG's lines

@@ -58,7 +58,7 @@ wait_state() {	# wait_state STATE SECONDS
 }
 wait_for() {	# wait_for FILE PATTERN SECONDS
     for _ in $(seq $(($3 * 10))); do
-        [[ -f $1 ]] && tr -d '\r' <"$1" | grep -aq "$2" && return 0
+        guest_log_has "$1" "$2" && return 0
         sleep 0.1
     done
     return 1
@@ -79,7 +79,7 @@ start() {	# start LOG DISK ARGS...: vblkd on the shared socket
 results() {	# results PREFIX CONSOLE RC: the scenario's verdicts
     local t
     for t in pause-phase1-fio-verify pause-phase2-fio-verify pause-no-io-error-in-guest; do
-        if (($3 == 0)) && tr -d '\r' <"$2" | grep -aq "VBLK-RESULT: PASS $t"; then
+        if (($3 == 0)) && guest_log_has "$2" "VBLK-RESULT: PASS $t"; then
             pass "$1-$t"
         else
             fail "$1-$t" "rc=$3, see $2"

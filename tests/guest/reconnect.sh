@@ -48,7 +48,7 @@ start() {	# start NAME Q RUN: vblkd on the shared socket
 # wait_for FILE PATTERN SECONDS
 wait_for() {
     for _ in $(seq $(($3 * 10))); do
-        [[ -f $1 ]] && tr -d '\r' <"$1" | grep -aq "$2" && return 0
+        guest_log_has "$1" "$2" && return 0
         sleep 0.1
     done
     return 1

@@ -79,11 +79,7 @@ VBLK_GUEST_EXTRA_DISKS="${qemu_args[*]:4}" \
     guest_boot "$first_sock" "$first_nq" "$work/multi.initrd" "$logs/console.log" 400
 echo "  (guest ran $((SECONDS - t0)) s with ${#names[@]} disks)"
 for n in "${names[@]}"; do
-    if tr -d '\r' <"$logs/console.log" | grep -aq "VBLK-RESULT: PASS $n\$"; then
-        pass "guest-$n"
-    else
-        fail "guest-$n" "$(tr -d '\r' <"$logs/console.log" | grep -a "VBLK-RESULT: FAIL $n" | head -1) (see $logs/console.log)"
-    fi
+    guest_log_verdict "$logs/console.log" "$n"
 done
 for p in "${pids[@]}"; do
     kill -TERM "$p" 2>/dev/null; rc=0; wait "$p" || rc=$?

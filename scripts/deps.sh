@@ -19,7 +19,7 @@
 set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev libaio-dev
-            librbd-dev libnbd-dev libmicrohttpd-dev scdoc)
+            librbd-dev libnbd-dev libmicrohttpd-dev scdoc zlib1g-dev libzstd-dev)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)

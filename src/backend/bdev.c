@@ -169,6 +169,11 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 		return;
 	}
 	io->len = iov_size(io->iov, io->iovcnt);
+	if (unlikely(io->offset == 0) && b->write_guard && io->op == BDEV_WRITE &&
+	    b->write_guard(io)) {
+		bdev_complete(io, -EPERM);
+		return;
+	}
 	/* O_DIRECT wants aligned buffers; guests usually give them, a
 	 * hostile or odd one need not.  Bounce those rather than fail. */
 	if (b->direct && io->op != BDEV_FLUSH &&

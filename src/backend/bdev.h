@@ -151,8 +151,9 @@ struct bdev_engine {
 	/* Engines that are their own disk: the disk is to be size bytes (a
 	 * multiple of the block size, more than now); check that it has
 	 * grown that far (the engine never grows it itself).  0, or -errno
-	 * with one line in err.  NULL: the size cannot change.  Main
-	 * thread. */
+	 * with one line in err.  NULL: the size cannot change.  A format's
+	 * disk (format.h) has one too: the file's size is not the disk's.
+	 * Main thread. */
 	int (*resize)(struct bdev *b, uint64_t size, char *err, size_t errlen);
 };
 
@@ -162,6 +163,7 @@ struct bdev {
 	uint64_t size;		/* bytes, a multiple of block_size; grows only
 				 * (bdev_resize), so other threads READ_ONCE it */
 	unsigned block_size;	/* logical block exported to the guest */
+	unsigned size_tail;	/* bytes of the file past the last whole block */
 	unsigned phys_block_size;
 	/* What the disk deallocates in (bytes, a power of two >= block_size):
 	 * a block device's queue/discard_granularity, a file's st_blksize. */
@@ -194,6 +196,11 @@ struct bdev {
 	_Atomic bool cache_lost;
 	unsigned caps;		/* BDEV_CAP_*: the engine's, less what this disk lacks */
 	unsigned max_ctxs;	/* iothreads that may serve this disk; 0: any */
+	/* A write at offset 0 for which this says true fails (-EPERM): a
+	 * detected raw image keeps the guest from writing a format's magic
+	 * there (format.h, fmt_probe_magic).  NULL: none.  Set before
+	 * iothreads run. */
+	bool (*write_guard)(const struct bdev_io *io);
 	const struct bdev_engine *engine;
 	void *priv;		/* the engine's state for this disk (open/close) */
 };
@@ -231,6 +238,15 @@ int bdev_resize(struct bdev *b, uint64_t size, char *err, size_t errlen);
 int bdev_lock(struct bdev *b);
 void bdev_unlock(struct bdev *b);
 bool bdev_lock_busy(const struct bdev *b);
+
+/*
+ * A reader's lock for the life of the open file: a backing file, which
+ * must not change under its overlays.  QEMU's convention (lock.c): we use
+ * consistent reads, and let nobody else write.  0, -EBUSY when someone
+ * writes it now (or holds our "no writers" byte exclusively), or -errno.
+ * Closing the file drops it.  Main thread.
+ */
+int bdev_lock_shared(struct bdev *b);
 
 /* Engines built in. */
 extern const struct bdev_engine bdev_uring_engine;

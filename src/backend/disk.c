@@ -369,13 +369,10 @@ static int open_disk(const struct bdev_opts *o, struct bdev *b, char *err, size_
 	if (r < 0)
 		goto err_close;
 
-	if (size % b->block_size) {
-		log_warn("disk %s: size %llu is not a multiple of %u; the last "
-			 "%llu bytes are not exported", o->path,
-			 (unsigned long long)size, b->block_size,
-			 (unsigned long long)(size % b->block_size));
-		size -= size % b->block_size;
-	}
+	/* Said by the format layer if it serves the file raw (a qcow2
+	 * file's length means nothing to the guest). */
+	b->size_tail = (unsigned)(size % b->block_size);
+	size -= size % b->block_size;
 	if (size == 0) {
 		snprintf(err, errlen, "disk '%s' is empty (size < %u bytes): "
 			 "resize it (e.g. truncate -s 1G %s)", o->path,
@@ -450,7 +447,9 @@ int bdev_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 	}
 	if (size == b->size)
 		return 0;
-	if (b->engine->open) {
+	/* An engine (or a format's disk) with a resize of its own decides;
+	 * one that is its own disk without one cannot change. */
+	if (b->engine->open || b->engine->resize) {
 		if (!b->engine->resize) {
 			snprintf(err, errlen, "a %s disk's size is fixed by its server",
 				 b->engine->name);

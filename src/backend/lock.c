@@ -23,6 +23,7 @@
 
 #include "util/log.h"
 
+#define LOCK_PERM_READ    100	/* QEMU: BLK_PERM_CONSISTENT_READ */
 #define LOCK_PERM_WRITE   101	/* QEMU: RAW_LOCK_PERM_BASE + BLK_PERM_WRITE bit */
 #define LOCK_UNSHARE_WRITE 201	/* QEMU: RAW_LOCK_SHARED_BASE + that bit */
 
@@ -132,4 +133,24 @@ bool bdev_lock_busy(const struct bdev *b)
 		    fl.l_type != F_UNLCK)
 			return true;
 	return false;
+}
+
+int bdev_lock_shared(struct bdev *b)
+{
+	struct flock fl;
+	int r;
+
+	if (b->fd < 0 || b->engine->open)
+		return 0;
+	/* Someone holds WRITE (QEMU shares byte 101 among its writers; a
+	 * vblkd writer holds it exclusively): the file is changing. */
+	if (ofd_lock(b->fd, F_WRLCK, LOCK_PERM_WRITE, F_OFD_GETLK, &fl) == 0 &&
+	    fl.l_type != F_UNLCK)
+		return -EBUSY;
+	r = ofd_lock(b->fd, F_RDLCK, LOCK_PERM_READ, F_OFD_SETLK, &fl);
+	if (r == 0)
+		r = ofd_lock(b->fd, F_RDLCK, LOCK_UNSHARE_WRITE, F_OFD_SETLK, &fl);
+	if (r == -EAGAIN || r == -EACCES)
+		return -EBUSY;
+	return r;
 }

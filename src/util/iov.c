@@ -102,3 +102,46 @@ size_t iov_discard_back(struct iovec *iov, unsigned *cnt, size_t len)
 	}
 	return done;
 }
+
+unsigned iov_slice(const struct iovec *iov, unsigned cnt, size_t off, size_t len,
+		   struct iovec *dst, unsigned max)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < cnt && len; i++) {
+		size_t l = iov[i].iov_len, take;
+
+		if (off >= l) {
+			off -= l;
+			continue;
+		}
+		if (n == max)
+			return 0;
+		take = l - off < len ? l - off : len;
+		dst[n].iov_base = (char *)iov[i].iov_base + off;
+		dst[n].iov_len = take;
+		n++;
+		len -= take;
+		off = 0;
+	}
+	return len ? 0 : n;
+}
+
+unsigned iov_slice_count(const struct iovec *iov, unsigned cnt, size_t off, size_t len)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < cnt && len; i++) {
+		size_t l = iov[i].iov_len, take;
+
+		if (off >= l) {
+			off -= l;
+			continue;
+		}
+		take = l - off < len ? l - off : len;
+		n++;
+		len -= take;
+		off = 0;
+	}
+	return len ? 0 : n;
+}

@@ -34,4 +34,13 @@ size_t iov_discard_front(struct iovec **iov, unsigned *cnt, size_t len);
  * actually dropped. */
 size_t iov_discard_back(struct iovec *iov, unsigned *cnt, size_t len);
 
+/* Describe bytes [off, off+len) of iov[0..cnt) in dst (at most max
+ * entries).  Returns the entries used, or 0 when they do not fit or the
+ * range passes the end. */
+unsigned iov_slice(const struct iovec *iov, unsigned cnt, size_t off, size_t len,
+		   struct iovec *dst, unsigned max);
+
+/* Entries iov_slice needs for that range (0: the range passes the end). */
+unsigned iov_slice_count(const struct iovec *iov, unsigned cnt, size_t off, size_t len);
+
 #endif

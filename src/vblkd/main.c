@@ -16,6 +16,7 @@
 
 #include "config.h"
 #include "backend/bdev.h"
+#include "format/format.h"
 #include "blk/blk.h"
 #include "ctl/ctl.h"
 #include "loop/defer.h"
@@ -42,7 +43,8 @@ struct vblkd {
 	struct loop_fd *gfd_h;
 	struct ctl_server *ctl;
 	struct metrics_http *mh;
-	struct bdev *b;
+	struct bdev *b;		/* the disk served (the format's) */
+	struct bdev *file;	/* the file under it (b itself for raw) */
 	pid_t successor;		/* upgraded in place: who serves now */
 };
 
@@ -66,6 +68,11 @@ static void usage(FILE *f)
 "  --queue-map MAP      explicit queue -> iothread map, e.g. 0:0,1:1,2:0\n"
 "  --cpu-affinity LIST  pin iothread i to CPU LIST[i mod len], e.g. 2,3\n"
 "  --read-only          export read-only: the guest cannot write\n"
+"  --format FMT         raw, qcow2, or auto: qcow2 if the file starts with its\n"
+"                       magic, else raw (default); qcow2 backing files are\n"
+"                       opened read-only from the image's header\n"
+"  --l2-cache-size N    qcow2: bytes of L2 tables in memory (K/M/G; default:\n"
+"                       the whole image's, at most 32M)\n"
 "  --cache MODE         none (O_DIRECT), writeback (page cache), or auto:\n"
 "                       O_DIRECT where the file supports it (default)\n"
 "  --block-size N       logical block size shown to the guest: 512 or 4096\n"
@@ -283,6 +290,13 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 		snprintf(msg, msglen, "already handed over to pid %d", (int)v->successor);
 		return -EALREADY;
 	}
+	/* The new process would read the image's tables while this one
+	 * still changes them: not for a format with metadata, yet. */
+	if (v->b != v->file) {
+		snprintf(msg, msglen, "an upgrade in place of a qcow2 disk is not supported yet: "
+			 "restart vblkd (the frontend reconnects)");
+		return -EOPNOTSUPP;
+	}
 	r = up_start(v->srv, &f, exec, &res, msg, msglen);
 	if (r < 0) {
 		log_err("upgrade failed: %s", msg);
@@ -335,6 +349,8 @@ int main(int argc, char **argv)
 		{ "disk", required_argument, NULL, 'd' },
 		{ "queues", required_argument, NULL, 'q' },
 		{ "read-only", no_argument, NULL, 'r' },
+		{ "format", required_argument, NULL, 'j' },
+		{ "l2-cache-size", required_argument, NULL, 'k' },
 		{ "cache", required_argument, NULL, 'c' },
 		{ "block-size", required_argument, NULL, 'b' },
 		{ "serial", required_argument, NULL, 'S' },
@@ -389,7 +405,8 @@ int main(int argc, char **argv)
 	struct vu_server *srv = NULL;
 	struct up_child uc;
 	bool handover;
-	struct bdev b;
+	struct bdev b, *disk = NULL;
+	struct fmt_opts fo = { .kind = FMT_AUTO, .bo = &bo };
 	sigset_t mask;
 	int c, r;
 
@@ -403,6 +420,15 @@ int main(int argc, char **argv)
 			ko.num_queues = parse_uint("--queues", optarg, 1, BLK_MAX_QUEUES);
 			break;
 		case 'r': bo.read_only = true; break;
+		case 'j':
+			if (fmt_parse(optarg, &fo.kind) < 0)
+				cli_die("--format '%s' is not one of raw, qcow2, auto", optarg);
+			break;
+		case 'k':
+			fo.l2_cache_bytes = size_arg("--l2-cache-size", optarg);
+			if (fo.l2_cache_bytes < 4096)
+				cli_die("--l2-cache-size %s: give at least 4K", optarg);
+			break;
 		case 'c':
 			bo.cache = word_arg("--cache", optarg, (const char *const[]){
 						    [BDEV_CACHE_AUTO] = "auto",
@@ -545,11 +571,27 @@ int main(int argc, char **argv)
 	r = bdev_open(&bo, &b, err, sizeof(err));
 	if (r < 0)
 		cli_die("%s", err);
-	if (b.max_ctxs && ko.num_iothreads > b.max_ctxs) {
+	/* The format over the file: what the guest sees (format.h). */
+	if (b.engine->open && fo.kind == FMT_QCOW2) {
+		bdev_close(&b);
+		cli_die("--format qcow2: a %s disk is served raw; qcow2 images are files",
+			b.engine->name);
+	}
+	if (b.engine->no_disk || b.engine->open)
+		fo.kind = FMT_RAW;
+	r = fmt_open(&b, &fo, &disk, err, sizeof(err));
+	if (r < 0) {
+		bdev_close(&b);
+		cli_die("%s", err);
+	}
+	if (disk->max_ctxs && ko.num_iothreads > disk->max_ctxs) {
+		fmt_close(disk, &b);
 		bdev_close(&b);
 		cli_die("--iothreads %u: %s serves one disk from %u iothread%s (%s); drop "
 			"--iothreads (all queues then share that iothread)",
-			ko.num_iothreads, b.engine->name, b.max_ctxs, b.max_ctxs > 1 ? "s" : "",
+			ko.num_iothreads, disk != &b ? "qcow2" : b.engine->name, disk->max_ctxs,
+			disk->max_ctxs > 1 ? "s" : "",
+			disk != &b ? "its metadata belongs to one thread, as in QEMU" :
 			!strcmp(b.engine->name, "rbd") ? "one librbd image handle per disk" :
 			"the NBD server does not allow several connections (multi-conn)");
 	}
@@ -560,18 +602,21 @@ int main(int argc, char **argv)
 		r = qos_group_join(qos_group, NULL, handover || !have_limits ? NULL : &limits,
 				   &ko.qos, msg, sizeof(msg));
 		if (r < 0) {
+			fmt_close(disk, &b);
 			bdev_close(&b);
 			cli_die("%s", msg);
 		}
 	} else if (have_limits) {
 		r = qos_new(&limits, &ko.qos);
 		if (r < 0) {
+			fmt_close(disk, &b);
 			bdev_close(&b);
 			cli_die("cannot set up the QoS limits: %s", strerror(-r));
 		}
 	}
-	r = blk_dev_new(&b, &ko, &v.dev);
+	r = blk_dev_new(disk, &ko, &v.dev);
 	if (r < 0) {
+		fmt_close(disk, &b);
 		bdev_close(&b);
 		cli_die("cannot start the device: %s", strerror(-r));
 	}
@@ -600,7 +645,7 @@ int main(int argc, char **argv)
 	}
 	/* Metrics (vblkctl metrics, --metrics) read what ctl's stats read,
 	 * on this thread; the frontend counters once srv exists. */
-	metrics_source_init(&ms, v.dev, &b);
+	metrics_source_init(&ms, v.dev, disk);
 	if (ctl_path) {
 		r = ctl_server_new_fd(ctl_path, uc.fds.control, v.loop, v.dev, &ctl, msg,
 				      sizeof(msg));
@@ -643,7 +688,8 @@ int main(int argc, char **argv)
 	ms.srv = srv;
 	v.ctl = ctl;
 	v.mh = mh;
-	v.b = &b;
+	v.b = disk;
+	v.file = &b;
 	if (ctl)
 		ctl_server_set_upgrade(ctl, upgrade_cb, &v);
 	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */
@@ -660,13 +706,15 @@ int main(int argc, char **argv)
 
 	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s, "
 		 "%u iothread%s) on %s",
-		 b.path, (unsigned long long)b.size, b.block_size, b.engine->name,
+		 b.path, (unsigned long long)disk->size, b.block_size, b.engine->name,
 		 b.engine->open ? "network" : b.fd < 0 ? "no file" : b.iopoll ? "O_DIRECT, polled" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
 		 ko.num_queues, ko.num_queues > 1 ? "s" : "", ko.num_iothreads,
 		 ko.num_iothreads > 1 ? "s" : "", sock);
 	/* Not an error: this may be a migration's destination, started
 	 * while the source still writes (docs/architecture.md "Migration"). */
-	if (bdev_lock_busy(&b))
+	fmt_describe(disk, &b, msg, sizeof(msg));
+	log_info("format: %s", msg);
+	if (bdev_lock_busy(disk))
 		log_info("disk %s is being written by another process now: rings "
 			 "start here once it stops (as at the end of a migration)", b.path);
 
@@ -691,6 +739,8 @@ int main(int argc, char **argv)
 	log_stats(&v);
 	ctl_server_free(ctl);
 	blk_dev_free(v.dev);
+	if (fmt_close(disk, &b) < 0)
+		r = -EIO;
 	if (!b.read_only && b.fd >= 0 && fdatasync(b.fd) < 0)
 		log_err("final fdatasync of %s failed: %s", b.path, strerror(errno));
 	bdev_close(&b);
@@ -709,6 +759,7 @@ err_loop:
 	loop_free(v.loop);
 err_dev:
 	blk_dev_free(v.dev);
+	fmt_close(disk, &b);
 	bdev_close(&b);
 	cli_die("%s", err);
 }

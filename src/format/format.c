@@ -1,0 +1,291 @@
+/*
+ * Formats: which one a file is, backing chains, the raw guard.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend/bdev.h"
+#include "format/format.h"
+#include "format/qcow2.h"
+#include "util/compiler.h"
+#include "util/iov.h"
+#include "util/log.h"
+
+int fmt_parse(const char *s, enum fmt_kind *out)
+{
+	if (!strcmp(s, "auto"))
+		*out = FMT_AUTO;
+	else if (!strcmp(s, "raw"))
+		*out = FMT_RAW;
+	else if (!strcmp(s, "qcow2"))
+		*out = FMT_QCOW2;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+bool fmt_probe_magic(const void *buf, size_t len)
+{
+	return qcow2_detect(buf, len);
+}
+
+/* A write to sector 0 of a detected raw disk that would make it detect as
+ * something else: refused (bdev_submit calls this, bdev.h). */
+static bool raw_guard(const struct bdev_io *io)
+{
+	static bool said;
+	uint8_t head[8] = { 0 };
+	size_t n = iov_to_buf(io->iov, io->iovcnt, 0, head, sizeof(head));
+
+	if (!fmt_probe_magic(head, n))
+		return false;
+	if (!said) {
+		said = true;
+		log_warn("disk %s: the guest wrote a qcow2 header into the first sector of a "
+			 "raw disk whose format was detected; refused, as QEMU does (a header "
+			 "there could name any host file as backing file at the next start): "
+			 "serve it with --format raw to allow it", io->b->path);
+	}
+	return true;
+}
+
+/* The files of the chain being opened, to refuse a loop (main thread). */
+static struct {
+	dev_t dev;
+	ino_t ino;
+} chain[QCOW2_MAX_CHAIN + 2];
+static unsigned chain_n;
+
+static int chain_push(int fd, const char *path, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0) {
+		snprintf(err, errlen, "cannot stat %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	for (unsigned i = 0; i < chain_n; i++)
+		if (chain[i].dev == st.st_dev && chain[i].ino == st.st_ino) {
+			snprintf(err, errlen, "the backing chain of %s loops back on itself: fix "
+				 "it with qemu-img rebase", path);
+			return -ELOOP;
+		}
+	if (chain_n == ARRAY_SIZE(chain))
+		return -ELOOP;
+	chain[chain_n].dev = st.st_dev;
+	chain[chain_n].ino = st.st_ino;
+	chain_n++;
+	return 0;
+}
+
+static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_opts *o,
+		      unsigned depth, struct bdev **disk, char *err, size_t errlen)
+{
+	struct qcow2 *q;
+	uint8_t *head;
+	ssize_t n;
+	int r;
+
+	if ((r = chain_push(file->fd, file->path, err, errlen)) < 0)
+		return r;
+	if (kind == FMT_AUTO) {
+		/* Aligned, for O_DIRECT. */
+		if (posix_memalign((void **)&head, 4096, 4096))
+			return -ENOMEM;
+		n = pread(file->fd, head, 4096, 0);
+		if (n < 0) {
+			r = -errno;
+			free(head);
+			snprintf(err, errlen, "cannot read %s: %s", file->path, strerror(-r));
+			return r;
+		}
+		kind = qcow2_detect(head, (size_t)n) ? FMT_QCOW2 : FMT_RAW;
+		free(head);
+		if (kind == FMT_RAW && !file->read_only)
+			file->write_guard = raw_guard;
+	}
+	if (kind == FMT_RAW) {
+		if (file->size_tail)
+			log_warn("disk %s: size %llu is not a multiple of %u; the last %u bytes "
+				 "are not exported", file->path,
+				 (unsigned long long)(file->size + file->size_tail),
+				 file->block_size, file->size_tail);
+		*disk = file;
+		return 0;
+	}
+	r = qcow2_open(file, o, depth, &q, err, errlen);
+	if (r < 0)
+		return r;
+	qcow2_io_engine(&q->eng, file->engine->name);
+	q->disk = (struct bdev){
+		.path = q->path,
+		.fd = file->fd,
+		.size = q->size - q->size % file->block_size,
+		.block_size = file->block_size,
+		.phys_block_size = file->phys_block_size,
+		.discard_granularity = (unsigned)MIN(q->cs, 1u << 20),
+		.read_only = file->read_only,
+		.is_blockdev = file->is_blockdev,
+		.device_completes = file->device_completes,
+		.max_ctxs = 1,
+		.engine = &q->eng,
+		.priv = q,
+	};
+	if (q->disk.size == 0) {
+		snprintf(err, errlen, "qcow2 image %s is smaller than one %u-byte block", q->path,
+			 file->block_size);
+		qcow2_close(q);
+		return -EINVAL;
+	}
+	*disk = &q->disk;
+	return 0;
+}
+
+
+/* The backing file of q (qcow2.txt, "Header": backing_file_offset; the
+ * backing format header extension), read-only, a path relative to q's
+ * directory as QEMU resolves it. */
+int fmt__open_backing(struct qcow2 *q, const struct fmt_opts *o, unsigned depth, char *err,
+		      size_t errlen)
+{
+	struct bdev_opts bo = *o->bo;
+	enum fmt_kind kind = FMT_AUTO;
+	struct bdev *bf;
+	char *path, *dir;
+	int r;
+
+	if (depth + 1 >= QCOW2_MAX_CHAIN) {
+		snprintf(err, errlen, "the backing chain of %s is deeper than %u images: flatten "
+			 "it with qemu-img convert or commit", q->path, QCOW2_MAX_CHAIN);
+		return -ELOOP;
+	}
+	if (!strncmp(q->backing_name, "json:", 5) || strstr(q->backing_name, "://")) {
+		snprintf(err, errlen, "qcow2 image %s has a backing file that is not a local file "
+			 "(%s): vblkd opens local files only; qemu-img rebase it onto one",
+			 q->path, q->backing_name);
+		return -EOPNOTSUPP;
+	}
+	if (q->backing_fmt) {
+		if (!strcmp(q->backing_fmt, "raw") || !strcmp(q->backing_fmt, "file"))
+			kind = FMT_RAW;
+		else if (!strcmp(q->backing_fmt, "qcow2"))
+			kind = FMT_QCOW2;
+		else {
+			snprintf(err, errlen, "qcow2 image %s has a backing file of format %s; vblkd "
+				 "reads qcow2 and raw backing files", q->path, q->backing_fmt);
+			return -EOPNOTSUPP;
+		}
+	}
+	if (q->backing_name[0] == '/') {
+		path = strdup(q->backing_name);
+	} else {
+		char *copy = strdup(q->path);
+
+		if (!copy)
+			return -ENOMEM;
+		dir = dirname(copy);
+		if (asprintf(&path, "%s/%s", dir, q->backing_name) < 0)
+			path = NULL;
+		free(copy);
+	}
+	bf = calloc(1, sizeof(*bf));
+	if (!path || !bf) {
+		free(path);
+		free(bf);
+		return -ENOMEM;
+	}
+	bo.path = path;
+	bo.read_only = true;
+	bo.take_fd = false;
+	bo.fd = -1;
+	bo.iopoll = BDEV_IOPOLL_OFF;
+	r = bdev_open(&bo, bf, err, errlen);
+	if (r < 0) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", err);
+		snprintf(err, errlen, "backing file of %s: %s", q->path, why);
+		goto fail;
+	}
+	r = bdev_lock_shared(bf);
+	if (r < 0) {
+		snprintf(err, errlen, "backing file %s of %s is open for writing by another "
+			 "process: a backing file must not change under its overlays", path,
+			 q->path);
+		goto fail_close;
+	}
+	r = open_chain(bf, kind, o, depth + 1, &q->backing, err, errlen);
+	if (r < 0)
+		goto fail_close;
+	q->backing_file = bf;
+	if (q->backing == bf) {
+		r = qcow2_reopen_plain(bf->fd, false);
+		if (r < 0) {
+			snprintf(err, errlen, "cannot reopen backing file %s: %s", path, strerror(-r));
+			fmt_close(q->backing, bf);
+			q->backing = NULL;
+			goto fail_close;
+		}
+		q->backing_rfd = r;
+	}
+	free(path);
+	return 0;
+fail_close:
+	bdev_close(bf);
+fail:
+	free(bf);
+	free(path);
+	q->backing_file = NULL;
+	return r;
+}
+
+int fmt_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
+	     size_t errlen)
+{
+	chain_n = 0;
+	return open_chain(file, o->kind, o, 0, disk, err, errlen);
+}
+
+int fmt_close(struct bdev *disk, struct bdev *file)
+{
+	struct qcow2 *q;
+	struct bdev *b, *bf;
+	int r;
+
+	if (!disk || disk == file)
+		return 0;
+	q = container_of(disk, struct qcow2, disk);
+	b = q->backing;
+	bf = q->backing_file;
+	r = qcow2_close(q);
+	if (bf) {
+		fmt_close(b, bf);
+		bdev_close(bf);
+		free(bf);
+	}
+	return r;
+}
+
+void fmt_describe(const struct bdev *disk, const struct bdev *file, char *buf, size_t len)
+{
+	const struct qcow2 *q;
+	size_t n;
+
+	if (disk == file) {
+		snprintf(buf, len, "raw%s", file->write_guard ? " (detected)" : "");
+		return;
+	}
+	q = container_of(disk, struct qcow2, disk);
+	qcow2_describe(q, buf, len);
+	n = strlen(buf);
+	if (q->backing && q->backing != q->backing_file && n + 8 < len) {
+		snprintf(buf + n, len - n, " <- ");
+		fmt_describe(q->backing, q->backing_file, buf + n + 4, len - n - 4);
+	}
+}

@@ -1,0 +1,81 @@
+/*
+ * fmt_: image formats, the layer between the virtio-blk device (blk_) and
+ * the I/O engines (bdev_).  STYLE.md rule 16: device -> formats -> engines.
+ *
+ * A format takes the opened image file (a struct bdev with its engine)
+ * and gives back the disk the guest sees, as a struct bdev too: blk
+ * serves that one and knows no format.  raw gives the file back as it is
+ * (nothing between blk and the engine: raw over io_uring keeps its hot
+ * path).  qcow2 gives a disk of its own whose engine ops map each request
+ * onto extents of the file (cluster mapping), of its backing chain, or of
+ * zeroes, allocate clusters for writes, and keep the image's metadata
+ * (L1/L2 tables, refcounts) on the file, written back in an order that
+ * leaves a consistent image at any crash (docs/architecture.md "Image
+ * formats").  The engines below never learn that a format exists.
+ *
+ * Threading: fmt_open/fmt_close on the main thread, before/after iothreads
+ * run.  A qcow2 disk is served by one iothread (max_ctxs = 1, as QEMU's
+ * block layer runs one image in one AioContext): its metadata is that
+ * thread's, with no lock.
+ */
+#ifndef VBLK_FMT_H
+#define VBLK_FMT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct bdev;
+struct bdev_opts;
+
+enum fmt_kind {
+	FMT_AUTO,	/* qcow2 if the file starts with its magic, else raw */
+	FMT_RAW,
+	FMT_QCOW2,
+};
+
+struct fmt_opts {
+	enum fmt_kind kind;
+	/* qcow2: bytes of L2 tables kept in memory; 0: enough for the whole
+	 * image, at most 32 MiB (QEMU's default on Linux). */
+	uint64_t l2_cache_bytes;
+	/* How backing files are opened: engine, cache mode, block size (the
+	 * top image's; path and read_only are set per file). */
+	const struct bdev_opts *bo;
+};
+
+/* "raw", "qcow2", "auto" -> *out.  0 or -EINVAL. */
+int fmt_parse(const char *s, enum fmt_kind *out);
+
+/*
+ * Open the format of file (opened by bdev_open).  On success *disk is the
+ * disk to serve: file itself for raw, else the format's own.  On failure
+ * -errno with one line for the user in err (what is wrong with the image
+ * and what to do); file is left as it was, open.  Main thread.
+ */
+int fmt_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
+	     size_t errlen);
+
+/*
+ * Close what fmt_open made: a format writes its metadata back and syncs
+ * (0, or -errno logged), closes its backing chain; the file itself stays
+ * open for the caller's bdev_close.  disk == file (raw): nothing.  Main
+ * thread, after every ctx of disk is freed.
+ */
+int fmt_close(struct bdev *disk, struct bdev *file);
+
+/* One line on what is served, for the start-up log: "raw", or "qcow2 v3,
+ * 64 KiB clusters, backing base.qcow2 (qcow2) <- ...".  Main thread. */
+void fmt_describe(const struct bdev *disk, const struct bdev *file, char *buf, size_t len);
+
+/*
+ * A raw image whose format was detected (--format auto) must stay raw:
+ * a guest writing a format's magic into its first sector would have the
+ * next start open its disk as that format, with a backing file of the
+ * guest's choosing (QEMU's rule for probed raw images).  True when buf
+ * (the first len bytes a write puts at offset 0) would be detected as a
+ * format.  Any thread.
+ */
+bool fmt_probe_magic(const void *buf, size_t len);
+
+#endif

@@ -1,0 +1,1246 @@
+/*
+ * qcow2: the header, the L1/L2 and refcount tables, allocation, and the
+ * order in which metadata reaches the disk.  Spec: QEMU's
+ * docs/interop/qcow2.txt (sections named where the code follows them).
+ *
+ * The image is hostile: every header field, table offset and entry is
+ * checked before it is used, at open (header, L1, refcount table) or when
+ * a request meets it (L2 entries, refcount blocks).  A bad one refuses
+ * the image, or fails that request, with one line; nothing is ever read
+ * or written outside the file or over its metadata.
+ *
+ * Write-back order (QEMU's qcow2 cache dependencies, written out): a
+ * cluster's refcount is on disk before any table that points at it, a
+ * table before the L1 (or refcount table) entry that points at it, and a
+ * reference is gone from the disk before its cluster's refcount drops.
+ * So a crash at any point leaves at worst leaked clusters (refcount above
+ * the references), which qemu-img check reports as leaks, not corruption.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+#ifdef HAVE_ZSTD
+#include <zstd.h>
+#endif
+
+#include "format/qcow2.h"
+#include "util/compiler.h"
+#include "util/log.h"
+
+static inline uint64_t be64_at(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return be64toh(v);
+}
+
+static inline uint32_t be32_at(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return be32toh(v);
+}
+
+static inline void be64_put(uint8_t *p, uint64_t v)
+{
+	v = htobe64(v);
+	memcpy(p, &v, 8);
+}
+
+/* Whole transfers; reads past the end of the file read zeroes (a
+ * cluster allocated past it and not written yet).  0 or -errno. */
+static int pread_all(int fd, void *buf, size_t len, uint64_t off)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = pread(fd, p, len, (off_t)off);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0) {
+			memset(p, 0, len);
+			return 0;
+		}
+		p += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = pwrite(fd, p, len, (off_t)off);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+static int sync_file(struct qcow2 *q)
+{
+	return fdatasync(q->mfd) < 0 ? -errno : 0;
+}
+
+bool qcow2_detect(const void *buf, size_t len)
+{
+	return len >= 4 && be32_at(buf) == QCOW2_MAGIC;
+}
+
+/* ---- Sanity of offsets ---------------------------------------------- */
+
+static bool in_range(uint64_t off, uint64_t len, uint64_t start, uint64_t rlen)
+{
+	return off < start + rlen && start < off + len;
+}
+
+/* Is [off, off+len) a place a table or data cluster may be: inside what
+ * the image has allocated, and clear of the header, L1 and refcount
+ * table? */
+static bool host_ok(const struct qcow2 *q, uint64_t off, uint64_t len)
+{
+	uint64_t end = MAX(q->next_free, (q->file_size + q->cs - 1) & ~(q->cs - 1));
+
+	if (off < q->cs || off + len < off || off + len > end)
+		return false;
+	if (in_range(off, len, q->l1_off, (uint64_t)q->l1_size * 8))
+		return false;
+	if (in_range(off, len, q->rt_off, (uint64_t)q->rt_clusters * q->cs))
+		return false;
+	return true;
+}
+
+static void corrupt(struct qcow2 *q, const char *what, uint64_t guest, uint64_t host)
+{
+	if (q->said_corrupt)
+		return;
+	q->said_corrupt = true;
+	log_err("qcow2 image %s is corrupt: %s (guest offset %#llx, host offset %#llx); "
+		"requests there fail with an I/O error: check it with qemu-img check",
+		q->path, what, (unsigned long long)guest, (unsigned long long)host);
+}
+
+/* ---- Table cache ----------------------------------------------------- */
+
+static int cache_init(struct qcow2_cache *c, unsigned n, uint64_t nindex, uint64_t cs)
+{
+	c->t = calloc(n, sizeof(*c->t));
+	c->slot = calloc(nindex ? nindex : 1, sizeof(*c->slot));
+	if (!c->t || !c->slot)
+		return -ENOMEM;
+	c->n = n;
+	c->nindex = nindex;
+	for (unsigned i = 0; i < n; i++) {
+		if (posix_memalign((void **)&c->t[i].buf, 4096, cs))
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+static void cache_free(struct qcow2_cache *c)
+{
+	if (c->t)
+		for (unsigned i = 0; i < c->n; i++)
+			free(c->t[i].buf);
+	free(c->t);
+	free(c->slot);
+}
+
+static int cache_grow_index(struct qcow2_cache *c, uint64_t nindex)
+{
+	uint32_t *s;
+
+	if (nindex <= c->nindex)
+		return 0;
+	s = realloc(c->slot, nindex * sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	memset(s + c->nindex, 0, (nindex - c->nindex) * sizeof(*s));
+	c->slot = s;
+	c->nindex = nindex;
+	return 0;
+}
+
+static int write_table(struct qcow2 *q, struct qcow2_cache *c, struct qcow2_table *t)
+{
+	int r = pwrite_all(q->mfd, t->buf, q->cs, t->off);
+
+	if (r < 0) {
+		q->broken = true;
+		log_err("qcow2 image %s: writing metadata at %#llx failed: %s; no more "
+			"writes to this image", q->path, (unsigned long long)t->off, strerror(-r));
+		return r;
+	}
+	t->dirty = false;
+	c->ndirty--;
+	return 0;
+}
+
+static int flush_refcounts(struct qcow2 *q);
+
+/* The slot for table index, loaded from off (load) or zeroed (a new
+ * table).  An evicted dirty table is written first; an L2 table only
+ * after the refcounts it depends on are on disk. */
+static struct qcow2_table *cache_get(struct qcow2 *q, struct qcow2_cache *c, uint32_t index,
+				     uint64_t off, bool load, int *res)
+{
+	struct qcow2_table *t = NULL;
+	uint32_t s = index < c->nindex ? c->slot[index] : 0;
+	int r;
+
+	*res = 0;
+	if (s) {
+		t = &c->t[s - 1];
+		t->used = ++c->clock;
+		c->hits++;
+		return t;
+	}
+	c->misses++;
+	for (unsigned i = 0; i < c->n; i++) {
+		if (!c->t[i].off) {
+			t = &c->t[i];
+			break;
+		}
+		if (!t || c->t[i].used < t->used)
+			t = &c->t[i];
+	}
+	if (t->off) {
+		if (t->dirty) {
+			if (c == &q->l2c && (r = flush_refcounts(q)) < 0)
+				goto fail;
+			if ((r = write_table(q, c, t)) < 0)
+				goto fail;
+		}
+		c->slot[t->index] = 0;
+		t->off = 0;
+	}
+	if (load) {
+		r = pread_all(q->mfd, t->buf, q->cs, off);
+		if (r < 0) {
+			log_err("qcow2 image %s: reading metadata at %#llx failed: %s", q->path,
+				(unsigned long long)off, strerror(-r));
+			goto fail;
+		}
+	} else {
+		memset(t->buf, 0, q->cs);
+		t->dirty = true;
+		c->ndirty++;
+	}
+	t->off = off;
+	t->index = index;
+	t->used = ++c->clock;
+	if (load)
+		t->dirty = false;
+	c->slot[index] = (uint32_t)(t - c->t) + 1;
+	return t;
+fail:
+	*res = r;
+	return NULL;
+}
+
+static void cache_dirty(struct qcow2_cache *c, struct qcow2_table *t)
+{
+	if (!t->dirty) {
+		t->dirty = true;
+		c->ndirty++;
+	}
+}
+
+static int cache_write_dirty(struct qcow2 *q, struct qcow2_cache *c)
+{
+	int r;
+
+	for (unsigned i = 0; i < c->n && c->ndirty; i++)
+		if (c->t[i].off && c->t[i].dirty && (r = write_table(q, c, &c->t[i])) < 0)
+			return r;
+	return 0;
+}
+
+/* ---- Refcounts (qcow2.txt, "Host cluster management") --------------- */
+
+static uint64_t rb_get(const struct qcow2 *q, const uint8_t *rb, uint64_t i)
+{
+	switch (q->refcount_order) {
+	case 3:
+		return rb[i];
+	case 4:
+		return (uint64_t)rb[2 * i] << 8 | rb[2 * i + 1];
+	case 5:
+		return be32_at(rb + 4 * i);
+	case 6:
+		return be64_at(rb + 8 * i);
+	default: {	/* 1, 2 or 4 bits; bit 0 is the least significant */
+		unsigned bits = 1u << q->refcount_order;
+		uint64_t bit = i * bits;
+
+		return (rb[bit / 8] >> (bit % 8)) & ((1u << bits) - 1);
+	}
+	}
+}
+
+static void rb_set(const struct qcow2 *q, uint8_t *rb, uint64_t i, uint64_t v)
+{
+	switch (q->refcount_order) {
+	case 3:
+		rb[i] = (uint8_t)v;
+		break;
+	case 4:
+		rb[2 * i] = (uint8_t)(v >> 8);
+		rb[2 * i + 1] = (uint8_t)v;
+		break;
+	case 5: {
+		uint32_t x = htobe32((uint32_t)v);
+
+		memcpy(rb + 4 * i, &x, 4);
+		break;
+	}
+	case 6:
+		be64_put(rb + 8 * i, v);
+		break;
+	default: {
+		unsigned bits = 1u << q->refcount_order;
+		uint64_t bit = i * bits;
+		uint8_t mask = (uint8_t)(((1u << bits) - 1) << (bit % 8));
+
+		rb[bit / 8] = (uint8_t)((rb[bit / 8] & ~mask) | ((v << (bit % 8)) & mask));
+		break;
+	}
+	}
+}
+
+static uint64_t refcount_max(const struct qcow2 *q)
+{
+	return q->refcount_order == 6 ? UINT64_MAX : (1ull << (1u << q->refcount_order)) - 1;
+}
+
+static int refcount_add(struct qcow2 *q, uint64_t off, int delta);
+
+/* A refcount block for refcount-table index ti, at the next free
+ * cluster; it counts itself (or the next block does). */
+static int rb_new(struct qcow2 *q, uint64_t ti)
+{
+	uint64_t off = q->next_free;
+	int r;
+
+	q->next_free += q->cs;
+	q->rt[ti] = off;
+	q->rt_dirty = true;
+	if (!cache_get(q, &q->rbc, (uint32_t)ti, off, false, &r))
+		return r;
+	return refcount_add(q, off, 1);
+}
+
+static int rt_write(struct qcow2 *q);
+
+/*
+ * The refcount table is full: a bigger one at the end of the file, made
+ * durable at once (blocks, sync, table, sync, header, sync), then the old
+ * one's clusters given back.  qcow2.txt: the table is contiguous.
+ */
+static int rt_grow(struct qcow2 *q, uint64_t need)
+{
+	uint64_t entries = MAX(need + 1, q->rt_entries) * 2;
+	uint64_t bytes = (entries * 8 + q->cs - 1) & ~(q->cs - 1);
+	uint64_t old_off = q->rt_off, old_clusters = q->rt_clusters, off;
+	uint64_t *rt;
+	uint8_t hdr[12];
+	int r;
+
+	if (bytes > QCOW2_MAX_RT_BYTES) {
+		log_err("qcow2 image %s: its refcount table would pass %u MiB (QEMU's limit): "
+			"no more clusters can be allocated", q->path, QCOW2_MAX_RT_BYTES >> 20);
+		return -EFBIG;
+	}
+	rt = realloc(q->rt, bytes);
+	if (!rt)
+		return -ENOMEM;
+	memset(rt + q->rt_entries, 0, bytes - q->rt_entries * 8);
+	q->rt = rt;
+	r = cache_grow_index(&q->rbc, bytes / 8);
+	if (r < 0)
+		return r;
+	off = q->next_free;
+	q->next_free += bytes;
+	q->rt_entries = bytes / 8;
+	q->rt_off = off;
+	q->rt_clusters = (uint32_t)(bytes / q->cs);
+	for (uint64_t i = 0; i < bytes; i += q->cs)
+		if ((r = refcount_add(q, off + i, 1)) < 0)
+			return r;
+	if ((r = cache_write_dirty(q, &q->rbc)) < 0 || (r = sync_file(q)) < 0 ||
+	    (r = rt_write(q)) < 0 || (r = sync_file(q)) < 0)
+		goto fail;
+	/* qcow2.txt, "Header": refcount_table_offset, _clusters (48-59). */
+	be64_put(hdr, off);
+	{
+		uint32_t c = htobe32(q->rt_clusters);
+
+		memcpy(hdr + 8, &c, 4);
+	}
+	if ((r = pwrite_all(q->mfd, hdr, sizeof(hdr), 48)) < 0 || (r = sync_file(q)) < 0)
+		goto fail;
+	for (uint64_t i = 0; i < old_clusters; i++)
+		if ((r = refcount_add(q, old_off + i * q->cs, -1)) < 0)
+			return r;
+	return 0;
+fail:
+	q->broken = true;
+	log_err("qcow2 image %s: growing the refcount table failed: %s", q->path, strerror(-r));
+	return r;
+}
+
+static int refcount_add(struct qcow2 *q, uint64_t off, int delta)
+{
+	uint64_t idx = off >> q->cluster_bits;
+	uint64_t ti = idx / q->rb_entries, bi = idx % q->rb_entries, v;
+	struct qcow2_table *t;
+	int r;
+
+	if (ti >= q->rt_entries) {
+		if (delta < 0)
+			return -EIO;
+		if ((r = rt_grow(q, ti)) < 0)
+			return r;
+	}
+	if (!q->rt[ti]) {
+		if (delta < 0) {
+			corrupt(q, "a cluster in use has no refcount block", 0, off);
+			return -EIO;
+		}
+		if ((r = rb_new(q, ti)) < 0)
+			return r;
+	}
+	t = cache_get(q, &q->rbc, (uint32_t)ti, q->rt[ti], true, &r);
+	if (!t)
+		return r;
+	v = rb_get(q, t->buf, bi);
+	if ((delta < 0 && v == 0) || (delta > 0 && v == refcount_max(q))) {
+		corrupt(q, delta < 0 ? "a refcount would drop below zero" :
+			"a refcount would overflow", 0, off);
+		return -EIO;
+	}
+	rb_set(q, t->buf, bi, delta < 0 ? v - 1 : v + 1);
+	cache_dirty(&q->rbc, t);
+	return 0;
+}
+
+int64_t qcow2_refcount(struct qcow2 *q, uint64_t off)
+{
+	uint64_t idx = off >> q->cluster_bits;
+	uint64_t ti = idx / q->rb_entries;
+	struct qcow2_table *t;
+	int r;
+
+	if (ti >= q->rt_entries || !q->rt[ti])
+		return 0;
+	t = cache_get(q, &q->rbc, (uint32_t)ti, q->rt[ti], true, &r);
+	if (!t)
+		return r;
+	return (int64_t)rb_get(q, t->buf, idx % q->rb_entries);
+}
+
+uint64_t qcow2_alloc(struct qcow2 *q, int *res)
+{
+	uint64_t off = q->next_free;
+
+	q->next_free += q->cs;
+	*res = refcount_add(q, off, 1);
+	if (*res < 0)
+		return 0;
+	q->allocated++;
+	return off;
+}
+
+void qcow2_unalloc(struct qcow2 *q, uint64_t off)
+{
+	/* Nothing points at it: the refcount may drop now. */
+	if (refcount_add(q, off, -1) < 0)
+		log_warn("qcow2 image %s: cluster %#llx leaked", q->path, (unsigned long long)off);
+}
+
+static int frees_push(struct qcow2 *q, uint64_t off)
+{
+	if (q->nfrees == q->frees_cap) {
+		size_t cap = q->frees_cap ? q->frees_cap * 2 : 64;
+		uint64_t *f = realloc(q->frees, cap * sizeof(*f));
+
+		if (!f)
+			return -ENOMEM;
+		q->frees = f;
+		q->frees_cap = cap;
+	}
+	q->frees[q->nfrees++] = off;
+	return 0;
+}
+
+void qcow2_free_later(struct qcow2 *q, uint64_t e)
+{
+	if (e & QCOW2_OFLAG_COMPRESSED) {
+		/* Compressed: one reference on each host cluster its bytes
+		 * touch (qcow2.txt, "Compressed Clusters Descriptor"). */
+		unsigned x = 62 - (q->cluster_bits - 8);
+		uint64_t host = e & ((1ull << x) - 1);
+		uint64_t nsec = (e >> x) & ((1ull << (q->cluster_bits - 8)) - 1);
+		uint64_t last = (host & ~511ull) + (nsec + 1) * 512 - 1;
+
+		for (uint64_t c = host & ~(q->cs - 1); c <= last; c += q->cs)
+			if (frees_push(q, c) < 0)
+				log_warn("qcow2 image %s: cluster %#llx leaked", q->path,
+					 (unsigned long long)c);
+		return;
+	}
+	if ((e & QCOW2_OFFSET_MASK) && frees_push(q, e & QCOW2_OFFSET_MASK) < 0)
+		log_warn("qcow2 image %s: cluster %#llx leaked", q->path,
+			 (unsigned long long)(e & QCOW2_OFFSET_MASK));
+}
+
+/* ---- Tables written back --------------------------------------------- */
+
+static int rt_write(struct qcow2 *q)
+{
+	size_t bytes = (size_t)q->rt_clusters * q->cs;
+	uint8_t *buf = malloc(bytes);
+	int r;
+
+	if (!buf)
+		return -ENOMEM;
+	for (uint64_t i = 0; i < bytes / 8; i++)
+		be64_put(buf + 8 * i, i < q->rt_entries ? q->rt[i] : 0);
+	r = pwrite_all(q->mfd, buf, bytes, q->rt_off);
+	free(buf);
+	if (r == 0)
+		q->rt_dirty = false;
+	return r;
+}
+
+/* Refcount blocks, sync, and the refcount table if a block is new. */
+static int flush_refcounts(struct qcow2 *q)
+{
+	int r;
+
+	if (!q->rbc.ndirty && !q->rt_dirty)
+		return 0;
+	if ((r = cache_write_dirty(q, &q->rbc)) < 0 || (r = sync_file(q)) < 0)
+		goto fail;
+	if (q->rt_dirty && ((r = rt_write(q)) < 0 || (r = sync_file(q)) < 0))
+		goto fail;
+	return 0;
+fail:
+	q->broken = true;
+	log_err("qcow2 image %s: writing refcounts failed: %s", q->path, strerror(-r));
+	return r;
+}
+
+static int l1_write(struct qcow2 *q)
+{
+	/* Whole 512-byte sectors around the changed entries. */
+	uint64_t lo = q->l1_dirty_lo & ~63ull, hi = MIN((q->l1_dirty_hi + 63) & ~63ull,
+							 (uint64_t)q->l1_size);
+	size_t bytes = (size_t)(hi - lo) * 8;
+	uint8_t *buf = malloc(bytes);
+	int r;
+
+	if (!buf)
+		return -ENOMEM;
+	for (uint64_t i = lo; i < hi; i++)
+		be64_put(buf + 8 * (i - lo), q->l1[i]);
+	r = pwrite_all(q->mfd, buf, bytes, q->l1_off + lo * 8);
+	free(buf);
+	if (r == 0)
+		q->l1_dirty_lo = q->l1_dirty_hi = 0;
+	return r;
+}
+
+int qcow2_flush(struct qcow2 *q)
+{
+	int r;
+
+	if (!q->rw)
+		return 0;
+	if (q->broken)
+		return -EIO;
+	if ((r = flush_refcounts(q)) < 0)
+		return r;
+	if (q->l2c.ndirty && ((r = cache_write_dirty(q, &q->l2c)) < 0 || (r = sync_file(q)) < 0))
+		goto fail;
+	if (q->l1_dirty_hi > q->l1_dirty_lo && ((r = l1_write(q)) < 0 || (r = sync_file(q)) < 0))
+		goto fail;
+	/* No table on disk points at these any more. */
+	for (size_t i = 0; i < q->nfrees; i++)
+		if (refcount_add(q, q->frees[i], -1) < 0)
+			log_warn("qcow2 image %s: cluster %#llx leaked", q->path,
+				 (unsigned long long)q->frees[i]);
+	q->nfrees = 0;
+	if ((r = sync_file(q)) < 0)
+		goto fail;
+	return 0;
+fail:
+	q->broken = true;
+	log_err("qcow2 image %s: writing metadata back failed: %s; no more writes to this "
+		"image", q->path, strerror(-r));
+	return r;
+}
+
+/* ---- L2 tables (qcow2.txt, "Cluster mapping") ------------------------ */
+
+uint8_t *qcow2_l2_get(struct qcow2 *q, uint64_t gcl, bool alloc, int *res)
+{
+	uint64_t l1i = gcl / q->l2_entries;
+	uint64_t e = q->l1[l1i], off = e & QCOW2_OFFSET_MASK, noff;
+	struct qcow2_table *t;
+	int64_t rc;
+
+	*res = 0;
+	if (!off) {
+		if (!alloc)
+			return NULL;
+		noff = qcow2_alloc(q, res);
+		if (!noff)
+			return NULL;
+		t = cache_get(q, &q->l2c, (uint32_t)l1i, noff, false, res);
+		if (!t) {
+			qcow2_unalloc(q, noff);
+			return NULL;
+		}
+		goto set_l1;
+	}
+	t = cache_get(q, &q->l2c, (uint32_t)l1i, off, true, res);
+	if (!t || !alloc || (e & QCOW2_OFLAG_COPIED))
+		return t ? t->buf : NULL;
+	/* A table a snapshot shares (qcow2.txt, "Snapshots": refcount > 1
+	 * means copy on write): ours becomes a copy.  The clusters it
+	 * points at keep their refcounts, now one from each table. */
+	rc = qcow2_refcount(q, off);
+	if (rc < 0) {
+		*res = (int)rc;
+		return NULL;
+	}
+	if (rc == 1) {
+		noff = off;
+	} else {
+		noff = qcow2_alloc(q, res);
+		if (!noff)
+			return NULL;
+		qcow2_free_later(q, off);
+		t->off = noff;
+		cache_dirty(&q->l2c, t);
+	}
+set_l1:
+	q->l1[l1i] = noff | QCOW2_OFLAG_COPIED;
+	if (q->l1_dirty_hi <= q->l1_dirty_lo) {
+		q->l1_dirty_lo = l1i;
+		q->l1_dirty_hi = l1i + 1;
+	} else {
+		q->l1_dirty_lo = MIN(q->l1_dirty_lo, l1i);
+		q->l1_dirty_hi = MAX(q->l1_dirty_hi, l1i + 1);
+	}
+	return t->buf;
+}
+
+void qcow2_l2_dirty(struct qcow2 *q, uint64_t gcl)
+{
+	uint32_t s = q->l2c.slot[gcl / q->l2_entries];
+
+	if (s)
+		cache_dirty(&q->l2c, &q->l2c.t[s - 1]);
+}
+
+int qcow2_entry(struct qcow2 *q, const uint8_t *l2, uint64_t gcl, uint64_t *out)
+{
+	uint64_t e = be64_at(l2 + (gcl % q->l2_entries) * 8);
+	uint64_t guest = gcl << q->cluster_bits;
+
+	*out = e;
+	if (e & QCOW2_OFLAG_COMPRESSED) {
+		/* qcow2.txt, "Compressed Clusters Descriptor" */
+		unsigned x = 62 - (q->cluster_bits - 8);
+		uint64_t host = e & ((1ull << x) - 1);
+		uint64_t nsec = (e >> x) & ((1ull << (q->cluster_bits - 8)) - 1);
+		uint64_t len = (nsec + 1) * 512 - (host & 511);
+
+		if ((e & QCOW2_OFLAG_COPIED) || host > (1ull << 56) || !host_ok(q, host, len)) {
+			corrupt(q, "a compressed cluster lies outside the image or over its tables",
+				guest, host);
+			return -EIO;
+		}
+		return 0;
+	}
+	if (e & QCOW2_L2_RESERVED || (q->version < 3 && (e & QCOW2_OFLAG_ZERO))) {
+		corrupt(q, "an L2 entry has reserved bits set", guest, e);
+		return -EIO;
+	}
+	if ((e & QCOW2_OFFSET_MASK) && !host_ok(q, e & QCOW2_OFFSET_MASK, q->cs)) {
+		corrupt(q, "a data cluster lies outside the image or over its tables", guest,
+			e & QCOW2_OFFSET_MASK);
+		return -EIO;
+	}
+	if ((e & QCOW2_OFLAG_COPIED) && !(e & QCOW2_OFFSET_MASK)) {
+		corrupt(q, "an L2 entry claims host cluster 0 (the header)", guest, 0);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* ---- Compressed clusters -------------------------------------------- */
+
+int qcow2_decompress(struct qcow2 *q, uint64_t e)
+{
+	unsigned x = 62 - (q->cluster_bits - 8);
+	uint64_t host = e & ((1ull << x) - 1);
+	uint64_t nsec = (e >> x) & ((1ull << (q->cluster_bits - 8)) - 1);
+	size_t len = (size_t)((nsec + 1) * 512 - (host & 511));
+	uint8_t *in = malloc(len);
+	int r;
+
+	if (!in)
+		return -ENOMEM;
+	r = pread_all(q->mfd, in, len, host);
+	if (r < 0)
+		goto out;
+	r = -EIO;
+	if (q->compression == 0) {
+		/* Raw deflate (QEMU compresses with windowBits -12; a larger
+		 * window reads it too); done once it has made a whole cluster. */
+		z_stream s = { .next_in = in, .avail_in = (uInt)len, .next_out = q->zbuf,
+			       .avail_out = (uInt)q->cs };
+		int z;
+
+		if (inflateInit2(&s, -15) != Z_OK)
+			goto out;
+		z = inflate(&s, Z_FINISH);
+		if ((z == Z_STREAM_END || z == Z_BUF_ERROR) && s.avail_out == 0)
+			r = 0;
+		inflateEnd(&s);
+	} else {
+#ifdef HAVE_ZSTD
+		ZSTD_DStream *z = ZSTD_createDStream();
+		ZSTD_inBuffer ib = { in, len, 0 };
+		ZSTD_outBuffer ob = { q->zbuf, q->cs, 0 };
+
+		if (!z)
+			goto out;
+		while (ob.pos < ob.size && ib.pos < ib.size) {
+			size_t n = ZSTD_decompressStream(z, &ob, &ib);
+
+			if (ZSTD_isError(n))
+				break;
+			if (n == 0)
+				break;
+		}
+		if (ob.pos == ob.size)
+			r = 0;
+		ZSTD_freeDStream(z);
+#endif
+	}
+	if (r < 0)
+		corrupt(q, "a compressed cluster does not decompress to a whole cluster", 0, host);
+out:
+	free(in);
+	return r;
+}
+
+/* ---- Synchronous reads of a chain (copy on write) -------------------- */
+
+static int read_disk_sync(struct qcow2 *q, struct bdev *d, struct qcow2 *dq, int rfd,
+			  uint64_t off, uint8_t *buf, size_t len);
+
+int qcow2_read_sync(struct qcow2 *q, struct bdev *d, uint64_t off, void *buf, size_t len)
+{
+	(void)d;
+	uint8_t *p = buf;
+
+	if (off >= q->size) {
+		memset(p, 0, len);
+		return 0;
+	}
+	if (off + len > q->size) {
+		memset(p + (q->size - off), 0, len - (size_t)(q->size - off));
+		len = (size_t)(q->size - off);
+	}
+	while (len) {
+		uint64_t gcl = off >> q->cluster_bits, in = off & (q->cs - 1), e = 0;
+		size_t n = (size_t)MIN(len, q->cs - in);
+		uint8_t *l2;
+		int r;
+
+		l2 = qcow2_l2_get(q, gcl, false, &r);
+		if (r < 0)
+			return r;
+		if (l2 && (r = qcow2_entry(q, l2, gcl, &e)) < 0)
+			return r;
+		if (e & QCOW2_OFLAG_COMPRESSED) {
+			if ((r = qcow2_decompress(q, e)) < 0)
+				return r;
+			memcpy(p, q->zbuf + in, n);
+		} else if (e & QCOW2_OFFSET_MASK && !(e & QCOW2_OFLAG_ZERO)) {
+			if ((r = pread_all(q->mfd, p, n, (e & QCOW2_OFFSET_MASK) + in)) < 0)
+				return r;
+		} else if (!(e & QCOW2_OFLAG_ZERO) && q->backing) {
+			r = read_disk_sync(q, q->backing,
+					   q->backing != q->backing_file ?
+					   container_of(q->backing, struct qcow2, disk) : NULL,
+					   q->backing_rfd, off, p, n);
+			if (r < 0)
+				return r;
+		} else {
+			memset(p, 0, n);
+		}
+		p += n;
+		off += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static int read_disk_sync(struct qcow2 *q, struct bdev *d, struct qcow2 *dq, int rfd,
+			  uint64_t off, uint8_t *buf, size_t len)
+{
+	(void)q;
+	if (dq)
+		return qcow2_read_sync(dq, d, off, buf, len);
+	if (off >= d->size) {
+		memset(buf, 0, len);
+		return 0;
+	}
+	if (off + len > d->size) {
+		size_t in = (size_t)(d->size - off);
+
+		memset(buf + in, 0, len - in);
+		len = in;
+	}
+	return pread_all(rfd, buf, len, off);
+}
+
+/* ---- Open ------------------------------------------------------------ */
+
+/* A plain (buffered) second open of fd, for metadata: O_DIRECT wants
+ * aligned buffers and lengths that tables and compressed clusters do not
+ * have.  Same file, so one fdatasync covers both. */
+int qcow2_reopen_plain(int fd, bool rw)
+{
+	char p[64];
+
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	fd = open(p, (rw ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+	return fd < 0 ? -errno : fd;
+}
+
+static void qcow2_free(struct qcow2 *q)
+{
+	if (!q)
+		return;
+	cache_free(&q->l2c);
+	cache_free(&q->rbc);
+	free(q->l1);
+	free(q->rt);
+	free(q->frees);
+	free(q->zbuf);
+	free(q->path);
+	free(q->backing_name);
+	free(q->backing_fmt);
+	if (q->mfd >= 0)
+		close(q->mfd);
+	if (q->backing_rfd >= 0)
+		close(q->backing_rfd);
+	free(q);
+}
+
+/* Header extensions (qcow2.txt, "Header extensions"): the backing
+ * format; an encryption header is refused. */
+static int parse_extensions(struct qcow2 *q, const uint8_t *h, char *err, size_t errlen)
+{
+	uint64_t p = q->version >= 3 ? q->header_len : 72;
+
+	while (p + 8 <= q->cs) {
+		uint32_t type = be32_at(h + p), len = be32_at(h + p + 4);
+
+		if (type == 0)
+			return 0;
+		if (len > q->cs - p - 8) {
+			snprintf(err, errlen, "qcow2 image %s is corrupt: header extension %#x "
+				 "runs past the first cluster: check it with qemu-img check", q->path,
+				 type);
+			return -EINVAL;
+		}
+		if (type == 0xe2792acau) {	/* backing file format name */
+			q->backing_fmt = strndup((const char *)h + p + 8, len);
+			if (!q->backing_fmt)
+				return -ENOMEM;
+		} else if (type == 0x0537be77u) {	/* full disk encryption header */
+			snprintf(err, errlen, "qcow2 image %s is encrypted (LUKS inside qcow2), which "
+				 "vblkd cannot serve yet: convert it with qemu-img convert", q->path);
+			return -EOPNOTSUPP;
+		}
+		p += 8 + (((uint64_t)len + 7) & ~7ull);
+	}
+	return 0;
+}
+
+static int check_header(struct qcow2 *q, const uint8_t *h, uint64_t fsize, char *err,
+			size_t errlen)
+{
+	uint64_t need, l1_bytes;
+	uint64_t bad;
+
+	q->version = be32_at(h + 4);
+	if (q->version != 2 && q->version != 3) {
+		snprintf(err, errlen, "qcow2 image %s has version %u; vblkd serves versions 2 "
+			 "and 3 (qemu-img amend -o compat=1.1 upgrades an image)", q->path,
+			 q->version);
+		return -EINVAL;
+	}
+	q->cluster_bits = be32_at(h + 20);
+	if (q->cluster_bits < 9 || q->cluster_bits > 21) {
+		snprintf(err, errlen, "qcow2 image %s has clusters of 2^%u bytes; 512 bytes to "
+			 "2 MiB are valid (the image is corrupt: check it with qemu-img check)",
+			 q->path, q->cluster_bits);
+		return -EINVAL;
+	}
+	q->cs = 1ull << q->cluster_bits;
+	q->size = be64_at(h + 24);
+	q->l1_size = be32_at(h + 36);
+	q->l1_off = be64_at(h + 40);
+	q->rt_off = be64_at(h + 48);
+	q->rt_clusters = be32_at(h + 56);
+	q->nb_snapshots = be32_at(h + 60);
+	q->snapshots_off = be64_at(h + 64);
+	q->refcount_order = 4;
+	q->header_len = 72;
+	if (q->version >= 3) {
+		q->incompat = be64_at(h + 72);
+		q->compat = be64_at(h + 80);
+		q->autoclear = be64_at(h + 88);
+		q->refcount_order = be32_at(h + 96);
+		q->header_len = be32_at(h + 100);
+		if (q->header_len < 104 || q->header_len % 8 || q->header_len > q->cs) {
+			snprintf(err, errlen, "qcow2 image %s is corrupt: header length %u: check "
+				 "it with qemu-img check", q->path, q->header_len);
+			return -EINVAL;
+		}
+		if (q->header_len > 104)
+			q->compression = h[104];
+	}
+	if (be32_at(h + 32) != 0) {
+		snprintf(err, errlen, "qcow2 image %s is encrypted (method %u), which vblkd cannot "
+			 "serve yet: convert it with qemu-img convert", q->path, be32_at(h + 32));
+		return -EOPNOTSUPP;
+	}
+	bad = q->incompat & ~QCOW2_INCOMPAT_KNOWN;
+	if (bad) {
+		snprintf(err, errlen, "qcow2 image %s uses features vblkd does not know "
+			 "(incompatible bits %#llx): it cannot be served", q->path,
+			 (unsigned long long)bad);
+		return -EOPNOTSUPP;
+	}
+	if (q->incompat & QCOW2_INCOMPAT_DATA_FILE) {
+		snprintf(err, errlen, "qcow2 image %s keeps its data in an external file, which "
+			 "vblkd does not serve: convert it with qemu-img convert", q->path);
+		return -EOPNOTSUPP;
+	}
+	if (q->incompat & QCOW2_INCOMPAT_EXTL2) {
+		snprintf(err, errlen, "qcow2 image %s has extended L2 entries (subclusters), "
+			 "which vblkd does not serve yet: convert it with qemu-img convert -O qcow2",
+			 q->path);
+		return -EOPNOTSUPP;
+	}
+	if ((q->incompat & QCOW2_INCOMPAT_COMPRESS) ? q->compression != 1 : q->compression) {
+		snprintf(err, errlen, "qcow2 image %s names compression type %u; vblkd reads zlib "
+			 "(0) and zstd (1)", q->path, q->compression);
+		return -EOPNOTSUPP;
+	}
+#ifndef HAVE_ZSTD
+	if (q->compression == 1) {
+		snprintf(err, errlen, "qcow2 image %s uses zstd compression and this vblkd was "
+			 "built without libzstd", q->path);
+		return -EOPNOTSUPP;
+	}
+#endif
+	if (q->rw && (q->incompat & (QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT))) {
+		snprintf(err, errlen, "qcow2 image %s is marked %s: its refcounts may be wrong; "
+			 "repair it with qemu-img check -r all %s (or serve it --read-only)",
+			 q->path, q->incompat & QCOW2_INCOMPAT_CORRUPT ? "corrupt" : "dirty",
+			 q->path);
+		return -EINVAL;
+	}
+	if (q->refcount_order > 6) {
+		snprintf(err, errlen, "qcow2 image %s is corrupt: refcount order %u (at most 6): "
+			 "check it with qemu-img check", q->path, q->refcount_order);
+		return -EINVAL;
+	}
+	q->l2_entries = q->cs / 8;
+	q->rb_entries = (q->cs * 8) >> q->refcount_order;
+	/* Enough L1 entries for the whole disk (QEMU refuses less too). */
+	if (q->size > (1ull << 62) || q->size == 0) {
+		snprintf(err, errlen, "qcow2 image %s is corrupt: virtual size %llu: check it "
+			 "with qemu-img check", q->path, (unsigned long long)q->size);
+		return -EINVAL;
+	}
+	need = ((q->size + q->cs - 1) >> q->cluster_bits);
+	need = (need + q->l2_entries - 1) / q->l2_entries;
+	l1_bytes = (uint64_t)q->l1_size * 8;
+	if (q->l1_size < need || l1_bytes > QCOW2_MAX_L1_BYTES) {
+		snprintf(err, errlen, "qcow2 image %s is corrupt: its L1 table has %u entries, "
+			 "the disk needs %llu (and at most %u fit QEMU's limit): check it with "
+			 "qemu-img check", q->path, q->l1_size, (unsigned long long)need,
+			 QCOW2_MAX_L1_BYTES / 8);
+		return -EINVAL;
+	}
+	if (q->l1_off % q->cs || q->l1_off < q->cs || q->l1_off + l1_bytes > fsize ||
+	    q->rt_off % q->cs || q->rt_off < q->cs || q->rt_clusters == 0 ||
+	    (uint64_t)q->rt_clusters * q->cs > QCOW2_MAX_RT_BYTES ||
+	    q->rt_off + (uint64_t)q->rt_clusters * q->cs > fsize ||
+	    in_range(q->l1_off, l1_bytes, q->rt_off, (uint64_t)q->rt_clusters * q->cs) ||
+	    (q->nb_snapshots && (q->snapshots_off % q->cs || q->snapshots_off >= fsize))) {
+		snprintf(err, errlen, "qcow2 image %s is corrupt: its L1 table, refcount table "
+			 "or snapshot table lies outside the file, unaligned or overlapping: "
+			 "check it with qemu-img check", q->path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int load_tables(struct qcow2 *q, char *err, size_t errlen)
+{
+	uint64_t l1_bytes = (uint64_t)q->l1_size * 8, rt_bytes = (uint64_t)q->rt_clusters * q->cs;
+	uint8_t *buf = malloc(MAX(l1_bytes, rt_bytes) ? MAX(l1_bytes, rt_bytes) : 8);
+	int r;
+
+	q->l1 = calloc(q->l1_size ? q->l1_size : 1, 8);
+	q->rt_entries = rt_bytes / 8;
+	q->rt = calloc(q->rt_entries, 8);
+	if (!buf || !q->l1 || !q->rt) {
+		free(buf);
+		return -ENOMEM;
+	}
+	r = pread_all(q->mfd, buf, l1_bytes, q->l1_off);
+	if (r < 0)
+		goto io;
+	for (uint32_t i = 0; i < q->l1_size; i++) {
+		uint64_t e = be64_at(buf + 8 * i), off = e & QCOW2_OFFSET_MASK;
+
+		q->l1[i] = e;
+		if ((e & QCOW2_L1_RESERVED) || (off && !host_ok(q, off, q->cs))) {
+			snprintf(err, errlen, "qcow2 image %s is corrupt: L1 entry %u (%#llx) points "
+				 "outside the file or over its tables: check it with qemu-img check",
+				 q->path, i, (unsigned long long)e);
+			free(buf);
+			return -EINVAL;
+		}
+	}
+	r = pread_all(q->mfd, buf, rt_bytes, q->rt_off);
+	if (r < 0)
+		goto io;
+	for (uint64_t i = 0; i < q->rt_entries; i++) {
+		uint64_t e = be64_at(buf + 8 * i);
+
+		q->rt[i] = e;
+		if ((e & QCOW2_RT_RESERVED) || (e && !host_ok(q, e, q->cs))) {
+			snprintf(err, errlen, "qcow2 image %s is corrupt: refcount table entry %llu "
+				 "(%#llx) points outside the file or over its tables: check it with "
+				 "qemu-img check", q->path, (unsigned long long)i, (unsigned long long)e);
+			free(buf);
+			return -EINVAL;
+		}
+	}
+	free(buf);
+	return 0;
+io:
+	free(buf);
+	snprintf(err, errlen, "cannot read qcow2 image %s: %s", q->path, strerror(-r));
+	return r;
+}
+
+/* Where new clusters go: past the file and past every cluster with a
+ * refcount, so a new cluster has never held anything. */
+static int find_next_free(struct qcow2 *q)
+{
+	q->next_free = (q->file_size + q->cs - 1) & ~(q->cs - 1);
+	for (uint64_t ti = q->rt_entries; ti-- > 0;) {
+		struct qcow2_table *t;
+		int r;
+
+		if (!q->rt[ti])
+			continue;
+		t = cache_get(q, &q->rbc, (uint32_t)ti, q->rt[ti], true, &r);
+		if (!t)
+			return r;
+		for (uint64_t bi = q->rb_entries; bi-- > 0;)
+			if (rb_get(q, t->buf, bi)) {
+				q->next_free = MAX(q->next_free,
+						   (ti * q->rb_entries + bi + 1) << q->cluster_bits);
+				return 0;
+			}
+	}
+	return 0;
+}
+
+
+int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
+	       struct qcow2 **out, char *err, size_t errlen)
+{
+	struct qcow2 *q = calloc(1, sizeof(*q));
+	uint8_t *h = NULL;
+	struct stat st;
+	uint64_t l2_bytes, tables;
+	unsigned n;
+	int r;
+
+	if (!q)
+		return -ENOMEM;
+	q->mfd = q->backing_rfd = -1;
+	q->file = file;
+	q->rw = !file->read_only;
+	q->path = strdup(file->path ? file->path : "(disk)");
+	if (!q->path) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	r = qcow2_reopen_plain(file->fd, q->rw);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot open qcow2 image %s for its metadata: %s", q->path,
+			 strerror(-r));
+		goto fail;
+	}
+	q->mfd = r;
+	if (fstat(q->mfd, &st) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot stat %s: %s", q->path, strerror(-r));
+		goto fail;
+	}
+	q->file_size = file->is_blockdev ? file->size : (uint64_t)st.st_size;
+	/* The first cluster is at most 2 MiB; its size is in the header. */
+	h = calloc(1, 2u << 20);
+	if (!h) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	r = pread_all(q->mfd, h, 4096, 0);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
+		goto fail;
+	}
+	if (!qcow2_detect(h, 4096)) {
+		snprintf(err, errlen, "%s is not a qcow2 image (no QFI\\xfb magic): serve it with "
+			 "--format raw, or check the path", q->path);
+		r = -EINVAL;
+		goto fail;
+	}
+	if ((r = check_header(q, h, q->file_size, err, errlen)) < 0)
+		goto fail;
+	if (q->cs > 4096 && (r = pread_all(q->mfd, h, q->cs, 0)) < 0) {
+		snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
+		goto fail;
+	}
+	if ((r = parse_extensions(q, h, err, errlen)) < 0)
+		goto fail;
+	{
+		uint64_t boff = be64_at(h + 8);
+		uint32_t blen = be32_at(h + 16);
+
+		if (boff) {
+			if (blen == 0 || blen > 1023 || boff > q->cs || boff + blen > q->cs) {
+				snprintf(err, errlen, "qcow2 image %s is corrupt: its backing file name "
+					 "(%u bytes at %llu) is not inside the first cluster or longer "
+					 "than 1023 bytes", q->path, blen, (unsigned long long)boff);
+				r = -EINVAL;
+				goto fail;
+			}
+			q->backing_name = strndup((const char *)h + boff, blen);
+			if (!q->backing_name || strlen(q->backing_name) != blen) {
+				snprintf(err, errlen, "qcow2 image %s: its backing file name holds a "
+					 "NUL byte", q->path);
+				r = -EINVAL;
+				goto fail;
+			}
+		}
+	}
+	if ((r = load_tables(q, err, errlen)) < 0)
+		goto fail;
+
+	/* Caches: all L2 tables of the disk, at most 32 MiB (QEMU's default
+	 * l2-cache-size on Linux), or what --l2-cache-size says; refcount
+	 * blocks a quarter of that (QEMU's ratio), at least 4. */
+	tables = ((q->size + q->cs - 1) >> q->cluster_bits);
+	tables = (tables + q->l2_entries - 1) / q->l2_entries;
+	l2_bytes = o->l2_cache_bytes ? o->l2_cache_bytes : MIN(tables * q->cs, 32ull << 20);
+	n = (unsigned)MAX(2, MIN(l2_bytes / q->cs, (uint64_t)q->l1_size));
+	if ((r = cache_init(&q->l2c, n, q->l1_size, q->cs)) < 0 ||
+	    (r = cache_init(&q->rbc, MAX(4u, n / 4), q->rt_entries, q->cs)) < 0)
+		goto nomem;
+	if (posix_memalign((void **)&q->zbuf, 4096, q->cs))
+		goto nomem;
+	if ((r = find_next_free(q)) < 0) {
+		snprintf(err, errlen, "cannot read the refcounts of qcow2 image %s: %s", q->path,
+			 strerror(-r));
+		goto fail;
+	}
+	/* qcow2.txt, autoclear_features: we keep none of what they vouch for
+	 * (bitmaps), so a writer clears them first. */
+	if (q->rw && q->autoclear) {
+		uint8_t z[8] = { 0 };
+
+		if ((r = pwrite_all(q->mfd, z, 8, 88)) < 0 || (r = sync_file(q)) < 0) {
+			snprintf(err, errlen, "cannot update the header of %s: %s", q->path,
+				 strerror(-r));
+			goto fail;
+		}
+		q->autoclear = 0;
+	}
+	if (q->backing_name && (r = fmt__open_backing(q, o, depth, err, errlen)) < 0)
+		goto fail;
+	free(h);
+	*out = q;
+	return 0;
+nomem:
+	r = -ENOMEM;
+	snprintf(err, errlen, "out of memory for the caches of qcow2 image %s", q->path);
+fail:
+	free(h);
+	qcow2_free(q);
+	return r;
+}
+
+int qcow2_close(struct qcow2 *q)
+{
+	int r = qcow2_flush(q);
+
+	if (r < 0)
+		log_err("qcow2 image %s: metadata not written back at exit: %s", q->path,
+			strerror(-r));
+	qcow2_free(q);
+	return r;
+}
+
+void qcow2_describe(const struct qcow2 *q, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "qcow2 v%u, %llu KiB clusters, %u-bit refcounts%s",
+			 q->version, (unsigned long long)(q->cs >> 10), 1u << q->refcount_order,
+			 q->nb_snapshots ? ", snapshots kept" : "");
+
+	if (q->backing_name && n > 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, ", backing %s (%s)", q->backing_name,
+			 q->backing != q->backing_file ? "qcow2" : "raw");
+}

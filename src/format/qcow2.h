@@ -1,0 +1,185 @@
+/*
+ * qcow2 inside src/format/ (not a public contract: format.h is).
+ * qcow2.c: the header, the tables and their cache, refcounts, allocation
+ * and the write-back order.  qcow2_io.c: the disk's engine ops, each
+ * guest request mapped onto extents.  Spec: QEMU docs/interop/qcow2.txt.
+ *
+ * Everything here is owned by the one iothread serving the disk (or by
+ * the main thread before it starts and after it stops).
+ */
+#ifndef VBLK_FMT_QCOW2_H
+#define VBLK_FMT_QCOW2_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/bdev.h"
+#include "format/format.h"
+
+/* qcow2.txt, "Header" */
+#define QCOW2_MAGIC 0x514649fbu		/* "QFI\xfb" */
+#define QCOW2_INCOMPAT_DIRTY     (1ull << 0)
+#define QCOW2_INCOMPAT_CORRUPT   (1ull << 1)
+#define QCOW2_INCOMPAT_DATA_FILE (1ull << 2)
+#define QCOW2_INCOMPAT_COMPRESS  (1ull << 3)
+#define QCOW2_INCOMPAT_EXTL2     (1ull << 4)
+#define QCOW2_INCOMPAT_KNOWN     0x1full
+
+/* qcow2.txt, "Cluster mapping": L1 and L2 entries. */
+#define QCOW2_OFLAG_COPIED     (1ull << 63)	/* refcount is exactly one */
+#define QCOW2_OFLAG_COMPRESSED (1ull << 62)
+#define QCOW2_OFLAG_ZERO       (1ull << 0)	/* v3: reads as zeroes */
+#define QCOW2_OFFSET_MASK      0x00fffffffffffe00ull	/* bits 9-55 */
+#define QCOW2_L1_RESERVED      0x7f000000000001ffull	/* bits 0-8, 56-62 */
+#define QCOW2_L2_RESERVED      0x3f000000000001feull	/* bits 1-8, 56-61 */
+#define QCOW2_RT_RESERVED      0x00000000000001ffull	/* bits 0-8 */
+
+/* Limits QEMU has too (qcow2.txt notes; block/qcow2.h). */
+#define QCOW2_MAX_L1_BYTES (32u << 20)
+#define QCOW2_MAX_RT_BYTES (8u << 20)
+#define QCOW2_MAX_CHAIN 16
+
+/* A cached table: an L2 table or a refcount block, one cluster, kept as
+ * it is on disk (big-endian). */
+struct qcow2_table {
+	uint64_t off;		/* host offset; 0: slot empty */
+	uint8_t *buf;
+	uint64_t used;		/* LRU clock */
+	uint32_t index;		/* L1 or refcount-table index it is for */
+	bool dirty;
+};
+
+struct qcow2_cache {
+	struct qcow2_table *t;
+	unsigned n;		/* slots */
+	uint64_t clock;
+	uint32_t *slot;		/* by L1 / refcount-table index: slot + 1, 0 none */
+	uint64_t nindex;	/* entries of slot[] */
+	unsigned ndirty;
+	uint64_t hits, misses;
+};
+
+struct qcow2_ctx;
+
+struct qcow2 {
+	struct bdev disk;	/* what blk serves; first (container_of) */
+	struct bdev_engine eng;	/* our ops, under the file engine's name */
+	struct bdev *file;	/* the image file, the caller's */
+	char *path;
+	int mfd;		/* metadata I/O: the file without O_DIRECT */
+	bool rw;
+
+	/* The header (host byte order). */
+	uint32_t version;
+	uint32_t cluster_bits;
+	uint64_t cs;		/* cluster size */
+	uint64_t size;		/* virtual */
+	uint64_t incompat, compat, autoclear;
+	uint32_t refcount_order;
+	uint32_t header_len;
+	uint8_t compression;	/* 0 zlib, 1 zstd */
+	uint32_t nb_snapshots;
+	uint64_t snapshots_off;
+
+	uint64_t *l1;		/* host byte order, l1_size entries */
+	uint32_t l1_size;
+	uint64_t l1_off;
+	uint64_t l1_dirty_lo, l1_dirty_hi;	/* entries [lo, hi) to write */
+
+	uint64_t *rt;		/* refcount table, host byte order */
+	uint64_t rt_entries;
+	uint64_t rt_off;
+	uint32_t rt_clusters;
+	bool rt_dirty;
+
+	uint64_t l2_entries;	/* per L2 table */
+	uint64_t rb_entries;	/* per refcount block */
+	struct qcow2_cache l2c, rbc;
+
+	uint64_t file_size;	/* at open, grown by what we allocate */
+	uint64_t next_free;	/* where the next cluster is allocated */
+	/* Clusters whose last reference went away (a COW moved a cluster, a
+	 * shared L2 table was copied): their refcounts drop only once the
+	 * tables without the reference are on disk (qcow2_flush). */
+	uint64_t *frees;
+	size_t nfrees, frees_cap;
+	bool broken;		/* a metadata write failed: no more writes */
+	bool said_corrupt;	/* the one log line about corruption */
+
+	/* Backing chain: the disk below (a format's disk, or a raw file),
+	 * its file, and a plain fd for synchronous reads of it. */
+	char *backing_name;
+	char *backing_fmt;
+	struct bdev *backing;
+	struct bdev *backing_file;
+	int backing_rfd;	/* raw backing: a buffered fd for COW reads */
+
+	struct qcow2_ctx *ctx;	/* the one iothread's (max_ctxs 1) */
+	uint8_t *zbuf;		/* decompression: one cluster */
+	uint64_t allocated;	/* clusters allocated since open (stats) */
+	uint64_t cow_bytes;
+};
+
+/* qcow2.c */
+int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
+	       struct qcow2 **out, char *err, size_t errlen);
+int qcow2_close(struct qcow2 *q);
+bool qcow2_detect(const void *buf, size_t len);
+void qcow2_describe(const struct qcow2 *q, char *buf, size_t len);
+
+/* The L2 table for guest cluster gcl (its L1 index): a pointer to its
+ * cluster-sized buffer (big-endian entries), loaded on a miss; NULL with
+ * *res = 0 when there is none (L1 entry 0), or -errno.  For a write
+ * (alloc), a missing table is allocated and a shared one (refcount > 1,
+ * a snapshot's) copied first, so the pointer is a table we may change;
+ * the table is marked dirty.  Iothread. */
+uint8_t *qcow2_l2_get(struct qcow2 *q, uint64_t gcl, bool alloc, int *res);
+/* Mark the L2 table holding gcl's entry dirty (after changing it). */
+void qcow2_l2_dirty(struct qcow2 *q, uint64_t gcl);
+
+/* A new cluster, refcount 1 (its refcount block allocated or the table
+ * grown as needed): its host offset, or 0 with *res = -errno.  The
+ * cluster lies past every byte the image had, so it reads as zeroes. */
+uint64_t qcow2_alloc(struct qcow2 *q, int *res);
+/* Give back a cluster qcow2_alloc returned and nothing references yet. */
+void qcow2_unalloc(struct qcow2 *q, uint64_t off);
+/* Drop one reference to what the L2 entry e pointed at (a normal or
+ * compressed cluster), once the tables without it are on disk. */
+void qcow2_free_later(struct qcow2 *q, uint64_t e);
+
+/* The refcount of the host cluster at off (0 for one past the table), or
+ * -errno.  Iothread. */
+int64_t qcow2_refcount(struct qcow2 *q, uint64_t off);
+
+/* A checked L2 entry: 0 and *e, or -EIO (logged once: the image is
+ * corrupt there) when it points outside the file or into the header or
+ * the L1/refcount tables, or has reserved bits set. */
+int qcow2_entry(struct qcow2 *q, const uint8_t *l2, uint64_t gcl, uint64_t *e);
+
+/* Read a compressed cluster (L2 entry e) into q->zbuf.  0 or -errno. */
+int qcow2_decompress(struct qcow2 *q, uint64_t e);
+
+/* Synchronous read of the virtual disk d (a qcow2 disk or a raw file,
+ * any depth of chain): for copy-on-write of a part cluster.  Past d's end
+ * reads zeroes.  0 or -errno. */
+int qcow2_read_sync(struct qcow2 *q, struct bdev *d, uint64_t off, void *buf, size_t len);
+
+/* Write back in crash-safe order (refcount blocks, sync, refcount table,
+ * L2 tables, sync, L1, sync), then let the deferred frees go, then sync
+ * the data: after it, everything completed before is durable.  0 or
+ * -errno (the image is then broken for writes).  Iothread, or main
+ * thread at close. */
+int qcow2_flush(struct qcow2 *q);
+
+/* A second open of fd without O_DIRECT (metadata, compressed clusters
+ * and copy-on-write reads have no alignment).  The new fd, or -errno. */
+int qcow2_reopen_plain(int fd, bool rw);
+
+/* format.c: open q's backing chain (q->backing, q->backing_file). */
+int fmt__open_backing(struct qcow2 *q, const struct fmt_opts *o, unsigned depth, char *err,
+		      size_t errlen);
+
+/* qcow2_io.c: the disk's engine ops. */
+void qcow2_io_engine(struct bdev_engine *e, const char *name);
+
+#endif

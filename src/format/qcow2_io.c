@@ -1,0 +1,624 @@
+/*
+ * qcow2's disk: the engine ops blk drives.  Each guest request is cut
+ * along clusters (qcow2.txt, "Cluster mapping") into runs, each one I/O
+ * on the file (allocated clusters, contiguous ones merged), on the
+ * backing disk (unallocated ones), or served here (zero clusters,
+ * compressed ones).  A write to a cluster that is not ours alone
+ * (unallocated, zero, compressed, or shared with a snapshot) gets a new
+ * cluster: the guest's bytes, and around them what the cluster read as
+ * before (copy on write), then the L2 entry once the data is written.
+ *
+ * One iothread owns all of it (max_ctxs 1).  Writes that would allocate a
+ * cluster another request is allocating wait for it (qcow2.txt does not
+ * say; QEMU does the same): a cluster is allocated once.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/qcow2.h"
+#include "util/compiler.h"
+#include "util/iov.h"
+#include "util/log.h"
+
+struct q2_alloc {
+	uint64_t gcl;		/* guest cluster */
+	uint64_t host;		/* its new cluster */
+	uint64_t old;		/* the L2 entry it replaces */
+};
+
+struct q2_req {
+	struct bdev_io *io;	/* the guest's */
+	struct qcow2_ctx *c;
+	int res;
+	unsigned pending;	/* I/Os out, +1 while being cut */
+	uint64_t first, last;	/* guest clusters it touches */
+	struct q2_alloc *allocs;
+	unsigned nallocs, acap;
+	struct q2_req *next;	/* free list, waiting list */
+	struct q2_req *anext, **aprev;	/* allocating list */
+};
+
+struct q2_sub {
+	struct bdev_io io;
+	struct q2_req *r;
+	void *buf;		/* a copy-on-write cluster */
+	struct iovec *iov;
+	unsigned cap;
+	struct iovec one;
+	struct q2_sub *next;	/* free list */
+};
+
+struct qcow2_ctx {
+	struct qcow2 *q;
+	struct bdev_ctx *fctx;	/* the file's */
+	struct bdev_ctx *bctx;	/* the backing disk's, or NULL */
+	struct q2_req *free_reqs;
+	struct q2_sub *free_subs;
+	struct q2_req *allocating;
+	struct q2_req *wait_head, **wait_tail;
+	uint64_t inflight;	/* guest requests not completed */
+};
+
+enum kind { K_UNALLOC, K_ZERO, K_NORMAL, K_COMPRESSED };
+
+static void req_finish(struct q2_req *r);
+static void q2_write(struct q2_req *r);
+
+static inline struct qcow2_ctx *ctx_of(struct bdev_ctx *bc)
+{
+	return (struct qcow2_ctx *)bc;
+}
+
+/* What guest cluster gcl is now; *e its L2 entry.  0 or -errno. */
+static int classify(struct qcow2 *q, uint64_t gcl, enum kind *k, uint64_t *e)
+{
+	uint8_t *l2;
+	int r;
+
+	*e = 0;
+	*k = K_UNALLOC;
+	l2 = qcow2_l2_get(q, gcl, false, &r);
+	if (r < 0)
+		return r;
+	if (!l2)
+		return 0;
+	if ((r = qcow2_entry(q, l2, gcl, e)) < 0)
+		return r;
+	if (*e & QCOW2_OFLAG_COMPRESSED)
+		*k = K_COMPRESSED;
+	else if (*e & QCOW2_OFLAG_ZERO)
+		*k = K_ZERO;
+	else if (*e & QCOW2_OFFSET_MASK)
+		*k = K_NORMAL;
+	return 0;
+}
+
+static void req_put(struct q2_req *r, int res)
+{
+	if (res < 0 && r->res == 0)
+		r->res = res;
+	if (--r->pending == 0)
+		req_finish(r);
+}
+
+static void sub_done(struct bdev_io *io, int res)
+{
+	struct q2_sub *s = container_of(io, struct q2_sub, io);
+	struct q2_req *r = s->r;
+	struct qcow2_ctx *c = r->c;
+
+	free(s->buf);
+	s->buf = NULL;
+	s->next = c->free_subs;
+	c->free_subs = s;
+	req_put(r, res);
+}
+
+static struct q2_sub *sub_get(struct q2_req *r, enum bdev_op op, uint64_t off)
+{
+	struct qcow2_ctx *c = r->c;
+	struct q2_sub *s = c->free_subs;
+
+	if (s) {
+		c->free_subs = s->next;
+	} else {
+		s = calloc(1, sizeof(*s));
+		if (!s)
+			return NULL;
+	}
+	s->r = r;
+	s->buf = NULL;
+	s->io = (struct bdev_io){ .op = op, .offset = off, .cb = sub_done };
+	return s;
+}
+
+/* The guest's bytes [pos, pos+len) of r as s's iovecs. */
+static int sub_slice(struct q2_sub *s, size_t pos, size_t len)
+{
+	const struct bdev_io *io = s->r->io;
+	unsigned n = iov_slice_count(io->iov, io->iovcnt, pos, len);
+
+	if (!n)
+		return -EINVAL;
+	if (n == 1) {
+		s->io.iov = &s->one;
+	} else {
+		if (n > s->cap) {
+			struct iovec *v = realloc(s->iov, n * sizeof(*v));
+
+			if (!v)
+				return -ENOMEM;
+			s->iov = v;
+			s->cap = n;
+		}
+		s->io.iov = s->iov;
+	}
+	s->io.iovcnt = iov_slice(io->iov, io->iovcnt, pos, len, s->io.iov, n);
+	return 0;
+}
+
+/* One I/O of r on disk d (the file or the backing disk). */
+static int sub_submit(struct q2_req *r, struct bdev *d, struct bdev_ctx *dc, enum bdev_op op,
+		      uint64_t off, size_t pos, size_t len, void *buf)
+{
+	struct q2_sub *s = sub_get(r, op, off);
+	int res;
+
+	if (!s)
+		return -ENOMEM;
+	if (buf) {
+		s->buf = buf;
+		s->one.iov_base = buf;
+		s->one.iov_len = len;
+		s->io.iov = &s->one;
+		s->io.iovcnt = 1;
+	} else if ((res = sub_slice(s, pos, len)) < 0) {
+		s->next = r->c->free_subs;
+		r->c->free_subs = s;
+		return res;
+	}
+	r->pending++;
+	bdev_submit(d, dc, &s->io);
+	return 0;
+}
+
+static struct q2_req *req_get(struct qcow2_ctx *c, struct bdev_io *io)
+{
+	struct q2_req *r = c->free_reqs;
+
+	if (r) {
+		c->free_reqs = r->next;
+	} else {
+		r = calloc(1, sizeof(*r));
+		if (!r)
+			return NULL;
+	}
+	r->io = io;
+	r->c = c;
+	r->res = 0;
+	r->pending = 1;
+	r->nallocs = 0;
+	r->next = NULL;
+	r->aprev = NULL;
+	return r;
+}
+
+/* ---- Reads ----------------------------------------------------------- */
+
+static void q2_read(struct q2_req *r)
+{
+	struct qcow2_ctx *c = r->c;
+	struct qcow2 *q = c->q;
+	struct bdev_io *io = r->io;
+	uint64_t off = io->offset;
+	size_t len = io->len, pos = 0;
+	int res = 0;
+
+	while (len && res == 0) {
+		uint64_t gcl = off >> q->cluster_bits, in = off & (q->cs - 1), e, host = 0;
+		size_t n = (size_t)MIN(len, q->cs - in);
+		enum kind k, k2;
+
+		if ((res = classify(q, gcl, &k, &e)) < 0)
+			break;
+		host = (e & QCOW2_OFFSET_MASK) + in;
+		/* Runs: clusters of the same kind (allocated ones contiguous on
+		 * the file) in one I/O. */
+		while (n < len && (k == K_NORMAL || k == K_UNALLOC || k == K_ZERO)) {
+			uint64_t e2;
+			size_t more = (size_t)MIN(len - n, q->cs);
+
+			if ((res = classify(q, gcl + 1, &k2, &e2)) < 0 || k2 != k)
+				break;
+			if (k == K_NORMAL &&
+			    (e2 & QCOW2_OFFSET_MASK) != (e & QCOW2_OFFSET_MASK) + q->cs)
+				break;
+			gcl++;
+			e = e2;
+			n += more;
+		}
+		if (res < 0)
+			break;
+		switch (k) {
+		case K_NORMAL:
+			res = sub_submit(r, q->file, c->fctx, BDEV_READ, host, pos, n, NULL);
+			break;
+		case K_COMPRESSED:
+			if ((res = qcow2_decompress(q, e)) == 0)
+				iov_from_buf(io->iov, io->iovcnt, pos, q->zbuf + in, n);
+			break;
+		case K_UNALLOC:
+			if (q->backing && off < q->backing->size) {
+				size_t b = (size_t)MIN((uint64_t)n, q->backing->size - off);
+
+				res = sub_submit(r, q->backing, c->bctx, BDEV_READ, off, pos, b, NULL);
+				if (b < n)
+					iov_memset(io->iov, io->iovcnt, pos + b, 0, n - b);
+				break;
+			}
+			/* no backing data here */
+			__attribute__((fallthrough));
+		case K_ZERO:
+			iov_memset(io->iov, io->iovcnt, pos, 0, n);
+			break;
+		}
+		pos += n;
+		off += n;
+		len -= n;
+	}
+	req_put(r, res);
+}
+
+/* ---- Writes ---------------------------------------------------------- */
+
+static bool overlaps_allocating(struct qcow2_ctx *c, const struct q2_req *r)
+{
+	for (struct q2_req *a = c->allocating; a; a = a->anext)
+		if (a != r && a->first <= r->last && r->first <= a->last)
+			return true;
+	return false;
+}
+
+static int add_alloc(struct q2_req *r, uint64_t gcl, uint64_t host, uint64_t old)
+{
+	if (r->nallocs == r->acap) {
+		unsigned cap = r->acap ? r->acap * 2 : 4;
+		struct q2_alloc *a = realloc(r->allocs, cap * sizeof(*a));
+
+		if (!a)
+			return -ENOMEM;
+		r->allocs = a;
+		r->acap = cap;
+	}
+	r->allocs[r->nallocs++] = (struct q2_alloc){ gcl, host, old };
+	if (!r->aprev) {
+		struct qcow2_ctx *c = r->c;
+
+		r->anext = c->allocating;
+		if (c->allocating)
+			c->allocating->aprev = &r->anext;
+		r->aprev = &c->allocating;
+		c->allocating = r;
+	}
+	return 0;
+}
+
+/* A new cluster for gcl, written with the guest's [pos, pos+n) at in and
+ * what the cluster read as before around it. */
+static int write_new(struct q2_req *r, uint64_t gcl, enum kind k, uint64_t e, uint64_t in,
+		     size_t pos, size_t n)
+{
+	struct qcow2_ctx *c = r->c;
+	struct qcow2 *q = c->q;
+	uint64_t host;
+	uint8_t *buf;
+	int res;
+
+	/* The table must be ours to change before anything is written. */
+	if (!qcow2_l2_get(q, gcl, true, &res))
+		return res ? res : -EIO;
+	host = qcow2_alloc(q, &res);
+	if (!host)
+		return res;
+	if ((res = add_alloc(r, gcl, host, e)) < 0) {
+		qcow2_unalloc(q, host);
+		return res;
+	}
+	/* A new cluster reads as zeroes: when the old one did too, only the
+	 * guest's bytes need writing. */
+	if (n == q->cs || k == K_ZERO ||
+	    (k == K_UNALLOC && (!q->backing || (gcl << q->cluster_bits) >= q->backing->size)))
+		return sub_submit(r, q->file, c->fctx, BDEV_WRITE, host + in, pos, n, NULL);
+	if (posix_memalign((void **)&buf, 4096, q->cs))
+		return -ENOMEM;
+	res = qcow2_read_sync(q, &q->disk, gcl << q->cluster_bits, buf, q->cs);
+	if (res < 0) {
+		free(buf);
+		return res;
+	}
+	iov_to_buf(r->io->iov, r->io->iovcnt, pos, buf + in, n);
+	q->cow_bytes += q->cs - n;
+	return sub_submit(r, q->file, c->fctx, BDEV_WRITE, host, 0, q->cs, buf);
+}
+
+static void q2_write(struct q2_req *r)
+{
+	struct qcow2_ctx *c = r->c;
+	struct qcow2 *q = c->q;
+	struct bdev_io *io = r->io;
+	uint64_t off = io->offset;
+	size_t len = io->len, pos = 0;
+	int res = 0;
+
+	if (overlaps_allocating(c, r)) {
+		/* Another request is allocating one of our clusters: after it. */
+		r->next = NULL;
+		*c->wait_tail = r;
+		c->wait_tail = &r->next;
+		return;
+	}
+	while (len && res == 0) {
+		uint64_t gcl = off >> q->cluster_bits, in = off & (q->cs - 1), e;
+		size_t n = (size_t)MIN(len, q->cs - in);
+		enum kind k;
+
+		if ((res = classify(q, gcl, &k, &e)) < 0)
+			break;
+		if (k == K_NORMAL && (e & QCOW2_OFLAG_COPIED)) {
+			/* Ours alone: write in place; neighbours on the file in
+			 * one I/O. */
+			uint64_t host = (e & QCOW2_OFFSET_MASK) + in, e2;
+			enum kind k2;
+
+			while (n < len) {
+				if ((res = classify(q, gcl + 1, &k2, &e2)) < 0)
+					break;
+				if (k2 != K_NORMAL || !(e2 & QCOW2_OFLAG_COPIED) ||
+				    (e2 & QCOW2_OFFSET_MASK) != (e & QCOW2_OFFSET_MASK) + q->cs)
+					break;
+				gcl++;
+				e = e2;
+				n += (size_t)MIN(len - n, q->cs);
+			}
+			if (res == 0)
+				res = sub_submit(r, q->file, c->fctx, BDEV_WRITE, host, pos, n, NULL);
+		} else {
+			res = write_new(r, gcl, k, e, in, pos, n);
+		}
+		pos += n;
+		off += n;
+		len -= n;
+	}
+	req_put(r, res);
+}
+
+/* The data is written (or not): point the L2 entries at the new
+ * clusters, or give the clusters back. */
+static void commit_allocs(struct q2_req *r)
+{
+	struct qcow2 *q = r->c->q;
+
+	for (unsigned i = 0; i < r->nallocs; i++) {
+		struct q2_alloc *a = &r->allocs[i];
+		uint8_t *l2;
+		int res = 0;
+
+		if (r->res == 0) {
+			l2 = qcow2_l2_get(q, a->gcl, true, &res);
+			if (l2) {
+				uint64_t e = htobe64(a->host | QCOW2_OFLAG_COPIED);
+
+				memcpy(l2 + (a->gcl % q->l2_entries) * 8, &e, 8);
+				qcow2_l2_dirty(q, a->gcl);
+				if (a->old & (QCOW2_OFFSET_MASK | QCOW2_OFLAG_COMPRESSED))
+					qcow2_free_later(q, a->old);
+				continue;
+			}
+			r->res = res ? res : -EIO;
+		}
+		qcow2_unalloc(q, a->host);
+	}
+	r->nallocs = 0;
+}
+
+static void req_finish(struct q2_req *r)
+{
+	struct qcow2_ctx *c = r->c;
+	struct bdev_io *io = r->io;
+	int res = r->res;
+
+	if (r->aprev) {
+		commit_allocs(r);
+		res = r->res;
+		*r->aprev = r->anext;
+		if (r->anext)
+			r->anext->aprev = r->aprev;
+		r->aprev = NULL;
+	}
+	r->next = c->free_reqs;
+	c->free_reqs = r;
+	c->inflight--;
+	/* The ones that waited for an allocation try again (in order). */
+	if (c->wait_head && !c->allocating) {
+		struct q2_req *w = c->wait_head;
+
+		c->wait_head = NULL;
+		c->wait_tail = &c->wait_head;
+		while (w) {
+			struct q2_req *n = w->next;
+
+			q2_write(w);
+			w = n;
+		}
+	} else if (c->wait_head) {
+		struct q2_req **p = &c->wait_head, *w;
+
+		/* Only those clear of every allocation still running. */
+		while ((w = *p)) {
+			if (overlaps_allocating(c, w)) {
+				p = &w->next;
+				continue;
+			}
+			*p = w->next;
+			if (c->wait_tail == &w->next)
+				c->wait_tail = p;
+			q2_write(w);
+		}
+	}
+	bdev_complete(io, res);
+}
+
+/* ---- Engine ops ------------------------------------------------------ */
+
+static int q2_ctx_new(struct bdev *b, struct loop *l, unsigned depth, struct bdev_ctx **out)
+{
+	struct qcow2 *q = container_of(b, struct qcow2, disk);
+	struct qcow2_ctx *c = calloc(1, sizeof(*c));
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	c->q = q;
+	c->wait_tail = &c->wait_head;
+	r = bdev_ctx_new(q->file, l, depth, &c->fctx);
+	if (r < 0)
+		goto fail;
+	if (q->backing && (r = bdev_ctx_new(q->backing, l, depth, &c->bctx)) < 0) {
+		q->file->engine->ctx_free(c->fctx);
+		goto fail;
+	}
+	q->ctx = c;
+	*out = (struct bdev_ctx *)c;
+	return 0;
+fail:
+	free(c);
+	return r;
+}
+
+static void q2_ctx_free(struct bdev_ctx *bc)
+{
+	struct qcow2_ctx *c = ctx_of(bc);
+
+	if (c->bctx)
+		c->q->backing->engine->ctx_free(c->bctx);
+	c->q->file->engine->ctx_free(c->fctx);
+	while (c->free_reqs) {
+		struct q2_req *r = c->free_reqs;
+
+		c->free_reqs = r->next;
+		free(r->allocs);
+		free(r);
+	}
+	while (c->free_subs) {
+		struct q2_sub *s = c->free_subs;
+
+		c->free_subs = s->next;
+		free(s->iov);
+		free(s);
+	}
+	if (c->q->ctx == c)
+		c->q->ctx = NULL;
+	free(c);
+}
+
+static void q2_submit(struct bdev_ctx *bc, struct bdev_io *io)
+{
+	struct qcow2_ctx *c = ctx_of(bc);
+	struct qcow2 *q = c->q;
+	struct q2_req *r;
+
+	switch (io->op) {
+	case BDEV_FLUSH:
+		/* Every write completed so far, and its metadata, durable. */
+		bdev_complete(io, qcow2_flush(q));
+		return;
+	case BDEV_READ:
+	case BDEV_WRITE:
+		break;
+	default:
+		bdev_complete(io, -EOPNOTSUPP);
+		return;
+	}
+	if (io->op == BDEV_WRITE && (!q->rw || q->broken)) {
+		bdev_complete(io, q->rw ? -EIO : -EROFS);
+		return;
+	}
+	if (io->len == 0 || io->offset > q->disk.size || io->len > q->disk.size - io->offset) {
+		bdev_complete(io, io->len ? -EINVAL : 0);
+		return;
+	}
+	r = req_get(c, io);
+	if (!r) {
+		bdev_complete(io, -ENOMEM);
+		return;
+	}
+	c->inflight++;
+	r->first = io->offset >> q->cluster_bits;
+	r->last = (io->offset + io->len - 1) >> q->cluster_bits;
+	if (io->op == BDEV_READ)
+		q2_read(r);
+	else
+		q2_write(r);
+}
+
+static void q2_kick(struct bdev_ctx *bc)
+{
+	struct qcow2_ctx *c = ctx_of(bc);
+
+	c->q->file->engine->kick(c->fctx);
+	if (c->bctx)
+		c->q->backing->engine->kick(c->bctx);
+}
+
+static void q2_drain(struct bdev_ctx *bc)
+{
+	struct qcow2_ctx *c = ctx_of(bc);
+
+	/* Completions may start more I/O (a waiting write): until none. */
+	while (c->inflight) {
+		q2_kick(bc);
+		c->q->file->engine->drain(c->fctx);
+		if (c->bctx)
+			c->q->backing->engine->drain(c->bctx);
+	}
+}
+
+static uint64_t q2_submits(const struct bdev_ctx *bc)
+{
+	const struct qcow2_ctx *c = (const struct qcow2_ctx *)bc;
+
+	return bdev_ctx_submits(c->q->file, c->fctx);
+}
+
+static uint64_t q2_polled(const struct bdev_ctx *bc)
+{
+	const struct qcow2_ctx *c = (const struct qcow2_ctx *)bc;
+
+	return bdev_ctx_polled(c->q->file, c->fctx);
+}
+
+static int q2_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
+{
+	(void)b;
+	(void)size;
+	snprintf(err, errlen, "growing a qcow2 disk is not supported yet: stop vblkd, "
+		 "qemu-img resize the image, start it again");
+	return -EOPNOTSUPP;
+}
+
+void qcow2_io_engine(struct bdev_engine *e, const char *name)
+{
+	*e = (struct bdev_engine){
+		.name = name,
+		.ctx_new = q2_ctx_new,
+		.ctx_free = q2_ctx_free,
+		.submit = q2_submit,
+		.kick = q2_kick,
+		.drain = q2_drain,
+		.submits = q2_submits,
+		.polled = q2_polled,
+		.resize = q2_resize,
+	};
+}

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# qcow2 images made by qemu-img, served by vblkd to vblk-bench, judged by
+# QEMU's own tools: writes verified as they are read back, qemu-img check
+# clean afterwards, copy-on-write keeps the backing file's bytes around
+# what the guest wrote, and corrupt or unsupported images refused with one
+# line.  Usage: test_qcow2.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
+set -uo pipefail
+BUILD=${1:?usage: test_qcow2.sh BUILD_DIR}
+VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench
+tmp=$(mktemp -d /tmp/vblk-qcow2.XXXXXX)
+dpid=""
+cleanup() { [[ -n $dpid ]] && kill "$dpid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass() { echo "PASS: $1"; }
+fail() { echo "FAIL: $1${2:+: $2}"; }
+
+if ! command -v qemu-img >/dev/null || ! command -v qemu-io >/dev/null; then
+    echo "SKIP: qcow2 (no qemu-img/qemu-io: scripts/deps.sh installs qemu-utils)"
+    exit 0
+fi
+
+start() {	# start LOG ARGS...: vblkd on $tmp/d.sock
+    local log=$1; shift
+    rm -f "$tmp/d.sock"
+    "$VBLKD" --socket "$tmp/d.sock" "$@" >"$log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 100); do [[ -S $tmp/d.sock ]] && return 0; sleep 0.05; done
+    return 1
+}
+stop() { kill -TERM "$dpid" 2>/dev/null; wait "$dpid"; local rc=$?; dpid=""; return $rc; }
+
+# bench NAME IMAGE ARGS...: vblk-bench --verify against vblkd serving
+# IMAGE, then qemu-img check of IMAGE.
+bench() {
+    local name=$1 img=$2 out rc; shift 2
+    if ! start "$tmp/$name.log" --disk "$img"; then
+        fail "$name" "vblkd did not start: $(tail -2 "$tmp/$name.log")"; return 1
+    fi
+    out=$("$BENCH" --socket "$tmp/d.sock" --verify --runtime 1 --ramp 0 "$@" 2>&1); rc=$?
+    stop || { fail "$name" "vblkd exited with an error: $(tail -2 "$tmp/$name.log")"; return 1; }
+    if ((rc != 0)) || ! grep -q " 0 mismatches" <<<"$out"; then
+        fail "$name" "vblk-bench: rc=$rc $(tail -2 <<<"$out")"; return 1
+    fi
+    if qemu-img check -q "$img" >"$tmp/$name.check" 2>&1; then
+        pass "$name"
+    else
+        fail "$name" "qemu-img check: $(head -3 "$tmp/$name.check")"
+        return 1
+    fi
+}
+
+# Fresh images, every cluster allocated by vblkd: v3 and v2, 64 KiB,
+# 512-byte and 2 MiB clusters, 1- and 64-bit refcounts (512-byte clusters
+# also grow the refcount table), random writes at QD16 and 1 MiB ones.
+qemu-img create -q -f qcow2 "$tmp/a.qcow2" 64M
+bench qcow2-v3-64k-randwrite-verify-check "$tmp/a.qcow2" --rw randwrite --iodepth 16
+bench qcow2-v3-64k-rewrite-verify-check "$tmp/a.qcow2" --rw randrw --iodepth 16 --bs 16k
+qemu-img create -q -f qcow2 -o compat=0.10 "$tmp/v2.qcow2" 64M
+bench qcow2-v2-randwrite-verify-check "$tmp/v2.qcow2" --rw randwrite --iodepth 8
+qemu-img create -q -f qcow2 -o cluster_size=512,refcount_bits=1 "$tmp/c512.qcow2" 32M
+bench qcow2-512b-clusters-1bit-refcounts "$tmp/c512.qcow2" --rw randwrite --iodepth 8 --bs 4k
+qemu-img create -q -f qcow2 -o cluster_size=2M,refcount_bits=64 "$tmp/c2m.qcow2" 64M
+bench qcow2-2m-clusters-64bit-refcounts "$tmp/c2m.qcow2" --rw write --iodepth 4 --bs 1M
+
+# A chain of three: raw base <- qcow2 mid (with writes of its own) <- top;
+# vblkd writes 64 KiB across a cluster boundary of top, again and again;
+# every other byte must still read what the chain below says.
+python3 -c "
+import os
+with open('$tmp/base.raw', 'wb') as f: f.write(os.urandom(8 << 20))"
+qemu-img create -q -f qcow2 -b "$tmp/base.raw" -F raw "$tmp/mid.qcow2" 8M
+qemu-io -f qcow2 -c "write -P 0x5a 1M 256k" "$tmp/mid.qcow2" >/dev/null
+qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$tmp/top.qcow2" 8M
+qemu-img convert -O raw "$tmp/top.qcow2" "$tmp/before.raw"
+if bench qcow2-chain-of-3-cow-verify-check "$tmp/top.qcow2" --rw write --offset 96k --size 64k \
+        --iodepth 4; then
+    qemu-img convert -O raw "$tmp/top.qcow2" "$tmp/after.raw"
+    if python3 - "$tmp/before.raw" "$tmp/after.raw" <<'PY'
+import sys
+a = open(sys.argv[1], 'rb').read(); b = open(sys.argv[2], 'rb').read()
+lo, hi = 96 << 10, 160 << 10
+sys.exit(0 if len(a) == len(b) and a[:lo] == b[:lo] and a[hi:] == b[hi:] and a[lo:hi] != b[lo:hi] else 1)
+PY
+    then pass qcow2-cow-keeps-the-chain-around-the-write
+    else fail qcow2-cow-keeps-the-chain-around-the-write "bytes outside [96K,160K) changed"; fi
+    if grep -q "backing mid.qcow2 (qcow2) <- qcow2 .*backing .*base.raw (raw)" "$tmp/qcow2-chain-of-3-cow-verify-check.log"; then
+        pass qcow2-chain-logged
+    else
+        fail qcow2-chain-logged "$(grep format: "$tmp/qcow2-chain-of-3-cow-verify-check.log")"
+    fi
+fi
+# The base is opened read-only and locked against writers while served.
+start "$tmp/lock.log" --disk "$tmp/top.qcow2"
+if qemu-io -f raw -c "write 0 4k" "$tmp/base.raw" >"$tmp/qio.log" 2>&1; then
+    fail qcow2-backing-locked-against-writers "qemu-io wrote the base while it was a backing file"
+else
+    pass qcow2-backing-locked-against-writers
+fi
+stop
+
+# Images vblkd must refuse, each with one line naming the problem.
+# refuse NAME PATTERN: $tmp/bad.qcow2 as it is now.
+refuse() {
+    local out rc
+    out=$(timeout 10 "$VBLKD" --socket "$tmp/r.sock" --disk "$tmp/bad.qcow2" 2>&1); rc=$?
+    if ((rc != 0)) && [[ $(wc -l <<<"$out") -le 2 ]] && grep -q -- "$2" <<<"$out"; then
+        pass "qcow2-refuses-$1"
+    else
+        fail "qcow2-refuses-$1" "rc=$rc: $out"
+    fi
+}
+# poke OFFSET FORMAT VALUE: a big-endian field of a fresh image.
+poke() {
+    qemu-img create -q -f qcow2 "$tmp/bad.qcow2" 16M
+    python3 - "$tmp/bad.qcow2" "$@" <<'PY'
+import struct, sys
+p, off, fmt, val = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4], 0)
+with open(p, 'r+b') as f:
+    f.seek(off); f.write(struct.pack('>' + fmt, val))
+PY
+}
+poke 4 I 4;                    refuse version-4 "version 4"
+poke 20 I 30;                  refuse huge-clusters "clusters of 2^30"
+poke 40 Q 0x40000000;          refuse l1-past-eof "L1 table"
+poke 36 I 0;                   refuse l1-too-small "L1 table has 0 entries"
+poke 72 Q 0x100;               refuse unknown-feature "features vblkd does not know"
+poke 72 Q 1;                   refuse dirty "qemu-img check -r all"
+poke 32 I 1;                   refuse encrypted "encrypted"
+poke 96 I 7;                   refuse refcount-order "refcount order 7"
+poke 16 I 2000; python3 -c "
+import struct
+with open('$tmp/bad.qcow2', 'r+b') as f: f.seek(8); f.write(struct.pack('>Q', 512))"
+                               refuse backing-name-too-long "backing file name"
+# An L1 entry pointing into the header.
+qemu-img create -q -f qcow2 "$tmp/bad.qcow2" 16M
+python3 - "$tmp/bad.qcow2" <<'PY'
+import struct, sys
+with open(sys.argv[1], 'r+b') as f:
+    f.seek(40); l1 = struct.unpack('>Q', f.read(8))[0]
+    f.seek(l1); f.write(struct.pack('>Q', (1 << 63) | 0))
+    f.seek(l1); f.write(struct.pack('>Q', (1 << 63) | 512))
+PY
+refuse l1-entry-into-header "L1 entry 0"
+# A backing chain that loops: a <- b <- a.
+qemu-img create -q -f qcow2 "$tmp/la.qcow2" 16M
+qemu-img create -q -f qcow2 -b la.qcow2 -F qcow2 "$tmp/lb.qcow2" 16M
+qemu-img rebase -u -f qcow2 -b lb.qcow2 -F qcow2 "$tmp/la.qcow2"
+cp "$tmp/lb.qcow2" "$tmp/bad.qcow2.tmp"; ln -sf lb.qcow2 "$tmp/bad.qcow2"; rm -f "$tmp/bad.qcow2.tmp"
+refuse backing-loop "loops back on itself"
+rm -f "$tmp/bad.qcow2"
+exit 0

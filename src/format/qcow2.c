@@ -588,11 +588,14 @@ int qcow2_flush(struct qcow2 *q)
 		goto fail;
 	if (q->l1_dirty_hi > q->l1_dirty_lo && ((r = l1_write(q)) < 0 || (r = sync_file(q)) < 0))
 		goto fail;
-	/* No table on disk points at these any more. */
+	/* No table on disk points at these any more: their refcounts may
+	 * drop, and be written now (a crash before only leaks them). */
 	for (size_t i = 0; i < q->nfrees; i++)
 		if (refcount_add(q, q->frees[i], -1) < 0)
 			log_warn("qcow2 image %s: cluster %#llx leaked", q->path,
 				 (unsigned long long)q->frees[i]);
+	if (q->nfrees && (r = cache_write_dirty(q, &q->rbc)) < 0)
+		goto fail;
 	q->nfrees = 0;
 	if ((r = sync_file(q)) < 0)
 		goto fail;

@@ -92,6 +92,10 @@ static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_op
 	ssize_t n;
 	int r;
 
+	if (file->fd < 0) {	/* no file (null): nothing to detect */
+		*disk = file;
+		return 0;
+	}
 	if ((r = chain_push(file->fd, file->path, err, errlen)) < 0)
 		return r;
 	if (kind == FMT_AUTO) {

@@ -118,8 +118,10 @@ unsigned iov_slice(const struct iovec *iov, unsigned cnt, size_t off, size_t len
 		if (n == max)
 			return 0;
 		take = l - off < len ? l - off : len;
-		dst[n].iov_base = (char *)iov[i].iov_base + off;
-		dst[n].iov_len = take;
+		if (dst) {
+			dst[n].iov_base = (char *)iov[i].iov_base + off;
+			dst[n].iov_len = take;
+		}
 		n++;
 		len -= take;
 		off = 0;
@@ -129,19 +131,5 @@ unsigned iov_slice(const struct iovec *iov, unsigned cnt, size_t off, size_t len
 
 unsigned iov_slice_count(const struct iovec *iov, unsigned cnt, size_t off, size_t len)
 {
-	unsigned n = 0;
-
-	for (unsigned i = 0; i < cnt && len; i++) {
-		size_t l = iov[i].iov_len, take;
-
-		if (off >= l) {
-			off -= l;
-			continue;
-		}
-		take = l - off < len ? l - off : len;
-		n++;
-		len -= take;
-		off = 0;
-	}
-	return len ? 0 : n;
+	return iov_slice(iov, cnt, off, len, NULL, cnt);
 }

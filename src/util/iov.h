@@ -35,8 +35,8 @@ size_t iov_discard_front(struct iovec **iov, unsigned *cnt, size_t len);
 size_t iov_discard_back(struct iovec *iov, unsigned *cnt, size_t len);
 
 /* Describe bytes [off, off+len) of iov[0..cnt) in dst (at most max
- * entries).  Returns the entries used, or 0 when they do not fit or the
- * range passes the end. */
+ * entries; dst NULL: only count them).  Returns the entries used, or 0
+ * when they do not fit or the range passes the end. */
 unsigned iov_slice(const struct iovec *iov, unsigned cnt, size_t off, size_t len,
 		   struct iovec *dst, unsigned max);
 

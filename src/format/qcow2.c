@@ -462,10 +462,31 @@ int64_t qcow2_refcount(struct qcow2 *q, uint64_t off)
 	return (int64_t)rb_get(q, t->buf, idx % q->rb_entries);
 }
 
+/* The file covers [0, end): a read of a new cluster's part nobody wrote
+ * yet must find zeroes, not the end of the file (an O_DIRECT read there
+ * comes back short).  Grown a MiB at a time, not a syscall a cluster. */
+static int cover(struct qcow2 *q, uint64_t end)
+{
+	uint64_t step = MAX(q->cs, 1ull << 20);
+
+	if (end <= q->file_size)
+		return 0;
+	if (q->file->is_blockdev)
+		return -ENOSPC;
+	end = (end + step - 1) / step * step;
+	if (ftruncate(q->mfd, (off_t)end) < 0)
+		return -errno;
+	q->file_size = end;
+	return 0;
+}
+
 uint64_t qcow2_alloc(struct qcow2 *q, int *res)
 {
 	uint64_t off = q->next_free;
 
+	*res = cover(q, off + q->cs);
+	if (*res < 0)
+		return 0;
 	q->next_free += q->cs;
 	*res = refcount_add(q, off, 1);
 	if (*res < 0)
@@ -767,12 +788,10 @@ out:
 
 /* ---- Synchronous reads of a chain (copy on write) -------------------- */
 
-static int read_disk_sync(struct qcow2 *q, struct bdev *d, struct qcow2 *dq, int rfd,
-			  uint64_t off, uint8_t *buf, size_t len);
+static int read_backing_sync(struct qcow2 *q, uint64_t off, uint8_t *buf, size_t len);
 
-int qcow2_read_sync(struct qcow2 *q, struct bdev *d, uint64_t off, void *buf, size_t len)
+int qcow2_read_sync(struct qcow2 *q, uint64_t off, void *buf, size_t len)
 {
-	(void)d;
 	uint8_t *p = buf;
 
 	if (off >= q->size) {
@@ -802,10 +821,7 @@ int qcow2_read_sync(struct qcow2 *q, struct bdev *d, uint64_t off, void *buf, si
 			if ((r = pread_all(q->mfd, p, n, (e & QCOW2_OFFSET_MASK) + in)) < 0)
 				return r;
 		} else if (!(e & QCOW2_OFLAG_ZERO) && q->backing) {
-			r = read_disk_sync(q, q->backing,
-					   q->backing != q->backing_file ?
-					   container_of(q->backing, struct qcow2, disk) : NULL,
-					   q->backing_rfd, off, p, n);
+			r = read_backing_sync(q, off, p, n);
 			if (r < 0)
 				return r;
 		} else {
@@ -818,12 +834,13 @@ int qcow2_read_sync(struct qcow2 *q, struct bdev *d, uint64_t off, void *buf, si
 	return 0;
 }
 
-static int read_disk_sync(struct qcow2 *q, struct bdev *d, struct qcow2 *dq, int rfd,
-			  uint64_t off, uint8_t *buf, size_t len)
+/* q's backing disk: a qcow2 one through its tables, a raw file plainly. */
+static int read_backing_sync(struct qcow2 *q, uint64_t off, uint8_t *buf, size_t len)
 {
-	(void)q;
-	if (dq)
-		return qcow2_read_sync(dq, d, off, buf, len);
+	struct bdev *d = q->backing;
+
+	if (d != q->backing_file)
+		return qcow2_read_sync(container_of(d, struct qcow2, disk), off, buf, len);
 	if (off >= d->size) {
 		memset(buf, 0, len);
 		return 0;
@@ -834,7 +851,7 @@ static int read_disk_sync(struct qcow2 *q, struct bdev *d, struct qcow2 *dq, int
 		memset(buf + in, 0, len - in);
 		len = in;
 	}
-	return pread_all(rfd, buf, len, off);
+	return pread_all(q->backing_rfd, buf, len, off);
 }
 
 /* ---- Open ------------------------------------------------------------ */

@@ -159,10 +159,9 @@ int qcow2_entry(struct qcow2 *q, const uint8_t *l2, uint64_t gcl, uint64_t *e);
 /* Read a compressed cluster (L2 entry e) into q->zbuf.  0 or -errno. */
 int qcow2_decompress(struct qcow2 *q, uint64_t e);
 
-/* Synchronous read of the virtual disk d (a qcow2 disk or a raw file,
- * any depth of chain): for copy-on-write of a part cluster.  Past d's end
- * reads zeroes.  0 or -errno. */
-int qcow2_read_sync(struct qcow2 *q, struct bdev *d, uint64_t off, void *buf, size_t len);
+/* Synchronous read of q's virtual disk, down its chain: for copy on
+ * write of a part cluster.  Past the end reads zeroes.  0 or -errno. */
+int qcow2_read_sync(struct qcow2 *q, uint64_t off, void *buf, size_t len);
 
 /* Write back in crash-safe order (refcount blocks, sync, refcount table,
  * L2 tables, sync, L1, sync), then let the deferred frees go, then sync

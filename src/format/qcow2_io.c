@@ -333,7 +333,7 @@ static int write_new(struct q2_req *r, uint64_t gcl, enum kind k, uint64_t e, ui
 		return sub_submit(r, q->file, c->fctx, BDEV_WRITE, host + in, pos, n, NULL);
 	if (posix_memalign((void **)&buf, 4096, q->cs))
 		return -ENOMEM;
-	res = qcow2_read_sync(q, &q->disk, gcl << q->cluster_bits, buf, q->cs);
+	res = qcow2_read_sync(q, gcl << q->cluster_bits, buf, q->cs);
 	if (res < 0) {
 		free(buf);
 		return res;

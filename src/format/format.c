@@ -133,7 +133,9 @@ static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_op
 		.size = q->size - q->size % file->block_size,
 		.block_size = file->block_size,
 		.phys_block_size = file->phys_block_size,
-		.discard_granularity = (unsigned)MIN(q->cs, 1u << 20),
+		/* Discard frees whole clusters (qcow2_io.c, q2_dwz). */
+		.discard_granularity = (unsigned)q->cs,
+		.caps = file->read_only ? 0 : BDEV_CAP_DISCARD | BDEV_CAP_WRITE_ZEROES,
 		.read_only = file->read_only,
 		.is_blockdev = file->is_blockdev,
 		.device_completes = file->device_completes,

@@ -595,6 +595,29 @@ static int l1_write(struct qcow2 *q)
 	return r;
 }
 
+/* Clusters whose refcount reached zero give their space back to the
+ * file system (a hole; the file keeps its size).  Nothing allocates
+ * below next_free, so no new data can be there.  Best effort: a file
+ * system without holes keeps the blocks. */
+static void punch_freed(struct qcow2 *q)
+{
+	if (q->file->is_blockdev || q->no_punch)
+		return;
+	for (size_t i = 0; i < q->nfrees; i++) {
+		uint64_t off = q->frees[i];
+
+		if (qcow2_refcount(q, off) != 0)
+			continue;
+		if (fallocate(q->mfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+			      (off_t)q->cs) < 0) {
+			if (errno == EOPNOTSUPP || errno == ENOSYS)
+				q->no_punch = true;
+			break;
+		}
+		q->punched++;
+	}
+}
+
 int qcow2_flush(struct qcow2 *q)
 {
 	int r;
@@ -617,6 +640,7 @@ int qcow2_flush(struct qcow2 *q)
 				 (unsigned long long)q->frees[i]);
 	if (q->nfrees && (r = cache_write_dirty(q, &q->rbc)) < 0)
 		goto fail;
+	punch_freed(q);
 	q->nfrees = 0;
 	if ((r = sync_file(q)) < 0)
 		goto fail;
@@ -625,6 +649,95 @@ fail:
 	q->broken = true;
 	log_err("qcow2 image %s: writing metadata back failed: %s; no more writes to this "
 		"image", q->path, strerror(-r));
+	return r;
+}
+
+/* ---- Growing the disk (what qemu-img resize does for a bigger size) --- */
+
+int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
+{
+	uint64_t clusters = (size + q->cs - 1) >> q->cluster_bits;
+	uint64_t need = (clusters + q->l2_entries - 1) / q->l2_entries;
+	uint8_t b[12];
+	int r;
+
+	if (!q->rw || q->broken) {
+		snprintf(err, errlen, "qcow2 image %s is %s: it cannot grow", q->path,
+			 q->rw ? "broken (a metadata write failed)" : "read-only");
+		return q->rw ? -EIO : -EROFS;
+	}
+	if (need * 8 > QCOW2_MAX_L1_BYTES) {
+		snprintf(err, errlen, "%llu bytes needs an L1 table over %u MiB (the limit QEMU "
+			 "has too): give a smaller size", (unsigned long long)size,
+			 QCOW2_MAX_L1_BYTES >> 20);
+		return -EFBIG;
+	}
+	/* Everything the L1 points at is on disk before a new L1 is. */
+	if ((r = qcow2_flush(q)) < 0)
+		goto io;
+	if (need > q->l1_size) {
+		/* qcow2.txt, "Header": l1_size and l1_table_offset.  The new
+		 * table in new clusters (contiguous: allocation is at the end),
+		 * then both header fields in one write, then the old table's
+		 * clusters go. */
+		uint64_t nclusters = (need * 8 + q->cs - 1) >> q->cluster_bits;
+		uint64_t off = 0, *l1;
+		size_t bytes = (size_t)(nclusters * q->cs);
+		uint8_t *buf;
+
+		if ((r = cache_grow_index(&q->l2c, need)) < 0)
+			goto io;
+		l1 = realloc(q->l1, need * sizeof(*l1));
+		if (!l1) {
+			r = -ENOMEM;
+			goto io;
+		}
+		memset(l1 + q->l1_size, 0, (need - q->l1_size) * sizeof(*l1));
+		q->l1 = l1;
+		buf = calloc(1, bytes);
+		if (!buf) {
+			r = -ENOMEM;
+			goto io;
+		}
+		for (uint64_t i = 0; i < nclusters; i++) {
+			uint64_t c = qcow2_alloc(q, &r);
+
+			if (!c || (i && c != off + i * q->cs)) {
+				free(buf);
+				r = c ? -EIO : r;
+				goto io;
+			}
+			if (!i)
+				off = c;
+		}
+		for (uint64_t i = 0; i < q->l1_size; i++)
+			be64_put(buf + 8 * i, q->l1[i]);
+		r = flush_refcounts(q);
+		if (r == 0)
+			r = pwrite_all(q->mfd, buf, bytes, off);
+		free(buf);
+		if (r < 0 || (r = sync_file(q)) < 0)
+			goto io;
+		b[0] = (uint8_t)(need >> 24);
+		b[1] = (uint8_t)(need >> 16);
+		b[2] = (uint8_t)(need >> 8);
+		b[3] = (uint8_t)need;
+		be64_put(b + 4, off);
+		if ((r = pwrite_all(q->mfd, b, 12, 36)) < 0 || (r = sync_file(q)) < 0)
+			goto io;
+		for (uint64_t c = 0; c < ((uint64_t)q->l1_size * 8 + q->cs - 1) >> q->cluster_bits; c++)
+			qcow2_free_later(q, q->l1_off + c * q->cs);
+		q->l1_off = off;
+		q->l1_size = (uint32_t)need;
+	}
+	be64_put(b, size);
+	if ((r = pwrite_all(q->mfd, b, 8, 24)) < 0 || (r = sync_file(q)) < 0)
+		goto io;
+	q->size = size;
+	/* The old L1's clusters, now that the header points elsewhere. */
+	return qcow2_flush(q);
+io:
+	snprintf(err, errlen, "growing qcow2 image %s failed: %s", q->path, strerror(-r));
 	return r;
 }
 

@@ -103,6 +103,8 @@ struct qcow2 {
 	 * tables without the reference are on disk (qcow2_flush). */
 	uint64_t *frees;
 	size_t nfrees, frees_cap;
+	bool no_punch;		/* the file system cannot punch holes */
+	uint64_t punched;	/* freed clusters given back to the file system */
 	bool broken;		/* a metadata write failed: no more writes */
 	bool said_corrupt;	/* the one log line about corruption */
 
@@ -118,6 +120,7 @@ struct qcow2 {
 	uint8_t *zbuf;		/* decompression: one cluster */
 	uint64_t allocated;	/* clusters allocated since open (stats) */
 	uint64_t cow_bytes;
+	uint64_t zeroed;	/* clusters discarded or zeroed by metadata */
 };
 
 /* qcow2.c */
@@ -169,6 +172,12 @@ int qcow2_read_sync(struct qcow2 *q, uint64_t off, void *buf, size_t len);
  * -errno (the image is then broken for writes).  Iothread, or main
  * thread at close. */
 int qcow2_flush(struct qcow2 *q);
+
+/* Grow the virtual disk to size bytes (more than now): the header's
+ * size, and a bigger L1 table where it needs one (written in new
+ * clusters, then the header switched to it).  0, or -errno with one line
+ * in err.  Iothread (or the main thread when none runs). */
+int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen);
 
 /* A second open of fd without O_DIRECT (metadata, compressed clusters
  * and copy-on-write reads have no alignment).  The new fd, or -errno. */

@@ -20,6 +20,8 @@
 #include "format/qcow2.h"
 #include "util/compiler.h"
 #include "util/iov.h"
+#include "loop/loop.h"
+#include "util/barrier.h"
 #include "util/log.h"
 
 struct q2_alloc {
@@ -30,6 +32,10 @@ struct q2_alloc {
 
 struct q2_req {
 	struct bdev_io *io;	/* the guest's */
+	/* Where a write's bytes come from: the guest's iovecs, or a cluster
+	 * of zeroes (write zeroes done as a write). */
+	const struct iovec *iov;
+	unsigned iovcnt;
 	struct qcow2_ctx *c;
 	int res;
 	unsigned pending;	/* I/Os out, +1 while being cut */
@@ -52,6 +58,9 @@ struct q2_sub {
 
 struct qcow2_ctx {
 	struct qcow2 *q;
+	struct loop *loop;
+	uint8_t *zeroes;	/* one cluster, for write zeroes done as writes */
+	struct iovec zero_iov;
 	struct bdev_ctx *fctx;	/* the file's */
 	struct bdev_ctx *bctx;	/* the backing disk's, or NULL */
 	struct q2_req *free_reqs;
@@ -64,7 +73,7 @@ struct qcow2_ctx {
 enum kind { K_UNALLOC, K_ZERO, K_NORMAL, K_COMPRESSED };
 
 static void req_finish(struct q2_req *r);
-static void q2_write(struct q2_req *r);
+static void q2_start(struct q2_req *r);
 
 static inline struct qcow2_ctx *ctx_of(struct bdev_ctx *bc)
 {
@@ -137,8 +146,8 @@ static struct q2_sub *sub_get(struct q2_req *r, enum bdev_op op, uint64_t off)
 /* The guest's bytes [pos, pos+len) of r as s's iovecs. */
 static int sub_slice(struct q2_sub *s, size_t pos, size_t len)
 {
-	const struct bdev_io *io = s->r->io;
-	unsigned n = iov_slice_count(io->iov, io->iovcnt, pos, len);
+	const struct q2_req *r = s->r;
+	unsigned n = iov_slice_count(r->iov, r->iovcnt, pos, len);
 
 	if (!n)
 		return -EINVAL;
@@ -155,7 +164,7 @@ static int sub_slice(struct q2_sub *s, size_t pos, size_t len)
 		}
 		s->io.iov = s->iov;
 	}
-	s->io.iovcnt = iov_slice(io->iov, io->iovcnt, pos, len, s->io.iov, n);
+	s->io.iovcnt = iov_slice(r->iov, r->iovcnt, pos, len, s->io.iov, n);
 	return 0;
 }
 
@@ -196,6 +205,8 @@ static struct q2_req *req_get(struct qcow2_ctx *c, struct bdev_io *io)
 			return NULL;
 	}
 	r->io = io;
+	r->iov = io->iov;
+	r->iovcnt = io->iovcnt;
 	r->c = c;
 	r->res = 0;
 	r->pending = 1;
@@ -338,27 +349,17 @@ static int write_new(struct q2_req *r, uint64_t gcl, enum kind k, uint64_t e, ui
 		free(buf);
 		return res;
 	}
-	iov_to_buf(r->io->iov, r->io->iovcnt, pos, buf + in, n);
+	iov_to_buf(r->iov, r->iovcnt, pos, buf + in, n);
 	q->cow_bytes += q->cs - n;
 	return sub_submit(r, q->file, c->fctx, BDEV_WRITE, host, 0, q->cs, buf);
 }
 
-static void q2_write(struct q2_req *r)
+/* Write [off, off+len) of the disk with r's bytes from pos on. */
+static int write_span(struct q2_req *r, uint64_t off, size_t len, size_t pos)
 {
-	struct qcow2_ctx *c = r->c;
-	struct qcow2 *q = c->q;
-	struct bdev_io *io = r->io;
-	uint64_t off = io->offset;
-	size_t len = io->len, pos = 0;
+	struct qcow2 *q = r->c->q;
 	int res = 0;
 
-	if (overlaps_allocating(c, r)) {
-		/* Another request is allocating one of our clusters: after it. */
-		r->next = NULL;
-		*c->wait_tail = r;
-		c->wait_tail = &r->next;
-		return;
-	}
 	while (len && res == 0) {
 		uint64_t gcl = off >> q->cluster_bits, in = off & (q->cs - 1), e;
 		size_t n = (size_t)MIN(len, q->cs - in);
@@ -383,7 +384,7 @@ static void q2_write(struct q2_req *r)
 				n += (size_t)MIN(len - n, q->cs);
 			}
 			if (res == 0)
-				res = sub_submit(r, q->file, c->fctx, BDEV_WRITE, host, pos, n, NULL);
+				res = sub_submit(r, q->file, r->c->fctx, BDEV_WRITE, host, pos, n, NULL);
 		} else {
 			res = write_new(r, gcl, k, e, in, pos, n);
 		}
@@ -391,6 +392,121 @@ static void q2_write(struct q2_req *r)
 		off += n;
 		len -= n;
 	}
+	return res;
+}
+
+/* ---- Discard and write zeroes ---------------------------------------- */
+
+/* Whole guest cluster gcl after a discard or a write of zeroes, as
+ * QEMU's qcow2 driver does it (discard_in_l2_slice, zero_in_l2_slice):
+ * v3 has the zero flag (qcow2.txt, "Standard Cluster Descriptor", bit 0);
+ * v2 only "unallocated", which reads zeroes where no backing file shows
+ * through.  A cluster dropped is freed at the next flush.  1 when the
+ * cluster must be written with zeroes instead (v2 over a backing file),
+ * else 0 or -errno. */
+static int zero_cluster(struct q2_req *r, uint64_t gcl, bool discard)
+{
+	struct qcow2 *q = r->c->q;
+	bool below = q->backing && (gcl << q->cluster_bits) < q->backing->size;
+	uint64_t e, ne, be;
+	enum kind k;
+	uint8_t *l2;
+	bool drop;
+	int res;
+
+	if ((res = classify(q, gcl, &k, &e)) < 0)
+		return res;
+	if (k == K_UNALLOC && !below)
+		return 0;			/* reads zeroes already */
+	if (q->version < 3) {
+		if (below && !discard)
+			return 1;
+		ne = 0;				/* discard may show the backing file */
+		drop = true;
+	} else if (discard || r->io->unmap || k == K_COMPRESSED || k == K_UNALLOC ||
+		   (k == K_NORMAL && !(e & QCOW2_OFLAG_COPIED))) {
+		ne = QCOW2_OFLAG_ZERO;
+		drop = true;
+	} else {
+		/* Zeroes without unmap: the cluster stays allocated, flagged. */
+		ne = e | QCOW2_OFLAG_ZERO;
+		drop = false;
+	}
+	if (k == K_ZERO && !drop && e == ne)
+		return 0;
+	if (!(l2 = qcow2_l2_get(q, gcl, true, &res)))
+		return res ? res : -EIO;
+	be = htobe64(ne);
+	memcpy(l2 + (gcl % q->l2_entries) * 8, &be, 8);
+	qcow2_l2_dirty(q, gcl);
+	if (drop && (e & (QCOW2_OFFSET_MASK | QCOW2_OFLAG_COMPRESSED)))
+		qcow2_free_later(q, e);
+	q->zeroed++;
+	return 0;
+}
+
+/* Write zeroes on part of a cluster: nothing to do where it reads
+ * zeroes already. */
+static int zero_part(struct q2_req *r, uint64_t off, uint64_t len)
+{
+	struct qcow2 *q = r->c->q;
+	uint64_t gcl = off >> q->cluster_bits, e;
+	enum kind k;
+	int res;
+
+	if ((res = classify(q, gcl, &k, &e)) < 0)
+		return res;
+	if (k == K_ZERO ||
+	    (k == K_UNALLOC && (!q->backing || (gcl << q->cluster_bits) >= q->backing->size)))
+		return 0;
+	return write_span(r, off, (size_t)len, 0);
+}
+
+/* Discard (whole clusters only: the rest is advisory, as in QEMU) or
+ * write zeroes (the parts of clusters written as zeroes). */
+static int q2_dwz(struct q2_req *r)
+{
+	struct qcow2_ctx *c = r->c;
+	struct qcow2 *q = c->q;
+	bool discard = r->io->op == BDEV_DISCARD;
+	uint64_t off = r->io->offset, end = off + r->io->length;
+	uint64_t a = (off + q->cs - 1) & ~(q->cs - 1), b = end & ~(q->cs - 1);
+	int res = 0;
+
+	r->iov = &c->zero_iov;
+	r->iovcnt = 1;
+	if (a >= b)			/* inside one cluster, or two partly */
+		a = b = MIN(end, a);
+	if (!discard && off < a && (res = zero_part(r, off, a - off)) < 0)
+		return res;
+	for (uint64_t x = a; x < b && res >= 0; x += q->cs) {
+		res = zero_cluster(r, x >> q->cluster_bits, discard);
+		if (res == 1)
+			res = write_span(r, x, (size_t)q->cs, 0);
+	}
+	if (res < 0)
+		return res;
+	if (!discard && b < end)
+		res = zero_part(r, b, end - b);
+	return res;
+}
+
+static void q2_start(struct q2_req *r)
+{
+	struct qcow2_ctx *c = r->c;
+	int res;
+
+	if (overlaps_allocating(c, r)) {
+		/* Another request is allocating one of our clusters: after it. */
+		r->next = NULL;
+		*c->wait_tail = r;
+		c->wait_tail = &r->next;
+		return;
+	}
+	if (r->io->op == BDEV_WRITE)
+		res = write_span(r, r->io->offset, r->io->len, 0);
+	else
+		res = q2_dwz(r);
 	req_put(r, res);
 }
 
@@ -449,7 +565,7 @@ static void req_finish(struct q2_req *r)
 		while (w) {
 			struct q2_req *n = w->next;
 
-			q2_write(w);
+			q2_start(w);
 			w = n;
 		}
 	} else if (c->wait_head) {
@@ -464,7 +580,7 @@ static void req_finish(struct q2_req *r)
 			*p = w->next;
 			if (c->wait_tail == &w->next)
 				c->wait_tail = p;
-			q2_write(w);
+			q2_start(w);
 		}
 	}
 	bdev_complete(io, res);
@@ -481,7 +597,14 @@ static int q2_ctx_new(struct bdev *b, struct loop *l, unsigned depth, struct bde
 	if (!c)
 		return -ENOMEM;
 	c->q = q;
+	c->loop = l;
 	c->wait_tail = &c->wait_head;
+	if (posix_memalign((void **)&c->zeroes, 4096, q->cs)) {
+		free(c);
+		return -ENOMEM;
+	}
+	memset(c->zeroes, 0, q->cs);
+	c->zero_iov = (struct iovec){ c->zeroes, q->cs };
 	r = bdev_ctx_new(q->file, l, depth, &c->fctx);
 	if (r < 0)
 		goto fail;
@@ -493,6 +616,7 @@ static int q2_ctx_new(struct bdev *b, struct loop *l, unsigned depth, struct bde
 	*out = (struct bdev_ctx *)c;
 	return 0;
 fail:
+	free(c->zeroes);
 	free(c);
 	return r;
 }
@@ -520,6 +644,7 @@ static void q2_ctx_free(struct bdev_ctx *bc)
 	}
 	if (c->q->ctx == c)
 		c->q->ctx = NULL;
+	free(c->zeroes);
 	free(c);
 }
 
@@ -527,6 +652,7 @@ static void q2_submit(struct bdev_ctx *bc, struct bdev_io *io)
 {
 	struct qcow2_ctx *c = ctx_of(bc);
 	struct qcow2 *q = c->q;
+	uint64_t len, size;
 	struct q2_req *r;
 
 	switch (io->op) {
@@ -535,18 +661,27 @@ static void q2_submit(struct bdev_ctx *bc, struct bdev_io *io)
 		bdev_complete(io, qcow2_flush(q));
 		return;
 	case BDEV_READ:
+		len = io->len;
+		break;
 	case BDEV_WRITE:
+		len = io->len;
+		goto writes;
+	case BDEV_DISCARD:
+	case BDEV_WRITE_ZEROES:
+		len = io->length;
+writes:
+		if (!q->rw || q->broken) {
+			bdev_complete(io, q->rw ? -EIO : -EROFS);
+			return;
+		}
 		break;
 	default:
 		bdev_complete(io, -EOPNOTSUPP);
 		return;
 	}
-	if (io->op == BDEV_WRITE && (!q->rw || q->broken)) {
-		bdev_complete(io, q->rw ? -EIO : -EROFS);
-		return;
-	}
-	if (io->len == 0 || io->offset > q->disk.size || io->len > q->disk.size - io->offset) {
-		bdev_complete(io, io->len ? -EINVAL : 0);
+	size = READ_ONCE(q->disk.size);	/* grows: q2_resize */
+	if (len == 0 || io->offset > size || len > size - io->offset) {
+		bdev_complete(io, len ? -EINVAL : 0);
 		return;
 	}
 	r = req_get(c, io);
@@ -556,11 +691,11 @@ static void q2_submit(struct bdev_ctx *bc, struct bdev_io *io)
 	}
 	c->inflight++;
 	r->first = io->offset >> q->cluster_bits;
-	r->last = (io->offset + io->len - 1) >> q->cluster_bits;
+	r->last = (io->offset + len - 1) >> q->cluster_bits;
 	if (io->op == BDEV_READ)
 		q2_read(r);
 	else
-		q2_write(r);
+		q2_start(r);
 }
 
 static void q2_kick(struct bdev_ctx *bc)
@@ -599,13 +734,33 @@ static uint64_t q2_polled(const struct bdev_ctx *bc)
 	return bdev_ctx_polled(c->q->file, c->fctx);
 }
 
+struct grow_call {
+	struct qcow2 *q;
+	uint64_t size;
+	char *err;
+	size_t errlen;
+	int res;
+};
+
+static void grow_fn(void *opaque)
+{
+	struct grow_call *g = opaque;
+
+	g->res = qcow2_grow(g->q, g->size, g->err, g->errlen);
+}
+
+/* Main thread: the tables are the iothread's, so the growing runs there,
+ * between requests.  bdev_resize publishes the new size after. */
 static int q2_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 {
-	(void)b;
-	(void)size;
-	snprintf(err, errlen, "growing a qcow2 disk is not supported yet: stop vblkd, "
-		 "qemu-img resize the image, start it again");
-	return -EOPNOTSUPP;
+	struct qcow2 *q = container_of(b, struct qcow2, disk);
+	struct grow_call g = { q, size, err, errlen, 0 };
+
+	if (q->ctx)
+		loop_call_sync(q->ctx->loop, grow_fn, &g);
+	else
+		grow_fn(&g);
+	return g.res;
 }
 
 void qcow2_io_engine(struct bdev_engine *e, const char *name)

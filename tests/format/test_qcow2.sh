@@ -101,6 +101,66 @@ if bench qcow2-snapshot-cow-verify-check "$tmp/s.qcow2" --rw randwrite --iodepth
     if cmp -s "$tmp/s-pre.raw" "$tmp/s-snap.raw"; then pass qcow2-snapshot-still-reads-as-before
     else fail qcow2-snapshot-still-reads-as-before "qemu-img convert -l s1 differs"; fi
 fi
+# The format layer driven directly (fmt-io): random writes, reads,
+# discards, write zeroes (with and without unmap), flushes and a grow on
+# the image and on a raw copy of it; then QEMU reads the image: qemu-img
+# compare against the raw copy, qemu-img check clean.  v3 with a backing
+# file (the zero flag keeps the base hidden), v2 over a backing file
+# (zeroes written as data), 512-byte clusters, a snapshot kept.
+# fmtio NAME IMAGE SEED ARGS...
+fmtio() {
+    local name=$1 img=$2 seed=$3 out; shift 3
+    qemu-img convert -O raw "$img" "$tmp/$name.raw"
+    cp "$tmp/$name.raw" "$tmp/$name.orig"
+    if ! out=$("$BUILD/fmt-io" "$img" "$tmp/$name.raw" "$seed" 400 --orig "$tmp/$name.orig" "$@" \
+            2>&1); then
+        fail "$name" "$out"; return 1
+    fi
+    if ! qemu-img compare -q -f qcow2 -F raw "$img" "$tmp/$name.raw" >"$tmp/$name.cmp" 2>&1; then
+        fail "$name" "qemu-img compare: $(head -2 "$tmp/$name.cmp")"; return 1
+    fi
+    if ! qemu-img check -q "$img" >"$tmp/$name.check" 2>&1; then
+        fail "$name" "qemu-img check: $(head -3 "$tmp/$name.check")"; return 1
+    fi
+    pass "$name"
+}
+qemu-img create -q -f qcow2 -b base.raw -F raw "$tmp/f3.qcow2" 8M
+fmtio qcow2-v3-backing-discard-zeroes-grow-compare "$tmp/f3.qcow2" 1 --grow $((24 << 20))
+if [[ $(qemu-img info --output=json "$tmp/f3.qcow2" | python3 -c         'import json,sys; print(json.load(sys.stdin)["virtual-size"])') == $((24 << 20)) ]]; then
+    pass qcow2-grown-size-in-header
+else
+    fail qcow2-grown-size-in-header "$(qemu-img info "$tmp/f3.qcow2" | grep 'virtual size')"
+fi
+qemu-img create -q -f qcow2 -o compat=0.10 -b base.raw -F raw "$tmp/f2.qcow2" 8M
+fmtio qcow2-v2-backing-discard-zeroes-compare "$tmp/f2.qcow2" 2
+qemu-img create -q -f qcow2 -o cluster_size=512 "$tmp/f512.qcow2" 4M
+fmtio qcow2-512b-discard-zeroes-grow-l1-compare "$tmp/f512.qcow2" 3 --grow $((64 << 20)) \
+    --max-len $((64 << 10))
+cp "$tmp/s.qcow2" "$tmp/fs.qcow2"
+qemu-img convert -l s1 -O raw "$tmp/fs.qcow2" "$tmp/fs-snap.raw"
+if fmtio qcow2-snapshot-discard-zeroes-compare "$tmp/fs.qcow2" 4; then
+    qemu-img convert -l s1 -O raw "$tmp/fs.qcow2" "$tmp/fs-snap2.raw"
+    if cmp -s "$tmp/fs-snap.raw" "$tmp/fs-snap2.raw"; then pass qcow2-snapshot-survives-discard
+    else fail qcow2-snapshot-survives-discard "qemu-img convert -l s1 differs"; fi
+fi
+# Discard gives the space back: a fully written image, discarded, is
+# mostly holes in the file.
+qemu-img create -q -f qcow2 "$tmp/p.qcow2" 32M
+qemu-io -f qcow2 -c "write -P 0x11 0 32M" "$tmp/p.qcow2" >/dev/null
+before=$(du -k "$tmp/p.qcow2" | cut -f1)
+if start "$tmp/punch.log" --disk "$tmp/p.qcow2" &&
+   "$BENCH" --socket "$tmp/d.sock" --rw trim --bs 1M --iodepth 4 --runtime 1 --ramp 0 \
+       >"$tmp/punch.out" 2>&1 && stop; then
+    after=$(du -k "$tmp/p.qcow2" | cut -f1)
+    if ((after < before / 4)) && qemu-img check -q "$tmp/p.qcow2" >/dev/null 2>&1; then
+        pass qcow2-discard-punches-holes
+    else
+        fail qcow2-discard-punches-holes "file used ${before} KiB before, ${after} KiB after"
+    fi
+else
+    fail qcow2-discard-punches-holes "$(tail -2 "$tmp/punch.out" "$tmp/punch.log")"
+fi
+
 # The base is opened read-only and locked against writers while served.
 start "$tmp/lock.log" --disk "$tmp/top.qcow2"
 if qemu-io -f raw -c "write 0 4k" "$tmp/base.raw" >"$tmp/qio.log" 2>&1; then

@@ -100,6 +100,40 @@ static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
 	return 0;
 }
 
+/*
+ * Every metadata write.  Through the page cache (mfd), except where a
+ * cluster is smaller than a page and the data goes around the cache
+ * (O_DIRECT): then a table and guest data share pages, and a direct
+ * write next to a dirty cached one fails the page's invalidation, which
+ * Linux reports as a write-back error (EIO at the next fdatasync).  So
+ * such an image's metadata goes around the cache too, in the device's
+ * blocks, read-modify-write at the edges (QEMU's cache=none does all its
+ * metadata I/O on the O_DIRECT file too).
+ */
+static int meta_write(struct qcow2 *q, const void *buf, size_t len, uint64_t off)
+{
+	uint64_t a = MAX(512u, MAX(q->file->dio_len_align, q->file->dio_mem_align));
+	uint64_t lo, hi;
+	uint8_t *b;
+	int r;
+
+	if (!q->meta_direct)
+		return pwrite_all(q->mfd, buf, len, off);
+	lo = off / a * a;
+	hi = (off + len + a - 1) / a * a;
+	if (posix_memalign((void **)&b, 4096, (size_t)(hi - lo)))
+		return -ENOMEM;
+	if ((lo < off || hi > off + len) &&
+	    (r = pread_all(q->file->fd, b, (size_t)(hi - lo), lo)) < 0) {
+		free(b);
+		return r;
+	}
+	memcpy(b + (off - lo), buf, len);
+	r = pwrite_all(q->file->fd, b, (size_t)(hi - lo), lo);
+	free(b);
+	return r;
+}
+
 static int sync_file(struct qcow2 *q)
 {
 	return fdatasync(q->mfd) < 0 ? -errno : 0;
@@ -184,9 +218,11 @@ static int cache_grow_index(struct qcow2_cache *c, uint64_t nindex)
 	return 0;
 }
 
+/* The changed part of t, whole 512-byte sectors. */
 static int write_table(struct qcow2 *q, struct qcow2_cache *c, struct qcow2_table *t)
 {
-	int r = pwrite_all(q->mfd, t->buf, q->cs, t->off);
+	uint32_t lo = t->dlo & ~511u, hi = MIN((t->dhi + 511) & ~511u, (uint32_t)q->cs);
+	int r = hi > lo ? meta_write(q, t->buf + lo, hi - lo, t->off + lo) : 0;
 
 	if (r < 0) {
 		q->broken = true;
@@ -195,6 +231,8 @@ static int write_table(struct qcow2 *q, struct qcow2_cache *c, struct qcow2_tabl
 		return r;
 	}
 	t->dirty = false;
+	t->fresh = false;
+	t->dlo = t->dhi = 0;
 	c->ndirty--;
 	return 0;
 }
@@ -252,6 +290,9 @@ static struct qcow2_table *cache_get(struct qcow2 *q, struct qcow2_cache *c, uin
 	t->off = off;
 	t->index = index;
 	t->used = ++c->clock;
+	t->fresh = !load;
+	t->dlo = 0;
+	t->dhi = load ? 0 : (uint32_t)q->cs;
 	if (load)
 		t->dirty = false;
 	c->slot[index] = (uint32_t)(t - c->t) + 1;
@@ -261,12 +302,24 @@ fail:
 	return NULL;
 }
 
-static void cache_dirty(struct qcow2_cache *c, struct qcow2_table *t)
+/* Bytes [lo, hi) of t changed. */
+static void cache_dirty_range(struct qcow2_cache *c, struct qcow2_table *t, uint32_t lo,
+			      uint32_t hi)
 {
 	if (!t->dirty) {
 		t->dirty = true;
 		c->ndirty++;
+		t->dlo = lo;
+		t->dhi = hi;
+		return;
 	}
+	t->dlo = MIN(t->dlo, lo);
+	t->dhi = MAX(t->dhi, hi);
+}
+
+static void cache_dirty(struct qcow2 *q, struct qcow2_cache *c, struct qcow2_table *t)
+{
+	cache_dirty_range(c, t, 0, (uint32_t)q->cs);
 }
 
 static int cache_write_dirty(struct qcow2 *q, struct qcow2_cache *c)
@@ -400,7 +453,7 @@ static int rt_grow(struct qcow2 *q, uint64_t need)
 
 		memcpy(hdr + 8, &c, 4);
 	}
-	if ((r = pwrite_all(q->mfd, hdr, sizeof(hdr), 48)) < 0 || (r = sync_file(q)) < 0)
+	if ((r = meta_write(q, hdr, sizeof(hdr), 48)) < 0 || (r = sync_file(q)) < 0)
 		goto fail;
 	for (uint64_t i = 0; i < old_clusters; i++)
 		if ((r = refcount_add(q, old_off + i * q->cs, -1)) < 0)
@@ -443,7 +496,7 @@ static int refcount_add(struct qcow2 *q, uint64_t off, int delta)
 		return -EIO;
 	}
 	rb_set(q, t->buf, bi, delta < 0 ? v - 1 : v + 1);
-	cache_dirty(&q->rbc, t);
+	cache_dirty(q, &q->rbc, t);
 	return 0;
 }
 
@@ -480,26 +533,78 @@ static int cover(struct qcow2 *q, uint64_t end)
 	return 0;
 }
 
-uint64_t qcow2_alloc(struct qcow2 *q, int *res)
+/* The next n clusters at the end, refcount 1 each (not yet durable):
+ * the first one's offset, or 0 with *res = -errno. */
+static uint64_t alloc_end(struct qcow2 *q, uint64_t n, int *res)
 {
 	uint64_t off = q->next_free;
 
-	*res = cover(q, off + q->cs);
+	*res = cover(q, off + n * q->cs);
 	if (*res < 0)
 		return 0;
-	q->next_free += q->cs;
-	*res = refcount_add(q, off, 1);
-	if (*res < 0)
+	q->next_free += n * q->cs;
+	for (uint64_t i = 0; i < n; i++)
+		if ((*res = refcount_add(q, off + i * q->cs, 1)) < 0)
+			return 0;
+	return off;
+}
+
+static int resv_push(struct qcow2 *q, uint64_t off)
+{
+	if (q->nresv == q->resv_cap) {
+		size_t cap = q->resv_cap ? q->resv_cap * 2 : 64;
+		uint64_t *v = realloc(q->resv, cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		q->resv = v;
+		q->resv_cap = cap;
+	}
+	q->resv[q->nresv++] = off;
+	return 0;
+}
+
+/* A chunk of clusters reserved: refcounts set, written and synced. */
+static int resv_refill(struct qcow2 *q)
+{
+	uint64_t n = q->resv_chunk, off;
+	int r;
+
+	off = alloc_end(q, n, &r);
+	if (!off)
+		return r;
+	for (uint64_t i = n; i-- > 0;)
+		if ((r = resv_push(q, off + i * q->cs)) < 0)
+			return r;
+	q->refills++;
+	return flush_refcounts(q);
+}
+
+uint64_t qcow2_alloc(struct qcow2 *q, int *res)
+{
+	*res = 0;
+	if (!q->nresv && (*res = resv_refill(q)) < 0)
 		return 0;
 	q->allocated++;
-	return off;
+	return q->resv[--q->nresv];
 }
 
 void qcow2_unalloc(struct qcow2 *q, uint64_t off)
 {
-	/* Nothing points at it: the refcount may drop now. */
-	if (refcount_add(q, off, -1) < 0)
+	/* Nothing points at it: back to the reserve, refcount as it is. */
+	q->allocated--;
+	if (resv_push(q, off) < 0 && refcount_add(q, off, -1) < 0)
 		log_warn("qcow2 image %s: cluster %#llx leaked", q->path, (unsigned long long)off);
+}
+
+/* At close: the reserve's refcounts back to zero. */
+static void resv_release(struct qcow2 *q)
+{
+	for (size_t i = 0; i < q->nresv; i++)
+		if (refcount_add(q, q->resv[i], -1) < 0)
+			log_warn("qcow2 image %s: cluster %#llx leaked", q->path,
+				 (unsigned long long)q->resv[i]);
+	q->nresv = 0;
 }
 
 static int frees_push(struct qcow2 *q, uint64_t off)
@@ -550,7 +655,7 @@ static int rt_write(struct qcow2 *q)
 		return -ENOMEM;
 	for (uint64_t i = 0; i < bytes / 8; i++)
 		be64_put(buf + 8 * i, i < q->rt_entries ? q->rt[i] : 0);
-	r = pwrite_all(q->mfd, buf, bytes, q->rt_off);
+	r = meta_write(q, buf, bytes, q->rt_off);
 	free(buf);
 	if (r == 0)
 		q->rt_dirty = false;
@@ -588,7 +693,7 @@ static int l1_write(struct qcow2 *q)
 		return -ENOMEM;
 	for (uint64_t i = lo; i < hi; i++)
 		be64_put(buf + 8 * (i - lo), q->l1[i]);
-	r = pwrite_all(q->mfd, buf, bytes, q->l1_off + lo * 8);
+	r = meta_write(q, buf, bytes, q->l1_off + lo * 8);
 	free(buf);
 	if (r == 0)
 		q->l1_dirty_lo = q->l1_dirty_hi = 0;
@@ -628,10 +733,14 @@ int qcow2_flush(struct qcow2 *q)
 		return -EIO;
 	if ((r = flush_refcounts(q)) < 0)
 		return r;
-	if (q->l2c.ndirty && ((r = cache_write_dirty(q, &q->l2c)) < 0 || (r = sync_file(q)) < 0))
+	/* Tables (mostly written through already), then everything durable:
+	 * the data the guest wrote and the tables pointing at it. */
+	if ((r = qcow2_write_through(q)) < 0)
+		return r;
+	if ((r = sync_file(q)) < 0)
 		goto fail;
-	if (q->l1_dirty_hi > q->l1_dirty_lo && ((r = l1_write(q)) < 0 || (r = sync_file(q)) < 0))
-		goto fail;
+	if (!q->nfrees)
+		return 0;
 	/* No table on disk points at these any more: their refcounts may
 	 * drop, and be written now (a crash before only leaks them). */
 	for (size_t i = 0; i < q->nfrees; i++)
@@ -699,22 +808,16 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 			r = -ENOMEM;
 			goto io;
 		}
-		for (uint64_t i = 0; i < nclusters; i++) {
-			uint64_t c = qcow2_alloc(q, &r);
-
-			if (!c || (i && c != off + i * q->cs)) {
-				free(buf);
-				r = c ? -EIO : r;
-				goto io;
-			}
-			if (!i)
-				off = c;
+		off = alloc_end(q, nclusters, &r);
+		if (!off) {
+			free(buf);
+			goto io;
 		}
 		for (uint64_t i = 0; i < q->l1_size; i++)
 			be64_put(buf + 8 * i, q->l1[i]);
 		r = flush_refcounts(q);
 		if (r == 0)
-			r = pwrite_all(q->mfd, buf, bytes, off);
+			r = meta_write(q, buf, bytes, off);
 		free(buf);
 		if (r < 0 || (r = sync_file(q)) < 0)
 			goto io;
@@ -723,7 +826,7 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 		b[2] = (uint8_t)(need >> 8);
 		b[3] = (uint8_t)need;
 		be64_put(b + 4, off);
-		if ((r = pwrite_all(q->mfd, b, 12, 36)) < 0 || (r = sync_file(q)) < 0)
+		if ((r = meta_write(q, b, 12, 36)) < 0 || (r = sync_file(q)) < 0)
 			goto io;
 		for (uint64_t c = 0; c < ((uint64_t)q->l1_size * 8 + q->cs - 1) >> q->cluster_bits; c++)
 			qcow2_free_later(q, q->l1_off + c * q->cs);
@@ -731,7 +834,7 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 		q->l1_size = (uint32_t)need;
 	}
 	be64_put(b, size);
-	if ((r = pwrite_all(q->mfd, b, 8, 24)) < 0 || (r = sync_file(q)) < 0)
+	if ((r = meta_write(q, b, 8, 24)) < 0 || (r = sync_file(q)) < 0)
 		goto io;
 	q->size = size;
 	/* The old L1's clusters, now that the header points elsewhere. */
@@ -783,7 +886,8 @@ uint8_t *qcow2_l2_get(struct qcow2 *q, uint64_t gcl, bool alloc, int *res)
 			return NULL;
 		qcow2_free_later(q, off);
 		t->off = noff;
-		cache_dirty(&q->l2c, t);
+		t->fresh = true;
+		cache_dirty(q, &q->l2c, t);
 	}
 set_l1:
 	q->l1[l1i] = noff | QCOW2_OFLAG_COPIED;
@@ -800,9 +904,43 @@ set_l1:
 void qcow2_l2_dirty(struct qcow2 *q, uint64_t gcl)
 {
 	uint32_t s = q->l2c.slot[gcl / q->l2_entries];
+	uint32_t at = (uint32_t)(gcl % q->l2_entries) * 8;
 
 	if (s)
-		cache_dirty(&q->l2c, &q->l2c.t[s - 1]);
+		cache_dirty_range(&q->l2c, &q->l2c.t[s - 1], at, at + 8);
+}
+
+int qcow2_write_through(struct qcow2 *q)
+{
+	bool fresh = false;
+	int r;
+
+	if (q->broken)
+		return -EIO;
+	for (unsigned i = 0; i < q->l2c.n && q->l2c.ndirty; i++) {
+		struct qcow2_table *t = &q->l2c.t[i];
+
+		if (!t->off || !t->dirty)
+			continue;
+		fresh |= t->fresh;
+		if ((r = write_table(q, &q->l2c, t)) < 0)
+			return r;
+	}
+	if (q->l1_dirty_hi > q->l1_dirty_lo) {
+		/* A new table durable before the entry pointing at it: the
+		 * cluster might hold old bytes, and a copied one must not come
+		 * back empty. */
+		if (fresh && (r = sync_file(q)) < 0)
+			goto fail;
+		if ((r = l1_write(q)) < 0)
+			goto fail;
+	}
+	return 0;
+fail:
+	q->broken = true;
+	log_err("qcow2 image %s: writing the L1 table failed: %s; no more writes to this image",
+		q->path, strerror(-r));
+	return r;
 }
 
 int qcow2_entry(struct qcow2 *q, const uint8_t *l2, uint64_t gcl, uint64_t *out)
@@ -990,6 +1128,7 @@ static void qcow2_free(struct qcow2 *q)
 	free(q->l1);
 	free(q->rt);
 	free(q->frees);
+	free(q->resv);
 	free(q->zbuf);
 	free(q->path);
 	free(q->backing_name);
@@ -1289,6 +1428,7 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	}
 	if ((r = parse_extensions(q, h, err, errlen)) < 0)
 		goto fail;
+	q->meta_direct = file->direct && q->cs < (uint64_t)sysconf(_SC_PAGESIZE);
 	{
 		uint64_t boff = be64_at(h + 8);
 		uint32_t blen = be32_at(h + 16);
@@ -1325,6 +1465,9 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 		goto nomem;
 	if (posix_memalign((void **)&q->zbuf, 4096, q->cs))
 		goto nomem;
+	/* Reserved a chunk at a time: 16 MiB, 8 to 4096 clusters (a crash
+	 * leaks at most that). */
+	q->resv_chunk = MIN(4096ull, MAX(8ull, (16ull << 20) >> q->cluster_bits));
 	if ((r = find_next_free(q)) < 0) {
 		snprintf(err, errlen, "cannot read the refcounts of qcow2 image %s: %s", q->path,
 			 strerror(-r));
@@ -1335,7 +1478,7 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	if (q->rw && q->autoclear) {
 		uint8_t z[8] = { 0 };
 
-		if ((r = pwrite_all(q->mfd, z, 8, 88)) < 0 || (r = sync_file(q)) < 0) {
+		if ((r = meta_write(q, z, 8, 88)) < 0 || (r = sync_file(q)) < 0) {
 			snprintf(err, errlen, "cannot update the header of %s: %s", q->path,
 				 strerror(-r));
 			goto fail;
@@ -1358,8 +1501,11 @@ fail:
 
 int qcow2_close(struct qcow2 *q)
 {
-	int r = qcow2_flush(q);
+	int r;
 
+	if (q->rw && !q->broken)
+		resv_release(q);
+	r = qcow2_flush(q);
 	if (r < 0)
 		log_err("qcow2 image %s: metadata not written back at exit: %s", q->path,
 			strerror(-r));

@@ -46,7 +46,10 @@ struct qcow2_table {
 	uint8_t *buf;
 	uint64_t used;		/* LRU clock */
 	uint32_t index;		/* L1 or refcount-table index it is for */
+	uint32_t dlo, dhi;	/* bytes [dlo, dhi) changed since written */
 	bool dirty;
+	bool fresh;		/* new or copied: its whole cluster is to be written,
+				 * and durable before the L1 points at it */
 };
 
 struct qcow2_cache {
@@ -67,6 +70,7 @@ struct qcow2 {
 	struct bdev *file;	/* the image file, the caller's */
 	char *path;
 	int mfd;		/* metadata I/O: the file without O_DIRECT */
+	bool meta_direct;	/* metadata written around the page cache (meta_write) */
 	bool rw;
 
 	/* The header (host byte order). */
@@ -98,6 +102,15 @@ struct qcow2 {
 
 	uint64_t file_size;	/* at open, grown by what we allocate */
 	uint64_t next_free;	/* where the next cluster is allocated */
+	/* Clusters whose refcount 1 is already durable, handed out by
+	 * qcow2_alloc: a table may point at one as soon as it has it, so the
+	 * tables can go to the file at once (qcow2_write_through) without
+	 * ever pointing at a cluster whose refcount a crash could lose.
+	 * Unused ones are given back at close; a crash leaks them. */
+	uint64_t *resv;
+	size_t nresv, resv_cap;
+	uint64_t resv_chunk;	/* clusters reserved at a time */
+	uint64_t refills;
 	/* Clusters whose last reference went away (a COW moved a cluster, a
 	 * shared L2 table was copied): their refcounts drop only once the
 	 * tables without the reference are on disk (qcow2_flush). */
@@ -137,12 +150,24 @@ void qcow2_describe(const struct qcow2 *q, char *buf, size_t len);
  * a snapshot's) copied first, so the pointer is a table we may change;
  * the table is marked dirty.  Iothread. */
 uint8_t *qcow2_l2_get(struct qcow2 *q, uint64_t gcl, bool alloc, int *res);
-/* Mark the L2 table holding gcl's entry dirty (after changing it). */
+/* Mark gcl's entry in its L2 table changed (after changing it). */
 void qcow2_l2_dirty(struct qcow2 *q, uint64_t gcl);
 
-/* A new cluster, refcount 1 (its refcount block allocated or the table
- * grown as needed): its host offset, or 0 with *res = -errno.  The
- * cluster lies past every byte the image had, so it reads as zeroes. */
+/* Every table changed since is handed to the file (pwrite, no sync):
+ * L2 tables (a fresh one made durable first), then the L1.  Called
+ * before a request that changed them completes, so what the guest was
+ * told is done survives the death of this process (kill -9: QEMU
+ * reconnects and the guest goes on); durability against power loss is
+ * the guest's flush.  Safe against power loss in any order the kernel
+ * writes pages: every cluster a table points at has a durable refcount
+ * (qcow2_alloc), and data copied on write is durable before its entry
+ * (qcow2_io.c).  0 or -errno (the image is then broken for writes). */
+int qcow2_write_through(struct qcow2 *q);
+
+/* A new cluster, refcount 1 and durable (reserved ahead, a chunk at a
+ * time: refcount blocks allocated or the table grown as needed, written
+ * and synced): its host offset, or 0 with *res = -errno.  The cluster
+ * lies past every byte the image had, so it reads as zeroes. */
 uint64_t qcow2_alloc(struct qcow2 *q, int *res);
 /* Give back a cluster qcow2_alloc returned and nothing references yet. */
 void qcow2_unalloc(struct qcow2 *q, uint64_t off);
@@ -187,7 +212,8 @@ int qcow2_reopen_plain(int fd, bool rw);
 int fmt__open_backing(struct qcow2 *q, const struct fmt_opts *o, unsigned depth, char *err,
 		      size_t errlen);
 
-/* qcow2_io.c: the disk's engine ops. */
+/* qcow2_io.c: the disk's engine ops; whether e is such a table. */
 void qcow2_io_engine(struct bdev_engine *e, const char *name);
+bool qcow2_io_is(const struct bdev_engine *e);
 
 #endif

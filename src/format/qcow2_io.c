@@ -193,6 +193,26 @@ static int sub_submit(struct q2_req *r, struct bdev *d, struct bdev_ctx *dc, enu
 	return 0;
 }
 
+/* A write of buf (ours) to the file, durable when it completes. */
+static int sub_submit_fua(struct q2_req *r, uint64_t off, size_t len, void *buf)
+{
+	struct q2_sub *s = sub_get(r, BDEV_WRITE, off);
+
+	if (!s) {
+		free(buf);
+		return -ENOMEM;
+	}
+	s->buf = buf;
+	s->one.iov_base = buf;
+	s->one.iov_len = len;
+	s->io.iov = &s->one;
+	s->io.iovcnt = 1;
+	s->io.fua = true;
+	r->pending++;
+	bdev_submit(r->c->q->file, r->c->fctx, &s->io);
+	return 0;
+}
+
 static struct q2_req *req_get(struct qcow2_ctx *c, struct bdev_io *io)
 {
 	struct q2_req *r = c->free_reqs;
@@ -351,7 +371,11 @@ static int write_new(struct q2_req *r, uint64_t gcl, enum kind k, uint64_t e, ui
 	}
 	iov_to_buf(r->iov, r->iovcnt, pos, buf + in, n);
 	q->cow_bytes += q->cs - n;
-	return sub_submit(r, q->file, c->fctx, BDEV_WRITE, host, 0, q->cs, buf);
+	/* Bytes the guest did not write, copied from below: durable before
+	 * the L2 entry can reach the disk (the entry goes to the file when
+	 * the request completes), or a power cut could leave the entry
+	 * pointing at a cluster without them. */
+	return sub_submit_fua(r, host, q->cs, buf);
 }
 
 /* Write [off, off+len) of the disk with r's bytes from pos on. */
@@ -552,6 +576,14 @@ static void req_finish(struct q2_req *r)
 		if (r->anext)
 			r->anext->aprev = r->aprev;
 		r->aprev = NULL;
+	}
+	/* What this request changed in the tables reaches the file before
+	 * the guest hears it is done (qcow2.h, qcow2_write_through). */
+	if (io->op != BDEV_READ && (c->q->l2c.ndirty || c->q->l1_dirty_hi > c->q->l1_dirty_lo)) {
+		int w = qcow2_write_through(c->q);
+
+		if (w < 0 && res == 0)
+			res = w;
 	}
 	r->next = c->free_reqs;
 	c->free_reqs = r;
@@ -761,6 +793,11 @@ static int q2_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 	else
 		grow_fn(&g);
 	return g.res;
+}
+
+bool qcow2_io_is(const struct bdev_engine *e)
+{
+	return e && e->ctx_new == q2_ctx_new;
 }
 
 void qcow2_io_engine(struct bdev_engine *e, const char *name)

@@ -75,7 +75,18 @@
 	X(limit_bps_read, u64, READ, GAUGE, PLAIN, "limit_read_bytes_per_second",		\
 	  "QoS limit bps-read in bytes per second (0: none).")					\
 	X(limit_bps_write, u64, READ, GAUGE, PLAIN, "limit_write_bytes_per_second",		\
-	  "QoS limit bps-write in bytes per second (0: none).")
+	  "QoS limit bps-write in bytes per second (0: none).")				\
+	X(image_cache_bytes, u64, READ, GAUGE, PLAIN, "image_cache_bytes",			\
+	  "Memory of the image format's metadata caches (qcow2: L2 tables and refcount "	\
+	  "blocks; 0 for raw).")								\
+	X(image_cache_hits, u64, READ, COUNTER, PLAIN, "image_cache_hits_total",		\
+	  "Image metadata lookups the cache answered (qcow2).")				\
+	X(image_cache_misses, u64, READ, COUNTER, PLAIN, "image_cache_misses_total",		\
+	  "Image metadata lookups that read the image file (qcow2).")			\
+	X(image_clusters_allocated, u64, READ, COUNTER, PLAIN,				\
+	  "image_clusters_allocated_total", "Image clusters allocated since start (qcow2).")	\
+	X(image_cow_bytes, u64, READ, COUNTER, PLAIN, "image_copy_on_write_bytes_total",	\
+	  "Bytes copied into new clusters around partial writes (qcow2 copy on write).")
 
 /* Pauses by reason (enum blk_pause_reason, blk_pause_reason_name): "disk":
  * {"pauses": {"enospc": {"count": N}, ...}}, series labelled

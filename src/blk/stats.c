@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "blk/blk_internal.h"
+#include "format/format.h"
 #include "util/compiler.h"
 #include "util/sys.h"
 
@@ -98,6 +99,17 @@ static void do_stats(void *opaque)
 	loop_completion_poll_stats(c->t->loop, &cs);
 	c->ts->completion_poll_hits = cs.hits;
 	c->ts->completion_poll_misses = cs.misses;
+	if (c->t->idx == 0) {
+		/* A format's disk is served by one iothread, the first. */
+		struct fmt_stats fs;
+
+		fmt_stats(d->b, &fs);
+		c->disk->image_cache_bytes = fs.cache_bytes;
+		c->disk->image_cache_hits = fs.cache_hits;
+		c->disk->image_cache_misses = fs.cache_misses;
+		c->disk->image_clusters_allocated = fs.clusters_allocated;
+		c->disk->image_cow_bytes = fs.cow_bytes;
+	}
 	for (unsigned i = 0; i < d->num_queues; i++) {
 		struct blk_queue *q = &d->q[i];
 		struct blk_queue_stats *o = &c->qs[i];

@@ -278,6 +278,21 @@ int fmt_close(struct bdev *disk, struct bdev *file)
 	return r;
 }
 
+void fmt_stats(const struct bdev *disk, struct fmt_stats *out)
+{
+	const struct qcow2 *q;
+
+	*out = (struct fmt_stats){ 0 };
+	if (!disk || !qcow2_io_is(disk->engine))
+		return;
+	q = container_of(disk, struct qcow2, disk);
+	out->cache_bytes = (uint64_t)(q->l2c.n + q->rbc.n) * q->cs;
+	out->cache_hits = q->l2c.hits + q->rbc.hits;
+	out->cache_misses = q->l2c.misses + q->rbc.misses;
+	out->clusters_allocated = q->allocated;
+	out->cow_bytes = q->cow_bytes;
+}
+
 void fmt_describe(const struct bdev *disk, const struct bdev *file, char *buf, size_t len)
 {
 	const struct qcow2 *q;

@@ -78,4 +78,16 @@ void fmt_describe(const struct bdev *disk, const struct bdev *file, char *buf, s
  */
 bool fmt_probe_magic(const void *buf, size_t len);
 
+/* What a format keeps count of (all zero for raw). */
+struct fmt_stats {
+	uint64_t cache_bytes;		/* memory of the metadata caches */
+	uint64_t cache_hits, cache_misses;
+	uint64_t clusters_allocated;	/* since open */
+	uint64_t cow_bytes;		/* copied around partial writes */
+};
+
+/* disk's counters.  On the thread serving disk (its iothread: the
+ * counters are its own), or any thread while none runs. */
+void fmt_stats(const struct bdev *disk, struct fmt_stats *out);
+
 #endif

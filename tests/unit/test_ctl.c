@@ -312,7 +312,9 @@ static const char *const disk_keys[] = { "in_flight", "busy_ns", "iothreads", "p
 					 "held_requests", "throttled_requests", "throttled_ns",
 					 "limit_iops_total", "limit_iops_read", "limit_iops_write",
 					 "limit_bps_total", "limit_bps_read", "limit_bps_write",
-					 "ops", "pauses" };
+					 "image_cache_bytes", "image_cache_hits",
+					 "image_cache_misses", "image_clusters_allocated",
+					 "image_cow_bytes", "ops", "pauses" };
 
 static const char *const ops[] = { "read", "write", "flush", "discard", "write_zeroes",
 				   "get_id" };
@@ -690,7 +692,9 @@ static void test_reply_format_pinned(void)
 		    "\"paused\": 0, \"held_requests\": 0, \"throttled_requests\": 0, "
 		    "\"throttled_ns\": 0, \"limit_iops_total\": 0, \"limit_iops_read\": 0, "
 		    "\"limit_iops_write\": 0, \"limit_bps_total\": 0, \"limit_bps_read\": 0, "
-		    "\"limit_bps_write\": 0, "
+		    "\"limit_bps_write\": 0, \"image_cache_bytes\": 0, \"image_cache_hits\": 0, "
+		    "\"image_cache_misses\": 0, \"image_clusters_allocated\": 0, "
+		    "\"image_cow_bytes\": 0, "
 		    "\"ops\": { \"read\": { \"requests\": 0, \"bytes\": 0, \"errors\": 0, "
 		    "\"total_ns\": 0, \"latency_ns\": { \"p50\": 0, \"p90\": 0, \"p99\": 0, "
 		    "\"p999\": 0 }, \"latency_buckets\": [ 0, 0, ";

@@ -59,6 +59,11 @@ static const char *const families[] = {
 	"vblkd_disk_limit_bytes_per_second",
 	"vblkd_disk_limit_read_bytes_per_second",
 	"vblkd_disk_limit_write_bytes_per_second",
+	"vblkd_disk_image_cache_bytes",
+	"vblkd_disk_image_cache_hits_total",
+	"vblkd_disk_image_cache_misses_total",
+	"vblkd_disk_image_clusters_allocated_total",
+	"vblkd_disk_image_copy_on_write_bytes_total",
 	"vblkd_disk_pauses_total",
 	"vblkd_disk_info",
 	"vblkd_disk_size_bytes",
@@ -132,8 +137,8 @@ struct sample {
 #define MAX_SAMPLES 1024
 
 struct parsed {
-	char fam[64][96];	/* in order */
-	char type[64][16];
+	char fam[96][96];	/* in order */
+	char type[96][16];
 	unsigned nfam;
 	struct sample s[MAX_SAMPLES];
 	unsigned ns;
@@ -220,7 +225,7 @@ static void parse(const char *text, struct parsed *out)
 			for (unsigned i = 0; i < out->nfam; i++)
 				if (!strcmp(out->fam[i], name))
 					T_FAIL("family %s twice", name);
-			if (out->nfam == 64)
+			if (out->nfam == ARRAY_SIZE(out->fam))
 				T_FAIL("too many families");
 			snprintf(out->fam[out->nfam], sizeof(out->fam[0]), "%.95s", name);
 			help_seen = true;

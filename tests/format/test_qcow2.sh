@@ -161,6 +161,39 @@ else
     fail qcow2-discard-punches-holes "$(tail -2 "$tmp/punch.out" "$tmp/punch.log")"
 fi
 
+# Live: vblkctl stats shows the format's counters, vblkctl resize grows a
+# served overlay (the guest side sees the new size at once: vblk-bench
+# verifies writes past the old end), and the header says so afterwards.
+CTL=$BUILD/vblkctl
+qemu-img create -q -f qcow2 -b base.raw -F raw "$tmp/live.qcow2" 8M
+rm -f "$tmp/c.sock"
+if start "$tmp/live.log" --disk "$tmp/live.qcow2" --control "$tmp/c.sock" &&
+   "$BENCH" --socket "$tmp/d.sock" --rw randwrite --iodepth 8 --runtime 1 --ramp 0 \
+       >"$tmp/live1.out" 2>&1; then
+    "$CTL" --control "$tmp/c.sock" stats >"$tmp/live.stats" 2>&1
+    if python3 - "$tmp/live.stats" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))["disk"]
+sys.exit(0 if d["image_cache_bytes"] > 0 and d["image_clusters_allocated"] > 0 and
+         d["image_cow_bytes"] > 0 and d["image_cache_hits"] > 0 else 1)
+PY
+    then pass qcow2-stats-show-cache-and-allocation
+    else fail qcow2-stats-show-cache-and-allocation "$(grep -o '"image[^,]*' "$tmp/live.stats")"; fi
+    if "$CTL" --control "$tmp/c.sock" resize 40M >"$tmp/live.resize" 2>&1 &&
+       "$BENCH" --socket "$tmp/d.sock" --verify --rw randwrite --offset 8M --size 32M \
+           --iodepth 8 --runtime 1 --ramp 0 >"$tmp/live2.out" 2>&1 &&
+       grep -q " 0 mismatches" "$tmp/live2.out" && stop &&
+       qemu-img check -q "$tmp/live.qcow2" &&
+       qemu-img info "$tmp/live.qcow2" | grep -q "virtual size: 40 MiB"; then
+        pass qcow2-live-resize-grows-the-image
+    else
+        fail qcow2-live-resize-grows-the-image "$(cat "$tmp/live.resize"; tail -2 "$tmp/live2.out")"
+    fi
+else
+    fail qcow2-stats-show-cache-and-allocation "$(tail -2 "$tmp/live.log" "$tmp/live1.out")"
+fi
+[[ -n $dpid ]] && stop
+
 # The base is opened read-only and locked against writers while served.
 start "$tmp/lock.log" --disk "$tmp/top.qcow2"
 if qemu-io -f raw -c "write 0 4k" "$tmp/base.raw" >"$tmp/qio.log" 2>&1; then

@@ -86,7 +86,13 @@
 	X(image_clusters_allocated, u64, READ, COUNTER, PLAIN,				\
 	  "image_clusters_allocated_total", "Image clusters allocated since start (qcow2).")	\
 	X(image_cow_bytes, u64, READ, COUNTER, PLAIN, "image_copy_on_write_bytes_total",	\
-	  "Bytes copied into new clusters around partial writes (qcow2 copy on write).")
+	  "Bytes copied into new clusters around partial writes (qcow2 copy on write).")	\
+	X(image_cor_bytes, u64, READ, COUNTER, PLAIN, "image_copy_on_read_bytes_total",	\
+	  "Bytes copied up from the backing chain by --copy-on-read and vblkctl stream.")	\
+	X(image_streaming, u64, READ, GAUGE, PLAIN, "image_streaming",			\
+	  "1 while vblkctl stream copies the backing chain into the image.")			\
+	X(image_stream_pos, u64, READ, GAUGE, PLAIN, "image_stream_position_bytes",		\
+	  "Bytes of the disk the last stream has gone past (its progress).")
 
 /* Pauses by reason (enum blk_pause_reason, blk_pause_reason_name): "disk":
  * {"pauses": {"enospc": {"count": N}, ...}}, series labelled

@@ -109,6 +109,9 @@ static void do_stats(void *opaque)
 		c->disk->image_cache_misses = fs.cache_misses;
 		c->disk->image_clusters_allocated = fs.clusters_allocated;
 		c->disk->image_cow_bytes = fs.cow_bytes;
+		c->disk->image_cor_bytes = fs.cor_bytes;
+		c->disk->image_streaming = fs.streaming;
+		c->disk->image_stream_pos = fs.stream_pos;
 	}
 	for (unsigned i = 0; i < d->num_queues; i++) {
 		struct blk_queue *q = &d->q[i];

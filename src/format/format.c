@@ -291,6 +291,29 @@ void fmt_stats(const struct bdev *disk, struct fmt_stats *out)
 	out->cache_misses = q->l2c.misses + q->rbc.misses;
 	out->clusters_allocated = q->allocated;
 	out->cow_bytes = q->cow_bytes;
+	out->cor_bytes = q->cor_bytes;
+	out->streaming = q->streaming;
+	out->stream_pos = q->stream_pos;
+}
+
+bool fmt_has_backing(const struct bdev *disk)
+{
+	const struct qcow2 *q;
+
+	if (!disk || !qcow2_io_is(disk->engine))
+		return false;
+	q = container_of(disk, struct qcow2, disk);
+	return q->backing && !q->standalone;
+}
+
+int fmt_stream(struct bdev *disk, uint64_t rate, char *err, size_t errlen)
+{
+	if (!disk || !qcow2_io_is(disk->engine)) {
+		snprintf(err, errlen, "the disk is not a qcow2 image: there is no backing chain "
+			 "to stream");
+		return -EINVAL;
+	}
+	return qcow2_stream(container_of(disk, struct qcow2, disk), rate, err, errlen);
 }
 
 void fmt_describe(const struct bdev *disk, const struct bdev *file, char *buf, size_t len)

@@ -42,6 +42,9 @@ struct fmt_opts {
 	/* How backing files are opened: engine, cache mode, block size (the
 	 * top image's; path and read_only are set per file). */
 	const struct bdev_opts *bo;
+	/* qcow2 with a backing file: reads of clusters the chain provides
+	 * copy them into the image (QEMU's copy-on-read). */
+	bool copy_on_read;
 };
 
 /* "raw", "qcow2", "auto" -> *out.  0 or -EINVAL. */
@@ -78,12 +81,28 @@ void fmt_describe(const struct bdev *disk, const struct bdev *file, char *buf, s
  */
 bool fmt_probe_magic(const void *buf, size_t len);
 
+/* Whether disk is a format's disk that reads from a backing chain. */
+bool fmt_has_backing(const struct bdev *disk);
+
+/*
+ * Copy everything disk's backing chain still provides into the image, in
+ * the background on its iothread, at most rate bytes per second (0: no
+ * limit), while the guest runs (vblkctl stream); when done, the image's
+ * header no longer names a backing file.  Progress: fmt_stats.  0, or
+ * -errno with one line in err (not a qcow2 disk with a backing file, a
+ * stream running already, no frontend connected).  Main thread.
+ */
+int fmt_stream(struct bdev *disk, uint64_t rate, char *err, size_t errlen);
+
 /* What a format keeps count of (all zero for raw). */
 struct fmt_stats {
 	uint64_t cache_bytes;		/* memory of the metadata caches */
 	uint64_t cache_hits, cache_misses;
 	uint64_t clusters_allocated;	/* since open */
 	uint64_t cow_bytes;		/* copied around partial writes */
+	uint64_t cor_bytes;		/* copied up by copy on read, stream */
+	uint64_t streaming;		/* 1 while vblkctl stream runs */
+	uint64_t stream_pos;		/* bytes of the disk it has gone past */
 };
 
 /* disk's counters.  On the thread serving disk (its iothread: the

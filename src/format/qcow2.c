@@ -1071,7 +1071,7 @@ int qcow2_read_sync(struct qcow2 *q, uint64_t off, void *buf, size_t len)
 		} else if (e & QCOW2_OFFSET_MASK && !(e & QCOW2_OFLAG_ZERO)) {
 			if ((r = pread_all(q->mfd, p, n, (e & QCOW2_OFFSET_MASK) + in)) < 0)
 				return r;
-		} else if (!(e & QCOW2_OFLAG_ZERO) && q->backing) {
+		} else if (!(e & QCOW2_OFLAG_ZERO) && q->backing && !q->standalone) {
 			r = read_backing_sync(q, off, p, n);
 			if (r < 0)
 				return r;
@@ -1169,6 +1169,56 @@ static int parse_extensions(struct qcow2 *q, const uint8_t *h, char *err, size_t
 		p += 8 + (((uint64_t)len + 7) & ~7ull);
 	}
 	return 0;
+}
+
+/* After a stream: the header without the backing file (qcow2.txt,
+ * "Header": backing_file_offset and _size zero; the backing format
+ * extension dropped, the other extensions kept in their order), the
+ * first cluster written in one piece and synced.  From then on q reads
+ * as a standalone image; what is below is only kept open until close. */
+int qcow2_drop_backing(struct qcow2 *q)
+{
+	uint64_t p = q->version >= 3 ? q->header_len : 72, w = p;
+	uint8_t *h, *n;
+	int r;
+
+	h = malloc(q->cs);
+	n = calloc(1, q->cs);
+	if (!h || !n) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if ((r = pread_all(q->mfd, h, q->cs, 0)) < 0)
+		goto out;
+	memcpy(n, h, p);
+	memset(n + 8, 0, 12);
+	while (p + 8 <= q->cs) {
+		uint32_t type = be32_at(h + p), len = be32_at(h + p + 4);
+		uint64_t sz = 8 + (((uint64_t)len + 7) & ~7ull);
+
+		if (type == 0 || sz > q->cs - p)
+			break;
+		if (type != 0xe2792acau) {
+			memcpy(n + w, h + p, sz);
+			w += sz;
+		}
+		p += sz;
+	}
+	/* The end marker (zeroes) follows; the backing name was after it. */
+	if ((r = meta_write(q, n, q->cs, 0)) < 0 || (r = sync_file(q)) < 0)
+		goto out;
+	free(q->backing_name);
+	free(q->backing_fmt);
+	q->backing_name = q->backing_fmt = NULL;
+out:
+	if (r < 0) {
+		q->broken = true;
+		log_err("qcow2 image %s: rewriting its header without the backing file failed: "
+			"%s; no more writes to this image", q->path, strerror(-r));
+	}
+	free(h);
+	free(n);
+	return r;
 }
 
 static int check_header(struct qcow2 *q, const uint8_t *h, uint64_t fsize, char *err,
@@ -1385,6 +1435,7 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	q->mfd = q->backing_rfd = -1;
 	q->file = file;
 	q->rw = !file->read_only;
+	q->copy_on_read = o->copy_on_read && q->rw;
 	q->path = strdup(file->path ? file->path : "(disk)");
 	if (!q->path) {
 		r = -ENOMEM;
@@ -1519,7 +1570,7 @@ void qcow2_describe(const struct qcow2 *q, char *buf, size_t len)
 			 q->version, (unsigned long long)(q->cs >> 10), 1u << q->refcount_order,
 			 q->nb_snapshots ? ", snapshots kept" : "");
 
-	if (q->backing_name && n > 0 && (size_t)n < len)
+	if (q->backing_name && !q->standalone && n > 0 && (size_t)n < len)
 		snprintf(buf + n, len - (size_t)n, ", backing %s (%s)", q->backing_name,
 			 q->backing != q->backing_file ? "qcow2" : "raw");
 }

@@ -129,6 +129,14 @@ struct qcow2 {
 	struct bdev *backing_file;
 	int backing_rfd;	/* raw backing: a buffered fd for COW reads */
 
+	/* A stream finished: the header names no backing file, and nothing
+	 * is read from it (it stays open, and locked, until close). */
+	bool standalone;
+	bool copy_on_read;	/* --copy-on-read: reads fill the image */
+	uint64_t cor_bytes;	/* copied up by copy on read and stream */
+	bool streaming;		/* vblkctl stream running */
+	uint64_t stream_pos;	/* bytes of the disk it has gone past */
+
 	struct qcow2_ctx *ctx;	/* the one iothread's (max_ctxs 1) */
 	uint8_t *zbuf;		/* decompression: one cluster */
 	uint64_t allocated;	/* clusters allocated since open (stats) */
@@ -203,6 +211,16 @@ int qcow2_flush(struct qcow2 *q);
  * clusters, then the header switched to it).  0, or -errno with one line
  * in err.  Iothread (or the main thread when none runs). */
 int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen);
+
+/* The header rewritten without its backing file, synced (after a
+ * stream).  0 or -errno (the image is then broken for writes). */
+int qcow2_drop_backing(struct qcow2 *q);
+
+/* qcow2_io.c: vblkctl stream (main thread): start copying everything
+ * the backing chain still provides into q, rate bytes/s (0: no limit),
+ * on q's iothread; when done the header drops the backing file.  0, or
+ * -errno with one line in err. */
+int qcow2_stream(struct qcow2 *q, uint64_t rate, char *err, size_t errlen);
 
 /* A second open of fd without O_DIRECT (metadata, compressed clusters
  * and copy-on-write reads have no alignment).  The new fd, or -errno. */

@@ -23,6 +23,7 @@
 #include "loop/loop.h"
 #include "util/barrier.h"
 #include "util/log.h"
+#include "util/sys.h"
 
 struct q2_alloc {
 	uint64_t gcl;		/* guest cluster */
@@ -40,6 +41,7 @@ struct q2_req {
 	int res;
 	unsigned pending;	/* I/Os out, +1 while being cut */
 	uint64_t first, last;	/* guest clusters it touches */
+	bool cor;		/* a read that copies what it reads from below up */
 	struct q2_alloc *allocs;
 	unsigned nallocs, acap;
 	struct q2_req *next;	/* free list, waiting list */
@@ -56,9 +58,25 @@ struct q2_sub {
 	struct q2_sub *next;	/* free list */
 };
 
+/* vblkctl stream: one cluster at a time, each a copy-on-read read of it
+ * through q2_submit (so it waits for, and never races, a guest write
+ * allocating the same cluster), paced to the rate. */
+struct q2_stream {
+	struct bdev_io io;
+	struct iovec iov;
+	uint8_t *buf;		/* one cluster */
+	uint64_t next, end;	/* guest clusters */
+	uint64_t rate;		/* bytes/s, 0: no limit */
+	uint64_t t0, passed;	/* start (loop ns), bytes gone past since */
+	struct loop_bh *bh;
+	struct loop_timer *timer;
+	bool active, busy;
+};
+
 struct qcow2_ctx {
 	struct qcow2 *q;
 	struct loop *loop;
+	struct q2_stream stream;
 	uint8_t *zeroes;	/* one cluster, for write zeroes done as writes */
 	struct iovec zero_iov;
 	struct bdev_ctx *fctx;	/* the file's */
@@ -79,6 +97,15 @@ static inline struct qcow2_ctx *ctx_of(struct bdev_ctx *bc)
 {
 	return (struct qcow2_ctx *)bc;
 }
+
+/* Whether guest offset off reads from the backing chain when unallocated
+ * here. */
+static inline bool below(const struct qcow2 *q, uint64_t off)
+{
+	return q->backing && !q->standalone && off < q->backing->size;
+}
+
+static int cor_cluster(struct q2_req *r, uint64_t gcl, uint64_t in, size_t pos, size_t n);
 
 /* What guest cluster gcl is now; *e its L2 entry.  0 or -errno. */
 static int classify(struct qcow2 *q, uint64_t gcl, enum kind *k, uint64_t *e)
@@ -257,7 +284,7 @@ static void q2_read(struct q2_req *r)
 		host = (e & QCOW2_OFFSET_MASK) + in;
 		/* Runs: clusters of the same kind (allocated ones contiguous on
 		 * the file) in one I/O. */
-		while (n < len && (k == K_NORMAL || k == K_UNALLOC || k == K_ZERO)) {
+		while (n < len && (k == K_NORMAL || (k == K_UNALLOC && !r->cor) || k == K_ZERO)) {
 			uint64_t e2;
 			size_t more = (size_t)MIN(len - n, q->cs);
 
@@ -281,7 +308,11 @@ static void q2_read(struct q2_req *r)
 				iov_from_buf(io->iov, io->iovcnt, pos, q->zbuf + in, n);
 			break;
 		case K_UNALLOC:
-			if (q->backing && off < q->backing->size) {
+			if (r->cor && below(q, off) && q->rw && !q->broken) {
+				res = cor_cluster(r, gcl, in, pos, n);
+				break;
+			}
+			if (below(q, off)) {
 				size_t b = (size_t)MIN((uint64_t)n, q->backing->size - off);
 
 				res = sub_submit(r, q->backing, c->bctx, BDEV_READ, off, pos, b, NULL);
@@ -360,7 +391,7 @@ static int write_new(struct q2_req *r, uint64_t gcl, enum kind k, uint64_t e, ui
 	/* A new cluster reads as zeroes: when the old one did too, only the
 	 * guest's bytes need writing. */
 	if (n == q->cs || k == K_ZERO ||
-	    (k == K_UNALLOC && (!q->backing || (gcl << q->cluster_bits) >= q->backing->size)))
+	    (k == K_UNALLOC && !below(q, gcl << q->cluster_bits)))
 		return sub_submit(r, q->file, c->fctx, BDEV_WRITE, host + in, pos, n, NULL);
 	if (posix_memalign((void **)&buf, 4096, q->cs))
 		return -ENOMEM;
@@ -375,6 +406,49 @@ static int write_new(struct q2_req *r, uint64_t gcl, enum kind k, uint64_t e, ui
 	 * the L2 entry can reach the disk (the entry goes to the file when
 	 * the request completes), or a power cut could leave the entry
 	 * pointing at a cluster without them. */
+	return sub_submit_fua(r, host, q->cs, buf);
+}
+
+/* Copy on read (--copy-on-read, and vblkctl stream): an unallocated
+ * cluster read from below, whole, synchronously; the guest's part given
+ * to it; the cluster written into a new cluster of ours (with FUA: the
+ * entry must never point at a cluster whose bytes a power cut could
+ * lose) and the entry set when that is done, as a write would.  A cluster
+ * that reads as zeroes below is left alone: unallocated, it reads zeroes
+ * without the backing file too. */
+static int cor_cluster(struct q2_req *r, uint64_t gcl, uint64_t in, size_t pos, size_t n)
+{
+	struct qcow2 *q = r->c->q;
+	uint64_t host;
+	uint8_t *buf;
+	int res;
+
+	if (posix_memalign((void **)&buf, 4096, q->cs))
+		return -ENOMEM;
+	if ((res = qcow2_read_sync(q, gcl << q->cluster_bits, buf, q->cs)) < 0) {
+		free(buf);
+		return res;
+	}
+	iov_from_buf(r->io->iov, r->io->iovcnt, pos, buf + in, n);
+	if (buf[0] == 0 && !memcmp(buf, buf + 1, q->cs - 1)) {
+		free(buf);
+		return 0;
+	}
+	if (!qcow2_l2_get(q, gcl, true, &res)) {
+		free(buf);
+		return res ? res : -EIO;
+	}
+	host = qcow2_alloc(q, &res);
+	if (!host) {
+		free(buf);
+		return res;
+	}
+	if ((res = add_alloc(r, gcl, host, 0)) < 0) {
+		qcow2_unalloc(q, host);
+		free(buf);
+		return res;
+	}
+	q->cor_bytes += q->cs;
 	return sub_submit_fua(r, host, q->cs, buf);
 }
 
@@ -431,7 +505,7 @@ static int write_span(struct q2_req *r, uint64_t off, size_t len, size_t pos)
 static int zero_cluster(struct q2_req *r, uint64_t gcl, bool discard)
 {
 	struct qcow2 *q = r->c->q;
-	bool below = q->backing && (gcl << q->cluster_bits) < q->backing->size;
+	bool under = below(q, gcl << q->cluster_bits);
 	uint64_t e, ne, be;
 	enum kind k;
 	uint8_t *l2;
@@ -440,10 +514,10 @@ static int zero_cluster(struct q2_req *r, uint64_t gcl, bool discard)
 
 	if ((res = classify(q, gcl, &k, &e)) < 0)
 		return res;
-	if (k == K_UNALLOC && !below)
+	if (k == K_UNALLOC && !under)
 		return 0;			/* reads zeroes already */
 	if (q->version < 3) {
-		if (below && !discard)
+		if (under && !discard)
 			return 1;
 		ne = 0;				/* discard may show the backing file */
 		drop = true;
@@ -481,7 +555,7 @@ static int zero_part(struct q2_req *r, uint64_t off, uint64_t len)
 	if ((res = classify(q, gcl, &k, &e)) < 0)
 		return res;
 	if (k == K_ZERO ||
-	    (k == K_UNALLOC && (!q->backing || (gcl << q->cluster_bits) >= q->backing->size)))
+	    (k == K_UNALLOC && !below(q, gcl << q->cluster_bits)))
 		return 0;
 	return write_span(r, off, (size_t)len, 0);
 }
@@ -525,6 +599,10 @@ static void q2_start(struct q2_req *r)
 		r->next = NULL;
 		*c->wait_tail = r;
 		c->wait_tail = &r->next;
+		return;
+	}
+	if (r->io->op == BDEV_READ) {
+		q2_read(r);
 		return;
 	}
 	if (r->io->op == BDEV_WRITE)
@@ -579,7 +657,7 @@ static void req_finish(struct q2_req *r)
 	}
 	/* What this request changed in the tables reaches the file before
 	 * the guest hears it is done (qcow2.h, qcow2_write_through). */
-	if (io->op != BDEV_READ && (c->q->l2c.ndirty || c->q->l1_dirty_hi > c->q->l1_dirty_lo)) {
+	if (c->q->l2c.ndirty || c->q->l1_dirty_hi > c->q->l1_dirty_lo) {
 		int w = qcow2_write_through(c->q);
 
 		if (w < 0 && res == 0)
@@ -616,6 +694,182 @@ static void req_finish(struct q2_req *r)
 		}
 	}
 	bdev_complete(io, res);
+}
+
+/* ---- vblkctl stream ---------------------------------------------------- */
+
+static void stream_end(struct qcow2_ctx *c, const char *why)
+{
+	struct q2_stream *s = &c->stream;
+
+	s->active = false;
+	c->q->streaming = false;
+	if (why)
+		log_warn("qcow2 image %s: stream stopped at %llu of %llu MiB: %s", c->q->path,
+			 (unsigned long long)(c->q->stream_pos >> 20),
+			 (unsigned long long)(c->q->disk.size >> 20), why);
+}
+
+/* Every cluster is ours: durable, then the header without the backing
+ * file. */
+static void stream_finish(struct qcow2_ctx *c)
+{
+	struct qcow2 *q = c->q;
+	char *name = q->backing_name ? strdup(q->backing_name) : NULL;
+
+	if (qcow2_flush(q) < 0 || qcow2_drop_backing(q) < 0) {
+		free(name);
+		stream_end(c, "writing the image back failed");
+		return;
+	}
+	q->standalone = true;
+	stream_end(c, NULL);
+	log_info("qcow2 image %s: stream done, %llu MiB copied up; it no longer needs its "
+		 "backing file %s", q->path, (unsigned long long)(q->cor_bytes >> 20),
+		 name ? name : "");
+	free(name);
+}
+
+static void stream_step(void *opaque)
+{
+	struct qcow2_ctx *c = opaque;
+	struct q2_stream *s = &c->stream;
+	struct qcow2 *q = c->q;
+	unsigned looked = 0;
+
+	if (!s->active || s->busy)
+		return;
+	while (s->next < s->end) {
+		uint64_t off = s->next << q->cluster_bits, e;
+		enum kind k;
+
+		if (s->rate) {
+			uint64_t due = s->t0 + s->passed * 1000000000ull / s->rate;
+
+			/* The clock itself: loop_now is the iteration's wake-up,
+			 * which a timer at due can precede. */
+			if (sys_now_ns() < due) {
+				loop_timer_mod(s->timer, due);
+				return;
+			}
+		}
+		if (classify(q, s->next, &k, &e) < 0) {
+			stream_end(c, "the image's tables could not be read");
+			return;
+		}
+		if (k == K_UNALLOC && below(q, off)) {
+			size_t len = (size_t)MIN(q->cs, q->disk.size - off);
+
+			s->iov = (struct iovec){ s->buf, len };
+			s->io = (struct bdev_io){ .op = BDEV_READ, .offset = off, .iov = &s->iov,
+						  .iovcnt = 1, .cb = s->io.cb };
+			s->busy = true;
+			bdev_submit(&q->disk, (struct bdev_ctx *)c, &s->io);
+			return;
+		}
+		s->next++;
+		s->passed += q->cs;
+		q->stream_pos = MIN(s->next << q->cluster_bits, q->disk.size);
+		/* Allocated clusters cost only a look: a few thousand at a time,
+		 * then the loop gets a turn. */
+		if (++looked == 4096) {
+			loop_bh_schedule(s->bh);
+			return;
+		}
+	}
+	stream_finish(c);
+}
+
+static void stream_done(struct bdev_io *io, int res)
+{
+	struct qcow2_ctx *c = container_of(io, struct qcow2_ctx, stream.io);
+	struct q2_stream *s = &c->stream;
+	struct qcow2 *q = c->q;
+
+	s->busy = false;
+	if (!s->active)
+		return;
+	if (res < 0) {
+		stream_end(c, strerror(-res));
+		return;
+	}
+	s->next++;
+	s->passed += q->cs;
+	q->stream_pos = MIN(s->next << q->cluster_bits, q->disk.size);
+	loop_bh_schedule(s->bh);
+}
+
+struct stream_call {
+	struct qcow2_ctx *c;
+	uint64_t rate;
+	char *err;
+	size_t errlen;
+	int res;
+};
+
+static void stream_start_fn(void *opaque)
+{
+	struct stream_call *sc = opaque;
+	struct qcow2_ctx *c = sc->c;
+	struct q2_stream *s = &c->stream;
+	struct qcow2 *q = c->q;
+
+	if (s->active || s->busy) {
+		snprintf(sc->err, sc->errlen, "a stream is running already (%llu of %llu MiB)",
+			 (unsigned long long)(q->stream_pos >> 20),
+			 (unsigned long long)(q->disk.size >> 20));
+		sc->res = -EBUSY;
+		return;
+	}
+	if (!s->buf && posix_memalign((void **)&s->buf, 4096, q->cs)) {
+		sc->res = -ENOMEM;
+		snprintf(sc->err, sc->errlen, "out of memory");
+		return;
+	}
+	if (!s->bh && (sc->res = loop_bh_new(c->loop, stream_step, c, &s->bh)) < 0) {
+		snprintf(sc->err, sc->errlen, "cannot start the stream: %s", strerror(-sc->res));
+		return;
+	}
+	if (!s->timer && (sc->res = loop_timer_new(c->loop, stream_step, c, &s->timer)) < 0) {
+		snprintf(sc->err, sc->errlen, "cannot start the stream: %s", strerror(-sc->res));
+		return;
+	}
+	s->io.cb = stream_done;
+	s->next = 0;
+	s->end = (q->disk.size + q->cs - 1) >> q->cluster_bits;
+	s->rate = sc->rate;
+	s->t0 = sys_now_ns();
+	s->passed = 0;
+	s->active = true;
+	q->streaming = true;
+	q->stream_pos = 0;
+	log_info("qcow2 image %s: streaming its backing chain into it%s", q->path,
+		 sc->rate ? "" : ", no rate limit");
+	loop_bh_schedule(s->bh);
+	sc->res = 0;
+}
+
+int qcow2_stream(struct qcow2 *q, uint64_t rate, char *err, size_t errlen)
+{
+	struct stream_call sc = { q->ctx, rate, err, errlen, 0 };
+
+	if (!q->backing || q->standalone) {
+		snprintf(err, errlen, "qcow2 image %s has no backing file: nothing to stream",
+			 q->path);
+		return -EINVAL;
+	}
+	if (!q->rw || q->broken) {
+		snprintf(err, errlen, "qcow2 image %s is %s: it cannot be written", q->path,
+			 q->rw ? "broken (a metadata write failed)" : "read-only");
+		return q->rw ? -EIO : -EROFS;
+	}
+	if (!q->ctx) {
+		snprintf(err, errlen, "no frontend is connected, so no iothread serves %s: start "
+			 "the stream while the VM runs", q->path);
+		return -EAGAIN;
+	}
+	loop_call_sync(q->ctx->loop, stream_start_fn, &sc);
+	return sc.res;
 }
 
 /* ---- Engine ops ------------------------------------------------------ */
@@ -656,6 +910,16 @@ fail:
 static void q2_ctx_free(struct bdev_ctx *bc)
 {
 	struct qcow2_ctx *c = ctx_of(bc);
+	struct q2_stream *st = &c->stream;
+
+	/* After the drain: no stream read in flight any more. */
+	if (st->active)
+		stream_end(c, "the frontend went away: run vblkctl stream again once it is back");
+	if (st->bh)
+		loop_bh_free(st->bh);
+	if (st->timer)
+		loop_timer_free(st->timer);
+	free(st->buf);
 
 	if (c->bctx)
 		c->q->backing->engine->ctx_free(c->bctx);
@@ -724,10 +988,12 @@ writes:
 	c->inflight++;
 	r->first = io->offset >> q->cluster_bits;
 	r->last = (io->offset + len - 1) >> q->cluster_bits;
-	if (io->op == BDEV_READ)
+	r->cor = io->op == BDEV_READ && (q->copy_on_read || io == &c->stream.io) &&
+		 q->backing && !q->standalone && q->rw;
+	if (io->op == BDEV_READ && !r->cor)
 		q2_read(r);
 	else
-		q2_start(r);
+		q2_start(r);		/* may allocate: after overlapping allocations */
 }
 
 static void q2_kick(struct bdev_ctx *bc)

@@ -75,14 +75,15 @@ int main(int argc, char **argv)
 		{ "count", required_argument, NULL, 'n' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "group", no_argument, NULL, 'G' },
+		{ "rate", required_argument, NULL, 'r' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	static const char commands[] =
 		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
-		"upgrade or iostat";
+		"stream, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
-	const char *exec = NULL, *count = NULL;
+	const char *exec = NULL, *count = NULL, *rate = NULL;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
@@ -105,6 +106,7 @@ int main(int argc, char **argv)
 		case 'n': count = num("--count", optarg); break;
 		case 'j': json = true; break;
 		case 'G': group = true; break;
+		case 'r': rate = optarg; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
@@ -115,6 +117,7 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH limits\n"
 			       "       vblkctl --control PATH set-limits LIMITS [--group]\n"
 			       "       vblkctl --control PATH metrics\n"
+			       "       vblkctl --control PATH stream [--rate BYTES]\n"
 			       "       vblkctl --control PATH upgrade [--exec BINARY]\n"
 			       "       vblkctl --control PATH iostat [--interval S] [--count N] "
 			       "[--json]\n"
@@ -132,6 +135,10 @@ int main(int argc, char **argv)
 			       "--group: for every vblkd of the disk's --qos-group).\n"
 			       "metrics prints the counters in the Prometheus text format (what vblkd\n"
 			       "--metrics serves over HTTP), e.g. for promtool or a textfile collector.\n"
+			       "stream copies everything a qcow2 disk's backing chain still provides into\n"
+			       "the image, in the background while the guest runs (at most --rate bytes\n"
+			       "per second, K/M/G: e.g. 50M), then rewrites its header without the backing\n"
+			       "file: the image stands alone.  Progress: stats (image_stream_*).\n"
 			       "\n"
 			       "upgrade replaces the running vblkd with a new process of BINARY (default:\n"
 			       "the file it was started from, e.g. after a package upgrade) with the same\n"
@@ -162,6 +169,8 @@ int main(int argc, char **argv)
 		cli_die("--poll-* options go with set-poll");
 	if (strcmp(cmd, "upgrade") && exec)
 		cli_die("--exec goes with upgrade");
+	if (strcmp(cmd, "stream") && rate)
+		cli_die("--rate goes with stream");
 	if (strcmp(cmd, "iostat") && (interval || count || json))
 		cli_die("--interval, --count and --json go with iostat");
 	if (!strcmp(cmd, "iostat")) {
@@ -182,6 +191,14 @@ int main(int argc, char **argv)
 				"(e.g. 20G)", argv[optind + 1]);
 		json_object_object_add(req, "cmd", json_object_new_string("resize"));
 		json_object_object_add(req, "size", json_object_new_uint64(size));
+	} else if (!strcmp(cmd, "stream")) {
+		json_object_object_add(req, "cmd", json_object_new_string("stream"));
+		if (rate) {
+			if (parse_size(rate, &size) < 0 || size == 0)
+				cli_die("--rate '%s' is not a rate: bytes per second, or with K, M or "
+					"G (e.g. 50M)", rate);
+			json_object_object_add(req, "rate", json_object_new_uint64(size));
+		}
 	} else if (!strcmp(cmd, "set-limits")) {
 		if (optind + 2 != argc)
 			cli_die("set-limits needs LIMITS, e.g. iops-total=1000 (0 removes a limit)");

@@ -73,6 +73,8 @@ static void usage(FILE *f)
 "                       opened read-only from the image's header\n"
 "  --l2-cache-size N    qcow2: bytes of L2 tables in memory (K/M/G; default:\n"
 "                       the whole image's, at most 32M)\n"
+"  --copy-on-read       qcow2 with a backing file: what the guest reads from\n"
+"                       the backing chain is copied into the image\n"
 "  --cache MODE         none (O_DIRECT), writeback (page cache), or auto:\n"
 "                       O_DIRECT where the file supports it (default)\n"
 "  --block-size N       logical block size shown to the guest: 512 or 4096\n"
@@ -351,6 +353,7 @@ int main(int argc, char **argv)
 		{ "read-only", no_argument, NULL, 'r' },
 		{ "format", required_argument, NULL, 'j' },
 		{ "l2-cache-size", required_argument, NULL, 'k' },
+		{ "copy-on-read", no_argument, NULL, 'R' },
 		{ "cache", required_argument, NULL, 'c' },
 		{ "block-size", required_argument, NULL, 'b' },
 		{ "serial", required_argument, NULL, 'S' },
@@ -424,6 +427,7 @@ int main(int argc, char **argv)
 			if (fmt_parse(optarg, &fo.kind) < 0)
 				cli_die("--format '%s' is not one of raw, qcow2, auto", optarg);
 			break;
+		case 'R': fo.copy_on_read = true; break;
 		case 'k':
 			fo.l2_cache_bytes = size_arg("--l2-cache-size", optarg);
 			if (fo.l2_cache_bytes < 4096)
@@ -583,6 +587,12 @@ int main(int argc, char **argv)
 	if (r < 0) {
 		bdev_close(&b);
 		cli_die("%s", err);
+	}
+	if (fo.copy_on_read && !fmt_has_backing(disk)) {
+		fmt_close(disk, &b);
+		bdev_close(&b);
+		cli_die("--copy-on-read: %s is not a qcow2 image with a backing file: there is "
+			"nothing below it to copy; drop the option", b.path);
 	}
 	if (disk->max_ctxs && ko.num_iothreads > disk->max_ctxs) {
 		fmt_close(disk, &b);

@@ -194,6 +194,67 @@ else
 fi
 [[ -n $dpid ]] && stop
 
+# --copy-on-read: reading the whole overlay copies the base up: the top
+# holds every cluster itself afterwards, with the same contents.
+qemu-img create -q -f qcow2 -b base.raw -F raw "$tmp/cor.qcow2" 8M
+if start "$tmp/cor.log" --disk "$tmp/cor.qcow2" --copy-on-read &&
+   "$BENCH" --socket "$tmp/d.sock" --rw read --bs 64k --iodepth 4 --runtime 1 --ramp 0 \
+       >"$tmp/cor.out" 2>&1 && stop; then
+    # Mapped at depth 0 (the top itself) for all 8 MiB.
+    top=$(qemu-img map --output=json "$tmp/cor.qcow2" | python3 -c '
+import json, sys
+print(sum(e["length"] for e in json.load(sys.stdin) if e["depth"] == 0 and e["data"]))')
+    if ((top == 8 << 20)) && qemu-img compare -q -f qcow2 -F raw "$tmp/cor.qcow2" "$tmp/base.raw" &&
+       qemu-img check -q "$tmp/cor.qcow2"; then
+        pass qcow2-copy-on-read-fills-the-top
+    else
+        fail qcow2-copy-on-read-fills-the-top "$top bytes of 8 MiB in the top"
+    fi
+else
+    fail qcow2-copy-on-read-fills-the-top "$(tail -2 "$tmp/cor.out" "$tmp/cor.log")"
+fi
+[[ -n $dpid ]] && stop
+out=$(timeout 10 "$VBLKD" --socket "$tmp/r.sock" --disk "$tmp/a.qcow2" --copy-on-read 2>&1); rc=$?
+if ((rc != 0)) && [[ $(wc -l <<<"$out") -le 2 ]] && grep -q "not a qcow2 image with a backing" <<<"$out"
+then pass qcow2-copy-on-read-without-backing-refused
+else fail qcow2-copy-on-read-without-backing-refused "rc=$rc: $out"; fi
+
+# vblkctl stream on a chain of three (raw base <- mid <- top) while
+# vblk-bench verifies random writes on the first half: the writes verify,
+# the image stands alone afterwards (no backing file), the second half
+# reads what the chain said, qemu-img check is clean.
+qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$tmp/st.qcow2" 8M
+qemu-img convert -O raw "$tmp/st.qcow2" "$tmp/st-before.raw"
+rm -f "$tmp/c.sock"
+if start "$tmp/st.log" --disk "$tmp/st.qcow2" --control "$tmp/c.sock"; then
+    "$BENCH" --socket "$tmp/d.sock" --verify --rw randwrite --size 4M --iodepth 8 --runtime 3 \
+        --ramp 0 >"$tmp/st-bench.out" 2>&1 &
+    bpid=$!
+    sleep 0.3
+    "$CTL" --control "$tmp/c.sock" stream --rate 3M >"$tmp/st-ctl.out" 2>&1
+    wait "$bpid"; brc=$?
+    for _ in $(seq 100); do
+        "$CTL" --control "$tmp/c.sock" stats >"$tmp/st.stats" 2>&1
+        python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["disk"]["image_streaming"])' \
+            "$tmp/st.stats" 2>/dev/null && break
+        sleep 0.2
+    done
+    stop
+    qemu-img convert -O raw "$tmp/st.qcow2" "$tmp/st-after.raw"
+    if ((brc == 0)) && grep -q " 0 mismatches" "$tmp/st-bench.out" &&
+       grep -q "stream done" "$tmp/st.log" &&
+       ! qemu-img info "$tmp/st.qcow2" | grep -q "backing file" &&
+       cmp -s <(tail -c 4M "$tmp/st-before.raw") <(tail -c 4M "$tmp/st-after.raw") &&
+       qemu-img check -q "$tmp/st.qcow2"; then
+        pass qcow2-stream-under-writes-image-stands-alone
+    else
+        fail qcow2-stream-under-writes-image-stands-alone \
+            "bench rc=$brc $(tail -1 "$tmp/st-bench.out"); $(cat "$tmp/st-ctl.out"); $(grep -E 'stream|error' "$tmp/st.log" | tail -2); $(qemu-img info "$tmp/st.qcow2" | grep backing)"
+    fi
+else
+    fail qcow2-stream-under-writes-image-stands-alone "vblkd did not start"
+fi
+
 # The base is opened read-only and locked against writers while served.
 start "$tmp/lock.log" --disk "$tmp/top.qcow2"
 if qemu-io -f raw -c "write 0 4k" "$tmp/base.raw" >"$tmp/qio.log" 2>&1; then

@@ -314,7 +314,8 @@ static const char *const disk_keys[] = { "in_flight", "busy_ns", "iothreads", "p
 					 "limit_bps_total", "limit_bps_read", "limit_bps_write",
 					 "image_cache_bytes", "image_cache_hits",
 					 "image_cache_misses", "image_clusters_allocated",
-					 "image_cow_bytes", "ops", "pauses" };
+					 "image_cow_bytes", "image_cor_bytes", "image_streaming",
+					 "image_stream_pos", "ops", "pauses" };
 
 static const char *const ops[] = { "read", "write", "flush", "discard", "write_zeroes",
 				   "get_id" };
@@ -694,7 +695,8 @@ static void test_reply_format_pinned(void)
 		    "\"limit_iops_write\": 0, \"limit_bps_total\": 0, \"limit_bps_read\": 0, "
 		    "\"limit_bps_write\": 0, \"image_cache_bytes\": 0, \"image_cache_hits\": 0, "
 		    "\"image_cache_misses\": 0, \"image_clusters_allocated\": 0, "
-		    "\"image_cow_bytes\": 0, "
+		    "\"image_cow_bytes\": 0, \"image_cor_bytes\": 0, \"image_streaming\": 0, "
+		    "\"image_stream_pos\": 0, "
 		    "\"ops\": { \"read\": { \"requests\": 0, \"bytes\": 0, \"errors\": 0, "
 		    "\"total_ns\": 0, \"latency_ns\": { \"p50\": 0, \"p90\": 0, \"p99\": 0, "
 		    "\"p999\": 0 }, \"latency_buckets\": [ 0, 0, ";
@@ -867,7 +869,7 @@ static void test_server_added_command(void)
 		T_FAIL("count failing: %s", rep);
 	ASSERT_EQ(calls, 2);
 	rep = ask(main_loop, sock_path, "{\"cmd\": \"nope\"}\n");
-	if (!strstr(rep, "use stats, set-poll, resize, status, resume, limits, set-limits, count, "
+	if (!strstr(rep, "use stats, set-poll, resize, stream, status, resume, limits, set-limits, count, "
 			 "other\""))
 		T_FAIL("unknown: %s", rep);
 	rep = ask(main_loop, sock_path, "[\"count\"]\n");
@@ -943,7 +945,7 @@ static void test_server_upgrade_command(void)
 	if (strcmp(rep, "{ \"error\": \"the new vblkd said: no\" }\n"))
 		T_FAIL("refused: %s", rep);
 	rep = ask(main_loop, sock_path, "{\"cmd\": \"nope\"}\n");
-	ASSERT_TRUE(strstr(rep, "use stats, set-poll, resize, status, resume, limits, set-limits, "
+	ASSERT_TRUE(strstr(rep, "use stats, set-poll, resize, stream, status, resume, limits, set-limits, "
 			   "upgrade\"") != NULL);
 	ctl_server_free(s);
 	ASSERT_EQ(access(sock_path, F_OK), -1);

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write the seed corpora fuzz/corpus/vq_blk/ and fuzz/corpus/vu/.
+"""Write the seed corpora fuzz/corpus/vq_blk/, fuzz/corpus/vu/ and
+fuzz/corpus/qcow2/ (the last made with qemu-img and qemu-io).
 
 Deterministic: the same files every run (commit them).  The input formats
 are described at the top of fuzz/fuzz_vq_blk.c and fuzz/fuzz_vu.c; the
@@ -412,16 +413,71 @@ def vu_seeds():
     return s
 
 
+# ---- fuzz_qcow2 ----
+# Images made by qemu-img (qemu-utils), small clusters so they are a few
+# KiB; each followed by requests: 8 bytes, op, pad, u24 sector, u16
+# sectors, pad (fuzz_qcow2.c).
+
+Q_READ, Q_WRITE, Q_DISCARD, Q_WZ, Q_WZ_UNMAP, Q_FLUSH, Q_GROW = range(7)
+Q_PATTERN = 0x80
+
+
+def req(op, sector, sectors):
+    return struct.pack('<BB', op, 0) + struct.pack('<I', sector)[:3] + \
+        struct.pack('<HB', sectors, 0)
+
+
+def qcow2_seeds():
+    import subprocess
+    import tempfile
+    s = {}
+    mix = (req(Q_WRITE | Q_PATTERN, 0, 8) + req(Q_READ, 0, 16) + req(Q_WRITE, 3, 1) +
+           req(Q_WZ, 8, 16) + req(Q_DISCARD, 0, 2) + req(Q_WZ_UNMAP, 1, 3) +
+           req(Q_FLUSH, 0, 0) + req(Q_GROW, 0, 2) + req(Q_WRITE | Q_PATTERN, 4000, 9) +
+           req(Q_READ, 4000, 9))
+    with tempfile.TemporaryDirectory() as d:
+        def make(name, opts, size='1M', io=None):
+            p = os.path.join(d, name)
+            subprocess.run(['qemu-img', 'create', '-q', '-f', 'qcow2', '-o', opts, p, size],
+                           check=True)
+            if io:
+                subprocess.run(['qemu-io', '-f', 'qcow2'] + sum((['-c', c] for c in io), []) +
+                               [p], check=True, stdout=subprocess.DEVNULL)
+            img = open(p, 'rb').read()
+            s[name] = struct.pack('<H', len(img)) + img + mix
+        make('v3-512', 'cluster_size=512')
+        make('v2-512', 'cluster_size=512,compat=0.10')
+        make('v3-512-1bit', 'cluster_size=512,refcount_bits=1')
+        make('v3-512-64bit', 'cluster_size=512,refcount_bits=64')
+        make('v3-512-written', 'cluster_size=512',
+             io=['write -P 0x11 0 4k', 'write -z 8k 2k', 'discard 1k 512'])
+        make('v3-512-snapshot', 'cluster_size=512', io=['write -P 0x22 0 2k'])
+        subprocess.run(['qemu-img', 'snapshot', '-c', 's1', os.path.join(d, 'v3-512-snapshot')],
+                       check=True)
+        img = open(os.path.join(d, 'v3-512-snapshot'), 'rb').read()
+        s['v3-512-snapshot'] = struct.pack('<H', len(img)) + img + mix
+        # A compressed cluster (deflate): convert -c of a written image.
+        raw = os.path.join(d, 'c.raw')
+        with open(raw, 'wb') as f:
+            f.write(bytes(range(256)) * 16 + bytes(4096 * 3))
+        cz = os.path.join(d, 'v3-compressed')
+        subprocess.run(['qemu-img', 'convert', '-q', '-c', '-O', 'qcow2', '-o',
+                        'cluster_size=4096', raw, cz], check=True)
+        img = open(cz, 'rb').read()
+        s['v3-4k-compressed'] = struct.pack('<H', len(img)) + img + mix
+    return s
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, 'corpus')
-    for name, seeds in (('vq_blk', vq_seeds()), ('vu', vu_seeds())):
+    for name, seeds in (('vq_blk', vq_seeds()), ('vu', vu_seeds()), ('qcow2', qcow2_seeds())):
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         for f in os.listdir(d):
             os.unlink(os.path.join(d, f))
         for k, v in sorted(seeds.items()):
-            assert len(v) < 4096, (name, k, len(v))
+            assert len(v) < (65536 if name == 'qcow2' else 4096), (name, k, len(v))
             with open(os.path.join(d, k), 'wb') as f:
                 f.write(v)
         print(f'{d}: {len(seeds)} seeds')

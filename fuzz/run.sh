@@ -19,7 +19,7 @@ jobs=${FUZZ_JOBS:-1}
 build=build-fuzz
 # split and packed: the fast ring targets (fuzz_vq_blk.c, synchronous), on
 # fuzz_vq_blk's seeds.
-targets=(vq_blk vu split packed)
+targets=(vq_blk vu split packed qcow2)
 
 [[ $secs =~ ^[0-9]+$ && $secs -gt 0 ]] || { echo "usage: fuzz/run.sh [SECONDS]" >&2; exit 2; }
 

@@ -1,0 +1,161 @@
+/*
+ * fuzz_qcow2: a hostile qcow2 image (header, extensions, L1, refcount
+ * table and blocks, L2 tables, compressed clusters) opened through the
+ * format layer (fmt_open, as vblkd opens --disk), then a few guest
+ * requests on it (reads, writes, discards, write zeroes, flushes, a grow)
+ * and the close that writes the metadata back.  No input may crash,
+ * hang, leak or write outside the image file's memory; what the image
+ * says is only believed after it is checked.
+ *
+ * Input:
+ *   u16  image length N (little-endian), then N bytes: the image file
+ *        (seeds: small images made by qemu-img, 512-byte clusters)
+ *   then 8 bytes per request, at most 32:
+ *        u8 op (low 3 bits: 0 read, 1 write, 2 discard, 3 write zeroes,
+ *              4 write zeroes with unmap, 5 flush, 6 grow; bit 7: the
+ *              data written is 0xa5 bytes, else zeroes)
+ *        u8 pad
+ *        u24 offset in 512-byte sectors, u16 length in sectors (1..)
+ *        -- offset and length are wrapped into the disk
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fuzz.h"
+
+#include "backend/bdev.h"
+#include "format/format.h"
+#include "loop/loop.h"
+
+#define MAX_IMAGE (256u << 10)
+#define MAX_REQS 32
+#define MAX_LEN (64u << 10)
+
+static char path[64];
+static uint8_t *buf;
+static unsigned completed;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	(void)argc;
+	(void)argv;
+	fuzz_log_init();
+	snprintf(path, sizeof(path), "/dev/shm/fuzz-qcow2-%d.img", (int)getpid());
+	if (posix_memalign((void **)&buf, 4096, MAX_LEN))
+		abort();
+	return 0;
+}
+
+static void done(struct bdev_io *io, int res)
+{
+	(void)io;
+	(void)res;
+	completed++;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct fuzz_in in = { data, size };
+	struct bdev_opts bo = { .path = path, .engine = "threads",
+				.cache = BDEV_CACHE_WRITEBACK };
+	struct fmt_opts fo = { .kind = FMT_QCOW2, .l2_cache_bytes = 4096, .bo = &bo };
+	struct bdev file, *disk;
+	struct bdev_ctx *ctx = NULL;
+	struct loop *l = NULL;
+	uint16_t n;
+	char err[512];
+	int fd;
+
+	fuzz_take(&in, &n, sizeof(n));
+	if (n > in.left)
+		n = (uint16_t)in.left;
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	FUZZ_CHECK(fd >= 0);
+	FUZZ_CHECK(write(fd, in.p, n) == n);
+	close(fd);
+	in.p += n;
+	in.left -= n;
+
+	if (bdev_open(&bo, &file, err, sizeof(err)) < 0)
+		goto out;
+	if (fmt_open(&file, &fo, &disk, err, sizeof(err)) < 0) {
+		/* Refused: one line, and the file left as it was given. */
+		FUZZ_CHECK(err[0] != '\0' && !strchr(err, '\n'));
+		bdev_close(&file);
+		goto out;
+	}
+	FUZZ_CHECK(loop_new("fuzz", &l) == 0);
+	if (bdev_ctx_new(disk, l, 16, &ctx) < 0)
+		goto close;
+	for (unsigned i = 0; i < MAX_REQS && in.left >= 8; i++) {
+		uint8_t op, pad, o[3];
+		uint16_t len;
+		uint64_t sectors = disk->size >> 9, off;
+		struct iovec iov;
+		struct bdev_io io = { .cb = done };
+		unsigned before = completed;
+
+		fuzz_take(&in, &op, 1);
+		fuzz_take(&in, &pad, 1);
+		fuzz_take(&in, o, 3);
+		fuzz_take(&in, &len, 2);
+		fuzz_take(&in, &pad, 1);
+		if (!sectors)
+			break;
+		off = ((uint64_t)o[0] | (uint64_t)o[1] << 8 | (uint64_t)o[2] << 16) % sectors;
+		len = (uint16_t)(1 + len % (MAX_LEN >> 9));
+		if (len > sectors - off)
+			len = (uint16_t)(sectors - off);
+		/* Whole blocks of the disk, as blk sends them. */
+		off &= ~(uint64_t)((disk->block_size >> 9) - 1);
+		len = (uint16_t)(len & ~((disk->block_size >> 9) - 1));
+		if (!len)
+			continue;
+		iov = (struct iovec){ buf, (size_t)len << 9 };
+		io.offset = off << 9;
+		switch (op & 7) {
+		case 0:
+		case 1:
+			io.op = (op & 7) ? BDEV_WRITE : BDEV_READ;
+			memset(buf, (op & 0x80) ? 0xa5 : 0, iov.iov_len);
+			io.iov = &iov;
+			io.iovcnt = 1;
+			break;
+		case 2:
+		case 3:
+		case 4:
+			io.op = (op & 7) == 2 ? BDEV_DISCARD : BDEV_WRITE_ZEROES;
+			io.unmap = (op & 7) == 4;
+			io.length = iov.iov_len;
+			break;
+		case 5:
+			io.op = BDEV_FLUSH;
+			break;
+		default: {
+			/* Grow by up to 64 MiB, as vblkctl resize would. */
+			uint64_t to = disk->size + (uint64_t)len * (512u << 10);
+
+			(void)bdev_resize(disk, to, err, sizeof(err));
+			continue;
+		}
+		}
+		bdev_submit(disk, ctx, &io);
+		disk->engine->kick(ctx);
+		disk->engine->drain(ctx);
+		FUZZ_CHECK(completed == before + 1);
+	}
+	disk->engine->ctx_free(ctx);
+close:
+	if (l)
+		loop_free(l);
+	(void)fmt_close(disk, &file);
+	bdev_close(&file);
+out:
+	unlink(path);
+	return 0;
+}

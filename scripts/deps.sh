@@ -14,12 +14,17 @@
 #            debhelper, lintian, the package's other Build-Depends, groff
 #            (man page checks), systemd (systemd-analyze verify), strace
 #            (the unit's system call filter against what vblkd calls), python3
-#   all      everything: build, ops, remote, pkg, and the guest tests' QEMU,
-#            kernel, busybox and fio
+#   all      everything: build, ops, remote, pkg, the guest tests' QEMU,
+#            kernel, busybox and fio, and tests/format's oracles (qemu-utils,
+#            cryptsetup, python3-cryptography, gdb)
 set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev libaio-dev
-            librbd-dev libnbd-dev libmicrohttpd-dev scdoc zlib1g-dev libzstd-dev)
+            librbd-dev libnbd-dev libmicrohttpd-dev scdoc zlib1g-dev libzstd-dev
+            libcryptsetup-dev libssl-dev)
+# tests/format: QEMU's tools and cryptsetup as oracles, python3-cryptography
+# (Debian's /usr/bin/python3) for the LUKS data oracle, gdb's gcore.
+format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)
@@ -35,7 +40,8 @@ build) ;;
 ops) want+=("${ops_pkgs[@]}") ;;
 remote) want+=("${remote_pkgs[@]}") ;;
 pkg) want+=("${pkg_pkgs[@]}") ;;
-all) want+=("${ops_pkgs[@]}" "${guest_pkgs[@]}" "${remote_pkgs[@]}" "${pkg_pkgs[@]}") ;;
+all) want+=("${ops_pkgs[@]}" "${guest_pkgs[@]}" "${remote_pkgs[@]}" "${pkg_pkgs[@]}"
+            "${format_pkgs[@]}") ;;
 *) echo "usage: scripts/deps.sh [build|ops|remote|pkg|all]" >&2; exit 1 ;;
 esac
 

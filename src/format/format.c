@@ -13,6 +13,9 @@
 #include "backend/bdev.h"
 #include "format/format.h"
 #include "format/qcow2.h"
+#ifdef HAVE_LUKS
+#include "format/luks.h"
+#endif
 #include "util/compiler.h"
 #include "util/iov.h"
 #include "util/log.h"
@@ -25,14 +28,24 @@ int fmt_parse(const char *s, enum fmt_kind *out)
 		*out = FMT_RAW;
 	else if (!strcmp(s, "qcow2"))
 		*out = FMT_QCOW2;
+	else if (!strcmp(s, "luks"))
+		*out = FMT_LUKS;
 	else
 		return -EINVAL;
 	return 0;
 }
 
+/* A LUKS header, as QEMU's probe knows it too (block/crypto.c). */
+static bool luks_magic(const void *buf, size_t len)
+{
+	static const uint8_t m[6] = { 'L', 'U', 'K', 'S', 0xba, 0xbe };
+
+	return len >= sizeof(m) && !memcmp(buf, m, sizeof(m));
+}
+
 bool fmt_probe_magic(const void *buf, size_t len)
 {
-	return qcow2_detect(buf, len);
+	return qcow2_detect(buf, len) || luks_magic(buf, len);
 }
 
 /* A write to sector 0 of a detected raw disk that would make it detect as
@@ -47,10 +60,11 @@ static bool raw_guard(const struct bdev_io *io)
 		return false;
 	if (!said) {
 		said = true;
-		log_warn("disk %s: the guest wrote a qcow2 header into the first sector of a "
-			 "raw disk whose format was detected; refused, as QEMU does (a header "
-			 "there could name any host file as backing file at the next start): "
-			 "serve it with --format raw to allow it", io->b->path);
+		log_warn("disk %s: the guest wrote a qcow2 or LUKS header into the first sector "
+			 "of a raw disk whose format was detected; refused, as QEMU does (a "
+			 "header there could name any host file as backing file, or lock the "
+			 "disk, at the next start): serve it with --format raw to allow it",
+			 io->b->path);
 	}
 	return true;
 }
@@ -109,7 +123,8 @@ static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_op
 			snprintf(err, errlen, "cannot read %s: %s", file->path, strerror(-r));
 			return r;
 		}
-		kind = qcow2_detect(head, (size_t)n) ? FMT_QCOW2 : FMT_RAW;
+		kind = qcow2_detect(head, (size_t)n) ? FMT_QCOW2 :
+		       depth == 0 && luks_magic(head, (size_t)n) ? FMT_LUKS : FMT_RAW;
 		free(head);
 		if (kind == FMT_RAW && !file->read_only)
 			file->write_guard = raw_guard;
@@ -122,6 +137,19 @@ static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_op
 				 file->block_size, file->size_tail);
 		*disk = file;
 		return 0;
+	}
+	if (kind == FMT_LUKS) {
+		if (depth) {
+			snprintf(err, errlen, "%s: a LUKS backing file is not supported", file->path);
+			return -EOPNOTSUPP;
+		}
+#ifdef HAVE_LUKS
+		return luks_open(file, o, disk, err, errlen);
+#else
+		snprintf(err, errlen, "%s is a LUKS disk, and this vblkd was built without "
+			 "libcryptsetup (apt-get install libcryptsetup-dev, rebuild)", file->path);
+		return -EOPNOTSUPP;
+#endif
 	}
 	r = qcow2_open(file, o, depth, &q, err, errlen);
 	if (r < 0)
@@ -266,6 +294,12 @@ int fmt_close(struct bdev *disk, struct bdev *file)
 
 	if (!disk || disk == file)
 		return 0;
+#ifdef HAVE_LUKS
+	if (luks_is(disk->engine)) {
+		luks_close(disk);
+		return 0;
+	}
+#endif
 	q = container_of(disk, struct qcow2, disk);
 	b = q->backing;
 	bf = q->backing_file;
@@ -325,6 +359,12 @@ void fmt_describe(const struct bdev *disk, const struct bdev *file, char *buf, s
 		snprintf(buf, len, "raw%s", file->write_guard ? " (detected)" : "");
 		return;
 	}
+#ifdef HAVE_LUKS
+	if (luks_is(disk->engine)) {
+		luks_describe(disk, buf, len);
+		return;
+	}
+#endif
 	q = container_of(disk, struct qcow2, disk);
 	qcow2_describe(q, buf, len);
 	n = strlen(buf);

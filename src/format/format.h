@@ -32,6 +32,7 @@ enum fmt_kind {
 	FMT_AUTO,	/* qcow2 if the file starts with its magic, else raw */
 	FMT_RAW,
 	FMT_QCOW2,
+	FMT_LUKS,	/* LUKS1/LUKS2 (luks.h); detected at the top only */
 };
 
 struct fmt_opts {
@@ -45,9 +46,12 @@ struct fmt_opts {
 	/* qcow2 with a backing file: reads of clusters the chain provides
 	 * copy them into the image (QEMU's copy-on-read). */
 	bool copy_on_read;
+	/* LUKS: the passphrase's file ("-": standard input; a bare name in
+	 * $CREDENTIALS_DIRECTORY: a systemd credential), read whole. */
+	const char *key_file;
 };
 
-/* "raw", "qcow2", "auto" -> *out.  0 or -EINVAL. */
+/* "raw", "qcow2", "luks", "auto" -> *out.  0 or -EINVAL. */
 int fmt_parse(const char *s, enum fmt_kind *out);
 
 /*

@@ -68,13 +68,16 @@ static void usage(FILE *f)
 "  --queue-map MAP      explicit queue -> iothread map, e.g. 0:0,1:1,2:0\n"
 "  --cpu-affinity LIST  pin iothread i to CPU LIST[i mod len], e.g. 2,3\n"
 "  --read-only          export read-only: the guest cannot write\n"
-"  --format FMT         raw, qcow2, or auto: qcow2 if the file starts with its\n"
+"  --format FMT         raw, qcow2, luks, or auto: qcow2 or LUKS by the file's\n"
 "                       magic, else raw (default); qcow2 backing files are\n"
 "                       opened read-only from the image's header\n"
 "  --l2-cache-size N    qcow2: bytes of L2 tables in memory (K/M/G; default:\n"
 "                       the whole image's, at most 32M)\n"
 "  --copy-on-read       qcow2 with a backing file: what the guest reads from\n"
 "                       the backing chain is copied into the image\n"
+"  --key-file PATH      LUKS: the file holding the passphrase (- for standard\n"
+"                       input; a bare name in $CREDENTIALS_DIRECTORY: a systemd\n"
+"                       credential), read whole as cryptsetup --key-file does\n"
 "  --cache MODE         none (O_DIRECT), writeback (page cache), or auto:\n"
 "                       O_DIRECT where the file supports it (default)\n"
 "  --block-size N       logical block size shown to the guest: 512 or 4096\n"
@@ -295,8 +298,8 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 	/* The new process would read the image's tables while this one
 	 * still changes them: not for a format with metadata, yet. */
 	if (v->b != v->file) {
-		snprintf(msg, msglen, "an upgrade in place of a qcow2 disk is not supported yet: "
-			 "restart vblkd (the frontend reconnects)");
+		snprintf(msg, msglen, "an upgrade in place of a qcow2 or LUKS disk is not "
+			 "supported yet: restart vblkd (the frontend reconnects)");
 		return -EOPNOTSUPP;
 	}
 	r = up_start(v->srv, &f, exec, &res, msg, msglen);
@@ -354,6 +357,7 @@ int main(int argc, char **argv)
 		{ "format", required_argument, NULL, 'j' },
 		{ "l2-cache-size", required_argument, NULL, 'k' },
 		{ "copy-on-read", no_argument, NULL, 'R' },
+		{ "key-file", required_argument, NULL, 'y' },
 		{ "cache", required_argument, NULL, 'c' },
 		{ "block-size", required_argument, NULL, 'b' },
 		{ "serial", required_argument, NULL, 'S' },
@@ -425,9 +429,10 @@ int main(int argc, char **argv)
 		case 'r': bo.read_only = true; break;
 		case 'j':
 			if (fmt_parse(optarg, &fo.kind) < 0)
-				cli_die("--format '%s' is not one of raw, qcow2, auto", optarg);
+				cli_die("--format '%s' is not one of raw, qcow2, luks, auto", optarg);
 			break;
 		case 'R': fo.copy_on_read = true; break;
+		case 'y': fo.key_file = optarg; break;
 		case 'k':
 			fo.l2_cache_bytes = size_arg("--l2-cache-size", optarg);
 			if (fo.l2_cache_bytes < 4096)
@@ -576,10 +581,11 @@ int main(int argc, char **argv)
 	if (r < 0)
 		cli_die("%s", err);
 	/* The format over the file: what the guest sees (format.h). */
-	if (b.engine->open && fo.kind == FMT_QCOW2) {
+	if (b.engine->open && (fo.kind == FMT_QCOW2 || fo.kind == FMT_LUKS)) {
 		bdev_close(&b);
-		cli_die("--format qcow2: a %s disk is served raw; qcow2 images are files",
-			b.engine->name);
+		cli_die("--format %s: a %s disk is served raw; %s disks are files or block "
+			"devices here", fo.kind == FMT_LUKS ? "luks" : "qcow2", b.engine->name,
+			fo.kind == FMT_LUKS ? "LUKS" : "qcow2");
 	}
 	if (b.engine->no_disk || b.engine->open)
 		fo.kind = FMT_RAW;

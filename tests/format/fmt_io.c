@@ -11,7 +11,7 @@
  * (QEMU's reading of our metadata) and qemu-img check.
  *
  *   fmt-io IMAGE RAW SEED OPS [--grow BYTES] [--engine E] [--max-len BYTES]
- *          [--orig RAW0]
+ *          [--orig RAW0] [--key-file F]
  *
  * RAW must be the image's contents before (qemu-img convert -O raw).
  * Prints one summary line; exit 0 when every check held, 1 otherwise.
@@ -127,6 +127,8 @@ int main(int argc, char **argv)
 			engine = argv[i + 1];
 		else if (!strcmp(argv[i], "--max-len"))
 			max_len = strtoull(argv[i + 1], NULL, 0);
+		else if (!strcmp(argv[i], "--key-file"))
+			fo.key_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--orig") && (origfd = open(argv[i + 1], O_RDONLY)) < 0) {
 			perror(argv[i + 1]);
 			return 1;
@@ -176,6 +178,16 @@ int main(int argc, char **argv)
 			if (len >= 65536)
 				len &= ~0xffffull;
 		}
+		/* Whole blocks of the disk (4 KiB for a LUKS disk with 4 KiB
+		 * sectors), as blk sends them. */
+		off -= off % disk->block_size;
+		len -= len % disk->block_size;
+		if (!len)
+			len = disk->block_size;
+		/* What the disk does not offer is a read instead. */
+		if (kind >= 70 && kind < 92 &&
+		    !(disk->caps & (kind < 80 ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES)))
+			kind = 50;
 		if (kind < 40) {
 			for (uint64_t j = 0; j < len; j += 8) {
 				uint64_t v = next();

@@ -1,0 +1,640 @@
+/*
+ * LUKS: the payload of a LUKS1/LUKS2 disk, encrypted with aes-xts-plain64
+ * (luks.h).  Headers and keyslots are libcryptsetup's (crypt_load,
+ * crypt_volume_key_get: no device-mapper); the data path is ours, one
+ * cipher context per iothread, so queues on several iothreads spread the
+ * crypto over cores.  Writes are encrypted into a bounce buffer (guest
+ * memory is never changed by a write); reads are decrypted in place in
+ * the guest's buffers once the file's engine completed them.
+ *
+ * The volume key lives in one locked page excluded from core dumps
+ * (mlock, MADV_DONTDUMP), wiped at close; the passphrase only for the
+ * time libcryptsetup needs it.  Nothing of either is logged.  OpenSSL's
+ * own allocations (the cipher contexts hold the expanded key, whose first
+ * round keys are the key itself) come from an arena excluded from core
+ * dumps too, each block wiped when freed (secmem_*, installed before
+ * main with CRYPTO_set_mem_functions).
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libcryptsetup.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend/bdev.h"
+#include "format/format.h"
+#include "format/luks.h"
+#include "util/compiler.h"
+#include "util/iov.h"
+#include "util/log.h"
+
+#define LUKS_MAX_KEY_FILE (8u << 20)	/* cryptsetup's default limit */
+
+struct luks {
+	struct bdev disk;	/* first: container_of */
+	struct bdev_engine eng;
+	struct bdev *file;
+	uint8_t *key;		/* one locked page */
+	size_t key_len;		/* 32 (AES-128-XTS) or 64 (AES-256-XTS) */
+	uint64_t data_off;	/* payload start, bytes */
+	uint64_t iv_off;	/* added to the 512-byte sector number */
+	unsigned sector;	/* encryption sector: 512..4096 */
+	int version;		/* 1 or 2 */
+};
+
+struct luks_req {
+	struct bdev_io sub;
+	struct bdev_io *io;
+	struct luks_ctx *c;
+	uint8_t *bounce;
+	size_t cap;
+	struct iovec one;
+	struct luks_req *next;
+};
+
+struct luks_ctx {
+	struct luks *l;
+	struct bdev_ctx *fctx;
+	EVP_CIPHER_CTX *enc, *dec;
+	struct luks_req *free;
+	uint8_t scratch[4096];	/* a sector across iovecs */
+};
+
+static const uint8_t magic[6] = { 'L', 'U', 'K', 'S', 0xba, 0xbe };
+
+/* ---- OpenSSL's memory, out of core dumps --------------------------------
+ * A bump arena (MADV_DONTDUMP, reserved not committed) with free lists by
+ * power-of-two size: OpenSSL allocates a few hundred blocks at start and
+ * per cipher context, none per request.  Blocks are wiped when freed.  Past
+ * the arena, plain malloc (noted at open: such memory may be dumped). */
+#define SECMEM_ARENA (64u << 20)
+#define SECMEM_CLASSES 27		/* 16 B .. 1 GiB */
+
+struct secmem_hdr {
+	size_t cls;			/* SECMEM_CLASSES: a malloc block */
+	size_t len;			/* asked for */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	uint8_t *base;
+	size_t used;
+	void *free[SECMEM_CLASSES];
+	bool on, spilled;
+} secmem = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void *secmem_malloc(size_t n, const char *file, int line)
+{
+	struct secmem_hdr *h = NULL;
+	size_t cls = 0;
+
+	(void)file;
+	(void)line;
+	while (cls < SECMEM_CLASSES - 1 && (16ul << cls) < n)
+		cls++;
+	pthread_mutex_lock(&secmem.lock);
+	if (secmem.free[cls]) {
+		h = secmem.free[cls];
+		secmem.free[cls] = *(void **)(h + 1);
+	} else if (n <= (16ul << cls) &&
+		   secmem.used + sizeof(*h) + (16ul << cls) <= SECMEM_ARENA) {
+		h = (struct secmem_hdr *)(secmem.base + secmem.used);
+		secmem.used += sizeof(*h) + (16ul << cls);
+	}
+	if (!h)
+		secmem.spilled = true;
+	pthread_mutex_unlock(&secmem.lock);
+	if (!h) {
+		h = malloc(sizeof(*h) + n);
+		if (!h)
+			return NULL;
+		cls = SECMEM_CLASSES;
+	}
+	h->cls = cls;
+	h->len = n;
+	return h + 1;
+}
+
+static void secmem_free(void *p, const char *file, int line)
+{
+	struct secmem_hdr *h;
+
+	(void)file;
+	(void)line;
+	if (!p)
+		return;
+	h = (struct secmem_hdr *)p - 1;
+	explicit_bzero(p, h->len);
+	if (h->cls == SECMEM_CLASSES) {
+		free(h);
+		return;
+	}
+	pthread_mutex_lock(&secmem.lock);
+	*(void **)p = secmem.free[h->cls];
+	secmem.free[h->cls] = h;
+	pthread_mutex_unlock(&secmem.lock);
+}
+
+static void *secmem_realloc(void *p, size_t n, const char *file, int line)
+{
+	void *q;
+
+	if (!p)
+		return secmem_malloc(n, file, line);
+	if (!n) {
+		secmem_free(p, file, line);
+		return NULL;
+	}
+	q = secmem_malloc(n, file, line);
+	if (q) {
+		size_t had = ((struct secmem_hdr *)p - 1)->len;
+
+		memcpy(q, p, MIN(had, n));
+		secmem_free(p, file, line);
+	}
+	return q;
+}
+
+__attribute__((constructor)) static void secmem_init(void)
+{
+	void *m = mmap(NULL, SECMEM_ARENA, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+	if (m == MAP_FAILED)
+		return;
+	if (madvise(m, SECMEM_ARENA, MADV_DONTDUMP) < 0 ||
+	    !CRYPTO_set_mem_functions(secmem_malloc, secmem_realloc, secmem_free)) {
+		munmap(m, SECMEM_ARENA);	/* OpenSSL allocated already */
+		return;
+	}
+	secmem.base = m;
+	secmem.on = true;
+}
+
+bool luks_detect(const void *buf, size_t len)
+{
+	return len >= sizeof(magic) && !memcmp(buf, magic, sizeof(magic));
+}
+
+/* ---- The data path ---------------------------------------------------- */
+
+/* One sector in place: plain64, the 512-byte sector number of guest
+ * offset off, little-endian, zero-padded to 16 bytes. */
+static int crypt_one(struct luks_ctx *c, EVP_CIPHER_CTX *x, uint8_t *p, uint64_t off)
+{
+	uint8_t iv[16] = { 0 };
+	uint64_t n = htole64((off >> 9) + c->l->iv_off);
+	int outl;
+
+	memcpy(iv, &n, 8);
+	if (EVP_CipherInit_ex(x, NULL, NULL, NULL, iv, -1) != 1 ||
+	    EVP_CipherUpdate(x, p, &outl, p, (int)c->l->sector) != 1)
+		return -EIO;
+	return 0;
+}
+
+/* Every sector of [off, off+len) held in iov, in place. */
+static int crypt_iov(struct luks_ctx *c, bool enc, const struct iovec *iov, unsigned iovcnt,
+		     uint64_t off, size_t len)
+{
+	EVP_CIPHER_CTX *x = enc ? c->enc : c->dec;
+	unsigned ss = c->l->sector, i = 0;
+	size_t in = 0;		/* offset in iov[i] */
+
+	for (size_t pos = 0; pos < len; pos += ss) {
+		while (i < iovcnt && in == iov[i].iov_len) {
+			i++;
+			in = 0;
+		}
+		if (i == iovcnt)
+			return -EINVAL;
+		if (iov[i].iov_len - in >= ss) {
+			if (crypt_one(c, x, (uint8_t *)iov[i].iov_base + in, off + pos) < 0)
+				return -EIO;
+			in += ss;
+			continue;
+		}
+		/* Across iovecs: through the scratch sector. */
+		iov_to_buf(iov, iovcnt, pos, c->scratch, ss);
+		if (crypt_one(c, x, c->scratch, off + pos) < 0)
+			return -EIO;
+		iov_from_buf(iov, iovcnt, pos, c->scratch, ss);
+		/* Where the next sector starts. */
+		{
+			size_t left = ss;
+
+			while (left) {
+				size_t k = MIN(left, iov[i].iov_len - in);
+
+				left -= k;
+				in += k;
+				if (in == iov[i].iov_len && left) {
+					i++;
+					in = 0;
+				}
+			}
+		}
+	}
+	return 0;
+}
+
+static void req_put(struct luks_req *r)
+{
+	r->next = r->c->free;
+	r->c->free = r;
+}
+
+static void sub_done(struct bdev_io *sub, int res)
+{
+	struct luks_req *r = container_of(sub, struct luks_req, sub);
+	struct bdev_io *io = r->io;
+
+	if (res == 0 && io->op == BDEV_READ)
+		res = crypt_iov(r->c, false, io->iov, io->iovcnt, io->offset, io->len);
+	req_put(r);
+	bdev_complete(io, res);
+}
+
+static void luks_submit(struct bdev_ctx *bc, struct bdev_io *io)
+{
+	struct luks_ctx *c = (struct luks_ctx *)bc;
+	struct luks *l = c->l;
+	struct luks_req *r = c->free;
+	size_t len = io->len;
+	int res;
+
+	if (io->op != BDEV_READ && io->op != BDEV_WRITE && io->op != BDEV_FLUSH) {
+		bdev_complete(io, -EOPNOTSUPP);
+		return;
+	}
+	if (io->op != BDEV_FLUSH &&
+	    (len == 0 || io->offset > l->disk.size || len > l->disk.size - io->offset ||
+	     (io->offset | len) % l->sector)) {
+		bdev_complete(io, len ? -EINVAL : 0);
+		return;
+	}
+	if (r) {
+		c->free = r->next;
+	} else if (!(r = calloc(1, sizeof(*r)))) {
+		bdev_complete(io, -ENOMEM);
+		return;
+	}
+	r->c = c;
+	r->io = io;
+	r->sub = (struct bdev_io){ .op = io->op, .fua = io->fua, .cb = sub_done,
+				   .offset = io->op == BDEV_FLUSH ? 0 : io->offset + l->data_off,
+				   .iov = io->iov, .iovcnt = io->iovcnt };
+	if (io->op == BDEV_WRITE) {
+		if (r->cap < len) {
+			free(r->bounce);
+			r->cap = 0;
+			if (posix_memalign((void **)&r->bounce, 4096, len)) {
+				r->bounce = NULL;
+				req_put(r);
+				bdev_complete(io, -ENOMEM);
+				return;
+			}
+			r->cap = len;
+		}
+		iov_to_buf(io->iov, io->iovcnt, 0, r->bounce, len);
+		r->one = (struct iovec){ r->bounce, len };
+		if ((res = crypt_iov(c, true, &r->one, 1, io->offset, len)) < 0) {
+			req_put(r);
+			bdev_complete(io, res);
+			return;
+		}
+		r->sub.iov = &r->one;
+		r->sub.iovcnt = 1;
+	}
+	bdev_submit(l->file, c->fctx, &r->sub);
+}
+
+static int luks_ctx_new(struct bdev *b, struct loop *lp, unsigned depth, struct bdev_ctx **out)
+{
+	struct luks *l = container_of(b, struct luks, disk);
+	const EVP_CIPHER *ci = l->key_len == 64 ? EVP_aes_256_xts() : EVP_aes_128_xts();
+	struct luks_ctx *c = calloc(1, sizeof(*c));
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	c->l = l;
+	c->enc = EVP_CIPHER_CTX_new();
+	c->dec = EVP_CIPHER_CTX_new();
+	if (!c->enc || !c->dec || EVP_CipherInit_ex(c->enc, ci, NULL, l->key, NULL, 1) != 1 ||
+	    EVP_CipherInit_ex(c->dec, ci, NULL, l->key, NULL, 0) != 1) {
+		r = -EIO;
+		goto fail;
+	}
+	if ((r = bdev_ctx_new(l->file, lp, depth, &c->fctx)) < 0)
+		goto fail;
+	*out = (struct bdev_ctx *)c;
+	return 0;
+fail:
+	EVP_CIPHER_CTX_free(c->enc);
+	EVP_CIPHER_CTX_free(c->dec);
+	free(c);
+	return r;
+}
+
+static void luks_ctx_free(struct bdev_ctx *bc)
+{
+	struct luks_ctx *c = (struct luks_ctx *)bc;
+
+	c->l->file->engine->ctx_free(c->fctx);
+	while (c->free) {
+		struct luks_req *r = c->free;
+
+		c->free = r->next;
+		free(r->bounce);
+		free(r);
+	}
+	/* EVP_CIPHER_CTX_free wipes the expanded key. */
+	EVP_CIPHER_CTX_free(c->enc);
+	EVP_CIPHER_CTX_free(c->dec);
+	explicit_bzero(c->scratch, sizeof(c->scratch));
+	free(c);
+}
+
+static void luks_kick(struct bdev_ctx *bc)
+{
+	struct luks_ctx *c = (struct luks_ctx *)bc;
+
+	c->l->file->engine->kick(c->fctx);
+}
+
+static void luks_drain(struct bdev_ctx *bc)
+{
+	struct luks_ctx *c = (struct luks_ctx *)bc;
+
+	c->l->file->engine->drain(c->fctx);
+}
+
+static uint64_t luks_submits(const struct bdev_ctx *bc)
+{
+	const struct luks_ctx *c = (const struct luks_ctx *)bc;
+
+	return bdev_ctx_submits(c->l->file, c->fctx);
+}
+
+static uint64_t luks_polled(const struct bdev_ctx *bc)
+{
+	const struct luks_ctx *c = (const struct luks_ctx *)bc;
+
+	return bdev_ctx_polled(c->l->file, c->fctx);
+}
+
+bool luks_is(const struct bdev_engine *e)
+{
+	return e && e->ctx_new == luks_ctx_new;
+}
+
+/* ---- Opening ------------------------------------------------------------ */
+
+static void cs_log(int level, const char *msg, void *usr)
+{
+	(void)usr;
+	/* libcryptsetup's own lines (never key material) at debug. */
+	if (level == CRYPT_LOG_ERROR)
+		log_debug("libcryptsetup: %.*s", (int)strcspn(msg, "\n"), msg);
+}
+
+/* The key file: PATH, "-" for stdin, or a systemd credential (a bare name
+ * found in $CREDENTIALS_DIRECTORY, LoadCredential=).  Read whole, as
+ * cryptsetup --key-file does, into locked memory. */
+static int read_key_file(const char *name, char **out, size_t *outlen, char *err,
+			 size_t errlen)
+{
+	const char *cred = getenv("CREDENTIALS_DIRECTORY");
+	char path[4096];
+	size_t len = 0;
+	char *buf;
+	int fd, r = 0;
+
+	if (!strcmp(name, "-")) {
+		fd = STDIN_FILENO;
+		snprintf(path, sizeof(path), "standard input");
+	} else {
+		if (!strchr(name, '/') && cred &&
+		    (size_t)snprintf(path, sizeof(path), "%s/%s", cred, name) < sizeof(path) &&
+		    access(path, R_OK) == 0)
+			;
+		else
+			snprintf(path, sizeof(path), "%s", name);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot open the key file %s: %s", path, strerror(-r));
+			return r;
+		}
+	}
+	buf = mmap(NULL, LUKS_MAX_KEY_FILE, PROT_READ | PROT_WRITE,
+		   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (buf == MAP_FAILED) {
+		r = -ENOMEM;
+		goto out;
+	}
+	(void)madvise(buf, LUKS_MAX_KEY_FILE, MADV_DONTDUMP);
+	for (;;) {
+		ssize_t n = read(fd, buf + len, LUKS_MAX_KEY_FILE - len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot read the key file %s: %s", path, strerror(-r));
+			break;
+		}
+		if (n == 0)
+			break;
+		len += (size_t)n;
+		if (len == LUKS_MAX_KEY_FILE) {
+			r = -EFBIG;
+			snprintf(err, errlen, "the key file %s is larger than %u MiB", path,
+				 LUKS_MAX_KEY_FILE >> 20);
+			break;
+		}
+	}
+	if (r == 0 && len == 0) {
+		r = -EINVAL;
+		snprintf(err, errlen, "the key file %s is empty", path);
+	}
+	if (r < 0) {
+		explicit_bzero(buf, len);
+		munmap(buf, LUKS_MAX_KEY_FILE);
+	} else {
+		*out = buf;
+		*outlen = len;
+	}
+out:
+	if (fd != STDIN_FILENO)
+		close(fd);
+	return r;
+}
+
+static void key_wipe(char *pass, size_t len)
+{
+	explicit_bzero(pass, len);
+	munmap(pass, LUKS_MAX_KEY_FILE);
+}
+
+int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
+	      size_t errlen)
+{
+	struct crypt_device *cd = NULL;
+	struct luks *l = NULL;
+	char *pass = NULL;
+	size_t passlen = 0, vk_len;
+	const char *type;
+	int r;
+
+	if (!o->key_file) {
+		snprintf(err, errlen, "%s is a LUKS disk: give its passphrase with --key-file PATH "
+			 "(or - for standard input)", file->path);
+		return -ENOKEY;
+	}
+	if (!file->path) {
+		snprintf(err, errlen, "a LUKS disk must be a file or block device");
+		return -EINVAL;
+	}
+	crypt_set_log_callback(NULL, cs_log, NULL);
+	if ((r = crypt_init(&cd, file->path)) < 0) {
+		snprintf(err, errlen, "cannot open %s for its LUKS header: %s", file->path,
+			 strerror(-r));
+		return r;
+	}
+	crypt_set_log_callback(cd, cs_log, NULL);
+	if ((r = crypt_load(cd, CRYPT_LUKS, NULL)) < 0) {
+		snprintf(err, errlen, "the LUKS header of %s is damaged or not one libcryptsetup "
+			 "reads (%s): check it with cryptsetup luksDump", file->path, strerror(-r));
+		goto fail;
+	}
+	type = crypt_get_type(cd);
+	if (strcmp(crypt_get_cipher(cd), "aes") || strcmp(crypt_get_cipher_mode(cd), "xts-plain64")) {
+		snprintf(err, errlen, "LUKS disk %s uses %s-%s; vblkd serves aes-xts-plain64 only: "
+			 "re-encrypt it with cryptsetup reencrypt --cipher aes-xts-plain64",
+			 file->path, crypt_get_cipher(cd), crypt_get_cipher_mode(cd));
+		r = -EOPNOTSUPP;
+		goto fail;
+	}
+	vk_len = (size_t)crypt_get_volume_key_size(cd);
+	if (vk_len != 32 && vk_len != 64) {
+		snprintf(err, errlen, "LUKS disk %s has a %zu-bit key; aes-xts takes 256 or 512",
+			 file->path, vk_len * 8);
+		r = -EOPNOTSUPP;
+		goto fail;
+	}
+	l = calloc(1, sizeof(*l));
+	if (!l) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	l->key = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (l->key == MAP_FAILED) {
+		l->key = NULL;
+		r = -ENOMEM;
+		goto fail;
+	}
+	(void)madvise(l->key, 4096, MADV_DONTDUMP);
+	if (mlock(l->key, 4096) < 0)
+		log_warn("LUKS disk %s: cannot lock the key's page in memory (%s): it could be "
+			 "swapped out", file->path, strerror(errno));
+	if ((r = read_key_file(o->key_file, &pass, &passlen, err, errlen)) < 0)
+		goto fail;
+	r = crypt_volume_key_get(cd, CRYPT_ANY_SLOT, (char *)l->key, &vk_len, pass, passlen);
+	key_wipe(pass, passlen);
+	if (r < 0) {
+		if (r == -EPERM)
+			snprintf(err, errlen, "no key slot of LUKS disk %s opens with that "
+				 "passphrase: check the key file (cryptsetup open --test-passphrase "
+				 "tells)", file->path);
+		else
+			snprintf(err, errlen, "cannot take the volume key of LUKS disk %s: %s",
+				 file->path, strerror(-r));
+		goto fail;
+	}
+	if (!secmem.on || secmem.spilled)
+		log_warn("LUKS disk %s: OpenSSL's memory is not all excluded from core dumps "
+			 "(%s): a core dump of vblkd could hold the key", file->path,
+			 secmem.on ? "its arena is full" : "it allocated before vblkd started");
+	l->key_len = vk_len;
+	l->data_off = crypt_get_data_offset(cd) * 512;
+	l->iv_off = crypt_get_iv_offset(cd);
+	l->sector = (unsigned)crypt_get_sector_size(cd);
+	l->version = !strcmp(type, CRYPT_LUKS2) ? 2 : 1;
+	l->file = file;
+	crypt_free(cd);
+	cd = NULL;
+	if (l->sector < 512 || l->sector > 4096 || (l->sector & (l->sector - 1)) ||
+	    l->sector < file->block_size || l->data_off >= file->size ||
+	    (file->size - l->data_off) < l->sector || l->data_off % l->sector) {
+		snprintf(err, errlen, "LUKS disk %s: its payload (at %llu, %u-byte sectors) does "
+			 "not fit the %llu-byte disk or its %u-byte blocks", file->path,
+			 (unsigned long long)l->data_off, l->sector,
+			 (unsigned long long)file->size, file->block_size);
+		r = -EINVAL;
+		goto fail;
+	}
+	l->eng = (struct bdev_engine){
+		.name = file->engine->name,
+		.ctx_new = luks_ctx_new,
+		.ctx_free = luks_ctx_free,
+		.submit = luks_submit,
+		.kick = luks_kick,
+		.drain = luks_drain,
+		.submits = luks_submits,
+		.polled = luks_polled,
+	};
+	l->disk = (struct bdev){
+		.path = file->path,
+		.fd = file->fd,
+		.size = (file->size - l->data_off) / l->sector * l->sector,
+		.block_size = l->sector,
+		.phys_block_size = MAX(file->phys_block_size, l->sector),
+		.discard_granularity = l->sector,
+		.read_only = file->read_only,
+		.is_blockdev = file->is_blockdev,
+		.device_completes = file->device_completes,
+		.max_ctxs = file->max_ctxs,
+		.engine = &l->eng,
+		.priv = l,
+	};
+	*disk = &l->disk;
+	return 0;
+fail:
+	if (cd)
+		crypt_free(cd);
+	if (l) {
+		if (l->key) {
+			explicit_bzero(l->key, 4096);
+			munmap(l->key, 4096);
+		}
+		free(l);
+	}
+	return r;
+}
+
+void luks_close(struct bdev *disk)
+{
+	struct luks *l = container_of(disk, struct luks, disk);
+
+	explicit_bzero(l->key, 4096);
+	munmap(l->key, 4096);
+	free(l);
+}
+
+void luks_describe(const struct bdev *disk, char *buf, size_t len)
+{
+	const struct luks *l = container_of(disk, const struct luks, disk);
+
+	snprintf(buf, len, "LUKS%d, aes-xts-plain64 %zu-bit, %u-byte sectors, payload at %llu",
+		 l->version, l->key_len * 8, l->sector, (unsigned long long)l->data_off);
+}

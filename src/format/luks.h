@@ -1,0 +1,35 @@
+/*
+ * LUKS inside src/format/ (the public contract is format.h).  A LUKS1 or
+ * LUKS2 disk: the header and keyslots through libcryptsetup (the volume
+ * key taken with the key file's passphrase; vblkd never writes a header),
+ * the payload served as the disk, aes-xts-plain64 through OpenSSL's EVP
+ * on each queue's iothread.  Spec: cryptsetup's LUKS1 and LUKS2 on-disk
+ * format documents; the IV is dm-crypt's plain64 (the payload's 512-byte
+ * sector number, little-endian, also for 4096-byte encryption sectors:
+ * cryptsetup sets iv_large_sectors for plain and BitLocker only).
+ */
+#ifndef VBLK_FMT_LUKS_H
+#define VBLK_FMT_LUKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct bdev;
+struct bdev_engine;
+struct fmt_opts;
+
+/* "LUKS\xba\xbe" at offset 0 (LUKS1 and LUKS2). */
+bool luks_detect(const void *buf, size_t len);
+
+/* Open file (a LUKS disk) with o->key_file: *disk is the payload.  One
+ * line in err on failure (no key, wrong passphrase, a cipher other than
+ * aes-xts-plain64, a damaged header), nothing changed.  Main thread. */
+int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
+	      size_t errlen);
+/* The key wiped, everything freed; file stays open.  Main thread. */
+void luks_close(struct bdev *disk);
+bool luks_is(const struct bdev_engine *e);
+void luks_describe(const struct bdev *disk, char *buf, size_t len);
+
+#endif

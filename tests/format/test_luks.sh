@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# LUKS disks: made by cryptsetup (LUKS2 with 4096- and 512-byte sectors,
+# LUKS1) and by qemu-img (LUKS1), read and written through vblkd's format
+# layer and judged by oracles that are not vblkd: QEMU's luks driver
+# (qemu-io, qemu-img convert) and an AES-XTS decryption with the volume key
+# cryptsetup dumps (luks_oracle.py, python3-cryptography).  Then vblkd
+# itself serving a LUKS disk to vblk-bench --verify, the key kept out of
+# the command line, the logs, stats, metrics and a core dump, and each bad
+# input (no key, a wrong one, another cipher, a damaged header) refused
+# with one line.  Usage: test_luks.sh BUILD_DIR.  PASS:/FAIL:/SKIP: lines.
+set -uo pipefail
+BUILD=${1:?usage: test_luks.sh BUILD_DIR}
+VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench CTL=$BUILD/vblkctl FMTIO=$BUILD/fmt-io
+here=$(cd "$(dirname "$0")" && pwd)
+ORACLE="/usr/bin/python3 $here/luks_oracle.py"
+tmp=$(mktemp -d /tmp/vblk-luks.XXXXXX)
+dpid=""
+cleanup() { [[ -n $dpid ]] && kill "$dpid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+pass() { echo "PASS: $1"; }
+fail() { echo "FAIL: $1${2:+: $2}"; }
+
+for t in cryptsetup qemu-img qemu-io gdb; do
+    command -v $t >/dev/null || { echo "SKIP: luks (no $t: scripts/deps.sh installs it)"; exit 0; }
+done
+/usr/bin/python3 -c 'import cryptography' 2>/dev/null ||
+    { echo "SKIP: luks (no python3-cryptography: scripts/deps.sh installs it)"; exit 0; }
+if "$VBLKD" --help 2>&1 | grep -q -- "--key-file" && [[ -x $FMTIO ]]; then :; else
+    echo "SKIP: luks (vblkd built without libcryptsetup)"; exit 0
+fi
+
+pw="correct horse battery $RANDOM$RANDOM"
+printf '%s' "$pw" >"$tmp/key"
+fast=(--pbkdf pbkdf2 --pbkdf-force-iterations 1000)
+
+# roundtrip NAME IMAGE: the oracle encrypts random data into the payload,
+# the format layer reads it all back (fmt-io, 0 requests: the whole-disk
+# compare), then writes and reads at random, and the oracle decrypts the
+# payload to exactly what was written.
+roundtrip() {
+    local name=$1 img=$2 out
+    head -c 24M /dev/urandom >"$tmp/$name.plain"
+    if ! $ORACLE encrypt "$img" "$tmp/key" "$tmp/$name.plain" 2>"$tmp/$name.err"; then
+        fail "$name" "oracle: $(tail -1 "$tmp/$name.err")"; return 1
+    fi
+    $ORACLE decrypt "$img" "$tmp/key" "$tmp/$name.model"
+    if ! out=$("$FMTIO" "$img" "$tmp/$name.model" 1 0 --key-file "$tmp/key" 2>&1); then
+        fail "$name-reads-what-the-oracle-wrote" "$out"; return 1
+    fi
+    pass "$name-reads-what-the-oracle-wrote"
+    if ! out=$("$FMTIO" "$img" "$tmp/$name.model" 2 300 --key-file "$tmp/key" 2>&1); then
+        fail "$name-writes-the-oracle-reads" "$out"; return 1
+    fi
+    $ORACLE decrypt "$img" "$tmp/key" "$tmp/$name.after"
+    if cmp -s "$tmp/$name.after" "$tmp/$name.model"; then pass "$name-writes-the-oracle-reads"
+    else fail "$name-writes-the-oracle-reads" "the oracle's decryption differs"; fi
+}
+
+truncate -s 40M "$tmp/l2.img"
+cryptsetup luksFormat -q --type luks2 "${fast[@]}" --key-file "$tmp/key" "$tmp/l2.img"
+roundtrip luks2-4k-sectors "$tmp/l2.img"
+truncate -s 40M "$tmp/l2s.img"
+cryptsetup luksFormat -q --type luks2 --sector-size 512 --key-size 256 "${fast[@]}" \
+    --key-file "$tmp/key" "$tmp/l2s.img"
+roundtrip luks2-512-sectors-aes128 "$tmp/l2s.img"
+truncate -s 40M "$tmp/l1.img"
+cryptsetup luksFormat -q --type luks1 --iter-time 10 --key-file "$tmp/key" "$tmp/l1.img"
+roundtrip luks1-cryptsetup "$tmp/l1.img"
+
+# LUKS1 by qemu-img, data by QEMU's luks driver: vblkd reads it; vblkd's
+# writes: QEMU's luks driver reads them back.
+sec=(--object "secret,id=s0,file=$tmp/key")
+qopts="driver=luks,key-secret=s0,file.filename=$tmp/q.img"
+qemu-img create -q -f luks "${sec[@]}" -o key-secret=s0,iter-time=10 "$tmp/q.img" 24M
+qemu-io "${sec[@]}" --image-opts "$qopts" -c "write -P 0xa7 0 1M" -c "write -P 0x3c 5M 3M" \
+    >/dev/null
+qemu-img convert "${sec[@]}" --image-opts "$qopts" -O raw "$tmp/q.model"
+if out=$("$FMTIO" "$tmp/q.img" "$tmp/q.model" 3 0 --key-file "$tmp/key" 2>&1); then
+    pass luks1-qemu-img-reads-what-qemu-wrote
+else fail luks1-qemu-img-reads-what-qemu-wrote "$out"; fi
+if out=$("$FMTIO" "$tmp/q.img" "$tmp/q.model" 4 300 --key-file "$tmp/key" 2>&1) &&
+   qemu-img convert "${sec[@]}" --image-opts "$qopts" -O raw "$tmp/q.after" &&
+   cmp -s "$tmp/q.after" "$tmp/q.model"; then
+    pass luks1-qemu-reads-what-vblkd-wrote
+else fail luks1-qemu-reads-what-vblkd-wrote "${out:-qemu-img convert differs}"; fi
+
+# vblkd serving a LUKS disk: vblk-bench verifies; the key appears in no
+# log line, no stats or metrics, not in /proc/PID/cmdline, not in a core
+# dump (gcore); the volume key neither.
+vk=$(cryptsetup luksDump --dump-volume-key -q --key-file "$tmp/key" "$tmp/l2.img" |
+     sed -n '/MK dump/,$p' | grep -oE '\b[0-9a-f]{2}\b' | tr -d '\n')
+rm -f "$tmp/d.sock" "$tmp/c.sock"
+"$VBLKD" --socket "$tmp/d.sock" --disk "$tmp/l2.img" --key-file - --control "$tmp/c.sock" \
+    --log-level debug <"$tmp/key" >"$tmp/v.log" 2>&1 &
+dpid=$!
+for _ in $(seq 200); do [[ -S $tmp/c.sock ]] && break; sleep 0.05; done
+out=$("$BENCH" --socket "$tmp/d.sock" --verify --rw randrw --iodepth 16 --runtime 1 --ramp 0 2>&1)
+if grep -q " 0 mismatches" <<<"$out" && grep -q "format: LUKS2, aes-xts-plain64 512-bit" "$tmp/v.log"
+then pass luks-vblkd-serves-verify
+else fail luks-vblkd-serves-verify "$(tail -1 <<<"$out"; grep -E 'error|format' "$tmp/v.log")"; fi
+"$CTL" --control "$tmp/c.sock" stats >"$tmp/stats" 2>&1
+"$CTL" --control "$tmp/c.sock" metrics >"$tmp/metrics" 2>&1
+gcore -o "$tmp/core" "$dpid" >/dev/null 2>&1
+kill -TERM "$dpid"; wait "$dpid"; dpid=""
+leak=""
+for f in "$tmp/v.log" "$tmp/stats" "$tmp/metrics"; do
+    grep -qF -- "$pw" "$f" && leak+=" passphrase in $(basename "$f")"
+    grep -qiF -- "$vk" "$f" && leak+=" volume key in $(basename "$f")"
+done
+if ! ls "$tmp"/core.* >/dev/null 2>&1; then
+    leak+=" (gcore wrote no core)"
+else
+    grep -qaF -- "$pw" "$tmp"/core.* && leak+=" passphrase in the core dump"
+    /usr/bin/python3 - "$vk" "$tmp"/core.* <<'PY' || leak+=" volume key in the core dump"
+import sys
+key = bytes.fromhex(sys.argv[1])
+sys.exit(1 if any(key[:32] in open(p, 'rb').read() for p in sys.argv[2:]) else 0)
+PY
+fi
+if [[ -z $leak ]]; then pass luks-key-in-no-log-stats-metrics-or-core
+else fail luks-key-in-no-log-stats-metrics-or-core "$leak"; fi
+
+# Refused, one line each, nothing changed on the disk.
+sum=$(sha256sum "$tmp/l2.img" | cut -d' ' -f1)
+refuse() {	# refuse NAME PATTERN IMAGE ARGS...
+    local name=$1 pat=$2 img=$3 out rc; shift 3
+    out=$(timeout 30 "$VBLKD" --socket "$tmp/r.sock" --disk "$img" "$@" 2>&1 </dev/null); rc=$?
+    if ((rc != 0)) && [[ $(wc -l <<<"$out") -le 2 ]] && grep -q -- "$pat" <<<"$out"; then
+        pass "luks-refuses-$name"
+    else
+        fail "luks-refuses-$name" "rc=$rc: $out"
+    fi
+}
+printf 'wrong' >"$tmp/wrong"
+refuse no-key "give its passphrase with --key-file" "$tmp/l2.img"
+refuse wrong-key "no key slot" "$tmp/l2.img" --key-file "$tmp/wrong"
+refuse missing-key-file "cannot open the key file" "$tmp/l2.img" --key-file "$tmp/nokey"
+if [[ $(sha256sum "$tmp/l2.img" | cut -d' ' -f1) == "$sum" ]]; then pass luks-refusals-change-nothing
+else fail luks-refusals-change-nothing "the image changed"; fi
+truncate -s 24M "$tmp/cbc.img"
+cryptsetup luksFormat -q --type luks2 --cipher aes-cbc-essiv:sha256 --key-size 256 "${fast[@]}" \
+    --key-file "$tmp/key" "$tmp/cbc.img"
+refuse other-cipher "aes-xts-plain64 only" "$tmp/cbc.img" --key-file "$tmp/key"
+cp "$tmp/l2.img" "$tmp/bad.img"
+# LUKS2: both binary headers' checksums broken (the primary's and the
+# secondary's JSON areas overwritten).
+printf 'x%.0s' $(seq 64) | dd of="$tmp/bad.img" bs=1 seek=4096 conv=notrunc status=none
+printf 'x%.0s' $(seq 64) | dd of="$tmp/bad.img" bs=1 seek=$((16384 + 4096)) conv=notrunc \
+    status=none
+refuse damaged-header "damaged" "$tmp/bad.img" --key-file "$tmp/key"
+# A systemd credential: a bare name found in $CREDENTIALS_DIRECTORY (the
+# model /dev/null reads zeroes: the compare fails, but only once opened).
+mkdir -p "$tmp/creds"; cp "$tmp/key" "$tmp/creds/disk-key"
+if out=$(CREDENTIALS_DIRECTORY=$tmp/creds "$FMTIO" "$tmp/l2.img" /dev/null 5 0 \
+         --key-file disk-key 2>&1) || grep -q "mismatches" <<<"$out"; then
+    pass luks-key-from-systemd-credential
+else fail luks-key-from-systemd-credential "$out"; fi
+exit 0

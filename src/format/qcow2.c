@@ -549,19 +549,25 @@ static uint64_t alloc_end(struct qcow2 *q, uint64_t n, int *res)
 	return off;
 }
 
+/* Append x to the growing array *v (*n used of *cap). */
+static int u64_push(uint64_t **v, size_t *n, size_t *cap, uint64_t x)
+{
+	if (*n == *cap) {
+		size_t c = *cap ? *cap * 2 : 64;
+		uint64_t *p = realloc(*v, c * sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		*v = p;
+		*cap = c;
+	}
+	(*v)[(*n)++] = x;
+	return 0;
+}
+
 static int resv_push(struct qcow2 *q, uint64_t off)
 {
-	if (q->nresv == q->resv_cap) {
-		size_t cap = q->resv_cap ? q->resv_cap * 2 : 64;
-		uint64_t *v = realloc(q->resv, cap * sizeof(*v));
-
-		if (!v)
-			return -ENOMEM;
-		q->resv = v;
-		q->resv_cap = cap;
-	}
-	q->resv[q->nresv++] = off;
-	return 0;
+	return u64_push(&q->resv, &q->nresv, &q->resv_cap, off);
 }
 
 /* A chunk of clusters reserved: refcounts set, written and synced. */
@@ -609,17 +615,7 @@ static void resv_release(struct qcow2 *q)
 
 static int frees_push(struct qcow2 *q, uint64_t off)
 {
-	if (q->nfrees == q->frees_cap) {
-		size_t cap = q->frees_cap ? q->frees_cap * 2 : 64;
-		uint64_t *f = realloc(q->frees, cap * sizeof(*f));
-
-		if (!f)
-			return -ENOMEM;
-		q->frees = f;
-		q->frees_cap = cap;
-	}
-	q->frees[q->nfrees++] = off;
-	return 0;
+	return u64_push(&q->frees, &q->nfrees, &q->frees_cap, off);
 }
 
 void qcow2_free_later(struct qcow2 *q, uint64_t e)

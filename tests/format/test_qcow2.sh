@@ -143,6 +143,34 @@ if fmtio qcow2-snapshot-discard-zeroes-compare "$tmp/fs.qcow2" 4; then
     if cmp -s "$tmp/fs-snap.raw" "$tmp/fs-snap2.raw"; then pass qcow2-snapshot-survives-discard
     else fail qcow2-snapshot-survives-discard "qemu-img convert -l s1 differs"; fi
 fi
+# Compressed images (qemu-img convert -c: deflate, and zstd), 64 KiB and
+# 2 MiB clusters, read whole through the format layer (fmt-io with no
+# requests: the whole-disk compare) against qemu-img convert -O raw; then
+# rewritten at random (compressed clusters become normal ones) and judged
+# by qemu-img compare and check.
+python3 -c "
+import os
+with open('$tmp/cz.raw', 'wb') as f:
+    for i in range(64):
+        f.write((bytes([i]) * 4096 + os.urandom(64)) * 15 + bytes(4096 - 64 * 15))
+        f.write(os.urandom(65536) if i % 8 == 0 else bytes(65536))"
+for ct in zlib zstd; do
+    for cl in 64k 2M; do
+        img=$tmp/cz-$ct-$cl.qcow2 name=qcow2-compressed-$ct-$cl
+        if ! qemu-img convert -q -c -O qcow2 -o compression_type=$ct,cluster_size=$cl \
+                "$tmp/cz.raw" "$img" 2>/dev/null; then
+            echo "SKIP: $name (qemu-img cannot write $ct)"; continue
+        fi
+        qemu-img convert -O raw "$img" "$tmp/$name.want"
+        if out=$("$BUILD/fmt-io" "$img" "$tmp/$name.want" 1 0 2>&1); then
+            pass "$name-reads-as-qemu-img-convert"
+            fmtio "$name-rewritten-compare" "$img" 9
+        else
+            fail "$name-reads-as-qemu-img-convert" "$out"
+        fi
+    done
+done
+
 # Discard gives the space back: a fully written image, discarded, is
 # mostly holes in the file.
 qemu-img create -q -f qcow2 "$tmp/p.qcow2" 32M

@@ -5,7 +5,9 @@
 # zeroes on one (the host then finds holes in the image); a read-only export
 # refusing write, discard and write zeroes; a disk with a QoS limit
 # (--limit iops-total=500): fio at QD32 gets 500 IOPS within 10 % and
-# verifies clean.  Two boots, six to nine disks each.
+# verifies clean; a qcow2 overlay of a raw base (qemu-img check clean
+# after) and a LUKS2 disk with 4096-byte sectors, fio verify on each.  Two
+# boots, six to eleven disks each.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 VBLKD=${1:?usage: backends.sh PATH/TO/vblkd}
@@ -39,12 +41,13 @@ if ! losetup -f >/dev/null 2>&1; then
 fi
 
 # disk NAME KIND(file|loop) ENGINE BS [vblkd args...]: start a daemon for a
-# 128 MiB disk; sets DISK_ARGS for QEMU.
+# 128 MiB disk ($DISK_IMG instead, if set: an image made beforehand); sets
+# DISK_ARGS for QEMU.
 declare -a qemu_args
 disk() {
     local name=$1 kind=$2 engine=$3 bs=$4; shift 4
     local img="$work/$name.img" path sock="$work/$name.sock" idx=${#pids[@]}
-    truncate -s 128M "$img"
+    if [[ -n ${DISK_IMG:-} ]]; then img=$DISK_IMG; else truncate -s 128M "$img"; fi
     path=$img
     if [[ $kind == loop ]]; then
         ((have_loop)) || return 1
@@ -102,6 +105,24 @@ disk ro file io_uring 512 --read-only
 # disk() truncated ro.img to an empty 128M file; put the data back.
 cp "$work/ro.img.keep" "$work/ro.img"
 disk qos500 file io_uring 512 --limit iops-total=500
+# A qcow2 overlay (every write allocates; part-cluster writes copy the
+# base's data) and a LUKS2 disk (4096-byte sectors, AES-256-XTS).
+head -c 8M /dev/urandom >"$work/qbase.raw"; truncate -s 128M "$work/qbase.raw"
+have_qcow2=0 have_luks=0
+if qemu-img create -q -f qcow2 -b qbase.raw -F raw "$work/ov.qcow2" 128M 2>/dev/null; then
+    DISK_IMG=$work/ov.qcow2 disk v-qcow2-overlay file io_uring 512 && have_qcow2=1
+fi
+if command -v cryptsetup >/dev/null && "$VBLKD" --help 2>&1 | grep -q -- --key-file; then
+    printf 'guest test %s' "$RANDOM" >"$work/lk.key"
+    truncate -s 160M "$work/lk.img"
+    if cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+            --key-file "$work/lk.key" "$work/lk.img"; then
+        DISK_IMG=$work/lk.img disk v-luks2-4k file io_uring 512 --key-file "$work/lk.key" &&
+            have_luks=1
+    fi
+else
+    echo "SKIP: guest-v-luks2-4k (no cryptsetup, or vblkd without LUKS)"
+fi
 boot boot-files
 stop_all
 # QoS: 8 s at QD32 under iops-total=500 (plus the bucket's first tenth of
@@ -131,6 +152,17 @@ sys.exit(0 if ok and data == bytes(len(data)) else 1)
 PY
 cmp -s "$work/ro.img" "$work/ro.img.keep" && pass read-only-image-untouched ||
     fail read-only-image-untouched
+if ((have_qcow2)); then
+    if qemu-img check -q "$work/ov.qcow2" >"$logs/ov.check" 2>&1; then
+        pass qcow2-overlay-check-clean-after-guest-fio
+    else fail qcow2-overlay-check-clean-after-guest-fio "$(head -3 "$logs/ov.check")"; fi
+fi
+if ((have_luks)); then
+    if grep -q "format: LUKS2" "$logs/v-luks2-4k.vblkd.log" &&
+       ! grep -qF -- "$(cat "$work/lk.key")" "$logs/v-luks2-4k.vblkd.log"; then
+        pass luks-guest-disk-served-key-not-logged
+    else fail luks-guest-disk-served-key-not-logged "see $logs/v-luks2-4k.vblkd.log"; fi
+fi
 
 # Boot 2: loop block devices.
 if ((have_loop)); then

@@ -25,7 +25,9 @@ for t in cryptsetup qemu-img qemu-io gdb; do
 done
 /usr/bin/python3 -c 'import cryptography' 2>/dev/null ||
     { echo "SKIP: luks (no python3-cryptography: scripts/deps.sh installs it)"; exit 0; }
-if "$VBLKD" --help 2>&1 | grep -q -- "--key-file" && [[ -x $FMTIO ]]; then :; else
+# Built with LUKS: vblkd links libcryptsetup.  (grep -c, not -q: under
+# pipefail an early exit of grep kills the writer with SIGPIPE.)
+if (($(ldd "$VBLKD" 2>/dev/null | grep -c libcryptsetup) == 0)) || [[ ! -x $FMTIO ]]; then
     echo "SKIP: luks (vblkd built without libcryptsetup)"; exit 0
 fi
 

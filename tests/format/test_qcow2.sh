@@ -212,7 +212,7 @@ PY
            --iodepth 8 --runtime 1 --ramp 0 >"$tmp/live2.out" 2>&1 &&
        grep -q " 0 mismatches" "$tmp/live2.out" && stop &&
        qemu-img check -q "$tmp/live.qcow2" &&
-       qemu-img info "$tmp/live.qcow2" | grep -q "virtual size: 40 MiB"; then
+       [[ $(qemu-img info "$tmp/live.qcow2") == *"virtual size: 40 MiB"* ]]; then
         pass qcow2-live-resize-grows-the-image
     else
         fail qcow2-live-resize-grows-the-image "$(cat "$tmp/live.resize"; tail -2 "$tmp/live2.out")"
@@ -271,7 +271,7 @@ if start "$tmp/st.log" --disk "$tmp/st.qcow2" --control "$tmp/c.sock"; then
     qemu-img convert -O raw "$tmp/st.qcow2" "$tmp/st-after.raw"
     if ((brc == 0)) && grep -q " 0 mismatches" "$tmp/st-bench.out" &&
        grep -q "stream done" "$tmp/st.log" &&
-       ! qemu-img info "$tmp/st.qcow2" | grep -q "backing file" &&
+       [[ $(qemu-img info "$tmp/st.qcow2") != *"backing file"* ]] &&
        cmp -s <(tail -c 4M "$tmp/st-before.raw") <(tail -c 4M "$tmp/st-after.raw") &&
        qemu-img check -q "$tmp/st.qcow2"; then
         pass qcow2-stream-under-writes-image-stands-alone

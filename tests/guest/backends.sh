@@ -112,7 +112,8 @@ have_qcow2=0 have_luks=0
 if qemu-img create -q -f qcow2 -b qbase.raw -F raw "$work/ov.qcow2" 128M 2>/dev/null; then
     DISK_IMG=$work/ov.qcow2 disk v-qcow2-overlay file io_uring 512 && have_qcow2=1
 fi
-if command -v cryptsetup >/dev/null && "$VBLKD" --help 2>&1 | grep -q -- --key-file; then
+if command -v cryptsetup >/dev/null &&
+   (($(ldd "$VBLKD" 2>/dev/null | grep -c libcryptsetup) > 0)); then
     printf 'guest test %s' "$RANDOM" >"$work/lk.key"
     truncate -s 160M "$work/lk.img"
     if cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \

@@ -909,6 +909,8 @@ const struct vu_dev_ops blk_vu_ops = {
 	.needs_reset = blk_needs_reset,
 	.save_state = blk__save_state,
 	.load_state = blk__load_state,
+	.handover_quiesce = blk__handover_quiesce,
+	.handover_reload = blk__handover_reload,
 };
 
 /* ---- Device lifecycle (main thread) ---- */

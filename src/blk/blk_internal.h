@@ -246,5 +246,7 @@ int blk__set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32_t len
 void blk__set_features(void *opaque, uint64_t features);
 size_t blk__save_state(void *opaque, uint8_t *buf, size_t len);
 int blk__load_state(void *opaque, const uint8_t *buf, size_t len);
+int blk__handover_quiesce(void *opaque, char *err, size_t errlen);
+int blk__handover_reload(void *opaque, char *err, size_t errlen);
 
 #endif

@@ -212,6 +212,22 @@ int blk__load_state(void *opaque, const uint8_t *buf, size_t len)
 	return 0;
 }
 
+/* The image's format keeps tables in memory (qcow2): written back for
+ * the new process, read again by it (format.h). */
+int blk__handover_quiesce(void *opaque, char *err, size_t errlen)
+{
+	struct blk_dev *d = opaque;
+
+	return fmt_quiesce(d->b, err, errlen);
+}
+
+int blk__handover_reload(void *opaque, char *err, size_t errlen)
+{
+	struct blk_dev *d = opaque;
+
+	return fmt_reload(d->b, err, errlen);
+}
+
 void blk__set_features(void *opaque, uint64_t features)
 {
 	struct blk_dev *d = opaque;

@@ -189,6 +189,8 @@ int fmt__open_backing(struct qcow2 *q, const struct fmt_opts *o, unsigned depth,
 		      size_t errlen)
 {
 	struct bdev_opts bo = *o->bo;
+	/* Read-only images do not change under an upgrade: read whole now. */
+	struct fmt_opts bfo = *o;
 	enum fmt_kind kind = FMT_AUTO;
 	struct bdev *bf;
 	char *path, *dir;
@@ -254,7 +256,8 @@ int fmt__open_backing(struct qcow2 *q, const struct fmt_opts *o, unsigned depth,
 			 q->path);
 		goto fail_close;
 	}
-	r = open_chain(bf, kind, o, depth + 1, &q->backing, err, errlen);
+	bfo.handover = false;
+	r = open_chain(bf, kind, &bfo, depth + 1, &q->backing, err, errlen);
 	if (r < 0)
 		goto fail_close;
 	q->backing_file = bf;
@@ -328,6 +331,30 @@ void fmt_stats(const struct bdev *disk, struct fmt_stats *out)
 	out->cor_bytes = q->cor_bytes;
 	out->streaming = q->streaming;
 	out->stream_pos = q->stream_pos;
+}
+
+int fmt_quiesce(struct bdev *disk, char *err, size_t errlen)
+{
+	if (!disk || !qcow2_io_is(disk->engine))
+		return 0;
+	return qcow2_io_quiesce(container_of(disk, struct qcow2, disk), err, errlen);
+}
+
+int fmt_reload(struct bdev *disk, char *err, size_t errlen)
+{
+	if (!disk || !qcow2_io_is(disk->engine))
+		return 0;
+	return qcow2_reload(container_of(disk, struct qcow2, disk), err, errlen);
+}
+
+int fmt_key_export(const struct bdev *disk)
+{
+#ifdef HAVE_LUKS
+	if (disk && luks_is(disk->engine))
+		return luks_key_export(disk);
+#endif
+	(void)disk;
+	return -ENOENT;
 }
 
 bool fmt_has_backing(const struct bdev *disk)

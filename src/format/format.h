@@ -49,6 +49,15 @@ struct fmt_opts {
 	/* LUKS: the passphrase's file ("-": standard input; a bare name in
 	 * $CREDENTIALS_DIRECTORY: a systemd credential), read whole. */
 	const char *key_file;
+	/* LUKS, upgrade in place: the volume key the old process handed
+	 * over (fmt_key_export's memfd), taken instead of key_file's
+	 * passphrase once the header's digest accepts it. */
+	bool key_handed;
+	int key_fd;
+	/* Upgrade in place: the old process still writes the image, so a
+	 * format reads its header now and its tables at fmt_reload, and
+	 * writes nothing before. */
+	bool handover;
 };
 
 /* "raw", "qcow2", "luks", "auto" -> *out.  0 or -EINVAL. */
@@ -97,6 +106,28 @@ bool fmt_has_backing(const struct bdev *disk);
  * stream running already, no frontend connected).  Main thread.
  */
 int fmt_stream(struct bdev *disk, uint64_t rate, char *err, size_t errlen);
+
+/*
+ * Upgrade in place (docs/architecture.md "Upgrade in place").  The new
+ * process opens the image while the old one still serves it, so what it
+ * read may be stale until the old one stops.  Old process, every ring
+ * stopped: fmt_quiesce writes the format's tables back, syncs, and gives
+ * back the clusters it held in reserve; it may serve on afterwards (the
+ * upgrade failed).  -EBUSY while vblkctl stream runs.  New process, the
+ * old one quiesced: fmt_reload reads the tables again (checked as at
+ * open) before any request.  Both 0 for raw and LUKS (nothing kept), or
+ * -errno with one line in err.  Main thread.
+ */
+int fmt_quiesce(struct bdev *disk, char *err, size_t errlen);
+int fmt_reload(struct bdev *disk, char *err, size_t errlen);
+
+/*
+ * Upgrade in place: a LUKS disk's volume key in a sealed memfd for the
+ * old process to hand to the new one (fmt_opts.key_handed), which then
+ * needs no passphrase.  The fd (the caller closes it), -ENOENT for a
+ * disk without a key, or -errno.  Main thread.
+ */
+int fmt_key_export(const struct bdev *disk);
 
 /* What a format keeps count of (all zero for raw). */
 struct fmt_stats {

@@ -486,6 +486,40 @@ static void key_wipe(char *pass, size_t len)
 	munmap(pass, LUKS_MAX_KEY_FILE);
 }
 
+/* Upgrade in place: the key into a memfd no one else can change (the
+ * fd goes over the handover socket, never a path), read straight into
+ * the new process's locked page (key_take). */
+int luks_key_export(const struct bdev *disk)
+{
+	const struct luks *l = container_of(disk, const struct luks, disk);
+	int fd = memfd_create("vblkd-volume-key", MFD_CLOEXEC | MFD_ALLOW_SEALING), r;
+
+	if (fd < 0)
+		return -errno;
+	errno = 0;
+	if (pwrite(fd, l->key, l->key_len, 0) != (ssize_t)l->key_len ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE) < 0) {
+		r = errno ? -errno : -EIO;
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+static int key_take(int fd, uint8_t *key, size_t len, const char *path, char *err,
+		    size_t errlen)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0 || st.st_size != (off_t)len ||
+	    pread(fd, key, len, 0) != (ssize_t)len) {
+		snprintf(err, errlen, "the volume key of LUKS disk %s did not come over from the "
+			 "old vblkd whole (%zu bytes expected)", path, len);
+		return -EPROTO;
+	}
+	return 0;
+}
+
 int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
 	      size_t errlen)
 {
@@ -496,7 +530,7 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	const char *type;
 	int r;
 
-	if (!o->key_file) {
+	if (!o->key_file && !o->key_handed) {
 		snprintf(err, errlen, "%s is a LUKS disk: give its passphrase with --key-file PATH "
 			 "(or - for standard input)", file->path);
 		return -ENOKEY;
@@ -547,10 +581,23 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	if (mlock(l->key, 4096) < 0)
 		log_warn("LUKS disk %s: cannot lock the key's page in memory (%s): it could be "
 			 "swapped out", file->path, strerror(errno));
-	if ((r = read_key_file(o->key_file, &pass, &passlen, err, errlen)) < 0)
-		goto fail;
-	r = crypt_volume_key_get(cd, CRYPT_ANY_SLOT, (char *)l->key, &vk_len, pass, passlen);
-	key_wipe(pass, passlen);
+	if (o->key_handed) {
+		if ((r = key_take(o->key_fd, l->key, vk_len, file->path, err, errlen)) < 0)
+			goto fail;
+		/* The header's digest says whether it is this disk's key. */
+		r = crypt_volume_key_verify(cd, (const char *)l->key, vk_len);
+		if (r < 0) {
+			snprintf(err, errlen, "the volume key handed over by the old vblkd does not "
+				 "open LUKS disk %s (%s)", file->path, strerror(-r));
+			goto fail;
+		}
+	} else {
+		if ((r = read_key_file(o->key_file, &pass, &passlen, err, errlen)) < 0)
+			goto fail;
+		r = crypt_volume_key_get(cd, CRYPT_ANY_SLOT, (char *)l->key, &vk_len, pass,
+					 passlen);
+		key_wipe(pass, passlen);
+	}
 	if (r < 0) {
 		if (r == -EPERM)
 			snprintf(err, errlen, "no key slot of LUKS disk %s opens with that "

@@ -22,7 +22,8 @@ struct fmt_opts;
 /* "LUKS\xba\xbe" at offset 0 (LUKS1 and LUKS2). */
 bool luks_detect(const void *buf, size_t len);
 
-/* Open file (a LUKS disk) with o->key_file: *disk is the payload.  One
+/* Open file (a LUKS disk) with o->key_file, or the key handed over
+ * (o->key_handed, checked by the header's digest): *disk is the payload.  One
  * line in err on failure (no key, wrong passphrase, a cipher other than
  * aes-xts-plain64, a damaged header), nothing changed.  Main thread. */
 int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
@@ -30,6 +31,8 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 /* The key wiped, everything freed; file stays open.  Main thread. */
 void luks_close(struct bdev *disk);
 bool luks_is(const struct bdev_engine *e);
+/* fmt_key_export for a LUKS disk: a sealed memfd holding its key. */
+int luks_key_export(const struct bdev *disk);
 void luks_describe(const struct bdev *disk, char *buf, size_t len);
 
 #endif

@@ -1497,8 +1497,12 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 			}
 		}
 	}
-	if ((r = load_tables(q, err, errlen)) < 0)
+	/* Handed over: the tables are read at qcow2_reload, when the old
+	 * process has stopped changing them. */
+	if (!o->handover && (r = load_tables(q, err, errlen)) < 0)
 		goto fail;
+	if (o->handover)
+		q->rt_entries = (uint64_t)q->rt_clusters * q->cs / 8;
 
 	/* Caches: all L2 tables of the disk, at most 32 MiB (QEMU's default
 	 * l2-cache-size on Linux), or what --l2-cache-size says; refcount
@@ -1515,14 +1519,15 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	/* Reserved a chunk at a time: 16 MiB, 8 to 4096 clusters (a crash
 	 * leaks at most that). */
 	q->resv_chunk = MIN(4096ull, MAX(8ull, (16ull << 20) >> q->cluster_bits));
-	if ((r = find_next_free(q)) < 0) {
+	if (!o->handover && (r = find_next_free(q)) < 0) {
 		snprintf(err, errlen, "cannot read the refcounts of qcow2 image %s: %s", q->path,
 			 strerror(-r));
 		goto fail;
 	}
 	/* qcow2.txt, autoclear_features: we keep none of what they vouch for
-	 * (bitmaps), so a writer clears them first. */
-	if (q->rw && q->autoclear) {
+	 * (bitmaps), so a writer clears them first (handed over: the old
+	 * process did). */
+	if (q->rw && q->autoclear && !o->handover) {
 		uint8_t z[8] = { 0 };
 
 		if ((r = meta_write(q, z, 8, 88)) < 0 || (r = sync_file(q)) < 0) {
@@ -1543,6 +1548,99 @@ nomem:
 fail:
 	free(h);
 	qcow2_free(q);
+	return r;
+}
+
+/* ---- Upgrade in place (format.h, fmt_quiesce / fmt_reload) ---------- */
+
+int qcow2_quiesce(struct qcow2 *q, char *err, size_t errlen)
+{
+	int r;
+
+	if (q->streaming) {
+		snprintf(err, errlen, "vblkctl stream is copying the backing chain of %s: "
+			 "upgrade once it has finished", q->path);
+		return -EBUSY;
+	}
+	if (!q->rw)
+		return 0;
+	if (q->broken) {
+		snprintf(err, errlen, "qcow2 image %s is broken (a metadata write failed): "
+			 "restart vblkd instead, and check the image with qemu-img check",
+			 q->path);
+		return -EIO;
+	}
+	/* The new process finds the reserve's clusters free, as after a
+	 * clean close; we take a new reserve if we serve on. */
+	resv_release(q);
+	r = qcow2_flush(q);
+	if (r < 0)
+		snprintf(err, errlen, "cannot write the tables of qcow2 image %s back: %s",
+			 q->path, strerror(-r));
+	return r;
+}
+
+int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
+{
+	uint64_t size = q->size, cs = q->cs;
+	uint32_t l1_size = q->l1_size;
+	unsigned nl2 = q->l2c.n, nrb = q->rbc.n;
+	uint8_t *h = malloc(4096);
+	struct stat st;
+	int r;
+
+	if (!h)
+		return -ENOMEM;
+	if (fstat(q->mfd, &st) < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot stat %s: %s", q->path, strerror(-r));
+		goto out;
+	}
+	q->file_size = q->file->is_blockdev ? q->file->size : (uint64_t)st.st_size;
+	if ((r = pread_all(q->mfd, h, 4096, 0)) < 0) {
+		snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
+		goto out;
+	}
+	/* Checked as at open: the old process wrote it, but it is a file. */
+	if (!qcow2_detect(h, 4096)) {
+		snprintf(err, errlen, "%s is no longer a qcow2 image", q->path);
+		r = -EINVAL;
+		goto out;
+	}
+	if ((r = check_header(q, h, q->file_size, err, errlen)) < 0)
+		goto out;
+	if (q->size != size || q->cs != cs || q->l1_size != l1_size) {
+		snprintf(err, errlen, "qcow2 image %s was resized while the new process "
+			 "started: upgrade again", q->path);
+		r = -ESTALE;
+		goto out;
+	}
+	/* A stream that finished before the old process stopped. */
+	if (q->backing_name && !be64_at(h + 8))
+		q->standalone = true;
+	free(q->l1);
+	free(q->rt);
+	q->l1 = q->rt = NULL;
+	if ((r = load_tables(q, err, errlen)) < 0)
+		goto out;
+	/* Whatever we cached at open may be old. */
+	cache_free(&q->l2c);
+	cache_free(&q->rbc);
+	if ((r = cache_init(&q->l2c, nl2, q->l1_size, q->cs)) < 0 ||
+	    (r = cache_init(&q->rbc, nrb, q->rt_entries, q->cs)) < 0) {
+		snprintf(err, errlen, "out of memory for the caches of qcow2 image %s", q->path);
+		goto out;
+	}
+	q->l1_dirty_lo = q->l1_dirty_hi = 0;
+	q->rt_dirty = false;
+	q->nresv = q->nfrees = 0;
+	if ((r = find_next_free(q)) < 0)
+		snprintf(err, errlen, "cannot read the refcounts of qcow2 image %s: %s", q->path,
+			 strerror(-r));
+out:
+	free(h);
+	if (r < 0)
+		q->broken = true;
 	return r;
 }
 

@@ -216,6 +216,15 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen);
  * stream).  0 or -errno (the image is then broken for writes). */
 int qcow2_drop_backing(struct qcow2 *q);
 
+/* Upgrade in place (format.h): the old process's write-back (the
+ * reserve given back; -EBUSY while a stream runs) and the new process's
+ * second reading of the header and tables.  0 or -errno with one line in
+ * err.  Iothread, or the main thread while none serves q (qcow2_io.c
+ * runs the quiesce on q's iothread). */
+int qcow2_quiesce(struct qcow2 *q, char *err, size_t errlen);
+int qcow2_reload(struct qcow2 *q, char *err, size_t errlen);
+int qcow2_io_quiesce(struct qcow2 *q, char *err, size_t errlen);
+
 /* qcow2_io.c: vblkctl stream (main thread): start copying everything
  * the backing chain still provides into q, rate bytes/s (0: no limit),
  * on q's iothread; when done the header drops the backing file.  0, or

@@ -1061,6 +1061,33 @@ static int q2_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 	return g.res;
 }
 
+struct quiesce_call {
+	struct qcow2 *q;
+	char *err;
+	size_t errlen;
+	int res;
+};
+
+static void quiesce_fn(void *opaque)
+{
+	struct quiesce_call *c = opaque;
+
+	c->res = qcow2_quiesce(c->q, c->err, c->errlen);
+}
+
+/* Main thread, the rings stopped: the tables are the iothread's still
+ * (a stream's bh may run there), so the write-back runs there too. */
+int qcow2_io_quiesce(struct qcow2 *q, char *err, size_t errlen)
+{
+	struct quiesce_call c = { q, err, errlen, 0 };
+
+	if (q->ctx)
+		loop_call_sync(q->ctx->loop, quiesce_fn, &c);
+	else
+		quiesce_fn(&c);
+	return c.res;
+}
+
 bool qcow2_io_is(const struct bdev_engine *e)
 {
 	return e && e->ctx_new == q2_ctx_new;

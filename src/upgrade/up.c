@@ -31,6 +31,7 @@ extern char **environ;
 #define UP_STATE_MS 10000
 
 #define UP_ENV "VBLKD_HANDOVER_FD"
+#define UP_NFDS 5	/* struct up_fds */
 
 struct up_hello {
 	uint32_t version;
@@ -46,7 +47,8 @@ struct up_ready {
 /* Which of up_fds a WELCOME carries, in this order. */
 struct up_welcome {
 	uint32_t version;
-	uint32_t has;		/* bit 0 listen, 1 control, 2 metrics, 3 disk */
+	uint32_t has;		/* bit 0 listen, 1 control, 2 metrics, 3 disk,
+				 * 4 (since 2026-12) the disk's key */
 };
 
 static char **up_argv;
@@ -62,7 +64,7 @@ void up_init(char **argv)
 
 static int *up_fd_slot(struct up_fds *f, unsigned i)
 {
-	int *slots[] = { &f->listen, &f->control, &f->metrics, &f->disk };
+	int *slots[] = { &f->listen, &f->control, &f->metrics, &f->disk, &f->key };
 
 	return slots[i];
 }
@@ -185,7 +187,7 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 	struct up_welcome w = { .version = UP_VERSION };
 	struct up_fds f = *fds;
 	struct up_hello h;
-	int sv[2], send_fds[4];
+	int sv[2], send_fds[UP_NFDS];
 	unsigned nsend = 0;
 	bool reaped = false;
 	struct up_ready ready = { 0 };
@@ -224,7 +226,7 @@ int up_start(struct vu_server *srv, const struct up_fds *fds, const char *exec,
 		reaped = up_child_gone(pid, r, "before greeting", err, errlen);
 		goto fail;
 	}
-	for (unsigned i = 0; i < 4; i++) {
+	for (unsigned i = 0; i < UP_NFDS; i++) {
 		int fd = *up_fd_slot(&f, i);
 
 		if (fd >= 0) {
@@ -291,14 +293,14 @@ int up_child_begin(struct up_child *c, char *err, size_t errlen)
 	const char *v = getenv(UP_ENV), *tv = getenv("VBLKD_TEST_HANDOVER_VERSION");
 	struct up_hello h = { .version = UP_VERSION, .pid = (uint32_t)getpid() };
 	struct up_welcome w;
-	int fds[4];
-	unsigned nfds = 4, k = 0;
+	int fds[UP_NFDS];
+	unsigned nfds = UP_NFDS, k = 0;
 	char *end;
 	long fd;
 	int r;
 
 	c->sock = -1;
-	c->fds = (struct up_fds){ -1, -1, -1, -1 };
+	c->fds = (struct up_fds){ -1, -1, -1, -1, -1 };
 	if (!v)
 		return 0;
 	unsetenv(UP_ENV);
@@ -316,7 +318,7 @@ int up_child_begin(struct up_child *c, char *err, size_t errlen)
 	r = vu_handover_send(c->sock, UP_HELLO, &h, sizeof(h), NULL, 0);
 	if (r == 0)
 		r = up_expect(c->sock, UP_START_MS, UP_WELCOME, &w, sizeof(w), fds, &nfds);
-	if (r == 0 && (w.version != UP_VERSION || w.has > 15)) {
+	if (r == 0 && (w.version != UP_VERSION || w.has >= 1u << UP_NFDS)) {
 		for (unsigned i = 0; i < nfds; i++)
 			close(fds[i]);
 		r = -EPROTO;
@@ -329,7 +331,7 @@ int up_child_begin(struct up_child *c, char *err, size_t errlen)
 		c->sock = -1;
 		return r;
 	}
-	for (unsigned i = 0; i < 4; i++)
+	for (unsigned i = 0; i < UP_NFDS; i++)
 		if (w.has & (1u << i))
 			*up_fd_slot(&c->fds, i) = k < nfds ? fds[k++] : -1;
 	log_info("upgrade: taking over from pid %d", (int)c->old_pid);

@@ -9,7 +9,7 @@
  * (vu_handover_send/recv) and carry fds with SCM_RIGHTS:
  *
  *   new -> old  HELLO {version, pid}       versions must match
- *   old -> new  WELCOME {version}, fds     the listeners and the disk
+ *   old -> new  WELCOME {version}, fds     the listeners, the disk, its key
  *   new -> old  PREPARED                   opened and set up, waiting
  *        (until here the guest's I/O runs on in the old process)
  *   old -> new  the frontend's state       vu_server_handover_save: rings
@@ -36,7 +36,7 @@ struct vu_server;
 
 #define UP_VERSION 1
 
-/* Listening sockets and the disk, -1 where there is none. */
+/* Listening sockets, the disk and its key, -1 where there is none. */
 struct up_fds {
 	int listen;	/* vhost-user */
 	int control;	/* --control */
@@ -44,6 +44,9 @@ struct up_fds {
 	int disk;	/* a file or block device: the same open file, so the
 			 * image lock carries over.  -1: the new process opens the
 			 * disk itself (network disks) and claims it anew. */
+	int key;	/* a LUKS disk's volume key (fmt_key_export's memfd):
+			 * the new process opens the disk with it, no
+			 * passphrase read again */
 };
 
 /* Remember how we were started (argv is kept, not copied): the binary's

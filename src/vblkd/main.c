@@ -284,9 +284,11 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 		.listen = vu_server_listen_fd(v->srv),
 		.control = v->ctl ? ctl_server_listen_fd(v->ctl) : -1,
 		.metrics = v->mh ? metrics_http_listen_fd(v->mh) : -1,
-		/* Files and block devices go over as they are; network disks
-		 * are opened again by the new process. */
-		.disk = v->b->engine->open ? -1 : v->b->fd,
+		/* Files and block devices go over as they are (the image
+		 * file under a format); network disks are opened again by the
+		 * new process. */
+		.disk = v->file->engine->open ? -1 : v->file->fd,
+		.key = -1,
 	};
 	struct up_result res;
 	int r;
@@ -295,14 +297,20 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 		snprintf(msg, msglen, "already handed over to pid %d", (int)v->successor);
 		return -EALREADY;
 	}
-	/* The new process would read the image's tables while this one
-	 * still changes them: not for a format with metadata, yet. */
-	if (v->b != v->file) {
-		snprintf(msg, msglen, "an upgrade in place of a qcow2 or LUKS disk is not "
-			 "supported yet: restart vblkd (the frontend reconnects)");
-		return -EOPNOTSUPP;
+	/* A LUKS disk's key goes over too: the new process reads no
+	 * passphrase (its key file may be gone, or was standard input).
+	 * A qcow2 image's tables are written back once the rings stopped
+	 * and read again by the new process (fmt_quiesce, fmt_reload). */
+	r = fmt_key_export(v->b);
+	if (r < 0 && r != -ENOENT) {
+		snprintf(msg, msglen, "cannot put the disk's key where the new process can take "
+			 "it: %s", strerror(-r));
+		return r;
 	}
+	f.key = r;
 	r = up_start(v->srv, &f, exec, &res, msg, msglen);
+	if (f.key >= 0)
+		close(f.key);
 	if (r < 0) {
 		log_err("upgrade failed: %s", msg);
 		return r;
@@ -574,6 +582,11 @@ int main(int argc, char **argv)
 		bo.take_fd = true;
 		bo.fd = uc.fds.disk;
 	}
+	fo.handover = handover;
+	if (handover && uc.fds.key >= 0) {
+		fo.key_handed = true;
+		fo.key_fd = uc.fds.key;
+	}
 	if (handover && uc.fds.listen < 0)
 		cli_die("upgrade: the old vblkd handed over no vhost-user socket");
 
@@ -590,6 +603,8 @@ int main(int argc, char **argv)
 	if (b.engine->no_disk || b.engine->open)
 		fo.kind = FMT_RAW;
 	r = fmt_open(&b, &fo, &disk, err, sizeof(err));
+	if (fo.key_handed)
+		close(fo.key_fd);
 	if (r < 0) {
 		bdev_close(&b);
 		cli_die("%s", err);

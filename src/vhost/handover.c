@@ -245,6 +245,10 @@ int vu_server_handover_save(struct vu_server *s, int sock, bool release, char *e
 		s->ho_restart[i] = s->vr[i].started;
 		vu__vring_stop(s, i);
 	}
+	if (s->ops->handover_quiesce && (r = s->ops->handover_quiesce(s->dev, err, errlen)) < 0) {
+		vu_server_handover_resume(s);
+		return r;
+	}
 	/* The next claim is the new process's (a resume claims again). */
 	if (release)
 		vu__release_if_idle(s);
@@ -354,6 +358,9 @@ int vu_server_handover_load(struct vu_server *s, int sock, int timeout_ms, char 
 			break;
 		}
 	}
+	/* The old process stopped writing the disk before it sent this. */
+	if (r == 0 && s->ops->handover_reload)
+		r = s->ops->handover_reload(s->dev, err, errlen);
 	if (r < 0) {
 		vu__state_clear(s);
 		sys_close(&s->ho_conn_fd);

@@ -81,6 +81,16 @@ struct vu_dev_ops {
 	 * Optional. */
 	size_t (*save_state)(void *dev, uint8_t *buf, size_t len);
 	int (*load_state)(void *dev, const uint8_t *buf, size_t len);
+	/* Upgrade in place, old process: every ring stopped, before the
+	 * state goes; the device writes back what it keeps of the disk in
+	 * memory (an image format's tables) so that the next process reads
+	 * the disk whole.  If the upgrade fails the rings start again here.
+	 * New process: the state taken, before it says READY; the device
+	 * reads again what it read of the disk at start-up, when the old
+	 * process still changed it.  0, or -errno with one line in err (the
+	 * old process serves on).  Optional. */
+	int (*handover_quiesce)(void *dev, char *err, size_t errlen);
+	int (*handover_reload)(void *dev, char *err, size_t errlen);
 };
 
 struct vu_server;
@@ -140,12 +150,15 @@ bool vu_server_connected(const struct vu_server *s);
  * exits without touching anything shared (no vu_server_free: it would
  * remove the socket file), or vu_server_handover_resume restarts the
  * rings that ran and serves on.  (On a send failure save resumes
- * itself.)
+ * itself.)  Between the rings' stop and the send the device writes back
+ * what it holds of the disk (ops->handover_quiesce; its failure resumes
+ * and refuses the upgrade).
  *
  * New process (vu_server_new_fd on the inherited listener):
  * vu_server_handover_load replays the state through the message
- * handlers, ring starts held, replies nowhere; 0, or -errno with the
- * reason in err and nothing kept.  vu_server_handover_commit, once the
+ * handlers, ring starts held, replies nowhere, then has the device read
+ * the disk again (ops->handover_reload); 0, or -errno with the reason in
+ * err and nothing kept.  vu_server_handover_commit, once the
  * old process has let go, adopts the connection and starts the rings.
  */
 #define VU_HO_VERSION 1

@@ -92,6 +92,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(loop_new("fuzz", &l) == 0);
 	if (bdev_ctx_new(disk, l, 16, &ctx) < 0)
 		goto close;
+	/* As the device does when its first ring starts: the tables read
+	 * again, checked again. */
+	err[0] = '\0';
+	if (fmt_claim(disk, err, sizeof(err)) < 0) {
+		FUZZ_CHECK(err[0] != '\0' && !strchr(err, '\n'));
+		goto free_ctx;
+	}
 	for (unsigned i = 0; i < MAX_REQS && in.left >= 8; i++) {
 		uint8_t op, pad, o[3];
 		uint16_t len;
@@ -149,6 +156,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		disk->engine->drain(ctx);
 		FUZZ_CHECK(completed == before + 1);
 	}
+free_ctx:
 	disk->engine->ctx_free(ctx);
 close:
 	if (l)

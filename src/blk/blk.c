@@ -11,6 +11,7 @@
 #include "blk/blk_internal.h"
 #include "blk/irq.h"
 #include "blk/virtio_blk.h"
+#include "format/format.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
 #include "util/compiler.h"
@@ -871,14 +872,43 @@ static void blk_queue_set_log(void *opaque, unsigned idx, const struct vq_log *l
 	loop_call_sync(d->q[idx].t->loop, do_queue_set_log, &c);
 }
 
+/* The image lock, then what the format read of the image while it was
+ * not ours read again (format.h, fmt_claim): err says why not. */
+int blk__claim(struct blk_dev *d, char *err, size_t errlen)
+{
+	int r = bdev_lock(d->b);
+
+	if (r < 0) {
+		snprintf(err, errlen, "disk %s is in use: another process writes it (a VM runs "
+			 "on another vblkd, QEMU or qemu-storage-daemon)", d->b->path);
+		return r;
+	}
+	r = fmt_claim(d->b, err, errlen);
+	if (r < 0)
+		bdev_unlock(d->b);
+	return r;
+}
+
+void blk__release(struct blk_dev *d)
+{
+	fmt_release(d->b);
+	bdev_unlock(d->b);
+}
+
 static int blk_claim(void *opaque)
 {
-	return bdev_lock(((struct blk_dev *)opaque)->b);
+	char err[256];
+	int r = blk__claim(opaque, err, sizeof(err));
+
+	/* bdev_lock has said who holds the lock. */
+	if (r < 0 && r != -EBUSY)
+		log_err("%s", err);
+	return r;
 }
 
 static void blk_release(void *opaque)
 {
-	bdev_unlock(((struct blk_dev *)opaque)->b);
+	blk__release(opaque);
 }
 
 /* A running ring is broken: the device status says NEEDS_RESET (the

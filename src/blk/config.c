@@ -252,8 +252,16 @@ int blk_dev_stream(struct blk_dev *d, uint64_t rate, char *err, size_t errlen)
 int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
 {
 	uint64_t old = d->b->size;
-	int r = bdev_resize(d->b, size, err, errlen);
+	/* No ring runs: the disk is ours only while it changes (another
+	 * process may serve it, and a format reads its tables again). */
+	bool hold = !d->b->locked && !d->b->read_only && size != old;
+	int r;
 
+	if (hold && (r = blk__claim(d, err, errlen)) < 0)
+		return r;
+	r = bdev_resize(d->b, size, err, errlen);
+	if (hold)
+		blk__release(d);
 	if (r < 0 || size == old)
 		return r < 0 ? r : 0;
 	/* The capacity in the config space is read from b->size

@@ -347,6 +347,19 @@ int fmt_reload(struct bdev *disk, char *err, size_t errlen)
 	return qcow2_reload(container_of(disk, struct qcow2, disk), err, errlen);
 }
 
+int fmt_claim(struct bdev *disk, char *err, size_t errlen)
+{
+	if (!disk || !qcow2_io_is(disk->engine))
+		return 0;
+	return qcow2_io_claim(container_of(disk, struct qcow2, disk), err, errlen);
+}
+
+void fmt_release(struct bdev *disk)
+{
+	if (disk && qcow2_io_is(disk->engine))
+		qcow2_io_release(container_of(disk, struct qcow2, disk));
+}
+
 int fmt_key_export(const struct bdev *disk)
 {
 #ifdef HAVE_LUKS

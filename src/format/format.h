@@ -122,6 +122,23 @@ int fmt_quiesce(struct bdev *disk, char *err, size_t errlen);
 int fmt_reload(struct bdev *disk, char *err, size_t errlen);
 
 /*
+ * The image's write lock, as the device takes and lets go of it
+ * (docs/architecture.md "Migration"): while we did not hold it another
+ * process may have written the image (a migration's source, the process
+ * an upgrade replaced, a vblkd before a restart), so what a format read
+ * of it may be old.  fmt_claim, the lock just taken and no ring running
+ * yet: a format reads its tables again (qcow2: header and tables checked
+ * as at open; the first claim after open does it too).  0, or -errno
+ * with one line in err (the ring does not start).  fmt_release, every
+ * ring stopped and drained, before the lock goes: a format stops what it
+ * writes by itself (vblkctl stream), writes its tables back and syncs;
+ * until the next claim it writes nothing, and vblkctl resize and stream
+ * are refused.  Both nothing for raw and LUKS.  Main thread.
+ */
+int fmt_claim(struct bdev *disk, char *err, size_t errlen);
+void fmt_release(struct bdev *disk);
+
+/*
  * Upgrade in place: a LUKS disk's volume key in a sealed memfd for the
  * old process to hand to the new one (fmt_opts.key_handed), which then
  * needs no passphrase.  The fd (the caller closes it), -ENOENT for a

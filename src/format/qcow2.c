@@ -31,6 +31,7 @@
 #endif
 
 #include "format/qcow2.h"
+#include "util/barrier.h"
 #include "util/compiler.h"
 #include "util/log.h"
 
@@ -1524,19 +1525,9 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 			 strerror(-r));
 		goto fail;
 	}
-	/* qcow2.txt, autoclear_features: we keep none of what they vouch for
-	 * (bitmaps), so a writer clears them first (handed over: the old
-	 * process did). */
-	if (q->rw && q->autoclear && !o->handover) {
-		uint8_t z[8] = { 0 };
-
-		if ((r = meta_write(q, z, 8, 88)) < 0 || (r = sync_file(q)) < 0) {
-			snprintf(err, errlen, "cannot update the header of %s: %s", q->path,
-				 strerror(-r));
-			goto fail;
-		}
-		q->autoclear = 0;
-	}
+	/* Nothing is written before the image is ours (qcow2_reload at the
+	 * first claim): another process may still serve it. */
+	q->stale = q->rw;
 	if (q->backing_name && (r = fmt__open_backing(q, o, depth, err, errlen)) < 0)
 		goto fail;
 	free(h);
@@ -1562,7 +1553,7 @@ int qcow2_quiesce(struct qcow2 *q, char *err, size_t errlen)
 			 "upgrade once it has finished", q->path);
 		return -EBUSY;
 	}
-	if (!q->rw)
+	if (!q->rw || q->stale)
 		return 0;
 	if (q->broken) {
 		snprintf(err, errlen, "qcow2 image %s is broken (a metadata write failed): "
@@ -1583,7 +1574,6 @@ int qcow2_quiesce(struct qcow2 *q, char *err, size_t errlen)
 int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
 {
 	uint64_t size = q->size, cs = q->cs;
-	uint32_t l1_size = q->l1_size;
 	unsigned nl2 = q->l2c.n, nrb = q->rbc.n;
 	uint8_t *h = malloc(4096);
 	struct stat st;
@@ -1609,11 +1599,20 @@ int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
 	}
 	if ((r = check_header(q, h, q->file_size, err, errlen)) < 0)
 		goto out;
-	if (q->size != size || q->cs != cs || q->l1_size != l1_size) {
-		snprintf(err, errlen, "qcow2 image %s was resized while the new process "
-			 "started: upgrade again", q->path);
+	/* Grown meanwhile (vblkctl resize where it ran before): the guest
+	 * may use the new end; shrunk, or another cluster size: not the
+	 * image the guest was given. */
+	if (q->size < size || q->cs != cs) {
+		snprintf(err, errlen, "qcow2 image %s was %s by another process while it was "
+			 "not served here: restart vblkd on it", q->path,
+			 q->cs != cs ? "rewritten" : "shrunk");
 		r = -ESTALE;
 		goto out;
+	}
+	if (q->size > size) {
+		log_info("qcow2 image %s: grown to %llu bytes where it was served before", q->path,
+			 (unsigned long long)q->size);
+		WRITE_ONCE(q->disk.size, q->size);
 	}
 	/* A stream that finished before the old process stopped. */
 	if (q->backing_name && !be64_at(h + 8))
@@ -1634,13 +1633,29 @@ int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
 	q->l1_dirty_lo = q->l1_dirty_hi = 0;
 	q->rt_dirty = false;
 	q->nresv = q->nfrees = 0;
-	if ((r = find_next_free(q)) < 0)
+	if ((r = find_next_free(q)) < 0) {
 		snprintf(err, errlen, "cannot read the refcounts of qcow2 image %s: %s", q->path,
 			 strerror(-r));
+		goto out;
+	}
+	/* qcow2.txt, autoclear_features: we keep none of what they vouch for
+	 * (bitmaps), so a writer clears them first. */
+	if (q->rw && q->autoclear) {
+		uint8_t z[8] = { 0 };
+
+		if ((r = meta_write(q, z, 8, 88)) < 0 || (r = sync_file(q)) < 0) {
+			snprintf(err, errlen, "cannot update the header of %s: %s", q->path,
+				 strerror(-r));
+			goto out;
+		}
+		q->autoclear = 0;
+	}
+	q->stale = false;
 out:
 	free(h);
+	/* Half read: nothing may use the tables until a reload succeeds. */
 	if (r < 0)
-		q->broken = true;
+		q->stale = true;
 	return r;
 }
 
@@ -1648,6 +1663,11 @@ int qcow2_close(struct qcow2 *q)
 {
 	int r;
 
+	/* Stale: not ours (let go, or never taken), nothing of ours to write. */
+	if (q->stale) {
+		qcow2_free(q);
+		return 0;
+	}
 	if (q->rw && !q->broken)
 		resv_release(q);
 	r = qcow2_flush(q);

@@ -119,6 +119,11 @@ struct qcow2 {
 	bool no_punch;		/* the file system cannot punch holes */
 	uint64_t punched;	/* freed clusters given back to the file system */
 	bool broken;		/* a metadata write failed: no more writes */
+	/* The tables are not ours: not read yet, read while another process
+	 * could write the image (open, a migration's destination, an
+	 * upgrade's new process), or let go (qcow2_io_release).  Nothing
+	 * touches them until qcow2_reload reads them again (at the claim). */
+	bool stale;
 	bool said_corrupt;	/* the one log line about corruption */
 
 	/* Backing chain: the disk below (a format's disk, or a raw file),
@@ -216,14 +221,18 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen);
  * stream).  0 or -errno (the image is then broken for writes). */
 int qcow2_drop_backing(struct qcow2 *q);
 
-/* Upgrade in place (format.h): the old process's write-back (the
- * reserve given back; -EBUSY while a stream runs) and the new process's
- * second reading of the header and tables.  0 or -errno with one line in
- * err.  Iothread, or the main thread while none serves q (qcow2_io.c
- * runs the quiesce on q's iothread). */
+/* The image handed on (format.h: fmt_quiesce, fmt_release): tables
+ * written back and synced, the reserve given back; -EBUSY while a stream
+ * runs.  And taken (fmt_reload, fmt_claim): header and tables read again
+ * and checked as at open, the autoclear bits cleared; q->stale until it
+ * succeeds.  0 or -errno with one line in err.  Iothread, or the main
+ * thread while none serves q (the qcow2_io_ forms run them on q's
+ * iothread; release stops a stream and drains first). */
 int qcow2_quiesce(struct qcow2 *q, char *err, size_t errlen);
 int qcow2_reload(struct qcow2 *q, char *err, size_t errlen);
 int qcow2_io_quiesce(struct qcow2 *q, char *err, size_t errlen);
+int qcow2_io_claim(struct qcow2 *q, char *err, size_t errlen);
+void qcow2_io_release(struct qcow2 *q);
 
 /* qcow2_io.c: vblkctl stream (main thread): start copying everything
  * the backing chain still provides into q, rate bytes/s (0: no limit),

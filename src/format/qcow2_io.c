@@ -863,9 +863,9 @@ int qcow2_stream(struct qcow2 *q, uint64_t rate, char *err, size_t errlen)
 			 q->rw ? "broken (a metadata write failed)" : "read-only");
 		return q->rw ? -EIO : -EROFS;
 	}
-	if (!q->ctx) {
-		snprintf(err, errlen, "no frontend is connected, so no iothread serves %s: start "
-			 "the stream while the VM runs", q->path);
+	if (!q->ctx || q->stale) {
+		snprintf(err, errlen, "no VM runs on %s here (no ring has started): start the "
+			 "stream while the VM runs", q->path);
 		return -EAGAIN;
 	}
 	loop_call_sync(q->ctx->loop, stream_start_fn, &sc);
@@ -1054,6 +1054,14 @@ static int q2_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 	struct qcow2 *q = container_of(b, struct qcow2, disk);
 	struct grow_call g = { q, size, err, errlen, 0 };
 
+	/* The tables may be another process's now (a migration's source, the
+	 * VM not started here yet). */
+	if (q->stale) {
+		snprintf(err, errlen, "qcow2 image %s is not served here yet (no ring has "
+			 "started since vblkd started or the VM stopped): resize it while the VM "
+			 "runs on this vblkd", q->path);
+		return -EAGAIN;
+	}
 	if (q->ctx)
 		loop_call_sync(q->ctx->loop, grow_fn, &g);
 	else
@@ -1086,6 +1094,69 @@ int qcow2_io_quiesce(struct qcow2 *q, char *err, size_t errlen)
 	else
 		quiesce_fn(&c);
 	return c.res;
+}
+
+struct hold_call {
+	struct qcow2 *q;
+	char *err;
+	size_t errlen;
+	int res;
+};
+
+static void claim_fn(void *opaque)
+{
+	struct hold_call *h = opaque;
+
+	h->res = qcow2_reload(h->q, h->err, h->errlen);
+}
+
+/* Main thread, no ring running: the tables are read on the iothread that
+ * owns them. */
+int qcow2_io_claim(struct qcow2 *q, char *err, size_t errlen)
+{
+	struct hold_call h = { q, err, errlen, 0 };
+
+	if (!q->stale)
+		return 0;
+	if (q->ctx)
+		loop_call_sync(q->ctx->loop, claim_fn, &h);
+	else
+		claim_fn(&h);
+	if (h.res == 0)
+		log_info("qcow2 image %s: tables read again, as the disk is ours now", q->path);
+	return h.res;
+}
+
+static void release_fn(void *opaque)
+{
+	struct hold_call *h = opaque;
+	struct qcow2 *q = h->q;
+	struct qcow2_ctx *c = q->ctx;
+
+	if (c) {
+		/* The stream writes the image too: it ends with the claim,
+		 * its read in flight drained. */
+		if (c->stream.active)
+			stream_end(c, "the disk was let go (the VM stopped, moved away or was "
+				   "reset): run vblkctl stream again once it runs here");
+		q2_drain((struct bdev_ctx *)c);
+	}
+	if (!q->rw || q->stale)
+		return;
+	if (qcow2_quiesce(q, h->err, h->errlen) < 0)
+		log_err("%s", h->err);
+	q->stale = true;
+}
+
+void qcow2_io_release(struct qcow2 *q)
+{
+	char err[256];
+	struct hold_call h = { q, err, sizeof(err), 0 };
+
+	if (q->ctx)
+		loop_call_sync(q->ctx->loop, release_fn, &h);
+	else
+		release_fn(&h);
 }
 
 bool qcow2_io_is(const struct bdev_engine *e)

@@ -151,6 +151,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "fmt-io: no context\n");
 		return 1;
 	}
+	/* As the device does when its first ring starts (format.h). */
+	if (fmt_claim(disk, err, sizeof(err)) < 0) {
+		fprintf(stderr, "fmt-io: %s\n", err);
+		return 1;
+	}
 	if (posix_memalign((void **)&a, 4096, max_len) || posix_memalign((void **)&b, 4096, max_len) ||
 	    !(o0 = calloc(1, max_len)))
 		return 1;

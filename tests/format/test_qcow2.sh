@@ -9,7 +9,7 @@ BUILD=${1:?usage: test_qcow2.sh BUILD_DIR}
 VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench
 tmp=$(mktemp -d /tmp/vblk-qcow2.XXXXXX)
 dpid=""
-cleanup() { [[ -n $dpid ]] && kill "$dpid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+cleanup() { [[ -n $dpid ]] && kill "$dpid" 2>/dev/null; wait 2>/dev/null; [[ -n ${KEEP:-} ]] || rm -rf "$tmp"; }
 trap cleanup EXIT
 pass() { echo "PASS: $1"; }
 fail() { echo "FAIL: $1${2:+: $2}"; }
@@ -221,6 +221,59 @@ else
     fail qcow2-stats-show-cache-and-allocation "$(tail -2 "$tmp/live.log" "$tmp/live1.out")"
 fi
 [[ -n $dpid ]] && stop
+
+# A migration's hand-over, as two vblkd on one image see it (source and
+# destination, docs/architecture.md "Migration"): A and B both open a
+# fresh overlay; A's frontend allocates clusters and goes (A lets the
+# image go), then B's allocates more, then A's again.  Each process must
+# read the tables again when the image becomes its own, or it hands out
+# clusters the other one allocated and overwrites what was written there.
+# vblkctl resize on A while B serves is refused (the image is B's); once
+# nobody serves it, A takes it for the resize and lets it go again.
+qemu-img create -q -f qcow2 -b base.raw -F raw "$tmp/mig.qcow2" 8M
+rm -f "$tmp/a.sock" "$tmp/b.sock" "$tmp/c.sock"
+"$VBLKD" --socket "$tmp/a.sock" --disk "$tmp/mig.qcow2" --control "$tmp/c.sock" \
+    >"$tmp/mig-a.log" 2>&1 &
+apid=$!
+"$VBLKD" --socket "$tmp/b.sock" --disk "$tmp/mig.qcow2" >"$tmp/mig-b.log" 2>&1 &
+bpid=$!
+for _ in $(seq 100); do [[ -S $tmp/a.sock && -S $tmp/b.sock ]] && break; sleep 0.05; done
+hop() {	# hop SOCK OFFSET SIZE [SECONDS]: verified random writes there, then the frontend goes
+    "$BENCH" --socket "$1" --verify --rw randwrite --offset "$2" --size "$3" --iodepth 8 \
+        --runtime "${4:-1}" --ramp 0 >"$tmp/mig-bench-$2.out" 2>&1 &&
+        grep -q " 0 mismatches" "$tmp/mig-bench-$2.out"
+}
+hop "$tmp/b.sock" 4M 4M 2 & hpid=$!
+sleep 1
+busy=$("$CTL" --control "$tmp/c.sock" resize 12M 2>&1); busy_rc=$?
+if wait "$hpid" && hop "$tmp/a.sock" 0 2M && qemu-img convert -U -O raw "$tmp/mig.qcow2" "$tmp/mig1.raw" &&
+   "$CTL" --control "$tmp/c.sock" resize 12M >"$tmp/mig-resize.out" 2>&1 &&
+   hop "$tmp/b.sock" 2M 2M && qemu-img convert -U -O raw "$tmp/mig.qcow2" "$tmp/mig2.raw" &&
+   hop "$tmp/a.sock" 8M 4M; then
+    kill -TERM "$apid" "$bpid"; wait "$apid" "$bpid"
+    qemu-img convert -O raw "$tmp/mig.qcow2" "$tmp/mig3.raw"
+    if cmp -s <(head -c 2M "$tmp/mig1.raw") <(head -c 2M "$tmp/mig3.raw") &&
+       cmp -s <(head -c 8M "$tmp/mig2.raw") <(head -c 8M "$tmp/mig3.raw") &&
+       cmp -s <(tail -c 4M "$tmp/mig1.raw") <(head -c 8M "$tmp/mig2.raw" | tail -c 4M) &&
+       qemu-img check -q "$tmp/mig.qcow2" >"$tmp/mig.check" 2>&1 &&
+       (( $(grep -c "tables read again" "$tmp/mig-a.log") >= 2 )); then
+        pass qcow2-migration-handover-each-side-reads-the-tables-again
+    else
+        fail qcow2-migration-handover-each-side-reads-the-tables-again \
+            "$(head -3 "$tmp/mig.check"); $(grep -c 'tables read again' "$tmp/mig-a.log") reloads in A"
+    fi
+    if ((busy_rc != 0)) && grep -q "in use" <<<"$busy" &&
+       [[ $(qemu-img info "$tmp/mig.qcow2") == *"virtual size: 12 MiB"* ]]; then
+        pass qcow2-resize-refused-while-another-serves-done-once-free
+    else
+        fail qcow2-resize-refused-while-another-serves-done-once-free \
+            "rc=$busy_rc $busy; $(cat "$tmp/mig-resize.out")"
+    fi
+else
+    kill -TERM "$apid" "$bpid"; wait "$apid" "$bpid"
+    fail qcow2-migration-handover-each-side-reads-the-tables-again \
+        "$(tail -qn 2 "$tmp"/mig-bench-*.out "$tmp/mig-resize.out" 2>/dev/null)"
+fi
 
 # --copy-on-read: reading the whole overlay copies the base up: the top
 # holds every cluster itself afterwards, with the same contents.

@@ -81,6 +81,19 @@ int bdev_io_sync(struct bdev *b, struct bdev_io *io)
 	return -EINVAL;
 }
 
+int bdev_pread(struct bdev *b, void *buf, size_t len, uint64_t off)
+{
+	struct iovec iov = { buf, len };
+	struct bdev_io io = { .op = BDEV_READ, .offset = off, .iov = &iov, .iovcnt = 1,
+			      .len = len };
+
+	if (off > b->size || len > b->size - off)
+		return -EIO;
+	if (b->engine->open)
+		return b->engine->pread ? b->engine->pread(b, buf, len, off) : -EOPNOTSUPP;
+	return b->fd < 0 ? -EBADF : bdev_io_sync(b, &io);
+}
+
 const struct bdev_engine *bdev_engine_find(const char *name)
 {
 	if (!name)

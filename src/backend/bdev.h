@@ -144,6 +144,10 @@ struct bdev_engine {
 	 * nothing left open.  close undoes it.  Main thread. */
 	int (*open)(struct bdev *b, const struct bdev_opts *o, char *err, size_t errlen);
 	void (*close)(struct bdev *b);
+	/* Such an engine's synchronous read of [off, off+len), for what a
+	 * format reads at open (bdev_pread).  0 or -errno.  Main thread,
+	 * before any ctx exists. */
+	int (*pread)(struct bdev *b, void *buf, size_t len, uint64_t off);
 	/* The image lock, for engines with their own (see bdev_lock); NULL:
 	 * the file lock of lock.c.  Main thread. */
 	int (*lock)(struct bdev *b);
@@ -256,6 +260,13 @@ extern const struct bdev_engine bdev_aio_engine;	/* only with libaio */
 
 /* Engines in modules, loaded when a disk needs them: rbd and nbd (see
  * module.h). */
+
+/* Read [off, off+len) of b outside the data path (a format's header at
+ * open): a file with pread (buf and len aligned as b->direct needs), an
+ * engine that is its own disk with its synchronous read (engine->pread).
+ * 0 or -errno (-EIO past the end).  Main thread, before iothreads take
+ * ctxs of b. */
+int bdev_pread(struct bdev *b, void *buf, size_t len, uint64_t off);
 
 /* Run one I/O synchronously with plain syscalls (preadv/pwritev2/
  * fdatasync/fallocate), finishing short transfers.  Returns 0 or -errno.

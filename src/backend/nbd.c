@@ -209,6 +209,22 @@ err:
 	return r;
 }
 
+/* bdev_pread: on bdev_open's connection, before the first ctx takes it. */
+static int nbd_disk_pread(struct bdev *b, void *buf, size_t len, uint64_t off)
+{
+	struct nbd_disk *d = b->priv;
+
+	if (!d->spare)
+		return -EBUSY;
+	if (nbd_pread(d->spare, buf, len, off, 0) < 0) {
+		int e = nbd_get_errno();
+
+		log_err("NBD export %s: %s", d->uri, nbd_get_error());
+		return e > 0 ? -e : -EIO;
+	}
+	return 0;
+}
+
 static void nbd_disk_close(struct bdev *b)
 {
 	struct nbd_disk *d = b->priv;
@@ -696,6 +712,7 @@ static const struct bdev_engine bdev_nbd_engine = {
 	.drain = nbd_drain,
 	.open = nbd_disk_open,
 	.close = nbd_disk_close,
+	.pread = nbd_disk_pread,
 };
 
 /* A module (bdev.h): vblkd-nbd.so. */

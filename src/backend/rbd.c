@@ -259,6 +259,19 @@ static void rbd_disk_close(struct bdev *b)
 	rbd_disk_free(b->priv);
 }
 
+/* bdev_pread: librbd's synchronous read (before any ctx, see the top). */
+static int rbd_disk_pread(struct bdev *b, void *buf, size_t len, uint64_t off)
+{
+	struct rbd_disk *d = b->priv;
+	ssize_t n = rbd_read(d->image, off, len, buf);
+
+	if (n < 0)
+		return (int)n;
+	if ((size_t)n < len)		/* clipped at the end: reads as a hole */
+		memset((uint8_t *)buf + n, 0, len - (size_t)n);
+	return 0;
+}
+
 /* ---- The image lock (main thread, rings stopped) ---- */
 
 /* bdev_resize: librbd refreshes the image header when someone else
@@ -586,6 +599,7 @@ static const struct bdev_engine bdev_rbd_engine = {
 	.drain = rbd_drain,
 	.open = rbd_disk_open,
 	.close = rbd_disk_close,
+	.pread = rbd_disk_pread,
 	.lock = rbd_disk_lock,
 	.unlock = rbd_disk_unlock,
 	.resize = rbd_disk_resize,

@@ -106,19 +106,20 @@ static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_op
 	ssize_t n;
 	int r;
 
-	if (file->fd < 0) {	/* no file (null): nothing to detect */
+	if (file->engine->no_disk) {	/* null: nothing to detect */
 		*disk = file;
 		return 0;
 	}
-	if ((r = chain_push(file->fd, file->path, err, errlen)) < 0)
+	/* Network disks (the engine is its own disk) have no file to loop. */
+	if (!file->engine->open && (r = chain_push(file->fd, file->path, err, errlen)) < 0)
 		return r;
 	if (kind == FMT_AUTO) {
 		/* Aligned, for O_DIRECT. */
 		if (posix_memalign((void **)&head, 4096, 4096))
 			return -ENOMEM;
-		n = pread(file->fd, head, 4096, 0);
-		if (n < 0) {
-			r = -errno;
+		n = MIN(file->size, 4096);
+		r = bdev_pread(file, head, (size_t)n, 0);
+		if (r < 0) {
 			free(head);
 			snprintf(err, errlen, "cannot read %s: %s", file->path, strerror(-r));
 			return r;
@@ -128,6 +129,13 @@ static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_op
 		free(head);
 		if (kind == FMT_RAW && !file->read_only)
 			file->write_guard = raw_guard;
+	}
+	if (kind == FMT_QCOW2 && file->engine->open) {
+		snprintf(err, errlen, "%s holds a qcow2 image, and vblkd reads qcow2 from files "
+			 "and block devices only: export the image's contents instead (qemu-nbd "
+			 "-f qcow2, or qemu-img convert -O raw), or give --format raw to serve the "
+			 "qcow2 file's own bytes", file->path);
+		return -EOPNOTSUPP;
 	}
 	if (kind == FMT_RAW) {
 		if (file->size_tail)

@@ -48,6 +48,9 @@ struct luks {
 	uint64_t iv_off;	/* added to the 512-byte sector number */
 	unsigned sector;	/* encryption sector: 512..4096 */
 	int version;		/* 1 or 2 */
+	/* A sector no one wrote reads as zeroes, not as zeroes decrypted
+	 * (librbd's encryption: RBD images, see luks_open). */
+	bool holes_zero;
 };
 
 struct luks_req {
@@ -186,24 +189,49 @@ bool luks_detect(const void *buf, size_t len)
 
 /* ---- The data path ---------------------------------------------------- */
 
-/* One sector in place: plain64, the 512-byte sector number of guest
- * offset off, little-endian, zero-padded to 16 bytes. */
-static int crypt_one(struct luks_ctx *c, EVP_CIPHER_CTX *x, uint8_t *p, uint64_t off)
+/* A sector of ciphertext that is all zeroes: never written (real
+ * ciphertext is all zeroes with probability 2^-4096 at the least).  The
+ * first word almost always says no. */
+static bool zero_sector(const uint8_t *p, unsigned n)
+{
+	uint64_t w;
+
+	for (unsigned i = 0; i < n; i += 8) {
+		memcpy(&w, p + i, 8);
+		if (w)
+			return false;
+	}
+	return true;
+}
+
+/* One sector, from in to out (the same or apart): plain64, the 512-byte
+ * sector number of guest offset off, little-endian, zero-padded to 16
+ * bytes.  The IV goes in with EVP_CipherInit_ex2 and the sector through
+ * EVP_Cipher, OpenSSL 3's shortest way to its provider (a 512-byte
+ * sector costs little more than the call: bench/luks). */
+static int crypt_one(struct luks_ctx *c, EVP_CIPHER_CTX *x, uint8_t *out, const uint8_t *in,
+		     uint64_t off)
 {
 	uint8_t iv[16] = { 0 };
 	uint64_t n = htole64((off >> 9) + c->l->iv_off);
-	int outl;
 
+	if (x == c->dec && c->l->holes_zero && zero_sector(in, c->l->sector)) {
+		if (out != in)
+			memset(out, 0, c->l->sector);
+		return 0;
+	}
 	memcpy(iv, &n, 8);
-	if (EVP_CipherInit_ex(x, NULL, NULL, NULL, iv, -1) != 1 ||
-	    EVP_CipherUpdate(x, p, &outl, p, (int)c->l->sector) != 1)
+	if (EVP_CipherInit_ex2(x, NULL, NULL, iv, -1, NULL) != 1 ||
+	    EVP_Cipher(x, out, in, c->l->sector) <= 0)
 		return -EIO;
 	return 0;
 }
 
-/* Every sector of [off, off+len) held in iov, in place. */
+/* Every sector of [off, off+len) held in iov: in place (out NULL), or
+ * into out, one buffer of len bytes (a write's bounce: the guest's
+ * buffers are never changed by a write). */
 static int crypt_iov(struct luks_ctx *c, bool enc, const struct iovec *iov, unsigned iovcnt,
-		     uint64_t off, size_t len)
+		     uint64_t off, size_t len, uint8_t *out)
 {
 	EVP_CIPHER_CTX *x = enc ? c->enc : c->dec;
 	unsigned ss = c->l->sector, i = 0;
@@ -217,16 +245,19 @@ static int crypt_iov(struct luks_ctx *c, bool enc, const struct iovec *iov, unsi
 		if (i == iovcnt)
 			return -EINVAL;
 		if (iov[i].iov_len - in >= ss) {
-			if (crypt_one(c, x, (uint8_t *)iov[i].iov_base + in, off + pos) < 0)
+			uint8_t *p = (uint8_t *)iov[i].iov_base + in;
+
+			if (crypt_one(c, x, out ? out + pos : p, p, off + pos) < 0)
 				return -EIO;
 			in += ss;
 			continue;
 		}
 		/* Across iovecs: through the scratch sector. */
 		iov_to_buf(iov, iovcnt, pos, c->scratch, ss);
-		if (crypt_one(c, x, c->scratch, off + pos) < 0)
+		if (crypt_one(c, x, out ? out + pos : c->scratch, c->scratch, off + pos) < 0)
 			return -EIO;
-		iov_from_buf(iov, iovcnt, pos, c->scratch, ss);
+		if (!out)
+			iov_from_buf(iov, iovcnt, pos, c->scratch, ss);
 		/* Where the next sector starts. */
 		{
 			size_t left = ss;
@@ -258,7 +289,7 @@ static void sub_done(struct bdev_io *sub, int res)
 	struct bdev_io *io = r->io;
 
 	if (res == 0 && io->op == BDEV_READ)
-		res = crypt_iov(r->c, false, io->iov, io->iovcnt, io->offset, io->len);
+		res = crypt_iov(r->c, false, io->iov, io->iovcnt, io->offset, io->len, NULL);
 	req_put(r);
 	bdev_complete(io, res);
 }
@@ -304,9 +335,8 @@ static void luks_submit(struct bdev_ctx *bc, struct bdev_io *io)
 			}
 			r->cap = len;
 		}
-		iov_to_buf(io->iov, io->iovcnt, 0, r->bounce, len);
 		r->one = (struct iovec){ r->bounce, len };
-		if ((res = crypt_iov(c, true, &r->one, 1, io->offset, len)) < 0) {
+		if ((res = crypt_iov(c, true, io->iov, io->iovcnt, io->offset, len, r->bounce)) < 0) {
 			req_put(r);
 			bdev_complete(io, res);
 			return;
@@ -520,9 +550,132 @@ static int key_take(int fd, uint8_t *key, size_t len, const char *path, char *er
 	return 0;
 }
 
+/*
+ * A disk with no path libcryptsetup can open (NBD, RBD: the engine is its
+ * own disk): its header and keyslots copied into a memfd, whose
+ * /proc/self/fd path crypt_init takes (librbd reads its own LUKS headers
+ * the same way).  What to copy comes from the binary header (cryptsetup's
+ * docs/on-disk-format.pdf for LUKS1: payload-offset, in 512-byte sectors,
+ * at 104; docs/on-disk-format-luks2.pdf: hdr_size at 8, and the keyslots
+ * area, which libcryptsetup reports, after both header copies); each size
+ * is checked against the disk and LUKS_MAX_HDR.  The memfd is as large as
+ * the disk up to LUKS_MAX_HDR (sparse), so the size checks libcryptsetup
+ * makes at load pass.  The fd, or -errno with one line in err.
+ */
+#define LUKS_MAX_HDR (136u << 20)	/* LUKS2: 2 x 4 MiB headers + 128 MiB keyslots */
+
+static int copy_range(struct bdev *file, int fd, uint64_t from, uint64_t to, uint8_t *buf,
+		      size_t cap)
+{
+	while (from < to) {
+		size_t n = (size_t)MIN((uint64_t)cap, to - from);
+		int r = bdev_pread(file, buf, n, from);
+
+		if (r < 0)
+			return r;
+		if (pwrite(fd, buf, n, (off_t)from) != (ssize_t)n)
+			return -errno;
+		from += n;
+	}
+	return 0;
+}
+
+static int header_copy(struct bdev *file, char *err, size_t errlen)
+{
+	uint64_t msize = MIN(file->size, (uint64_t)LUKS_MAX_HDR), need;
+	const size_t cap = 1u << 20;
+	uint8_t *buf = NULL;
+	int fd, r;
+
+	fd = memfd_create("vblkd-luks-header", MFD_CLOEXEC);
+	r = fd < 0 || ftruncate(fd, (off_t)msize) < 0 ? -errno : 0;
+	if (r == 0 && posix_memalign((void **)&buf, 4096, cap))
+		r = -ENOMEM;
+	if (r < 0) {
+		snprintf(err, errlen, "cannot make room for the LUKS header of %s: %s", file->path,
+			 strerror(-r));
+		goto fail;
+	}
+	if ((r = bdev_pread(file, buf, 4096, 0)) < 0) {
+		snprintf(err, errlen, "cannot read the LUKS header of %s: %s", file->path,
+			 strerror(-r));
+		goto fail;
+	}
+	if (memcmp(buf, magic, sizeof(magic))) {
+		snprintf(err, errlen, "%s is not a LUKS disk (no LUKS magic): serve it with "
+			 "--format raw, or check --disk", file->path);
+		r = -EINVAL;
+		goto fail;
+	}
+	switch (be16toh(*(uint16_t *)(buf + 6))) {
+	case 1:
+		/* The keyslots' material lies before the payload. */
+		need = (uint64_t)be32toh(*(uint32_t *)(buf + 104)) * 512;
+		break;
+	case 2:
+		/* Both header copies now; the keyslots area once
+		 * libcryptsetup has said where it ends (luks_open). */
+		need = 2 * be64toh(*(uint64_t *)(buf + 8));
+		break;
+	default:
+		need = 0;
+	}
+	if (need < 4096 || need > msize) {
+		snprintf(err, errlen, "the LUKS header of %s is damaged: it claims %llu bytes of "
+			 "metadata on a %llu-byte disk (vblkd reads at most %u MiB of it)",
+			 file->path, (unsigned long long)need, (unsigned long long)file->size,
+			 LUKS_MAX_HDR >> 20);
+		r = -EINVAL;
+		goto fail;
+	}
+	if ((r = copy_range(file, fd, 0, need, buf, cap)) < 0) {
+		snprintf(err, errlen, "cannot read the LUKS header of %s: %s", file->path,
+			 strerror(-r));
+		goto fail;
+	}
+	free(buf);
+	return fd;
+fail:
+	free(buf);
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+/* LUKS2 from a header copy: the keyslots area too (crypt_get_metadata_size:
+ * it follows the two header copies). */
+static int keyslots_copy(struct crypt_device *cd, struct bdev *file, int fd, char *err,
+			 size_t errlen)
+{
+	uint64_t msize = MIN(file->size, (uint64_t)LUKS_MAX_HDR), meta = 0, slots = 0;
+	const size_t cap = 1u << 20;
+	uint8_t *buf;
+	int r;
+
+	if (crypt_get_metadata_size(cd, &meta, &slots) < 0 || meta == 0 ||
+	    2 * meta > msize || slots > msize - 2 * meta) {
+		snprintf(err, errlen, "the LUKS2 header of %s is damaged: its keyslots area "
+			 "(%llu bytes after two %llu-byte headers) does not fit the disk's first "
+			 "%llu bytes", file->path, (unsigned long long)slots,
+			 (unsigned long long)meta, (unsigned long long)msize);
+		return -EINVAL;
+	}
+	if (posix_memalign((void **)&buf, 4096, cap))
+		return -ENOMEM;
+	r = copy_range(file, fd, 2 * meta, 2 * meta + slots, buf, cap);
+	free(buf);
+	if (r < 0)
+		snprintf(err, errlen, "cannot read the LUKS keyslots of %s: %s", file->path,
+			 strerror(-r));
+	return r;
+}
+
 int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
 	      size_t errlen)
 {
+	char fdpath[64];
+	const char *hdr = file->path;
+	int hfd = -1;
 	struct crypt_device *cd = NULL;
 	struct luks *l = NULL;
 	char *pass = NULL;
@@ -536,14 +689,21 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 		return -ENOKEY;
 	}
 	if (!file->path) {
-		snprintf(err, errlen, "a LUKS disk must be a file or block device");
+		snprintf(err, errlen, "a LUKS disk must be a file, block device or network disk");
 		return -EINVAL;
 	}
+	/* Network disks: libcryptsetup reads a copy of the header. */
+	if (file->engine->open) {
+		if ((hfd = header_copy(file, err, errlen)) < 0)
+			return hfd;
+		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", hfd);
+		hdr = fdpath;
+	}
 	crypt_set_log_callback(NULL, cs_log, NULL);
-	if ((r = crypt_init(&cd, file->path)) < 0) {
+	if ((r = crypt_init(&cd, hdr)) < 0) {
 		snprintf(err, errlen, "cannot open %s for its LUKS header: %s", file->path,
 			 strerror(-r));
-		return r;
+		goto fail;
 	}
 	crypt_set_log_callback(cd, cs_log, NULL);
 	if ((r = crypt_load(cd, CRYPT_LUKS, NULL)) < 0) {
@@ -552,6 +712,9 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 		goto fail;
 	}
 	type = crypt_get_type(cd);
+	if (hfd >= 0 && !strcmp(type, CRYPT_LUKS2) &&
+	    (r = keyslots_copy(cd, file, hfd, err, errlen)) < 0)
+		goto fail;
 	if (strcmp(crypt_get_cipher(cd), "aes") || strcmp(crypt_get_cipher_mode(cd), "xts-plain64")) {
 		snprintf(err, errlen, "LUKS disk %s uses %s-%s; vblkd serves aes-xts-plain64 only: "
 			 "re-encrypt it with cryptsetup reencrypt --cipher aes-xts-plain64",
@@ -618,8 +781,19 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	l->sector = (unsigned)crypt_get_sector_size(cd);
 	l->version = !strcmp(type, CRYPT_LUKS2) ? 2 : 1;
 	l->file = file;
+	/* An RBD image is read as librbd reads its encrypted images (rbd
+	 * encryption format; QEMU's rbd driver with encrypt.format): what
+	 * RADOS holds no data for reads as zeroes, not decrypted (librbd
+	 * crypto/CryptoInterface.h, decrypt_aligned_extent decrypts the
+	 * data extents of a sparse read only).  Same keys, IVs (plain64,
+	 * payload-relative) and sectors as dm-crypt otherwise. */
+	l->holes_zero = !strcmp(file->engine->name, "rbd");
 	crypt_free(cd);
 	cd = NULL;
+	if (hfd >= 0) {
+		close(hfd);
+		hfd = -1;
+	}
 	if (l->sector < 512 || l->sector > 4096 || (l->sector & (l->sector - 1)) ||
 	    l->sector < file->block_size || l->data_off >= file->size ||
 	    (file->size - l->data_off) < l->sector || l->data_off % l->sector) {
@@ -659,6 +833,8 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 fail:
 	if (cd)
 		crypt_free(cd);
+	if (hfd >= 0)
+		close(hfd);
 	if (l) {
 		if (l->key) {
 			explicit_bzero(l->key, 4096);

@@ -594,13 +594,13 @@ int main(int argc, char **argv)
 	if (r < 0)
 		cli_die("%s", err);
 	/* The format over the file: what the guest sees (format.h). */
-	if (b.engine->open && (fo.kind == FMT_QCOW2 || fo.kind == FMT_LUKS)) {
+	if (b.engine->open && fo.kind == FMT_QCOW2) {
 		bdev_close(&b);
-		cli_die("--format %s: a %s disk is served raw; %s disks are files or block "
-			"devices here", fo.kind == FMT_LUKS ? "luks" : "qcow2", b.engine->name,
-			fo.kind == FMT_LUKS ? "LUKS" : "qcow2");
+		cli_die("--format qcow2: vblkd reads qcow2 images from files and block devices "
+			"only, not from a %s disk: export the image's contents instead (qemu-nbd "
+			"-f qcow2, or qemu-img convert -O raw)", b.engine->name);
 	}
-	if (b.engine->no_disk || b.engine->open)
+	if (b.engine->no_disk)
 		fo.kind = FMT_RAW;
 	r = fmt_open(&b, &fo, &disk, err, sizeof(err));
 	if (fo.key_handed)

@@ -11,7 +11,10 @@
  * (QEMU's reading of our metadata) and qemu-img check.
  *
  *   fmt-io IMAGE RAW SEED OPS [--grow BYTES] [--engine E] [--max-len BYTES]
- *          [--orig RAW0] [--key-file F]
+ *          [--orig RAW0] [--key-file F] [--ceph-conf F] [--split on]
+ *
+ * IMAGE may be a network disk (rbd:POOL/IMAGE, nbd://...): its engine
+ * then (the module, as vblkd loads it).
  *
  * RAW must be the image's contents before (qemu-img convert -O raw).
  * Prints one summary line; exit 0 when every check held, 1 otherwise.
@@ -54,15 +57,26 @@ static void cb(struct bdev_io *io, int res)
 }
 
 /* One I/O, run to completion. */
+static bool split;	/* --split: buffers in three parts at odd places */
+
 static int run(enum bdev_op op, uint64_t off, uint64_t len, void *buf, bool unmap)
 {
-	struct iovec iov = { buf, (size_t)len };
+	struct iovec iov[3] = { { buf, (size_t)len } };
 	struct bdev_io io = { .op = op, .offset = off, .unmap = unmap, .cb = cb };
 	unsigned before = done;
 
 	if (op == BDEV_READ || op == BDEV_WRITE) {
-		io.iov = &iov;
+		io.iov = iov;
 		io.iovcnt = 1;
+		/* A guest's buffers need not hold whole sectors each: 700
+		 * bytes, 1300, the rest (a sector across all three when
+		 * sectors are 4096). */
+		if (split && len > 2000) {
+			iov[0].iov_len = 700;
+			iov[1] = (struct iovec){ (uint8_t *)buf + 700, 1300 };
+			iov[2] = (struct iovec){ (uint8_t *)buf + 2000, (size_t)len - 2000 };
+			io.iovcnt = 3;
+		}
 	} else if (op != BDEV_FLUSH) {
 		io.length = len;
 	}
@@ -103,7 +117,7 @@ static void check(const char *what, uint64_t off, const uint8_t *got, const uint
 
 int main(int argc, char **argv)
 {
-	const char *engine = "threads";
+	const char *engine = NULL;
 	uint64_t grow = 0, max_len = 256 << 10, ops, size;
 	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
 	struct fmt_opts fo = { .kind = FMT_AUTO, .bo = &bo };
@@ -127,6 +141,10 @@ int main(int argc, char **argv)
 			engine = argv[i + 1];
 		else if (!strcmp(argv[i], "--max-len"))
 			max_len = strtoull(argv[i + 1], NULL, 0);
+		else if (!strcmp(argv[i], "--split"))
+			split = !strcmp(argv[i + 1], "on");
+		else if (!strcmp(argv[i], "--ceph-conf"))
+			bo.ceph_conf = argv[i + 1];
 		else if (!strcmp(argv[i], "--key-file"))
 			fo.key_file = argv[i + 1];
 		else if (!strcmp(argv[i], "--orig") && (origfd = open(argv[i + 1], O_RDONLY)) < 0) {
@@ -136,6 +154,10 @@ int main(int argc, char **argv)
 	}
 	log_set_level(LOG_WARN);
 	bo.path = argv[1];
+	/* Files through the threads engine unless told; a network disk's
+	 * form names its own. */
+	if (!engine && strncmp(argv[1], "rbd:", 4) && !strstr(argv[1], "://"))
+		engine = "threads";
 	bo.engine = engine;
 	if (bdev_open(&bo, &file, err, sizeof(err)) < 0 ||
 	    fmt_open(&file, &fo, &disk, err, sizeof(err)) < 0) {

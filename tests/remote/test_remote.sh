@@ -488,4 +488,120 @@ if ((have_nbdkit)); then
     ((have_qnbd)) && expect_error nbd-missing-export "nosuchexport" \
         --disk "nbd+unix:///nosuchexport?socket=$tmp/qnbd.sock"
 fi
+# ---- LUKS on network disks ----
+# The format layer reads a network disk's LUKS header through its engine
+# (a copy libcryptsetup opens); the data path is the same as on files.
+# NBD: a LUKS2 disk made by cryptsetup behind qemu-nbd, judged by the
+# independent AES-XTS oracle (tests/format/luks_oracle.py).  RBD: an image
+# made LUKS2 by librbd itself (rbd encryption format), judged by librbd's
+# own encryption through QEMU's rbd driver (encrypt.format=luks2): a fresh
+# image reads as zeroes both ways (nothing written: no objects), what
+# librbd wrote over the whole payload vblkd reads, what vblkd writes
+# librbd reads.  Then vblkd serving each to vblk-bench --verify; the NBD
+# one upgraded in place with its key file gone (the volume key crosses
+# the handover socket), and a damaged header refused in one line.
+FMTIO=$BUILD/fmt-io ORACLE="/usr/bin/python3 $top/tests/format/luks_oracle.py"
+have_luks=0
+if command -v cryptsetup >/dev/null && (($(ldd "$VBLKD" | grep -c libcryptsetup) > 0)) &&
+   /usr/bin/python3 -c 'import cryptography' 2>/dev/null; then
+    have_luks=1
+else
+    skip luks-on-network-disks "no cryptsetup or python3-cryptography, or vblkd built without LUKS"
+fi
+printf 'network luks %s' "$RANDOM$RANDOM" >"$tmp/lk.key"
+if ((have_luks && have_qnbd)); then
+    truncate -s 40M "$tmp/lk.img"
+    cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+        --key-file "$tmp/lk.key" "$tmp/lk.img"
+    head -c 24M /dev/urandom >"$tmp/lk.plain"
+    $ORACLE encrypt "$tmp/lk.img" "$tmp/lk.key" "$tmp/lk.plain"
+    $ORACLE decrypt "$tmp/lk.img" "$tmp/lk.key" "$tmp/lk.model"
+    qemu-nbd -f raw -x lk --persistent -e 4 -k "$tmp/lk.sock" "$tmp/lk.img" \
+        >"$tmp/qemu-nbd-lk.log" 2>&1 &
+    lk_pid=$!
+    for _ in $(seq 100); do [[ -S $tmp/lk.sock ]] && break; sleep 0.05; done
+    nbd_luks="nbd+unix:///lk?socket=$tmp/lk.sock"
+    if out=$(timeout 60 "$FMTIO" "$nbd_luks" "$tmp/lk.model" 1 0 --key-file "$tmp/lk.key" 2>&1)
+    then pass nbd-luks2-reads-what-the-oracle-wrote
+    else fail nbd-luks2-reads-what-the-oracle-wrote "$out"; fi
+    if out=$(timeout 60 "$FMTIO" "$nbd_luks" "$tmp/lk.model" 2 300 --key-file "$tmp/lk.key" 2>&1) &&
+       $ORACLE decrypt "$tmp/lk.img" "$tmp/lk.key" "$tmp/lk.after" &&
+       cmp -s "$tmp/lk.after" "$tmp/lk.model"; then
+        pass nbd-luks2-writes-the-oracle-reads
+    else
+        fail nbd-luks2-writes-the-oracle-reads "${out:-the decryption by the oracle differs}"
+    fi
+    verify_case nbd-luks2-verify-2jobs 2 --disk "$nbd_luks" --key-file "$tmp/lk.key"
+    grep -q "format: LUKS2, aes-xts-plain64 512-bit" "$tmp/nbd-luks2-verify-2jobs.log" &&
+        pass nbd-luks2-format-logged ||
+        fail nbd-luks2-format-logged "$(grep format: "$tmp/nbd-luks2-verify-2jobs.log")"
+    cp "$tmp/lk.key" "$tmp/lk-once.key"
+    (sleep 1; rm -f "$tmp/lk-once.key") &
+    upgrade_case nbd-luks2-upgrade-key-file-gone --disk "$nbd_luks" --key-file "$tmp/lk-once.key"
+    # A damaged header (both LUKS2 binary headers' checksums broken):
+    # refused with one line, the disk left as it was.
+    cp "$tmp/lk.img" "$tmp/lkbad.img"
+    printf '\xff\xff\xff\xff' | dd of="$tmp/lkbad.img" bs=1 seek=448 conv=notrunc status=none
+    printf '\xff\xff\xff\xff' | dd of="$tmp/lkbad.img" bs=1 seek=$((16384 + 448)) conv=notrunc status=none
+    sum_before=$(md5sum <"$tmp/lkbad.img")
+    qemu-nbd -f raw -x bad --persistent -k "$tmp/lkbad.sock" "$tmp/lkbad.img" \
+        >"$tmp/qemu-nbd-lkbad.log" 2>&1 &
+    lkbad_pid=$!
+    for _ in $(seq 100); do [[ -S $tmp/lkbad.sock ]] && break; sleep 0.05; done
+    # (The NBD engine's info line about the export comes first.)
+    timeout 60 "$VBLKD" --socket "$tmp/e.sock" --disk "nbd+unix:///bad?socket=$tmp/lkbad.sock" \
+        --key-file "$tmp/lk.key" >"$tmp/e.out" 2>"$tmp/e.err"; rc=$?
+    if ((rc == 1)) && (($(grep -vc ' info: ' "$tmp/e.err") == 1)) && grep -q damaged "$tmp/e.err" &&
+       [[ ! -e $tmp/e.sock ]]; then
+        pass nbd-luks2-damaged-header "$(grep -v ' info: ' "$tmp/e.err")"
+    else
+        fail nbd-luks2-damaged-header "rc=$rc $(head -c 400 "$tmp/e.err")"
+    fi
+    [[ $(md5sum <"$tmp/lkbad.img") == "$sum_before" ]] && pass nbd-luks2-damaged-header-untouched ||
+        fail nbd-luks2-damaged-header-untouched "the image changed"
+    kill "$lk_pid" "$lkbad_pid" 2>/dev/null; wait "$lk_pid" "$lkbad_pid" 2>/dev/null
+fi
+if ((have_luks && have_ceph)); then
+    qsec=(--object "secret,id=s0,file=$tmp/lk.key")
+    qrbd="driver=rbd,pool=rbd,image=enc,conf=$conf,encrypt.format=luks2,encrypt.key-secret=s0"
+    t0=$SECONDS
+    if rbd_ create --size 64 rbd/enc && rbd_ encryption format rbd/enc luks2 "$tmp/lk.key" \
+           >"$tmp/rbd-enc.log" 2>&1; then
+        pass rbd-encryption-format "$((SECONDS - t0)) s (librbd's argon2id)"
+        # Fresh: no object written, librbd reads zeroes; so must we.
+        qemu-img convert "${qsec[@]}" --image-opts "$qrbd" -O raw "$tmp/enc.fresh" 2>"$tmp/enc.err"
+        if [[ $(tr -d '\0' <"$tmp/enc.fresh" | head -c 1 | wc -c) == 0 ]] &&
+           out=$(timeout 120 "$FMTIO" rbd:rbd/enc "$tmp/enc.fresh" 1 0 --key-file "$tmp/lk.key" \
+                 --ceph-conf "$conf" 2>&1); then
+            pass rbd-luks2-fresh-reads-zeroes-as-librbd
+        else
+            fail rbd-luks2-fresh-reads-zeroes-as-librbd "${out:-librbd read more than zeroes: $(head -2 "$tmp/enc.err")}"
+        fi
+        # librbd writes the whole payload; vblkd reads it.
+        size=$(stat -c %s "$tmp/enc.fresh")
+        head -c "$size" /dev/urandom >"$tmp/enc.model"
+        if qemu-img convert -n "${qsec[@]}" -f raw "$tmp/enc.model" --target-image-opts "$qrbd" \
+               2>"$tmp/enc.err" &&
+           out=$(timeout 120 "$FMTIO" rbd:rbd/enc "$tmp/enc.model" 3 0 --key-file "$tmp/lk.key" \
+                 --ceph-conf "$conf" 2>&1); then
+            pass rbd-luks2-reads-what-librbd-wrote
+        else
+            fail rbd-luks2-reads-what-librbd-wrote "${out:-$(head -2 "$tmp/enc.err")}"
+        fi
+        # vblkd writes at random; librbd reads exactly that.
+        if out=$(timeout 120 "$FMTIO" rbd:rbd/enc "$tmp/enc.model" 4 300 --key-file "$tmp/lk.key" \
+                 --ceph-conf "$conf" 2>&1) &&
+           qemu-img convert "${qsec[@]}" --image-opts "$qrbd" -O raw "$tmp/enc.after" \
+               2>"$tmp/enc.err" && cmp -s "$tmp/enc.after" "$tmp/enc.model"; then
+            pass rbd-luks2-writes-librbd-reads
+        else
+            fail rbd-luks2-writes-librbd-reads "${out:-librbd reads other bytes $(head -2 "$tmp/enc.err")}"
+        fi
+        verify_case rbd-luks2-verify-1job 1 --disk rbd:rbd/enc --ceph-conf "$conf" \
+            --key-file "$tmp/lk.key"
+    else
+        fail rbd-encryption-format "$(tail -2 "$tmp/rbd-enc.log")"
+    fi
+fi
+
 exit 0

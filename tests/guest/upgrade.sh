@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Description: vblkd upgraded in place (vblkctl upgrade) three times in a
 # row, and once more with a binary that fails, while a TCG Linux guest
-# runs a fio crc32c verify job (randwrite, QD32) on it; 1 and 2 queues.
+# runs a fio crc32c verify job (randwrite, QD32) on it; 1 and 2 queues on
+# a raw disk, and 1 queue on a LUKS2 disk (4096-byte sectors) whose key
+# file is gone once vblkd has started: each new process takes the volume
+# key over the handover socket, the passphrase is read once.
 # QEMU runs without reconnect=1: a disconnect would fail the disk.  Checks
 # zero verify errors, one vhost-user connection in all, no vhost-user error
 # from QEMU, and reports the guest's largest I/O latency.
@@ -10,7 +13,7 @@
 # bench/upgrade drives it with these (defaults: the test's):
 #   VBLK_UPGRADE_MODE     upgrade (in place), restart (SIGTERM and start a
 #                         new vblkd; QEMU reconnect=1: the old way) or none
-#   VBLK_UPGRADE_QUEUES   "1 2"
+#   VBLK_UPGRADE_CASES    "raw:1 raw:2 luks:1" (disk:queues)
 #   VBLK_UPGRADE_BROKEN   1: also an upgrade with a failing binary
 #   VBLK_UPGRADE_RESULTS  append one JSON line per boot to this file
 #   VBLK_UPGRADE_TAG      log name prefix
@@ -44,22 +47,40 @@ guest_initrd "$here/scenarios/upgrade.sh" "$work/u.initrd" "$gb" || { fail initr
 mode=${VBLK_UPGRADE_MODE:-upgrade}
 broken=${VBLK_UPGRADE_BROKEN:-1}
 [[ $mode == upgrade ]] || broken=0
+key=()
 start() {	# start Q LOG: a vblkd, appending to LOG; waits for its sockets
     rm -f "$work/s.sock" "$work/c.sock"
     "$VBLKD" --socket "$work/s.sock" --disk "$work/disk.img" --queues "$1" \
-        --control "$work/c.sock" >>"$2" 2>&1 &
+        --control "$work/c.sock" "${key[@]}" >>"$2" 2>&1 &
     pids+=($!)
     cur=$!
     for _ in $(seq 100); do [[ -S $work/c.sock ]] && return 0; sleep 0.05; done
     return 1
 }
 
-for q in ${VBLK_UPGRADE_QUEUES:-1 2}; do
+pw="upgrade passphrase $RANDOM$RANDOM"
+for case in ${VBLK_UPGRADE_CASES:-raw:1 raw:2 luks:1}; do
+    disk=${case%%:*} q=${case#*:}
     name="${VBLK_UPGRADE_TAG:-upgrade}-${q}q"
+    [[ $disk == raw ]] || name+="-$disk"
     log="$logs/$name.vblkd.log"
     : >"$log"
+    rm -f "$work/disk.img"
     truncate -s 320M "$work/disk.img"
+    key=()
+    if [[ $disk == luks ]]; then
+        if ! command -v cryptsetup >/dev/null ||
+           (($(ldd "$VBLKD" | grep -c libcryptsetup) == 0)); then
+            echo "SKIP: $name (no cryptsetup, or vblkd built without LUKS)"; continue
+        fi
+        printf '%s' "$pw" >"$work/key"
+        cryptsetup luksFormat -q --type luks2 --pbkdf pbkdf2 --pbkdf-force-iterations 1000 \
+            --key-file "$work/key" "$work/disk.img"
+        key=(--key-file "$work/key")
+    fi
     start "$q" "$log" || { fail "$name" "vblkd did not start"; continue; }
+    # Whatever needs the passphrase after this point has lost.
+    rm -f "$work/key"
     first=$cur
     [[ $mode == restart ]] && chardev=",reconnect=1" || chardev=""
     VBLK_GUEST_CHARDEV_OPTS=$chardev \
@@ -108,6 +129,14 @@ for q in ${VBLK_UPGRADE_QUEUES:-1 2}; do
     else
         fail "$name-fio-verify-clean" "rc=$rc, see $logs/$name.console.log"
         clean=false
+    fi
+    if [[ $disk == luks ]]; then
+        if (($(grep -c "format: LUKS2" "$log") >= 1)) && ! grep -qF -- "$pw" "$log" &&
+           ! grep -q "key file\|passphrase" "$log"; then
+            pass "$name-key-read-once-never-logged"
+        else
+            fail "$name-key-read-once-never-logged" "$(grep -i 'key\|format' "$log" | head -3)"
+        fi
     fi
     if [[ $mode == upgrade ]]; then
         n=$(grep -c "frontend connected" "$log")

@@ -19,12 +19,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libcryptsetup.h>
+#include <openssl/core.h>
+#include <openssl/core_dispatch.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/provider.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,6 +41,25 @@
 #include "util/log.h"
 
 #define LUKS_MAX_KEY_FILE (8u << 20)	/* cryptsetup's default limit */
+
+/*
+ * AES-XTS, called as libcrypto's EVP layer calls it: the functions of the
+ * provider that EVP_CIPHER_fetch finds for the cipher (provider-cipher(7):
+ * newctx, encrypt_init/decrypt_init with only an IV for each sector,
+ * cipher), without EVP's per-call bookkeeping, which is more than the AES
+ * of a 512-byte sector (EVP_CipherInit_ex2 + EVP_Cipher ~300 ns a sector
+ * here, these ~165 ns; docs/benchmarks.md "Issue 31").  The same provider
+ * and code as EVP would run: only the glue is left out.
+ */
+struct xts_fns {
+	EVP_CIPHER *ci;		/* kept: holds the provider loaded */
+	void *provctx;
+	OSSL_FUNC_cipher_newctx_fn *newctx;
+	OSSL_FUNC_cipher_freectx_fn *freectx;
+	OSSL_FUNC_cipher_encrypt_init_fn *einit;
+	OSSL_FUNC_cipher_decrypt_init_fn *dinit;
+	OSSL_FUNC_cipher_cipher_fn *cipher;
+};
 
 struct luks {
 	struct bdev disk;	/* first: container_of */
@@ -51,6 +74,7 @@ struct luks {
 	/* A sector no one wrote reads as zeroes, not as zeroes decrypted
 	 * (librbd's encryption: RBD images, see luks_open). */
 	bool holes_zero;
+	struct xts_fns xts;
 };
 
 struct luks_req {
@@ -66,7 +90,7 @@ struct luks_req {
 struct luks_ctx {
 	struct luks *l;
 	struct bdev_ctx *fctx;
-	EVP_CIPHER_CTX *enc, *dec;
+	void *enc, *dec;	/* the provider's cipher contexts, key set */
 	struct luks_req *free;
 	uint8_t scratch[4096];	/* a sector across iovecs */
 };
@@ -206,23 +230,24 @@ static bool zero_sector(const uint8_t *p, unsigned n)
 
 /* One sector, from in to out (the same or apart): plain64, the 512-byte
  * sector number of guest offset off, little-endian, zero-padded to 16
- * bytes.  The IV goes in with EVP_CipherInit_ex2 and the sector through
- * EVP_Cipher, OpenSSL 3's shortest way to its provider (a 512-byte
- * sector costs little more than the call: bench/luks). */
-static int crypt_one(struct luks_ctx *c, EVP_CIPHER_CTX *x, uint8_t *out, const uint8_t *in,
-		     uint64_t off)
+ * bytes. */
+static int crypt_one(struct luks_ctx *c, bool enc, uint8_t *out, const uint8_t *in, uint64_t off)
 {
+	const struct xts_fns *f = &c->l->xts;
 	uint8_t iv[16] = { 0 };
 	uint64_t n = htole64((off >> 9) + c->l->iv_off);
+	size_t outl;
 
-	if (x == c->dec && c->l->holes_zero && zero_sector(in, c->l->sector)) {
+	if (!enc && c->l->holes_zero && zero_sector(in, c->l->sector)) {
 		if (out != in)
 			memset(out, 0, c->l->sector);
 		return 0;
 	}
 	memcpy(iv, &n, 8);
-	if (EVP_CipherInit_ex2(x, NULL, NULL, iv, -1, NULL) != 1 ||
-	    EVP_Cipher(x, out, in, c->l->sector) <= 0)
+	if ((enc ? f->einit(c->enc, NULL, 0, iv, sizeof(iv), NULL) :
+		   f->dinit(c->dec, NULL, 0, iv, sizeof(iv), NULL)) != 1 ||
+	    f->cipher(enc ? c->enc : c->dec, out, &outl, c->l->sector, in, c->l->sector) != 1 ||
+	    outl != c->l->sector)
 		return -EIO;
 	return 0;
 }
@@ -233,7 +258,6 @@ static int crypt_one(struct luks_ctx *c, EVP_CIPHER_CTX *x, uint8_t *out, const 
 static int crypt_iov(struct luks_ctx *c, bool enc, const struct iovec *iov, unsigned iovcnt,
 		     uint64_t off, size_t len, uint8_t *out)
 {
-	EVP_CIPHER_CTX *x = enc ? c->enc : c->dec;
 	unsigned ss = c->l->sector, i = 0;
 	size_t in = 0;		/* offset in iov[i] */
 
@@ -247,14 +271,14 @@ static int crypt_iov(struct luks_ctx *c, bool enc, const struct iovec *iov, unsi
 		if (iov[i].iov_len - in >= ss) {
 			uint8_t *p = (uint8_t *)iov[i].iov_base + in;
 
-			if (crypt_one(c, x, out ? out + pos : p, p, off + pos) < 0)
+			if (crypt_one(c, enc, out ? out + pos : p, p, off + pos) < 0)
 				return -EIO;
 			in += ss;
 			continue;
 		}
 		/* Across iovecs: through the scratch sector. */
 		iov_to_buf(iov, iovcnt, pos, c->scratch, ss);
-		if (crypt_one(c, x, out ? out + pos : c->scratch, c->scratch, off + pos) < 0)
+		if (crypt_one(c, enc, out ? out + pos : c->scratch, c->scratch, off + pos) < 0)
 			return -EIO;
 		if (!out)
 			iov_from_buf(iov, iovcnt, pos, c->scratch, ss);
@@ -350,17 +374,17 @@ static void luks_submit(struct bdev_ctx *bc, struct bdev_io *io)
 static int luks_ctx_new(struct bdev *b, struct loop *lp, unsigned depth, struct bdev_ctx **out)
 {
 	struct luks *l = container_of(b, struct luks, disk);
-	const EVP_CIPHER *ci = l->key_len == 64 ? EVP_aes_256_xts() : EVP_aes_128_xts();
+	const struct xts_fns *f = &l->xts;
 	struct luks_ctx *c = calloc(1, sizeof(*c));
 	int r;
 
 	if (!c)
 		return -ENOMEM;
 	c->l = l;
-	c->enc = EVP_CIPHER_CTX_new();
-	c->dec = EVP_CIPHER_CTX_new();
-	if (!c->enc || !c->dec || EVP_CipherInit_ex(c->enc, ci, NULL, l->key, NULL, 1) != 1 ||
-	    EVP_CipherInit_ex(c->dec, ci, NULL, l->key, NULL, 0) != 1) {
+	c->enc = f->newctx(f->provctx);
+	c->dec = f->newctx(f->provctx);
+	if (!c->enc || !c->dec || f->einit(c->enc, l->key, l->key_len, NULL, 0, NULL) != 1 ||
+	    f->dinit(c->dec, l->key, l->key_len, NULL, 0, NULL) != 1) {
 		r = -EIO;
 		goto fail;
 	}
@@ -369,8 +393,10 @@ static int luks_ctx_new(struct bdev *b, struct loop *lp, unsigned depth, struct 
 	*out = (struct bdev_ctx *)c;
 	return 0;
 fail:
-	EVP_CIPHER_CTX_free(c->enc);
-	EVP_CIPHER_CTX_free(c->dec);
+	if (c->enc)
+		f->freectx(c->enc);
+	if (c->dec)
+		f->freectx(c->dec);
 	free(c);
 	return r;
 }
@@ -387,9 +413,9 @@ static void luks_ctx_free(struct bdev_ctx *bc)
 		free(r->bounce);
 		free(r);
 	}
-	/* EVP_CIPHER_CTX_free wipes the expanded key. */
-	EVP_CIPHER_CTX_free(c->enc);
-	EVP_CIPHER_CTX_free(c->dec);
+	/* The provider's freectx wipes the expanded key (OPENSSL_clear_free). */
+	c->l->xts.freectx(c->enc);
+	c->l->xts.freectx(c->dec);
 	explicit_bzero(c->scratch, sizeof(c->scratch));
 	free(c);
 }
@@ -547,6 +573,69 @@ static int key_take(int fd, uint8_t *key, size_t len, const char *path, char *er
 			 "old vblkd whole (%zu bytes expected)", path, len);
 		return -EPROTO;
 	}
+	return 0;
+}
+
+/* name in an OSSL_ALGORITHM's list of names ("A:B:C"), any case. */
+static bool names_have(const char *names, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (const char *p = names; p; p = strchr(p, ':'), p = p ? p + 1 : NULL)
+		if (!strncasecmp(p, name, n) && (p[n] == ':' || p[n] == '\0'))
+			return true;
+	return false;
+}
+
+/* The provider functions of AES-XTS with a key of key_len bytes (struct
+ * xts_fns).  0, or -errno with one line in err.  Main thread. */
+static int xts_fetch(struct xts_fns *f, size_t key_len, char *err, size_t errlen)
+{
+	const char *name = key_len == 64 ? "AES-256-XTS" : "AES-128-XTS";
+	const OSSL_ALGORITHM *algs, *a;
+	const OSSL_DISPATCH *d = NULL;
+	const OSSL_PROVIDER *prov;
+	int no_store;
+
+	memset(f, 0, sizeof(*f));
+	f->ci = EVP_CIPHER_fetch(NULL, name, NULL);
+	prov = f->ci ? EVP_CIPHER_get0_provider(f->ci) : NULL;
+	algs = prov ? OSSL_PROVIDER_query_operation(prov, OSSL_OP_CIPHER, &no_store) : NULL;
+	for (a = algs; a && a->algorithm_names; a++)
+		if (names_have(a->algorithm_names, name)) {
+			d = a->implementation;
+			break;
+		}
+	for (; d && d->function_id; d++) {
+		switch (d->function_id) {
+		case OSSL_FUNC_CIPHER_NEWCTX:
+			f->newctx = OSSL_FUNC_cipher_newctx(d);
+			break;
+		case OSSL_FUNC_CIPHER_FREECTX:
+			f->freectx = OSSL_FUNC_cipher_freectx(d);
+			break;
+		case OSSL_FUNC_CIPHER_ENCRYPT_INIT:
+			f->einit = OSSL_FUNC_cipher_encrypt_init(d);
+			break;
+		case OSSL_FUNC_CIPHER_DECRYPT_INIT:
+			f->dinit = OSSL_FUNC_cipher_decrypt_init(d);
+			break;
+		case OSSL_FUNC_CIPHER_CIPHER:
+			f->cipher = OSSL_FUNC_cipher_cipher(d);
+			break;
+		}
+	}
+	if (algs)
+		OSSL_PROVIDER_unquery_operation(prov, OSSL_OP_CIPHER, algs);
+	if (!f->newctx || !f->freectx || !f->einit || !f->dinit || !f->cipher) {
+		snprintf(err, errlen, "OpenSSL offers no %s here (%s): check its configuration "
+			 "(openssl list -cipher-algorithms)", name,
+			 f->ci ? "its provider lacks a function" : "no provider has it");
+		EVP_CIPHER_free(f->ci);
+		f->ci = NULL;
+		return -EOPNOTSUPP;
+	}
+	f->provctx = OSSL_PROVIDER_get0_provider_ctx(prov);
 	return 0;
 }
 
@@ -776,6 +865,8 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 			 "(%s): a core dump of vblkd could hold the key", file->path,
 			 secmem.on ? "its arena is full" : "it allocated before vblkd started");
 	l->key_len = vk_len;
+	if ((r = xts_fetch(&l->xts, vk_len, err, errlen)) < 0)
+		goto fail;
 	l->data_off = crypt_get_data_offset(cd) * 512;
 	l->iv_off = crypt_get_iv_offset(cd);
 	l->sector = (unsigned)crypt_get_sector_size(cd);
@@ -840,6 +931,7 @@ fail:
 			explicit_bzero(l->key, 4096);
 			munmap(l->key, 4096);
 		}
+		EVP_CIPHER_free(l->xts.ci);
 		free(l);
 	}
 	return r;
@@ -851,6 +943,7 @@ void luks_close(struct bdev *disk)
 
 	explicit_bzero(l->key, 4096);
 	munmap(l->key, 4096);
+	EVP_CIPHER_free(l->xts.ci);
 	free(l);
 }
 

@@ -5,8 +5,10 @@
 # zeroes on one (the host then finds holes in the image); a read-only export
 # refusing write, discard and write zeroes; a disk with a QoS limit
 # (--limit iops-total=500): fio at QD32 gets 500 IOPS within 10 % and
-# verifies clean; a qcow2 overlay of a raw base (qemu-img check clean
-# after) and a LUKS2 disk with 4096-byte sectors, fio verify on each.  Two
+# verifies clean; a qcow2 overlay on a chain of three, streamed while the
+# guest verifies on it (qemu-img check clean after, no backing file, the
+# chain's bytes where the guest did not write) and a LUKS2 disk with
+# 4096-byte sectors, fio verify on each.  Two
 # boots, six to eleven disks each.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
@@ -105,12 +107,21 @@ disk ro file io_uring 512 --read-only
 # disk() truncated ro.img to an empty 128M file; put the data back.
 cp "$work/ro.img.keep" "$work/ro.img"
 disk qos500 file io_uring 512 --limit iops-total=500
-# A qcow2 overlay (every write allocates; part-cluster writes copy the
-# base's data) and a LUKS2 disk (4096-byte sectors, AES-256-XTS).
+# A qcow2 overlay on a chain of three (raw base <- qcow2 with data of its
+# own <- the overlay: every write allocates, part-cluster writes copy what
+# the chain has), streamed while the guest verifies on it (vblkctl stream,
+# no rate limit, started once the guest reaches the disk: done in about a
+# second, before the guest's verify is; test_qcow2 tests --rate), and
+# a LUKS2 disk (4096-byte sectors, AES-256-XTS).
 head -c 8M /dev/urandom >"$work/qbase.raw"; truncate -s 128M "$work/qbase.raw"
 have_qcow2=0 have_luks=0
-if qemu-img create -q -f qcow2 -b qbase.raw -F raw "$work/ov.qcow2" 128M 2>/dev/null; then
-    DISK_IMG=$work/ov.qcow2 disk v-qcow2-overlay file io_uring 512 && have_qcow2=1
+CTL=$(dirname "$VBLKD")/vblkctl
+if qemu-img create -q -f qcow2 -b qbase.raw -F raw "$work/mid.qcow2" 128M 2>/dev/null &&
+   qemu-io -f qcow2 -c "write -P 0x6d 20M 4M" "$work/mid.qcow2" >/dev/null &&
+   qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$work/ov.qcow2" 128M 2>/dev/null &&
+   qemu-img convert -O raw "$work/ov.qcow2" "$work/ov.before"; then
+    DISK_IMG=$work/ov.qcow2 disk v-qcow2-overlay file io_uring 512 --control "$work/ov.ctl" &&
+        have_qcow2=1
 fi
 if command -v cryptsetup >/dev/null &&
    (($(ldd "$VBLKD" 2>/dev/null | grep -c libcryptsetup) > 0)); then
@@ -124,8 +135,20 @@ if command -v cryptsetup >/dev/null &&
 else
     echo "SKIP: guest-v-luks2-4k (no cryptsetup, or vblkd without LUKS)"
 fi
+if ((have_qcow2)); then
+    rm -f "$logs/boot-files.console.log"	# an earlier run's says the same
+    (
+        for _ in $(seq 1200); do
+            guest_log_has "$logs/boot-files.console.log" "serial=v-qcow2-overlay" && break
+            sleep 0.25
+        done
+        "$CTL" --control "$work/ov.ctl" stream >"$logs/ov.stream" 2>&1
+    ) &
+    spid=$!
+fi
 boot boot-files
 stop_all
+[[ -n ${spid:-} ]] && wait "$spid"
 # QoS: 8 s at QD32 under iops-total=500 (plus the bucket's first tenth of
 # a second, 50 I/Os): 500 within 10 %.
 qiops=$(tr -d '\r' <"$logs/boot-files.console.log" | sed -n 's/.*VBLK-QOS: iops=\([0-9]*\).*/\1/p' | head -1)
@@ -157,6 +180,19 @@ if ((have_qcow2)); then
     if qemu-img check -q "$work/ov.qcow2" >"$logs/ov.check" 2>&1; then
         pass qcow2-overlay-check-clean-after-guest-fio
     else fail qcow2-overlay-check-clean-after-guest-fio "$(head -3 "$logs/ov.check")"; fi
+    # The stream ran under the guest's verify (which passed above) and
+    # finished: the image stands alone, and past what the guest wrote
+    # ([0, 16M)) it holds what the chain held.
+    qemu-img convert -O raw "$work/ov.qcow2" "$work/ov.after"
+    if grep -q "stream done" "$logs/v-qcow2-overlay.vblkd.log" &&
+       [[ $(qemu-img info "$work/ov.qcow2") != *"backing file"* ]] &&
+       cmp -s <(tail -c +$((16 * 1048576 + 1)) "$work/ov.before") \
+              <(tail -c +$((16 * 1048576 + 1)) "$work/ov.after"); then
+        pass qcow2-stream-under-guest-verify-image-stands-alone
+    else
+        fail qcow2-stream-under-guest-verify-image-stands-alone \
+            "$(cat "$logs/ov.stream"); $(grep -E 'stream' "$logs/v-qcow2-overlay.vblkd.log" | tail -2); $(qemu-img info "$work/ov.qcow2" | grep backing)"
+    fi
 fi
 if ((have_luks)); then
     if grep -q "format: LUKS2" "$logs/v-luks2-4k.vblkd.log" &&

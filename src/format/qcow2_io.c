@@ -1032,27 +1032,38 @@ static uint64_t q2_polled(const struct bdev_ctx *bc)
 	return bdev_ctx_polled(c->q->file, c->fctx);
 }
 
-struct grow_call {
+/* ---- From the main thread: on the iothread that owns the tables ------ */
+
+struct q2_call {
 	struct qcow2 *q;
-	uint64_t size;
+	uint64_t size;		/* grow */
 	char *err;
 	size_t errlen;
 	int res;
 };
 
+/* fn(c) on q's iothread (between requests; a stream's bh may run there),
+ * or here while no iothread serves q. */
+static int on_iothread(struct q2_call *c, loop_cb fn)
+{
+	if (c->q->ctx)
+		loop_call_sync(c->q->ctx->loop, fn, c);
+	else
+		fn(c);
+	return c->res;
+}
+
 static void grow_fn(void *opaque)
 {
-	struct grow_call *g = opaque;
+	struct q2_call *g = opaque;
 
 	g->res = qcow2_grow(g->q, g->size, g->err, g->errlen);
 }
 
-/* Main thread: the tables are the iothread's, so the growing runs there,
- * between requests.  bdev_resize publishes the new size after. */
+/* bdev_resize publishes the new size after. */
 static int q2_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 {
 	struct qcow2 *q = container_of(b, struct qcow2, disk);
-	struct grow_call g = { q, size, err, errlen, 0 };
 
 	/* The tables may be another process's now (a migration's source, the
 	 * VM not started here yet). */
@@ -1062,101 +1073,69 @@ static int q2_resize(struct bdev *b, uint64_t size, char *err, size_t errlen)
 			 "runs on this vblkd", q->path);
 		return -EAGAIN;
 	}
-	if (q->ctx)
-		loop_call_sync(q->ctx->loop, grow_fn, &g);
-	else
-		grow_fn(&g);
-	return g.res;
+	return on_iothread(&(struct q2_call){ .q = q, .size = size, .err = err,
+					      .errlen = errlen }, grow_fn);
 }
-
-struct quiesce_call {
-	struct qcow2 *q;
-	char *err;
-	size_t errlen;
-	int res;
-};
 
 static void quiesce_fn(void *opaque)
 {
-	struct quiesce_call *c = opaque;
+	struct q2_call *c = opaque;
 
 	c->res = qcow2_quiesce(c->q, c->err, c->errlen);
 }
 
-/* Main thread, the rings stopped: the tables are the iothread's still
- * (a stream's bh may run there), so the write-back runs there too. */
+/* The rings stopped. */
 int qcow2_io_quiesce(struct qcow2 *q, char *err, size_t errlen)
 {
-	struct quiesce_call c = { q, err, errlen, 0 };
-
-	if (q->ctx)
-		loop_call_sync(q->ctx->loop, quiesce_fn, &c);
-	else
-		quiesce_fn(&c);
-	return c.res;
+	return on_iothread(&(struct q2_call){ .q = q, .err = err, .errlen = errlen }, quiesce_fn);
 }
-
-struct hold_call {
-	struct qcow2 *q;
-	char *err;
-	size_t errlen;
-	int res;
-};
 
 static void claim_fn(void *opaque)
 {
-	struct hold_call *h = opaque;
+	struct q2_call *c = opaque;
 
-	h->res = qcow2_reload(h->q, h->err, h->errlen);
+	c->res = qcow2_reload(c->q, c->err, c->errlen);
 }
 
-/* Main thread, no ring running: the tables are read on the iothread that
- * owns them. */
+/* No ring running. */
 int qcow2_io_claim(struct qcow2 *q, char *err, size_t errlen)
 {
-	struct hold_call h = { q, err, errlen, 0 };
+	int r;
 
 	if (!q->stale)
 		return 0;
-	if (q->ctx)
-		loop_call_sync(q->ctx->loop, claim_fn, &h);
-	else
-		claim_fn(&h);
-	if (h.res == 0)
+	r = on_iothread(&(struct q2_call){ .q = q, .err = err, .errlen = errlen }, claim_fn);
+	if (r == 0)
 		log_info("qcow2 image %s: tables read again, as the disk is ours now", q->path);
-	return h.res;
+	return r;
 }
 
 static void release_fn(void *opaque)
 {
-	struct hold_call *h = opaque;
-	struct qcow2 *q = h->q;
-	struct qcow2_ctx *c = q->ctx;
+	struct q2_call *c = opaque;
+	struct qcow2 *q = c->q;
+	struct qcow2_ctx *x = q->ctx;
 
-	if (c) {
+	if (x) {
 		/* The stream writes the image too: it ends with the claim,
 		 * its read in flight drained. */
-		if (c->stream.active)
-			stream_end(c, "the disk was let go (the VM stopped, moved away or was "
+		if (x->stream.active)
+			stream_end(x, "the disk was let go (the VM stopped, moved away or was "
 				   "reset): run vblkctl stream again once it runs here");
-		q2_drain((struct bdev_ctx *)c);
+		q2_drain((struct bdev_ctx *)x);
 	}
 	if (!q->rw || q->stale)
 		return;
-	if (qcow2_quiesce(q, h->err, h->errlen) < 0)
-		log_err("%s", h->err);
+	if (qcow2_quiesce(q, c->err, c->errlen) < 0)
+		log_err("%s", c->err);
 	q->stale = true;
 }
 
 void qcow2_io_release(struct qcow2 *q)
 {
 	char err[256];
-	struct hold_call h = { q, err, sizeof(err), 0 };
 
-	if (q->ctx)
-		loop_call_sync(q->ctx->loop, release_fn, &h);
-	else
-		release_fn(&h);
+	on_iothread(&(struct q2_call){ .q = q, .err = err, .errlen = sizeof(err) }, release_fn);
 }
 
 bool qcow2_io_is(const struct bdev_engine *e)

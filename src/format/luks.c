@@ -774,7 +774,8 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 
 	if (!o->key_file && !o->key_handed) {
 		snprintf(err, errlen, "%s is a LUKS disk: give its passphrase with --key-file PATH "
-			 "(or - for standard input)", file->path);
+			 "(or - for standard input), or --format raw if the guest encrypted it "
+			 "itself", file->path);
 		return -ENOKEY;
 	}
 	if (!file->path) {

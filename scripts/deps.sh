@@ -8,8 +8,9 @@
 #   ops      build, plus what tests/ops scrapes and checks metrics with
 #            (curl, promtool from the prometheus package)
 #   remote   build, plus the remote-storage test rig: a Ceph mon + OSD
-#            (scripts/ceph-cluster.sh), NBD servers (nbdkit, qemu-nbd), and
-#            qemu-storage-daemon with its rbd driver (qemu-block-extra)
+#            (scripts/ceph-cluster.sh), NBD servers (nbdkit, qemu-nbd),
+#            qemu-storage-daemon with its rbd driver (qemu-block-extra), and
+#            the LUKS oracles (cryptsetup, python3-cryptography)
 #   pkg      build, plus what the Debian package and its test need:
 #            debhelper, lintian, the package's other Build-Depends, groff
 #            (man page checks), systemd (systemd-analyze verify), strace
@@ -28,8 +29,9 @@ format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)
+# (cryptsetup and python3-cryptography: test_remote's LUKS disks on NBD and RBD)
 remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common
-             qemu-block-extra procps python3)
+             qemu-block-extra procps python3 cryptsetup-bin python3-cryptography)
 # debian/control's Build-Depends must all be here: dpkg-buildpackage checks them.
 pkg_pkgs=(build-essential debhelper dpkg-dev fakeroot lintian libjson-c-dev
           libmicrohttpd-dev groff man-db systemd strace python3)

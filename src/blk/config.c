@@ -213,7 +213,8 @@ int blk__load_state(void *opaque, const uint8_t *buf, size_t len)
 }
 
 /* The image's format keeps tables in memory (qcow2): written back for
- * the new process, read again by it (format.h). */
+ * the new process, read again by it before it says READY, as at any
+ * claim (format.h). */
 int blk__handover_quiesce(void *opaque, char *err, size_t errlen)
 {
 	struct blk_dev *d = opaque;
@@ -225,7 +226,7 @@ int blk__handover_reload(void *opaque, char *err, size_t errlen)
 {
 	struct blk_dev *d = opaque;
 
-	return fmt_reload(d->b, err, errlen);
+	return fmt_claim(d->b, err, errlen);
 }
 
 void blk__set_features(void *opaque, uint64_t features)

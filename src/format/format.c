@@ -348,13 +348,6 @@ int fmt_quiesce(struct bdev *disk, char *err, size_t errlen)
 	return qcow2_io_quiesce(container_of(disk, struct qcow2, disk), err, errlen);
 }
 
-int fmt_reload(struct bdev *disk, char *err, size_t errlen)
-{
-	if (!disk || !qcow2_io_is(disk->engine))
-		return 0;
-	return qcow2_reload(container_of(disk, struct qcow2, disk), err, errlen);
-}
-
 int fmt_claim(struct bdev *disk, char *err, size_t errlen)
 {
 	if (!disk || !qcow2_io_is(disk->engine))

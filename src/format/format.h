@@ -55,7 +55,7 @@ struct fmt_opts {
 	bool key_handed;
 	int key_fd;
 	/* Upgrade in place: the old process still writes the image, so a
-	 * format reads its header now and its tables at fmt_reload, and
+	 * format reads its header now and its tables at fmt_claim, and
 	 * writes nothing before. */
 	bool handover;
 };
@@ -113,13 +113,12 @@ int fmt_stream(struct bdev *disk, uint64_t rate, char *err, size_t errlen);
  * read may be stale until the old one stops.  Old process, every ring
  * stopped: fmt_quiesce writes the format's tables back, syncs, and gives
  * back the clusters it held in reserve; it may serve on afterwards (the
- * upgrade failed).  -EBUSY while vblkctl stream runs.  New process, the
- * old one quiesced: fmt_reload reads the tables again (checked as at
- * open) before any request.  Both 0 for raw and LUKS (nothing kept), or
- * -errno with one line in err.  Main thread.
+ * upgrade failed).  -EBUSY while vblkctl stream runs.  0 for raw and
+ * LUKS (nothing kept), or -errno with one line in err.  The new process,
+ * the old one quiesced, reads the tables with fmt_claim (below) before
+ * any request.  Main thread.
  */
 int fmt_quiesce(struct bdev *disk, char *err, size_t errlen);
-int fmt_reload(struct bdev *disk, char *err, size_t errlen);
 
 /*
  * The image's write lock, as the device takes and lets go of it

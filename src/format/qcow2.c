@@ -1527,7 +1527,7 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	}
 	/* Nothing is written before the image is ours (qcow2_reload at the
 	 * first claim): another process may still serve it. */
-	q->stale = q->rw;
+	q->stale = q->rw || o->handover;	/* handed over: not read yet */
 	if (q->backing_name && (r = fmt__open_backing(q, o, depth, err, errlen)) < 0)
 		goto fail;
 	free(h);
@@ -1542,7 +1542,7 @@ fail:
 	return r;
 }
 
-/* ---- Upgrade in place (format.h, fmt_quiesce / fmt_reload) ---------- */
+/* ---- Handed on and taken (format.h, fmt_quiesce / fmt_claim) -------- */
 
 int qcow2_quiesce(struct qcow2 *q, char *err, size_t errlen)
 {

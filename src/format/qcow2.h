@@ -223,7 +223,7 @@ int qcow2_drop_backing(struct qcow2 *q);
 
 /* The image handed on (format.h: fmt_quiesce, fmt_release): tables
  * written back and synced, the reserve given back; -EBUSY while a stream
- * runs.  And taken (fmt_reload, fmt_claim): header and tables read again
+ * runs.  And taken (fmt_claim): header and tables read again
  * and checked as at open, the autoclear bits cleared; q->stale until it
  * succeeds.  0 or -errno with one line in err.  Iothread, or the main
  * thread while none serves q (the qcow2_io_ forms run them on q's

@@ -300,7 +300,7 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 	/* A LUKS disk's key goes over too: the new process reads no
 	 * passphrase (its key file may be gone, or was standard input).
 	 * A qcow2 image's tables are written back once the rings stopped
-	 * and read again by the new process (fmt_quiesce, fmt_reload). */
+	 * and read again by the new process (fmt_quiesce, fmt_claim). */
 	r = fmt_key_export(v->b);
 	if (r < 0 && r != -ENOENT) {
 		snprintf(msg, msglen, "cannot put the disk's key where the new process can take "
@@ -600,8 +600,6 @@ int main(int argc, char **argv)
 			"only, not from a %s disk: export the image's contents instead (qemu-nbd "
 			"-f qcow2, or qemu-img convert -O raw)", b.engine->name);
 	}
-	if (b.engine->no_disk)
-		fo.kind = FMT_RAW;
 	r = fmt_open(&b, &fo, &disk, err, sizeof(err));
 	if (fo.key_handed)
 		close(fo.key_fd);

@@ -79,6 +79,7 @@ static struct json_object *poll_object(const struct loop_poll_params *p)
 	add(o, "completion_max_ns", json_object_new_uint64(p->completion_max_ns), &ok);
 	add(o, "grow", json_object_new_uint64(p->grow), &ok);
 	add(o, "shrink", json_object_new_uint64(p->shrink), &ok);
+	add(o, "check", json_object_new_boolean(!p->no_check), &ok);
 	return done(o, ok);
 }
 
@@ -302,6 +303,20 @@ static int get_u64(struct json_object *req, const char *key, uint64_t *v)
 	return 1;
 }
 
+/* Field key of req as a boolean: 1 found, 0 absent, -EINVAL present but
+ * not true or false. */
+static int get_bool(struct json_object *req, const char *key, bool *v)
+{
+	struct json_object *f;
+
+	if (!json_object_object_get_ex(req, key, &f))
+		return 0;
+	if (!json_object_is_type(f, json_type_boolean))
+		return -EINVAL;
+	*v = json_object_get_boolean(f);
+	return 1;
+}
+
 static int cmd_stats(void *opaque, struct json_object *req, struct json_object *reply,
 		     char *err, size_t errlen)
 {
@@ -334,7 +349,7 @@ static int cmd_set_poll(void *opaque, struct json_object *req, struct json_objec
 	struct blk_dev *d = opaque;
 	struct loop_poll_params p;
 	uint64_t grow, shrink;
-	bool ok = true;
+	bool ok = true, check;
 
 	/* Every knob checked before any changes. */
 	blk_get_poll_params(d, &p);
@@ -346,11 +361,18 @@ static int cmd_set_poll(void *opaque, struct json_object *req, struct json_objec
 	    poll_knob(req, "grow", 2, 1024, &grow, err, errlen) < 0 ||
 	    poll_knob(req, "shrink", 0, 1024, &shrink, err, errlen) < 0)
 		return -EINVAL;
+	check = !p.no_check;
+	if (get_bool(req, "check", &check) < 0) {
+		snprintf(err, errlen, "check must be true or false");
+		return -EINVAL;
+	}
 	p.grow = (unsigned)grow;
 	p.shrink = (unsigned)shrink;
+	p.no_check = !check;
 	blk_set_poll_params(d, &p);
 	log_info("polling set: max %" PRIu64 " ns, completions %" PRIu64 " ns, grow %u, "
-		 "shrink %u", p.max_ns, p.completion_max_ns, p.grow, p.shrink);
+		 "shrink %u, pay check %s", p.max_ns, p.completion_max_ns, p.grow, p.shrink,
+		 check ? "on" : "off");
 	blk_get_poll_params(d, &p);
 	add(reply, "ok", json_object_new_boolean(1), &ok);
 	add(reply, "poll", poll_object(&p), &ok);

@@ -11,13 +11,14 @@
  *                                   [N, ...]}, "write": ...}},
  *         "queues": [{"iothread": N, "requests": N, ...}, ...],
  *         "iothreads": [{"busy_ns": N, ...}, ...],
- *         "poll": {"max_ns", "completion_max_ns", "grow", "shrink"}}
+ *         "poll": {"max_ns", "completion_max_ns", "grow", "shrink", "check"}}
  *        a member per counter set (blk/counters.h: an object for the disk,
  *        with the operations' set inside it, keyed by operation; an array
  *        of objects for the queues and the iothreads), a member per
  *        counter in the order the table lists them
  *   {"cmd": "set-poll", "max_ns": N, "completion_max_ns": N, "grow": N,
- *    "shrink": N}   (any subset)
+ *    "shrink": N, "check": true|false (the pay check; --no-poll-check)}
+ *    (any subset)
  *     -> {"ok": true, "poll": {...}}
  *   {"cmd": "resize", "size": BYTES}   (grow the disk; blk_dev_resize)
  *     -> {"ok": true, "size": N, "notified": true|false (the frontend told)}

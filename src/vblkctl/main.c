@@ -4,7 +4,7 @@
  *   vblkctl --control PATH stats
  *   vblkctl --control PATH status | resume    (the error policy's pause)
  *   vblkctl --control PATH set-poll [--poll-max-ns N] [--completion-poll-max-ns N]
- *                                   [--poll-grow N] [--poll-shrink N]
+ *                                   [--poll-grow N] [--poll-shrink N] [--poll-check on|off]
  *   vblkctl --control PATH resize SIZE      (bytes, or with K/M/G/T)
  *   vblkctl --control PATH metrics          (Prometheus text format)
  *   vblkctl --control PATH upgrade [--exec BINARY]
@@ -70,6 +70,7 @@ int main(int argc, char **argv)
 		{ "completion-poll-max-ns", required_argument, NULL, 'C' },
 		{ "poll-grow", required_argument, NULL, 'g' },
 		{ "poll-shrink", required_argument, NULL, 's' },
+		{ "poll-check", required_argument, NULL, 'P' },
 		{ "exec", required_argument, NULL, 'e' },
 		{ "interval", required_argument, NULL, 'i' },
 		{ "count", required_argument, NULL, 'n' },
@@ -83,7 +84,7 @@ int main(int argc, char **argv)
 		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
 		"stream, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
-	const char *exec = NULL, *count = NULL, *rate = NULL;
+	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
@@ -101,6 +102,11 @@ int main(int argc, char **argv)
 		case 'C': cmax = num("--completion-poll-max-ns", optarg); break;
 		case 'g': grow = num("--poll-grow", optarg); break;
 		case 's': shrink = num("--poll-shrink", optarg); break;
+		case 'P':
+			if (strcmp(optarg, "on") && strcmp(optarg, "off"))
+				cli_die("--poll-check '%s' must be on or off", optarg);
+			check = optarg;
+			break;
 		case 'e': exec = optarg; break;
 		case 'i': interval = seconds("--interval", optarg); break;
 		case 'n': count = num("--count", optarg); break;
@@ -111,6 +117,7 @@ int main(int argc, char **argv)
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
 			       "[--completion-poll-max-ns N] [--poll-grow N] [--poll-shrink N]\n"
+			       "                [--poll-check on|off]\n"
 			       "       vblkctl --control PATH status\n"
 			       "       vblkctl --control PATH resume\n"
 			       "       vblkctl --control PATH resize SIZE\n"
@@ -122,6 +129,8 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH iostat [--interval S] [--count N] "
 			       "[--json]\n"
 			       "\n"
+			       "set-poll changes polling at once, as vblkd's options of the same names\n"
+			       "do at start (--poll-check off: --no-poll-check).\n"
 			       "status says whether the disk runs or is paused (the error policy,\n"
 			       "vblkd --werror/--rerror: a failed request held), why and since when;\n"
 			       "resume submits the held requests again and takes new ones (one that\n"
@@ -165,7 +174,7 @@ int main(int argc, char **argv)
 		cli_die("give one command: %s", commands);
 	if (strcmp(cmd, "set-limits") && group)
 		cli_die("--group goes with set-limits");
-	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink))
+	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink || check))
 		cli_die("--poll-* options go with set-poll");
 	if (strcmp(cmd, "upgrade") && exec)
 		cli_die("--exec goes with upgrade");
@@ -219,6 +228,9 @@ int main(int argc, char **argv)
 			add_num(req, "grow", grow);
 		if (shrink)
 			add_num(req, "shrink", shrink);
+		if (check)
+			json_object_object_add(req, "check",
+					       json_object_new_boolean(!strcmp(check, "on")));
 	} else if (!strcmp(cmd, "upgrade")) {
 		json_object_object_add(req, "cmd", json_object_new_string("upgrade"));
 		if (exec) {

@@ -417,7 +417,7 @@ keys = {'requests', 'kicks', 'calls', 'calls_early', 'calls_suppressed', 'calls_
         'completions_coalesced', 'hold_ns_max', 'hold_ns_total', 'hold_late_ns_total', 'poll_hits', 'poll_misses', 'poll_vain',
         'poll_ns'}
 assert keys <= set(s['queues'][0]) and {'busy_ns', 'cpu_ns'} <= set(s['iothreads'][0])
-assert s['poll'] == {'max_ns': 65536, 'completion_max_ns': 262144, 'grow': 2, 'shrink': 2}" "$out"; then
+assert s['poll'] == {'max_ns': 65536, 'completion_max_ns': 262144, 'grow': 2, 'shrink': 2, 'check': True}" "$out"; then
         pass ctl-stats-keys
     else
         fail ctl-stats-keys "$out"
@@ -425,11 +425,21 @@ assert s['poll'] == {'max_ns': 65536, 'completion_max_ns': 262144, 'grow': 2, 's
     out=$("$CTL" --control "$tmp/c.sock" set-poll --poll-max-ns 1000 --poll-shrink 0 \
           --completion-poll-max-ns 5000) &&
         python3 -c 'import json, sys; assert json.loads(sys.argv[1])["poll"] == {"max_ns": 1000,
-"completion_max_ns": 5000, "grow": 2, "shrink": 0}' "$(stats)" &&
+"completion_max_ns": 5000, "grow": 2, "shrink": 0, "check": True}' "$(stats)" &&
         pass ctl-set-poll-at-runtime || fail ctl-set-poll-at-runtime "$out"
+    out=$("$CTL" --control "$tmp/c.sock" set-poll --poll-check off) &&
+        python3 -c 'import json, sys; assert json.loads(sys.argv[1])["poll"]["check"] is False' \
+            "$(stats)" &&
+        "$CTL" --control "$tmp/c.sock" set-poll --poll-check on >/dev/null &&
+        python3 -c 'import json, sys; assert json.loads(sys.argv[1])["poll"]["check"] is True' \
+            "$(stats)" &&
+        pass ctl-set-poll-check-at-runtime || fail ctl-set-poll-check-at-runtime "$out"
     rc=0; out=$("$CTL" --control "$tmp/c.sock" set-poll --poll-grow 1) || rc=$?
     ((rc == 1)) && [[ $out == *'"error": "grow must be 2..1024"'* ]] &&
         pass ctl-bad-value-refused || fail ctl-bad-value-refused "rc=$rc $out"
+    rc=0; out=$("$CTL" --control "$tmp/c.sock" set-poll --poll-check maybe 2>&1) || rc=$?
+    ((rc == 1)) && [[ $out == "vblkctl: --poll-check 'maybe' must be on or off" ]] &&
+        pass ctl-bad-poll-check-refused || fail ctl-bad-poll-check-refused "rc=$rc $out"
     # Resize: grows (no frontend to tell), refuses to shrink; bad sizes
     # are the tool's own one-line errors.
     out=$("$CTL" --control "$tmp/c.sock" resize 512M) &&

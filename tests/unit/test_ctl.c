@@ -214,8 +214,12 @@ static struct loop_poll_params reply_poll(const char *reply)
 {
 	struct json_object *o = parse_object(reply), *p = member(o, "poll");
 	struct loop_poll_params pp;
+	struct json_object *c;
 
-	ASSERT_EQ(json_object_object_length(p), 4);
+	ASSERT_EQ(json_object_object_length(p), 5);
+	ASSERT_TRUE(json_object_object_get_ex(p, "check", &c) &&
+		    json_object_is_type(c, json_type_boolean));
+	pp.no_check = !json_object_get_boolean(c);
 	pp.max_ns = member_u64(p, "max_ns");
 	pp.completion_max_ns = member_u64(p, "completion_max_ns");
 	pp.grow = (unsigned)member_u64(p, "grow");
@@ -241,6 +245,7 @@ static void params_eq(const struct loop_poll_params *a, const struct loop_poll_p
 	ASSERT_EQ(a->completion_max_ns, b->completion_max_ns);
 	ASSERT_EQ(a->grow, b->grow);
 	ASSERT_EQ(a->shrink, b->shrink);
+	ASSERT_EQ(a->no_check, b->no_check);
 }
 
 static struct loop_poll_params dev_params(void)
@@ -517,6 +522,34 @@ static void test_set_poll_partial_update_keeps_others(void)
 	}
 }
 
+/* The pay check (--no-poll-check) switched off and on again at run time:
+ * the reply, the device's params and the next stats agree, and requests
+ * that do not name it leave it as it is. */
+static void test_set_poll_check_toggles(void)
+{
+	struct loop_poll_params want = { 32768, 2, 2, 262144 }, got;
+
+	set_params(32768, 2, 2);
+	got = reply_poll(handle("{\"cmd\": \"stats\"}"));
+	params_eq(&got, &want);
+	want.no_check = true;
+	got = reply_poll(handle("{\"cmd\": \"set-poll\", \"check\": false}"));
+	ASSERT_TRUE(reply_ok(out));
+	params_eq(&got, &want);
+	got = dev_params();
+	params_eq(&got, &want);
+	want.grow = 4;
+	got = reply_poll(handle("{\"cmd\": \"set-poll\", \"grow\": 4}"));
+	params_eq(&got, &want);
+	got = reply_poll(handle("{\"cmd\": \"stats\"}"));
+	params_eq(&got, &want);
+	want.no_check = false;
+	got = reply_poll(handle("{\"cmd\": \"set-poll\", \"check\": true}"));
+	params_eq(&got, &want);
+	got = dev_params();
+	params_eq(&got, &want);
+}
+
 /* Out of range, negative, not a number: an error naming the knob, and no
  * knob changes, not even those the request got right. */
 static void test_set_poll_bad_values_change_nothing(void)
@@ -543,6 +576,9 @@ static void test_set_poll_bad_values_change_nothing(void)
 		"{\"cmd\": \"set-poll\", \"completion_max_ns\": [1]}",
 		"{\"cmd\": \"set-poll\", \"grow\": {\"value\": 4}}",
 		"{\"cmd\": \"set-poll\", \"grow\": 4, \"shrink\": false}",
+		"{\"cmd\": \"set-poll\", \"check\": 0}",
+		"{\"cmd\": \"set-poll\", \"check\": \"off\"}",
+		"{\"cmd\": \"set-poll\", \"grow\": 4, \"check\": null}",
 	};
 	struct loop_poll_params before, got;
 
@@ -550,7 +586,8 @@ static void test_set_poll_bad_values_change_nothing(void)
 	before = dev_params();
 	for (size_t i = 0; i < ARRAY_SIZE(reqs); i++) {
 		expect_error(reqs[i]);
-		if (!strstr(out, "max_ns") && !strstr(out, "grow") && !strstr(out, "shrink"))
+		if (!strstr(out, "max_ns") && !strstr(out, "grow") && !strstr(out, "shrink") &&
+		    !strstr(out, "check"))
 			T_FAIL("%s: the error names no knob: %s", reqs[i], out);
 		got = dev_params();
 		params_eq(&got, &before);
@@ -680,7 +717,7 @@ static void test_reply_format_pinned(void)
 				 "\"shrink\": 0, \"completion_max_ns\": 5000}");
 
 	if (strcmp(rep, "{ \"ok\": true, \"poll\": { \"max_ns\": 1000, \"completion_max_ns\": "
-		   "5000, \"grow\": 2, \"shrink\": 0 } }"))
+		   "5000, \"grow\": 2, \"shrink\": 0, \"check\": true } }"))
 		T_FAIL("set-poll reply: %s", rep);
 	rep = handle("{\"cmd\": \"set-poll\", \"grow\": 1}");
 	if (strcmp(rep, "{ \"error\": \"grow must be 2..1024\" }"))
@@ -1098,6 +1135,7 @@ int main(void)
 	RUN(test_stats_json_length_and_enospc);
 	RUN(test_set_poll_updates_params);
 	RUN(test_set_poll_partial_update_keeps_others);
+	RUN(test_set_poll_check_toggles);
 	RUN(test_set_poll_bad_values_change_nothing);
 	RUN(test_bad_requests_get_error);
 	RUN(test_not_one_object_says_why);

@@ -16,6 +16,7 @@
  * everything back (vu_server_handover_resume).
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -221,9 +222,13 @@ end:
 	return r;
 }
 
+/* A hand-over's stop taking this long is logged, stage by stage. */
+#define VU_HO_SLOW_NS 1000000000ull
+
 int vu_server_handover_save(struct vu_server *s, int sock, bool release, char *err,
 			    size_t errlen)
 {
+	uint64_t t0, t1;
 	int r;
 
 	if (vu__logging(s)) {
@@ -241,14 +246,22 @@ int vu_server_handover_save(struct vu_server *s, int sock, bool release, char *e
 	s->listen_h = NULL;
 	loop_fd_del(s->loop, s->conn_h);
 	s->conn_h = NULL;
+	t0 = sys_now_ns();
 	for (unsigned i = 0; i < s->nqueues; i++) {
 		s->ho_restart[i] = s->vr[i].started;
 		vu__vring_stop(s, i);
 	}
+	t1 = sys_now_ns();
 	if (s->ops->handover_quiesce && (r = s->ops->handover_quiesce(s->dev, err, errlen)) < 0) {
 		vu_server_handover_resume(s);
 		return r;
 	}
+	/* The guest waits through all of it, and the new process gives up
+	 * after its own timeout: say where a long pause went. */
+	if (sys_now_ns() - t0 >= VU_HO_SLOW_NS)
+		log_warn("upgrade: the rings took %" PRIu64 " ms to stop (requests in flight "
+			 "completed, the disk flushed), the image %" PRIu64 " ms to hand over",
+			 (t1 - t0) / 1000000, (sys_now_ns() - t1) / 1000000);
 	/* The next claim is the new process's (a resume claims again). */
 	if (release)
 		vu__release_if_idle(s);

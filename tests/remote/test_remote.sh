@@ -218,7 +218,10 @@ upgrade_case() {	# NAME VBLKD-ARGS...
         new=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$tmp/$name.up")
         pass "$name-upgraded" "$(grep -o 'paused for [0-9]* us' "$tmp/$name.up")"
     else
-        fail "$name-upgraded" "$(cat "$tmp/$name.up")"
+        # What the daemons said (the old one's stages, the new one's
+        # refusal), so that a failure in CI says where the time went.
+        fail "$name-upgraded" "$(cat "$tmp/$name.up") $(grep -E ' (warn|error): ' \
+            "$tmp/$name.log" | tail -4 | tr '\n' ' ')"
     fi
     wait "$b"; rc=$?
     if ((rc == 0)); then pass "$name-bench-exit-0"; else fail "$name-bench-exit-0" "rc=$rc $(head -2 "$tmp/$name.err")"; fi
@@ -535,6 +538,10 @@ if ((have_luks && have_qnbd)); then
     grep -q "format: LUKS2, aes-xts-plain64 512-bit" "$tmp/nbd-luks2-verify-2jobs.log" &&
         pass nbd-luks2-format-logged ||
         fail nbd-luks2-format-logged "$(grep format: "$tmp/nbd-luks2-verify-2jobs.log")"
+    # What the oracle and fmt-io wrote above is still dirty in the page
+    # cache: stored now, so that the flush at this upgrade's drain (the
+    # rings stopped, the guest waiting) writes this case's writes only.
+    sync "$tmp/lk.img"
     cp "$tmp/lk.key" "$tmp/lk-once.key"
     (sleep 1; rm -f "$tmp/lk-once.key") &
     upgrade_case nbd-luks2-upgrade-key-file-gone --disk "$nbd_luks" --key-file "$tmp/lk-once.key"

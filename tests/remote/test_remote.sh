@@ -564,10 +564,6 @@ if ((have_luks && have_qnbd)); then
     grep -q "format: LUKS2, aes-xts-plain64 512-bit" "$tmp/nbd-luks2-verify-2jobs.log" &&
         pass nbd-luks2-format-logged ||
         fail nbd-luks2-format-logged "$(grep format: "$tmp/nbd-luks2-verify-2jobs.log")"
-    # What the oracle and fmt-io wrote above is still dirty in the page
-    # cache: stored now, so that the flush at this upgrade's drain (the
-    # rings stopped, the guest waiting) writes this case's writes only.
-    sync "$tmp/lk.img"
     lk_once() { cp "$tmp/lk.key" "$tmp/lk-once.key"; (sleep 1; rm -f "$tmp/lk-once.key") & }
     upgrade_case_again lk_once nbd-luks2-upgrade-key-file-gone --disk "$nbd_luks" \
         --key-file "$tmp/lk-once.key"

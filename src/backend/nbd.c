@@ -389,6 +389,34 @@ static void nbd_conn_read_replies(struct bdev_ctx *c)
 	}
 }
 
+/*
+ * A reconnection whose handshake has ended: the export serves again.
+ * Checked after every step libnbd takes while connecting, including the
+ * first: libnbd runs the handshake until it would block, so when the
+ * server's answers are already waiting (a fast server, this thread
+ * preempted between its sends and its reads), it ends inside
+ * nbd_aio_connect_uri, and no event ever comes for it (regression: such
+ * an attempt waited out NBD_CONNECT_TIMEOUT_MS and was dropped, again and
+ * again, while the disk failed every request).
+ */
+static void nbd_conn_check_up(struct bdev_ctx *c)
+{
+	int64_t size;
+
+	if (c->state != NBD_CONNECTING || !nbd_aio_is_ready(c->h))
+		return;
+	size = nbd_get_size(c->h);
+	loop_timer_del(c->retry);
+	c->state = NBD_UP;
+	log_info("NBD export %s: connected again (%llu requests failed while it was "
+		 "away)", c->d->uri, (unsigned long long)c->failed);
+	c->failed = 0;
+	if (size >= 0 && (uint64_t)size != c->d->size)
+		log_warn("NBD export %s is now %lld bytes (was %llu): the guest still sees "
+			 "the old size", c->d->uri, (long long)size,
+			 (unsigned long long)c->d->size);
+}
+
 static void nbd_conn_fd_cb(void *opaque, uint32_t events)
 {
 	struct bdev_ctx *c = opaque;
@@ -397,21 +425,8 @@ static void nbd_conn_fd_cb(void *opaque, uint32_t events)
 		nbd_conn_read_replies(c);
 	if ((events & EPOLLOUT) && !nbd_aio_is_dead(c->h))
 		(void)nbd_aio_notify_write(c->h);
-	if (!nbd_conn_settle(c))
-		return;
-	if (c->state == NBD_CONNECTING && nbd_aio_is_ready(c->h)) {
-		int64_t size = nbd_get_size(c->h);
-
-		loop_timer_del(c->retry);
-		c->state = NBD_UP;
-		log_info("NBD export %s: connected again (%llu requests failed while it "
-			 "was away)", c->d->uri, (unsigned long long)c->failed);
-		c->failed = 0;
-		if (size >= 0 && (uint64_t)size != c->d->size)
-			log_warn("NBD export %s is now %lld bytes (was %llu): the guest still "
-				 "sees the old size", c->d->uri, (long long)size,
-				 (unsigned long long)c->d->size);
-	}
+	if (nbd_conn_settle(c))
+		nbd_conn_check_up(c);
 }
 
 /* Poll handler: a reply waiting on the socket (or its end), found by a
@@ -492,6 +507,7 @@ static void nbd_conn_retry_cb(void *opaque)
 	c->state = NBD_CONNECTING;
 	log_info("NBD export %s: reconnecting", c->d->uri);
 	loop_timer_mod(c->retry, sys_now_ns() + NBD_CONNECT_TIMEOUT_MS * 1000000ull);
+	nbd_conn_check_up(c);
 }
 
 /* ---- I/O (iothread) ---- */
@@ -591,8 +607,10 @@ static void nbd_drain(struct bdev_ctx *c)
 again:
 	while (c->inflight && c->h) {
 		if (sys_now_ns() >= deadline) {
-			log_err("NBD export %s: %u requests unanswered after %d s", c->d->uri,
-				c->inflight, NBD_DRAIN_TIMEOUT_MS / 1000);
+			log_err("NBD export %s: %u requests unanswered after %d s (libnbd: %lld "
+				"in flight, state %s)", c->d->uri, c->inflight,
+				NBD_DRAIN_TIMEOUT_MS / 1000, (long long)nbd_aio_in_flight(c->h),
+				nbd_connection_state(c->h) ?: "?");
 			nbd_conn_lost(c, "it stopped answering");
 			break;
 		}

@@ -4,7 +4,8 @@
 # exports (nbdkit's memory plugin on 127.0.0.1, qemu-nbd on a file over a
 # unix socket).  Verified I/O on 1 and 2 queues; an OSD stopped and
 # restarted under load, an NBD server killed under load (vblkd survives
-# both and serves the next frontend); every user mistake (bad URI or spec,
+# both and serves the next frontend; it reconnects to a server whose
+# handshake ends inside libnbd's first call); every user mistake (bad URI or spec,
 # missing pool or image, no cluster, no server) one line and exit 1 in
 # bounded time, no socket left; upgrade in place under verified I/O on
 # each.  Every step runs under timeout.
@@ -27,10 +28,10 @@ skip() { echo "SKIP: $1${2:+: $2}"; }
 
 tmp=$(mktemp -d /tmp/vblk-remote.XXXXXX)
 ceph_dir=$tmp/ceph
-dpid="" nbdkit_pid="" qnbd_pid=""
+dpid="" nbdkit_pid="" qnbd_pid="" eager_pid=""
 cleanup() {
     local p
-    for p in $dpid $nbdkit_pid $qnbd_pid; do kill -9 "$p" 2>/dev/null; done
+    for p in $dpid $nbdkit_pid $qnbd_pid $eager_pid; do kill -9 "$p" 2>/dev/null; done
     wait 2>/dev/null
     timeout 60 "$CLUSTER" stop "$ceph_dir" 2>/dev/null
     if [[ -n ${VBLK_KEEP_TMP:-} ]]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
@@ -438,6 +439,41 @@ if ((have_nbdkit)) && start nbd-unflushed --disk "$nbd_tcp" --queues 1; then
     fi
     stop nbd-unflushed
 fi
+
+# A reconnection whose handshake ends inside libnbd's first call: a
+# server that sends all its answers at once (tests/remote/eager-nbd) and
+# a connect() made late (slow-connect.so: this thread preempted right
+# after it, as on a busy machine).  No event ever comes for such a
+# handshake; vblkd must see it ended (regression: it waited 10 s for an
+# answer it already had, dropped the connection, and did it again every
+# retry while the disk failed every request).
+eager_port=$(free_port)
+"$top/tests/remote/eager-nbd" "tcp:$eager_port" 67108864 >"$tmp/eager.log" 2>&1 &
+eager_pid=$!
+for _ in $(seq 100); do grep -q serving "$tmp/eager.log" && break; sleep 0.1; done
+if LD_PRELOAD=$BUILD/slow-connect.so VBLK_TEST_CONNECT_DELAY_MS=200 \
+    start nbd-eager --disk "nbd://127.0.0.1:$eager_port/exp" --queues 1; then
+    bench nbd-eager-before --rw randrw --bs 4k --iodepth 8 --runtime 0.3 --ramp 0 --size 8M --verify
+    check nbd-eager-served "$OUT" "r['errors'] == 0 and r['verified'] > 0"
+    kill -USR1 "$eager_pid"	# every connection dropped, as by a restart
+    for _ in $(seq 80); do
+        grep -q "connected again" "$tmp/nbd-eager.log" && break
+        sleep 0.1
+    done
+    if grep -q "connected again" "$tmp/nbd-eager.log"; then
+        pass nbd-eager-reconnected
+    else
+        fail nbd-eager-reconnected "not within 8 s: $(grep -E 'NBD export' "$tmp/nbd-eager.log" | \
+            tail -3 | tr '\n' ' ') $(tail -2 "$tmp/eager.log" | tr '\n' ' ')"
+    fi
+    bench nbd-eager-after --rw randrw --bs 4k --iodepth 8 --runtime 0.3 --ramp 0 --size 8M --verify
+    check nbd-eager-reconnected-served "$OUT" "r['errors'] == 0 and r['verified'] > 0"
+    grep -c "handshake answered before it was asked" "$tmp/eager.log" | grep -qx 2 &&
+        pass nbd-eager-server-answered-early ||
+        fail nbd-eager-server-answered-early "$(cat "$tmp/eager.log" | tr '\n' ' ')"
+    stop nbd-eager
+fi
+kill "$eager_pid" 2>/dev/null; wait "$eager_pid" 2>/dev/null
 
 # A ring that stops (the frontend goes: VM stopped, migrated, vblkd
 # upgraded) flushes the writes no flush covered, so that whoever writes

@@ -78,9 +78,8 @@ static void decide(struct pay *p, uint64_t now, uint64_t work)
 	unsigned off_wins;
 	uint32_t pm = median_ratio_pm(p, &off_wins);
 	bool off = pm < PAY_MARGIN_PCT * 10 && off_wins >= PAY_MIN_OFF_ROUNDS;
-	bool clear = off ? pm < PAY_CLEAR_OFF_PM : pm > PAY_CLEAR_ON_PM;
 
-	if (clear && p->checks && off == p->decided_off) {
+	if (p->checks && off == p->decided_off) {
 		if (p->run_mult < PAY_RUN_MULT_MAX)
 			p->run_mult *= 2;
 	} else {

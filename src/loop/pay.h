@@ -45,18 +45,16 @@
 #define PAY_SUB_MAX_NS 50000000ull
 /* The winner runs this many times as long as the check took, within
  * [PAY_RUN_MIN_NS, PAY_RUN_MAX_NS]: a few per cent of the time is spent
- * checking, half of that in the losing mode (and less in a clear case:
+ * checking, half of that in the losing mode (and less once the decision repeats:
  * PAY_RUN_MULT_MAX). */
 #define PAY_RUN_FACTOR 16u
 #define PAY_RUN_MIN_NS 250000000ull
 #define PAY_RUN_MAX_NS 2000000000ull
-/* A decision far from the margin (time per unit of work off against on
- * below PAY_CLEAR_OFF_PM or above PAY_CLEAR_ON_PM, per mille), the same as
- * the last one, doubles the next run, up to PAY_RUN_MULT_MAX times: a
- * clear case is checked less often (each check spends some time in the
- * losing mode); any other decision starts again at once. */
-#define PAY_CLEAR_OFF_PM 700u
-#define PAY_CLEAR_ON_PM 1300u
+/* A decision the same as the last one doubles the next run, up to
+ * PAY_RUN_MULT_MAX times: a case that does not change is checked less
+ * often (each check spends some time in the losing mode, and its OFF
+ * sub-phases leave the windows to learn again); a decision that flips
+ * starts again at once. */
 #define PAY_RUN_MULT_MAX 4u
 /* Polling off must be this much faster (per cent of polling's time per
  * unit of work) to win: polling is what pays on most machines. */

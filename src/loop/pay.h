@@ -45,8 +45,8 @@
 #define PAY_SUB_MAX_NS 50000000ull
 /* The winner runs this many times as long as the check took, within
  * [PAY_RUN_MIN_NS, PAY_RUN_MAX_NS]: a few per cent of the time is spent
- * checking, half of that in the losing mode (and less once the decision repeats:
- * PAY_RUN_MULT_MAX). */
+ * checking, half of that in the losing mode (and less once the decision
+ * repeats: PAY_RUN_MULT_MAX). */
 #define PAY_RUN_FACTOR 16u
 #define PAY_RUN_MIN_NS 250000000ull
 #define PAY_RUN_MAX_NS 2000000000ull

@@ -341,11 +341,41 @@ static void nbd_conn_lost(struct bdev_ctx *c, const char *why)
 }
 
 /*
+ * A reconnection (NBD_CONNECTING) whose handshake may have ended: then
+ * the export serves again.  Checked after every call into libnbd while
+ * connecting, the first one included (nbd_conn_settle): libnbd runs the
+ * handshake until it would block, so when the server's answers are
+ * already waiting (a fast server, this thread preempted between its sends
+ * and its reads), it ends inside nbd_aio_connect_uri, and no event ever
+ * comes for it (regression: such an attempt waited out
+ * NBD_CONNECT_TIMEOUT_MS and was dropped, again and again, while the disk
+ * failed every request).
+ */
+static void nbd_conn_check_up(struct bdev_ctx *c)
+{
+	int64_t size;
+
+	if (!nbd_aio_is_ready(c->h))
+		return;
+	size = nbd_get_size(c->h);
+	loop_timer_del(c->retry);
+	c->state = NBD_UP;
+	log_info("NBD export %s: connected again (%llu requests failed while it was "
+		 "away)", c->d->uri, (unsigned long long)c->failed);
+	c->failed = 0;
+	if (size >= 0 && (uint64_t)size != c->d->size)
+		log_warn("NBD export %s is now %lld bytes (was %llu): the guest still sees "
+			 "the old size", c->d->uri, (long long)size,
+			 (unsigned long long)c->d->size);
+}
+
+/*
  * After every call into libnbd: a connection that died inside it (libnbd
  * then fails its commands, calling our callbacks, and closes the socket,
  * so no event will ever come for it again) is handled now; otherwise run
- * what completed and watch for what libnbd waits for.  Returns false if
- * the connection is gone.
+ * what completed, watch for what libnbd waits for, and see whether a
+ * reconnection's handshake has ended.  Returns false if the connection is
+ * gone.
  */
 static bool nbd_conn_settle(struct bdev_ctx *c)
 {
@@ -357,9 +387,12 @@ static bool nbd_conn_settle(struct bdev_ctx *c)
 		return false;
 	}
 	nbd_run_done(c);
-	if (c->h)
-		nbd_conn_watch(c);
-	return c->h != NULL;
+	if (!c->h)
+		return false;
+	nbd_conn_watch(c);
+	if (unlikely(c->state == NBD_CONNECTING))
+		nbd_conn_check_up(c);
+	return true;
 }
 
 /* A reply (or the connection's end) waits on the socket: one
@@ -389,34 +422,6 @@ static void nbd_conn_read_replies(struct bdev_ctx *c)
 	}
 }
 
-/*
- * A reconnection whose handshake has ended: the export serves again.
- * Checked after every step libnbd takes while connecting, including the
- * first: libnbd runs the handshake until it would block, so when the
- * server's answers are already waiting (a fast server, this thread
- * preempted between its sends and its reads), it ends inside
- * nbd_aio_connect_uri, and no event ever comes for it (regression: such
- * an attempt waited out NBD_CONNECT_TIMEOUT_MS and was dropped, again and
- * again, while the disk failed every request).
- */
-static void nbd_conn_check_up(struct bdev_ctx *c)
-{
-	int64_t size;
-
-	if (c->state != NBD_CONNECTING || !nbd_aio_is_ready(c->h))
-		return;
-	size = nbd_get_size(c->h);
-	loop_timer_del(c->retry);
-	c->state = NBD_UP;
-	log_info("NBD export %s: connected again (%llu requests failed while it was "
-		 "away)", c->d->uri, (unsigned long long)c->failed);
-	c->failed = 0;
-	if (size >= 0 && (uint64_t)size != c->d->size)
-		log_warn("NBD export %s is now %lld bytes (was %llu): the guest still sees "
-			 "the old size", c->d->uri, (long long)size,
-			 (unsigned long long)c->d->size);
-}
-
 static void nbd_conn_fd_cb(void *opaque, uint32_t events)
 {
 	struct bdev_ctx *c = opaque;
@@ -425,8 +430,7 @@ static void nbd_conn_fd_cb(void *opaque, uint32_t events)
 		nbd_conn_read_replies(c);
 	if ((events & EPOLLOUT) && !nbd_aio_is_dead(c->h))
 		(void)nbd_aio_notify_write(c->h);
-	if (nbd_conn_settle(c))
-		nbd_conn_check_up(c);
+	(void)nbd_conn_settle(c);
 }
 
 /* Poll handler: a reply waiting on the socket (or its end), found by a
@@ -507,7 +511,7 @@ static void nbd_conn_retry_cb(void *opaque)
 	c->state = NBD_CONNECTING;
 	log_info("NBD export %s: reconnecting", c->d->uri);
 	loop_timer_mod(c->retry, sys_now_ns() + NBD_CONNECT_TIMEOUT_MS * 1000000ull);
-	nbd_conn_check_up(c);
+	(void)nbd_conn_settle(c);
 }
 
 /* ---- I/O (iothread) ---- */

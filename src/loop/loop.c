@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loop/contend.h"
 #include "loop/defer.h"
 #include "loop/pay.h"
 #include "util/compiler.h"
@@ -123,6 +124,9 @@ struct loop {
 	/* Counters of deleted completion handlers (loop_completion_poll_stats). */
 	struct loop_poll_stats completion_base;
 	uint64_t cs_wall0, cs_cpu0, cs_blocked0;	/* contention sample */
+	uint64_t cs_wait0;		/* its run-queue wait at the start */
+	bool cs_have_wait;		/* cs_wait0 was read */
+	int sched_fd;			/* sys_sched_wait_open(), or -1 */
 	bool polled_in_sample;
 	unsigned starve_streak;
 	bool windows_open;		/* some handler's in_window is set */
@@ -209,6 +213,7 @@ int loop_new(const char *name, struct loop **out)
 	l->p_grow = 2;
 	l->p_shrink = 2;
 	l->p_pay = true;
+	l->sched_fd = -1;
 	pay_init(&l->pay, sys_now_ns());
 	l->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (l->epfd < 0) {
@@ -576,28 +581,42 @@ static bool loop_poll_once(struct loop *l, uint64_t now)
  * LOOP_CONTENTION_PERIOD_NS while polling. */
 static void loop_check_contention(struct loop *l, uint64_t now)
 {
-	uint64_t wall = now - l->cs_wall0, cpu, runnable;
+	uint64_t wall = now - l->cs_wall0, cpu, wait = 0;
+	bool have_wait = false;
 
 	if (wall < LOOP_CONTENTION_PERIOD_NS)
 		return;
 	cpu = clock_ns(l->cpu_clock);
+	if (l->sched_fd >= 0) {
+		have_wait = sys_sched_wait_ns(l->sched_fd, &wait) == 0;
+		if (!have_wait)
+			sys_close(&l->sched_fd);	/* not kept: the CPU time then */
+	}
 	if (l->polled_in_sample && l->cs_wall0) {
-		runnable = wall - MIN(wall, l->blocked_total - l->cs_blocked0);
-		/* Under a quarter of the time we wanted, stolen, is noise
-		 * (interrupts, a stray task); more means a shared core. */
-		if (runnable > wall / 2 && cpu - l->cs_cpu0 < runnable / 4 * 3) {
+		struct contend_sample s = {
+			.wall = wall,
+			.runnable = wall - MIN(wall, l->blocked_total - l->cs_blocked0),
+			.cpu = cpu - l->cs_cpu0,
+			.wait = wait - l->cs_wait0,
+			.have_wait = have_wait && l->cs_have_wait,
+		};
+
+		if (contend_shared(&s)) {
 			l->contended_until = now + LOOP_CONTENTION_BACKOFF_NS;
 			st_add(&l->st_contended, 1);
-			log_debug("loop %s: CPU contended (%llu of %llu ns runnable), "
-				  "polling off for %llu ms", l->name,
-				  (unsigned long long)(cpu - l->cs_cpu0),
-				  (unsigned long long)runnable,
+			log_debug("loop %s: CPU contended (ran %llu, waited %llu of %llu ns "
+				  "runnable), polling off for %llu ms", l->name,
+				  (unsigned long long)s.cpu,
+				  (unsigned long long)(s.have_wait ? s.wait : 0),
+				  (unsigned long long)s.runnable,
 				  LOOP_CONTENTION_BACKOFF_NS / 1000000);
 		}
 	}
 	l->cs_wall0 = now;
 	l->cs_cpu0 = cpu;
 	l->cs_blocked0 = l->blocked_total;
+	l->cs_wait0 = wait;
+	l->cs_have_wait = have_wait;
 	l->polled_in_sample = false;
 }
 
@@ -945,6 +964,11 @@ int loop_run(struct loop *l)
 	sys_shared_fd_watch(&l->shared_ops);
 	if (pthread_getcpuclockid(l->thread, &l->cpu_clock) == 0)
 		atomic_store(&l->have_cpu_clock, true);
+	/* Opened by this thread: /proc/thread-self is whoever opens it. */
+	l->sched_fd = sys_sched_wait_open();
+	if (l->sched_fd < 0)
+		l->sched_fd = -1;
+	l->cs_have_wait = false;
 	pthread_mutex_lock(&l->call_lock);
 	l->accepting = true;
 	pthread_mutex_unlock(&l->call_lock);
@@ -1011,6 +1035,7 @@ int loop_run(struct loop *l)
 	pthread_mutex_unlock(&l->call_lock);
 	loop_run_calls(l);
 	sys_shared_fd_watch(NULL);
+	sys_close(&l->sched_fd);
 	atomic_store(&l->running, false);
 	return 0;
 }

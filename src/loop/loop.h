@@ -148,7 +148,8 @@ struct loop_stats {
 	uint64_t busy_ns;	/* wall time not blocked in epoll_wait */
 	uint64_t cpu_ns;	/* the thread's CPU time */
 	uint64_t poll_ns_total;	/* wall time spent busy-polling */
-	uint64_t contended;	/* polling windows cut because the CPU was stolen */
+	uint64_t contended;	/* polling backed off: another task held our CPU
+				 * (contend.h), or events came only once we slept */
 	uint64_t completion_windows; /* windows whose length was an armed
 				      * handler's: spun for the disk */
 	uint64_t yields;	/* sleeps without a window: cpu_bound() */

@@ -164,3 +164,33 @@ uint64_t sys_now_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+int sys_sched_wait_open(void)
+{
+	int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+
+	return fd < 0 ? -errno : fd;
+}
+
+int sys_sched_wait_ns(int fd, uint64_t *ns)
+{
+	unsigned long long run, wait, slices;
+	char buf[96];
+	ssize_t n;
+
+	do {
+		n = pread(fd, buf, sizeof(buf) - 1, 0);
+	} while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	buf[n] = '\0';
+	if (sscanf(buf, "%llu %llu %llu", &run, &wait, &slices) != 3)
+		return -EINVAL;
+	/* A thread that reads this has been switched in at least once:
+	 * "0 0 0" means nothing is kept (fs/proc/base.c, sched_info_on()).
+	 * The run time alone may still read 0 early in a thread's life. */
+	if (slices == 0)
+		return -ENODATA;
+	*ns = wait;
+	return 0;
+}

@@ -41,5 +41,15 @@ int64_t sys_eventfd_wait(int fd, int timeout_ms);
 void sys_close(int *fd);
 /* CLOCK_MONOTONIC in ns. */
 uint64_t sys_now_ns(void);
+/* The calling thread's wait for a CPU: /proc/thread-self/schedstat, whose
+ * second field is the time it has spent runnable on a run queue while
+ * another task ran ("run_delay"; Documentation/scheduler/sched-stats.rst,
+ * "/proc/<pid>/schedstat").  Time taken by interrupts, or by a hypervisor
+ * running another vCPU (steal), is not in it.  sys_sched_wait_open is called
+ * by the thread itself: an fd, or -errno (no /proc, no CONFIG_SCHED_INFO).
+ * sys_sched_wait_ns reads it: 0, or -errno; -ENODATA when the kernel keeps no
+ * such times (it then prints zeros). */
+int sys_sched_wait_open(void);
+int sys_sched_wait_ns(int fd, uint64_t *ns);
 
 #endif

@@ -21,21 +21,30 @@ struct contend_sample {
 };
 
 /*
- * Where the kernel keeps it, the run-queue wait says it: over a quarter of
- * the time we wanted spent waiting for another task.  Our CPU time is not
- * the measure then: the interrupts of our own disk, taken on our CPU, and a
- * hypervisor's steal are missing from it too, and on a VM whose disk
- * interrupts our CPU they are a third of it at QD1 (docs/architecture.md,
- * "Contention").  Without that file, the CPU time: under three quarters of
- * the time we wanted.  A sample mostly asleep says nothing.
+ * Contention is time we wanted to run and lost to another task.  Two
+ * measures, each blind to something the other sees:
+ *
+ * - our CPU time, short of the time we wanted by over a quarter: also
+ *   short when our own disk's interrupts are taken on our CPU, or a
+ *   hypervisor steals it (on a VM whose disk interrupts our CPU, a third of
+ *   the time at QD1: docs/architecture.md, "Contention"), and no other
+ *   task is involved;
+ * - our run-queue wait, over a quarter of the time we wanted: it also
+ *   counts the waits after each wake-up from epoll, which fall in the time
+ *   we slept, not in the time we wanted; with a task of ours on our CPU
+ *   (io_uring's worker in the page cache) and many short sleeps they add
+ *   up, though nothing held us while we polled.
+ *
+ * So where the kernel keeps the wait, both must say it; without it, the CPU
+ * time alone.  A sample mostly asleep says nothing.
  */
 static inline bool contend_shared(const struct contend_sample *s)
 {
 	if (s->runnable <= s->wall / 2)
 		return false;
-	if (s->have_wait)
-		return s->wait > s->runnable / 4;
-	return s->cpu < s->runnable / 4 * 3;
+	if (s->cpu >= s->runnable / 4 * 3)
+		return false;
+	return !s->have_wait || s->wait > s->runnable / 4;
 }
 
 #endif

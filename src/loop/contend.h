@@ -2,7 +2,7 @@
  * The contention rule of the loop (loop.c, loop_check_contention): is our
  * polling paid for by another task's CPU time?  Judged once per sample of
  * LOOP_CONTENTION_PERIOD_NS while polling.  A pure function, so that the
- * rule is tested on its numbers (tests/unit/test_loop.c).
+ * rule is tested on its numbers (tests/unit/test_contend.c).
  */
 #ifndef VBLK_LOOP_CONTEND_H
 #define VBLK_LOOP_CONTEND_H

@@ -124,9 +124,9 @@ struct loop {
 	/* Counters of deleted completion handlers (loop_completion_poll_stats). */
 	struct loop_poll_stats completion_base;
 	uint64_t cs_wall0, cs_cpu0, cs_blocked0;	/* contention sample */
-	uint64_t cs_wait0;		/* its run-queue wait at the start */
-	bool cs_have_wait;		/* cs_wait0 was read */
-	int sched_fd;			/* sys_sched_wait_open(), or -1 */
+	uint64_t cs_wait0;		/* its run-queue wait at the start (sched_fd) */
+	int sched_fd;			/* sys_sched_wait_open(), or -1: closed for good
+					 * on the first failed read */
 	bool polled_in_sample;
 	unsigned starve_streak;
 	bool windows_open;		/* some handler's in_window is set */
@@ -598,7 +598,7 @@ static void loop_check_contention(struct loop *l, uint64_t now)
 			.runnable = wall - MIN(wall, l->blocked_total - l->cs_blocked0),
 			.cpu = cpu - l->cs_cpu0,
 			.wait = wait - l->cs_wait0,
-			.have_wait = have_wait && l->cs_have_wait,
+			.have_wait = have_wait,
 		};
 
 		if (contend_shared(&s)) {
@@ -616,7 +616,6 @@ static void loop_check_contention(struct loop *l, uint64_t now)
 	l->cs_cpu0 = cpu;
 	l->cs_blocked0 = l->blocked_total;
 	l->cs_wait0 = wait;
-	l->cs_have_wait = have_wait;
 	l->polled_in_sample = false;
 }
 
@@ -968,7 +967,7 @@ int loop_run(struct loop *l)
 	l->sched_fd = sys_sched_wait_open();
 	if (l->sched_fd < 0)
 		l->sched_fd = -1;
-	l->cs_have_wait = false;
+	l->cs_wall0 = 0;	/* the first sample, from this thread's start, is not judged */
 	pthread_mutex_lock(&l->call_lock);
 	l->accepting = true;
 	pthread_mutex_unlock(&l->call_lock);

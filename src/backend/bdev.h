@@ -118,6 +118,12 @@ struct bdev_io {
 struct bdev;
 struct bdev_ctx;
 
+/* Does spinning pay while the device works?  An engine's measurement. */
+struct bdev_spin_stats {
+	uint64_t checks;	/* measurements that came to a decision */
+	uint64_t off;		/* 1 while the last one said: do not spin */
+};
+
 struct bdev_engine {
 	const char *name;
 	bool no_disk;		/* needs no file: size comes from bdev_opts */
@@ -137,6 +143,9 @@ struct bdev_engine {
 	uint64_t (*submits)(const struct bdev_ctx *c);
 	/* Optional: I/Os completed by polling the device (IOPOLL). */
 	uint64_t (*polled)(const struct bdev_ctx *c);
+	/* Optional: the engine's measurement of whether spinning pays while
+	 * the device works (io_uring: uring_spin_note). */
+	void (*spin_stats)(const struct bdev_ctx *c, struct bdev_spin_stats *s);
 
 	/* Engines that are their own disk (network clients: rbd, nbd): open
 	 * the disk --disk names, filling struct bdev (size, block sizes,
@@ -289,6 +298,15 @@ static inline int bdev_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 static inline uint64_t bdev_ctx_submits(const struct bdev *b, const struct bdev_ctx *c)
 {
 	return b->engine->submits && c ? b->engine->submits(c) : 0;
+}
+
+/* The engine's spinning measurement, zeros for engines without one. */
+static inline void bdev_ctx_spin_stats(const struct bdev *b, const struct bdev_ctx *c,
+				       struct bdev_spin_stats *s)
+{
+	*s = (struct bdev_spin_stats){ 0 };
+	if (b->engine->spin_stats && c)
+		b->engine->spin_stats(c, s);
 }
 
 /* The engine's polled counter, 0 for engines without one. */

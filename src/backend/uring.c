@@ -84,6 +84,7 @@ struct bdev_ctx {
 	bool nospin;		/* no spinning while the device has I/O */
 	unsigned spin_mult;	/* the run's length, in URING_SPIN_RUN units */
 	bool nospin_last;	/* the last measurement's decision */
+	uint64_t spin_checks;	/* measurements that came to a decision */
 };
 
 /* Measuring phases: URING_SPIN_PROBES timed I/Os with spinning allowed,
@@ -93,12 +94,12 @@ enum { URING_SPIN_MEASURE, URING_SPIN_MEASURE_OFF, URING_SPIN_RUN };
 #define URING_SPIN_PROBES 32
 _Static_assert(TRIM_TOP < URING_SPIN_PROBES, "a measurement keeps most of its samples");
 #define URING_SPIN_RUN 16
-/* A clear decision (one mode at least URING_SPIN_CLEAR_PCT per cent
- * faster) that repeats doubles the run, up to URING_SPIN_RUN_MAX_MULT
- * times: half of each measurement runs in the losing mode (here: spinning
- * cost this VM's disk 40-60 us a read), so a case that keeps coming out
- * the same is measured less often; any other result starts again at one. */
-#define URING_SPIN_CLEAR_PCT 70
+/* A decision that repeats doubles the run, up to URING_SPIN_RUN_MAX_MULT
+ * times, close or not (as the loop's pay check does): half of each
+ * measurement runs in the losing mode, and here a read spun for costs the
+ * disk ~16 us (the interrupt finds our vCPU running instead of halted:
+ * bench/qd1-path, "device: CPU idle / busy"), so a case that keeps coming
+ * out the same is measured less often; a flip starts again at one. */
 #define URING_SPIN_RUN_MAX_MULT 8
 /* Sleeping must be this much faster (percent of the spinning latency) to
  * win: spinning is what pays on most machines. */
@@ -183,6 +184,12 @@ static uint64_t uring_submits(const struct bdev_ctx *c)
 static uint64_t uring_polled(const struct bdev_ctx *c)
 {
 	return c->npolled;
+}
+
+static void uring_spin_stats(const struct bdev_ctx *c, struct bdev_spin_stats *s)
+{
+	s->checks = c->spin_checks;
+	s->off = c->nospin && c->spin_phase == URING_SPIN_RUN;
 }
 
 /* Does io go to the polled ring?  Its reads and writes, FUA aside. */
@@ -317,13 +324,12 @@ static void uring_spin_note(struct bdev_ctx *c, uint64_t lat)
 	}
 	{
 		bool nospin = mean * 100 < c->spin_lat * URING_SPIN_MARGIN_PCT;
-		bool clear = nospin ? mean * 100 < c->spin_lat * URING_SPIN_CLEAR_PCT :
-				      c->spin_lat * 100 < mean * URING_SPIN_CLEAR_PCT;
 
-		c->spin_mult = clear && nospin == c->nospin_last ?
+		c->spin_mult = nospin == c->nospin_last ?
 			       MIN(c->spin_mult * 2, URING_SPIN_RUN_MAX_MULT) : 1;
 		c->nospin_last = nospin;
 		c->nospin = nospin;
+		c->spin_checks++;
 	}
 	c->spin_phase = URING_SPIN_RUN;
 	log_debug("io_uring: device latency %llu ns spinning, %llu ns not: %s",
@@ -652,4 +658,5 @@ const struct bdev_engine bdev_uring_engine = {
 	.drain = uring_drain,
 	.submits = uring_submits,
 	.polled = uring_polled,
+	.spin_stats = uring_spin_stats,
 };

@@ -182,6 +182,11 @@
 	  "Disk completions found by polling (backends with a completion window).")		\
 	X(completion_poll_misses, u64, READ, COUNTER, PLAIN, "completion_poll_misses_total",	\
 	  "Disk completions that came by their fd after the iothread slept.")			\
+	X(device_spin_checks, u64, READ, COUNTER, PLAIN, "device_spin_checks_total",		\
+	  "Measurements of whether spinning pays while the disk works (io_uring: "		\
+	  "timed requests spinning and not) that came to a decision.")				\
+	X(device_spin_off, u64, READ, GAUGE, PLAIN, "device_spin_off",				\
+	  "1 while the last such measurement has the iothread sleep while the disk works.")	\
 	X(poll_yields, u64, READ, COUNTER, PLAIN, "poll_yields_total",				\
 	  "Sleeps without polling: the completion waited for was being made on the "		\
 	  "iothread's CPU (io_uring's worker, page cache).")					\

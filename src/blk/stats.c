@@ -96,6 +96,13 @@ static void do_stats(void *opaque)
 	c->disk->busy_ns += acct_busy_ns(&c->t->busy, loop_now(c->t->loop));
 	c->ts->backend_submits = bdev_ctx_submits(d->b, c->t->bctx);
 	c->ts->backend_polled = bdev_ctx_polled(d->b, c->t->bctx);
+	{
+		struct bdev_spin_stats ss;
+
+		bdev_ctx_spin_stats(d->b, c->t->bctx, &ss);
+		c->ts->device_spin_checks = ss.checks;
+		c->ts->device_spin_off = ss.off;
+	}
 	loop_completion_poll_stats(c->t->loop, &cs);
 	c->ts->completion_poll_hits = cs.hits;
 	c->ts->completion_poll_misses = cs.misses;

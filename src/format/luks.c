@@ -448,6 +448,13 @@ static uint64_t luks_polled(const struct bdev_ctx *bc)
 	return bdev_ctx_polled(c->l->file, c->fctx);
 }
 
+static void luks_spin_stats(const struct bdev_ctx *bc, struct bdev_spin_stats *s)
+{
+	const struct luks_ctx *c = (const struct luks_ctx *)bc;
+
+	bdev_ctx_spin_stats(c->l->file, c->fctx, s);
+}
+
 bool luks_is(const struct bdev_engine *e)
 {
 	return e && e->ctx_new == luks_ctx_new;
@@ -905,6 +912,7 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 		.drain = luks_drain,
 		.submits = luks_submits,
 		.polled = luks_polled,
+		.spin_stats = luks_spin_stats,
 	};
 	l->disk = (struct bdev){
 		.path = file->path,

@@ -1032,6 +1032,13 @@ static uint64_t q2_polled(const struct bdev_ctx *bc)
 	return bdev_ctx_polled(c->q->file, c->fctx);
 }
 
+static void q2_spin_stats(const struct bdev_ctx *bc, struct bdev_spin_stats *s)
+{
+	const struct qcow2_ctx *c = (const struct qcow2_ctx *)bc;
+
+	bdev_ctx_spin_stats(c->q->file, c->fctx, s);
+}
+
 /* ---- From the main thread: on the iothread that owns the tables ------ */
 
 struct q2_call {
@@ -1154,6 +1161,7 @@ void qcow2_io_engine(struct bdev_engine *e, const char *name)
 		.drain = q2_drain,
 		.submits = q2_submits,
 		.polled = q2_polled,
+		.spin_stats = q2_spin_stats,
 		.resize = q2_resize,
 	};
 }

@@ -273,6 +273,14 @@ else
         check completion-windows-for-the-device \
             "(t['completion_windows'] > 0 and t['completion_poll_hits'] > 0 and
               r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+        # Whether spinning pays while the device works is measured at most
+        # once per 576 timed requests (32 + 32 measured, a run of 512), and
+        # less often while the decision repeats (uring.c: uring_spin_note).
+        # At QD1 every request is timed.  Fewer may be counted (the loop's
+        # pay check or contention keeps the "spinning" half from sampling).
+        check device-spinning-measured-at-most-every-576 \
+            "(t['device_spin_checks'] <= r['requests_completed'] // 576 + 1 and
+              s1['iothreads'][0]['device_spin_off'] in (0, 1) and r['requests_completed'] > 100)"
         stop
     }
     # Whether spinning pays while the device works is measured, not

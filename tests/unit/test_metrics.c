@@ -109,6 +109,8 @@ static const char *const families[] = {
 	"vblkd_iothread_completion_windows_total",
 	"vblkd_iothread_completion_poll_hits_total",
 	"vblkd_iothread_completion_poll_misses_total",
+	"vblkd_iothread_device_spin_checks_total",
+	"vblkd_iothread_device_spin_off",
 	"vblkd_iothread_poll_yields_total",
 	"vblkd_iothread_poll_checks_total",
 	"vblkd_iothread_poll_checks_off_total",

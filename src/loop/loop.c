@@ -751,6 +751,13 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	}
 	loop_get_poll_params(l, &p);
 	now = sys_now_ns();
+	spin = !loop_pay(l, now, &p) && timeout_ns != 0 && p.max_ns &&
+	       now >= l->contended_until;
+	/* What we wait for is made on our CPU: leave it the CPU. */
+	if (spin && loop_cpu_bound(l)) {
+		spin = false;
+		st_add(&l->st_yields, 1);
+	}
 	/* The contention sample is taken before a window, not after it: after
 	 * one that found a request, that request goes to the disk and the loop
 	 * sleeps, and the sample's syscalls (~10 us here) kept the CPU busy
@@ -759,13 +766,6 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 	 * (bench/qd1-path, "device: CPU idle / busy").  Before a kick window
 	 * the driver is still being woken.  A sample that finds contention
 	 * spins nothing now. */
-	spin = !loop_pay(l, now, &p) && timeout_ns != 0 && p.max_ns &&
-	       now >= l->contended_until;
-	/* What we wait for is made on our CPU: leave it the CPU. */
-	if (spin && loop_cpu_bound(l)) {
-		spin = false;
-		st_add(&l->st_yields, 1);
-	}
 	if (spin) {
 		loop_check_contention(l, now);
 		spin = now >= l->contended_until;

@@ -7,6 +7,7 @@
 #include "driver/vdrv.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -830,16 +831,58 @@ bool vdrv_enable_cb(struct vdrv_queue *q)
 	return more;
 }
 
+/* What vdrv_poke() adds to the call eventfd: far above any count of the
+ * device's calls between two reads, so a count read tells both apart. */
+#define VDRV_POKE (1ull << 40)
+
+/* A count read from the call eventfd: did the device call? */
+static bool count_call(struct vdrv_queue *q, uint64_t v)
+{
+	if (!(v % VDRV_POKE))
+		return false;
+	q->calls++;
+	return true;
+}
+
 int vdrv_wait(struct vdrv_queue *q, int timeout_ms)
 {
 	struct pollfd p = { .fd = q->call_fd, .events = POLLIN };
 	int r = poll(&p, 1, timeout_ms);
+	int64_t v;
 
 	if (r < 0)
 		return errno == EINTR ? 0 : -errno;
 	if (r == 0)
 		return 0;
-	if (sys_eventfd_drain(q->call_fd) > 0)
-		q->calls++;
+	v = sys_eventfd_drain(q->call_fd);
+	if (v > 0)
+		count_call(q, (uint64_t)v);
 	return 1;
+}
+
+int vdrv_wait_read(struct vdrv_queue *q)
+{
+	uint64_t v;
+	ssize_t r;
+
+	if (!q->call_blocking) {
+		int fl = fcntl(q->call_fd, F_GETFL);
+
+		if (fl < 0 || fcntl(q->call_fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+			return -errno;
+		q->call_blocking = true;
+	}
+	r = read(q->call_fd, &v, sizeof(v));
+	if (r < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (r != sizeof(v))
+		return -EIO;
+	return count_call(q, v) ? 1 : 0;
+}
+
+int vdrv_poke(struct vdrv_queue *q)
+{
+	uint64_t v = VDRV_POKE;
+
+	return write(q->call_fd, &v, sizeof(v)) == sizeof(v) ? 0 : -errno;
 }

@@ -72,6 +72,7 @@ struct vdrv_queue {
 	struct vring_desc *ind;		/* num * VDRV_MAX_SEGS, in shared memory */
 	int kick_fd, call_fd;
 	bool stopped;			/* GET_VRING_BASE sent (connecting thread) */
+	bool call_blocking;		/* vdrv_wait_read cleared O_NONBLOCK */
 
 	/* Counters. */
 	uint64_t kicks;			/* kick eventfd writes */
@@ -199,6 +200,16 @@ bool vdrv_pending(struct vdrv_queue *q);
 /* Sleep until the device signals the call eventfd or timeout_ms passes.
  * Returns 1 on a call, 0 on timeout, -errno on error. */
 int vdrv_wait(struct vdrv_queue *q, int timeout_ms);
+
+/* Sleep in a single read(2) of the call eventfd, as a driver's interrupt
+ * handler wakes its waiter, without poll(2) first: one system call per
+ * wait instead of two.  There is no timeout: another thread ends a wait
+ * with vdrv_poke().  Returns 1 if the device called, 0 if only a poke
+ * ended the wait, -errno on error.  The first call makes the call eventfd
+ * blocking (the device's writes never wait on it: eventfd(2)). */
+int vdrv_wait_read(struct vdrv_queue *q);
+/* End a vdrv_wait_read() from another thread without counting a call. */
+int vdrv_poke(struct vdrv_queue *q);
 
 /* Requests in flight on a queue. */
 static inline unsigned vdrv_inflight(const struct vdrv_queue *q)

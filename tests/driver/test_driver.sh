@@ -303,6 +303,32 @@ else
     pass frontend-killed-mid-io-clean
 fi
 
+# The driver sleeps in one read(2) of the call eventfd, with no timeout of
+# its own: its waker thread pokes a job asleep past 100 ms, and a poke is
+# not a call.  A daemon stopped for 1.5 s (SIGSTOP, under the 5 s stall
+# limit) must cost nothing but time: the run ends without errors, and
+# without a call counted for each of the ~15 pokes (calls <= ios).  Stopped
+# past --stall-s, the stall is still reported (exit 1, "stranded").
+for variant in paused stalled; do
+    name="driver-sleeps-through-a-${variant}-daemon"
+    start "$tmp/$name.log" "$VBLKD" --socket "$tmp/d.sock" --disk "$tmp/disk.img" || continue
+    if [[ $variant == paused ]]; then hold=1.5 stall=(); else hold=3 stall=(--stall-s 1); fi
+    ( sleep 0.5; kill -STOP "$dpid"; sleep "$hold"; kill -CONT "$dpid" ) &
+    out=$("$BENCH" --socket "$tmp/d.sock" --rw randread --iodepth 1 --runtime 2.5 --ramp 0 \
+          --size 8M "${stall[@]}" --json 2>"$tmp/$name.err")
+    rc=$?
+    wait $!
+    stop
+    if [[ $variant == paused ]]; then
+        if ((rc == 0)); then pass "$name-exit-0"; else fail "$name-exit-0" "rc=$rc $(head -3 "$tmp/$name.err")"; fi
+        check "$name-pokes-are-not-calls" "$out" "r['errors'] == 0 and r['ios'] > 0 and r['calls'] <= r['ios']"
+    elif ((rc == 1)) && grep -q "stranded" "$tmp/$name.err"; then
+        pass "$name-reported"
+    else
+        fail "$name-reported" "rc=$rc $(head -3 "$tmp/$name.err")"
+    fi
+done
+
 # A block device exports its own discard limits: the unit it deallocates
 # in becomes discard_sector_alignment, and a device that cannot discard
 # (discard_max_bytes 0) is not offered DISCARD at all, instead of failing

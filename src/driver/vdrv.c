@@ -872,9 +872,9 @@ int vdrv_wait_read(struct vdrv_queue *q)
 			return -errno;
 		q->call_blocking = true;
 	}
-	r = read(q->call_fd, &v, sizeof(v));
+	r = sys_read(q->call_fd, &v, sizeof(v));
 	if (r < 0)
-		return errno == EINTR ? 0 : -errno;
+		return (int)r;
 	if (r != sizeof(v))
 		return -EIO;
 	return count_call(q, v) ? 1 : 0;
@@ -883,6 +883,7 @@ int vdrv_wait_read(struct vdrv_queue *q)
 int vdrv_poke(struct vdrv_queue *q)
 {
 	uint64_t v = VDRV_POKE;
+	ssize_t r = sys_write(q->call_fd, &v, sizeof(v));
 
-	return write(q->call_fd, &v, sizeof(v)) == sizeof(v) ? 0 : -errno;
+	return r < 0 ? (int)r : 0;
 }

@@ -422,11 +422,32 @@ static void nbd_conn_read_replies(struct bdev_ctx *c)
 	}
 }
 
+/*
+ * Nothing to read on the socket now (and no end or error to find there).
+ * libnbd takes nbd_aio_notify_read() in its READY state for a promise:
+ * REPLY.START reads, and on EAGAIN it stays in REPLY.START waiting for a
+ * reply, sending nothing it is given meanwhile (states-reply.c: "This
+ * should never happen").  With every command it sent answered, no reply
+ * comes and the connection is wedged.  An epoll event can be stale by the
+ * time it is dispatched: a ring's stop, run earlier in the same batch of
+ * events on this iothread, drains the engine and reads the socket dry
+ * (regression: an upgrade's drain waited 30 s for the other queue's 8
+ * requests, never sent; tests/remote/nbd_stale.c).  So the socket is asked
+ * first, as the polling path does.
+ */
+static bool nbd_conn_nothing_to_read(struct bdev_ctx *c)
+{
+	char b;
+
+	return recv(nbd_aio_get_fd(c->h), &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&
+	       (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 static void nbd_conn_fd_cb(void *opaque, uint32_t events)
 {
 	struct bdev_ctx *c = opaque;
 
-	if (events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+	if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !nbd_conn_nothing_to_read(c))
 		nbd_conn_read_replies(c);
 	if ((events & EPOLLOUT) && !nbd_aio_is_dead(c->h))
 		(void)nbd_aio_notify_write(c->h);

@@ -395,13 +395,20 @@ static bool nbd_conn_settle(struct bdev_ctx *c)
 	return true;
 }
 
-/* A reply (or the connection's end) waits on the socket: one
- * recv(MSG_PEEK) syscall. */
-static bool nbd_conn_readable(struct bdev_ctx *c)
+/* Look at the socket without reading it: one recv(MSG_PEEK) syscall.
+ * > 0: data, 0: the server's end, -1 and errno: nothing yet (EAGAIN) or
+ * an error. */
+static ssize_t nbd_conn_peek(struct bdev_ctx *c)
 {
 	char b;
 
-	return recv(nbd_aio_get_fd(c->h), &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
+	return recv(nbd_aio_get_fd(c->h), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+}
+
+/* A reply (or the connection's end) waits on the socket. */
+static bool nbd_conn_readable(struct bdev_ctx *c)
+{
+	return nbd_conn_peek(c) >= 0;
 }
 
 /*
@@ -437,10 +444,7 @@ static void nbd_conn_read_replies(struct bdev_ctx *c)
  */
 static bool nbd_conn_nothing_to_read(struct bdev_ctx *c)
 {
-	char b;
-
-	return recv(nbd_aio_get_fd(c->h), &b, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&
-	       (errno == EAGAIN || errno == EWOULDBLOCK);
+	return nbd_conn_peek(c) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
 static void nbd_conn_fd_cb(void *opaque, uint32_t events)

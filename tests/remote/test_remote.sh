@@ -593,8 +593,8 @@ if ((have_luks && have_qnbd)); then
     grep -q "format: LUKS2, aes-xts-plain64 512-bit" "$tmp/nbd-luks2-verify-2jobs.log" &&
         pass nbd-luks2-format-logged ||
         fail nbd-luks2-format-logged "$(grep format: "$tmp/nbd-luks2-verify-2jobs.log")"
-    lk_once() { cp "$tmp/lk.key" "$tmp/lk-once.key"; (sleep 1; rm -f "$tmp/lk-once.key") & }
-    lk_once
+    cp "$tmp/lk.key" "$tmp/lk-once.key"
+    (sleep 1; rm -f "$tmp/lk-once.key") &
     upgrade_case nbd-luks2-upgrade-key-file-gone --disk "$nbd_luks" --key-file "$tmp/lk-once.key"
     # A damaged header (both LUKS2 binary headers' checksums broken):
     # refused with one line, the disk left as it was.

@@ -307,8 +307,11 @@ fi
 # its own: its waker thread pokes a job asleep past 100 ms, and a poke is
 # not a call.  A daemon stopped for 1.5 s (SIGSTOP, under the 5 s stall
 # limit) must cost nothing but time: the run ends without errors, and
-# without a call counted for each of the ~15 pokes (calls <= ios).  Stopped
-# past --stall-s, the stall is still reported (exit 1, "stranded").
+# without a call counted for each of the ~15 pokes (calls <= requests
+# completed: not ios, which leaves out the last completion when the run's
+# end falls between a request's call and its count, 15828 against 15827
+# once under ASan).  Stopped past --stall-s, the stall is still reported
+# (exit 1, "stranded").
 for variant in paused stalled; do
     name="driver-sleeps-through-a-${variant}-daemon"
     start "$tmp/$name.log" "$VBLKD" --socket "$tmp/d.sock" --disk "$tmp/disk.img" || continue
@@ -321,7 +324,8 @@ for variant in paused stalled; do
     stop
     if [[ $variant == paused ]]; then
         if ((rc == 0)); then pass "$name-exit-0"; else fail "$name-exit-0" "rc=$rc $(head -3 "$tmp/$name.err")"; fi
-        check "$name-pokes-are-not-calls" "$out" "r['errors'] == 0 and r['ios'] > 0 and r['calls'] <= r['ios']"
+        check "$name-pokes-are-not-calls" "$out" \
+            "r['errors'] == 0 and r['ios'] > 0 and r['calls'] <= r['requests_completed']"
     elif ((rc == 1)) && grep -q "stranded" "$tmp/$name.err"; then
         pass "$name-reported"
     else

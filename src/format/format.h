@@ -54,6 +54,11 @@ struct fmt_opts {
 	 * passphrase once the header's digest accepts it. */
 	bool key_handed;
 	int key_fd;
+	/* LUKS: what one keyslot's key derivation may cost before it is
+	 * tried (--kdf-max-ms, --kdf-max-memory): a keyslot estimated above
+	 * either is skipped, with one line.  0: the defaults (luks.h). */
+	uint32_t kdf_max_ms;
+	uint64_t kdf_max_kib;
 	/* Upgrade in place: the old process still writes the image, so a
 	 * format reads its header now and its tables at fmt_claim, and
 	 * writes nothing before. */

@@ -19,6 +19,13 @@ struct bdev;
 struct bdev_engine;
 struct fmt_opts;
 
+/* Default bounds on one keyslot's key derivation (fmt_opts.kdf_max_ms,
+ * kdf_max_kib; --kdf-max-ms, --kdf-max-memory): four times the 2 s that
+ * cryptsetup aims a new keyslot at, so an image made on a machine up to
+ * four times faster opens; and cryptsetup's own Argon2 memory cap. */
+#define LUKS_KDF_MAX_MS 8000u
+#define LUKS_KDF_MAX_KIB (1024u * 1024u)
+
 /* "LUKS\xba\xbe" at offset 0 (LUKS1 and LUKS2). */
 bool luks_detect(const void *buf, size_t len);
 

@@ -34,6 +34,7 @@
 #include "util/barrier.h"
 #include "util/compiler.h"
 #include "util/log.h"
+#include "util/sys.h"
 
 static inline uint64_t be64_at(const uint8_t *p)
 {
@@ -57,50 +58,6 @@ static inline void be64_put(uint8_t *p, uint64_t v)
 	memcpy(p, &v, 8);
 }
 
-/* Whole transfers; reads past the end of the file read zeroes (a
- * cluster allocated past it and not written yet).  0 or -errno. */
-static int pread_all(int fd, void *buf, size_t len, uint64_t off)
-{
-	uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = pread(fd, p, len, (off_t)off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (n == 0) {
-			memset(p, 0, len);
-			return 0;
-		}
-		p += n;
-		off += (uint64_t)n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-static int pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
-{
-	const uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, (off_t)off);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		p += n;
-		off += (uint64_t)n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 /*
  * Every metadata write.  Through the page cache (mfd), except where a
  * cluster is smaller than a page and the data goes around the cache
@@ -119,18 +76,18 @@ static int meta_write(struct qcow2 *q, const void *buf, size_t len, uint64_t off
 	int r;
 
 	if (!q->meta_direct)
-		return pwrite_all(q->mfd, buf, len, off);
+		return sys_pwrite_full(q->mfd, buf, len, off);
 	lo = off / a * a;
 	hi = (off + len + a - 1) / a * a;
 	if (posix_memalign((void **)&b, 4096, (size_t)(hi - lo)))
 		return -ENOMEM;
 	if ((lo < off || hi > off + len) &&
-	    (r = pread_all(q->file->fd, b, (size_t)(hi - lo), lo)) < 0) {
+	    (r = sys_pread_full(q->file->fd, b, (size_t)(hi - lo), lo)) < 0) {
 		free(b);
 		return r;
 	}
 	memcpy(b + (off - lo), buf, len);
-	r = pwrite_all(q->file->fd, b, (size_t)(hi - lo), lo);
+	r = sys_pwrite_full(q->file->fd, b, (size_t)(hi - lo), lo);
 	free(b);
 	return r;
 }
@@ -277,7 +234,7 @@ static struct qcow2_table *cache_get(struct qcow2 *q, struct qcow2_cache *c, uin
 		t->off = 0;
 	}
 	if (load) {
-		r = pread_all(q->mfd, t->buf, q->cs, off);
+		r = sys_pread_full(q->mfd, t->buf, q->cs, off);
 		if (r < 0) {
 			log_err("qcow2 image %s: reading metadata at %#llx failed: %s", q->path,
 				(unsigned long long)off, strerror(-r));
@@ -989,7 +946,7 @@ int qcow2_decompress(struct qcow2 *q, uint64_t e)
 
 	if (!in)
 		return -ENOMEM;
-	r = pread_all(q->mfd, in, len, host);
+	r = sys_pread_full(q->mfd, in, len, host);
 	if (r < 0)
 		goto out;
 	r = -EIO;
@@ -1066,7 +1023,7 @@ int qcow2_read_sync(struct qcow2 *q, uint64_t off, void *buf, size_t len)
 				return r;
 			memcpy(p, q->zbuf + in, n);
 		} else if (e & QCOW2_OFFSET_MASK && !(e & QCOW2_OFLAG_ZERO)) {
-			if ((r = pread_all(q->mfd, p, n, (e & QCOW2_OFFSET_MASK) + in)) < 0)
+			if ((r = sys_pread_full(q->mfd, p, n, (e & QCOW2_OFFSET_MASK) + in)) < 0)
 				return r;
 		} else if (!(e & QCOW2_OFLAG_ZERO) && q->backing && !q->standalone) {
 			r = read_backing_sync(q, off, p, n);
@@ -1099,7 +1056,7 @@ static int read_backing_sync(struct qcow2 *q, uint64_t off, uint8_t *buf, size_t
 		memset(buf + in, 0, len - in);
 		len = in;
 	}
-	return pread_all(q->backing_rfd, buf, len, off);
+	return sys_pread_full(q->backing_rfd, buf, len, off);
 }
 
 /* ---- Open ------------------------------------------------------------ */
@@ -1185,7 +1142,7 @@ int qcow2_drop_backing(struct qcow2 *q)
 		r = -ENOMEM;
 		goto out;
 	}
-	if ((r = pread_all(q->mfd, h, q->cs, 0)) < 0)
+	if ((r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0)
 		goto out;
 	memcpy(n, h, p);
 	memset(n + 8, 0, 12);
@@ -1354,7 +1311,7 @@ static int load_tables(struct qcow2 *q, char *err, size_t errlen)
 		free(buf);
 		return -ENOMEM;
 	}
-	r = pread_all(q->mfd, buf, l1_bytes, q->l1_off);
+	r = sys_pread_full(q->mfd, buf, l1_bytes, q->l1_off);
 	if (r < 0)
 		goto io;
 	for (uint32_t i = 0; i < q->l1_size; i++) {
@@ -1369,7 +1326,7 @@ static int load_tables(struct qcow2 *q, char *err, size_t errlen)
 			return -EINVAL;
 		}
 	}
-	r = pread_all(q->mfd, buf, rt_bytes, q->rt_off);
+	r = sys_pread_full(q->mfd, buf, rt_bytes, q->rt_off);
 	if (r < 0)
 		goto io;
 	for (uint64_t i = 0; i < q->rt_entries; i++) {
@@ -1457,7 +1414,7 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 		r = -ENOMEM;
 		goto fail;
 	}
-	r = pread_all(q->mfd, h, 4096, 0);
+	r = sys_pread_full(q->mfd, h, 4096, 0);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
 		goto fail;
@@ -1470,7 +1427,7 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	}
 	if ((r = check_header(q, h, q->file_size, err, errlen)) < 0)
 		goto fail;
-	if (q->cs > 4096 && (r = pread_all(q->mfd, h, q->cs, 0)) < 0) {
+	if (q->cs > 4096 && (r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0) {
 		snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
 		goto fail;
 	}
@@ -1587,7 +1544,7 @@ int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
 		goto out;
 	}
 	q->file_size = q->file->is_blockdev ? q->file->size : (uint64_t)st.st_size;
-	if ((r = pread_all(q->mfd, h, 4096, 0)) < 0) {
+	if ((r = sys_pread_full(q->mfd, h, 4096, 0)) < 0) {
 		snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
 		goto out;
 	}

@@ -37,6 +37,11 @@ int sys_eventfd_check(int fd);
 /* Wait up to timeout_ms for an eventfd to be signalled, then drain it.
  * Returns the counter read (0 on timeout) or -errno. */
 int64_t sys_eventfd_wait(int fd, int timeout_ms);
+/* pread(2) until len bytes are in buf; what lies past the end of the
+ * file reads as zeroes.  0 or -errno. */
+int sys_pread_full(int fd, void *buf, size_t len, uint64_t off);
+/* pwrite(2) until all of buf is written.  0 or -errno. */
+int sys_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 /* close() that ignores fd < 0 and sets *fd to -1. */
 void sys_close(int *fd);
 /* CLOCK_MONOTONIC in ns. */

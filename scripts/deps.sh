@@ -22,7 +22,7 @@ set -euo pipefail
 
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev libaio-dev
             librbd-dev libnbd-dev libmicrohttpd-dev scdoc zlib1g-dev libzstd-dev
-            libcryptsetup-dev libssl-dev)
+            libcryptsetup-dev libssl-dev libargon2-dev)
 # tests/format: QEMU's tools and cryptsetup as oracles, python3-cryptography
 # (Debian's /usr/bin/python3) for the LUKS data oracle, gdb's gcore.
 format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb)

@@ -18,6 +18,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <json-c/json.h>
 #include <libcryptsetup.h>
 #include <openssl/core.h>
 #include <openssl/core_dispatch.h>
@@ -36,9 +37,11 @@
 #include "backend/bdev.h"
 #include "format/format.h"
 #include "format/luks.h"
+#include "format/luks_kdf.h"
 #include "util/compiler.h"
 #include "util/iov.h"
 #include "util/log.h"
+#include "util/sys.h"
 
 #define LUKS_MAX_KEY_FILE (8u << 20)	/* cryptsetup's default limit */
 
@@ -647,37 +650,83 @@ static int xts_fetch(struct xts_fns *f, size_t key_len, char *err, size_t errlen
 }
 
 /*
- * A disk with no path libcryptsetup can open (NBD, RBD: the engine is its
- * own disk): its header and keyslots copied into a memfd, whose
- * /proc/self/fd path crypt_init takes (librbd reads its own LUKS headers
- * the same way).  What to copy comes from the binary header (cryptsetup's
+ * libcryptsetup reads a private copy of the header, never the disk (issue
+ * 44).  It writes a device it can write: crypt_load "repairs" a damaged
+ * LUKS2 header from its other copy (LUKS2 header auto-recovery), and did
+ * write some images it then refused; the image is the operator's, and
+ * cryptsetup repair or a forensic copy needs it as it was.  So the header
+ * and keyslots are copied into a memfd, whose /proc/self/fd path
+ * crypt_init takes; a network disk (NBD, RBD), which has no path, was
+ * read this way already (librbd reads its own LUKS headers the same way).
+ * What to copy comes from the binary header (cryptsetup's
  * docs/on-disk-format.pdf for LUKS1: payload-offset, in 512-byte sectors,
  * at 104; docs/on-disk-format-luks2.pdf: hdr_size at 8, and the keyslots
  * area, which libcryptsetup reports, after both header copies); each size
  * is checked against the disk and LUKS_MAX_HDR.  The memfd is as large as
  * the disk up to LUKS_MAX_HDR (sparse), so the size checks libcryptsetup
- * makes at load pass.  The fd, or -errno with one line in err.
+ * makes at load pass.
  */
 #define LUKS_MAX_HDR (136u << 20)	/* LUKS2: 2 x 4 MiB headers + 128 MiB keyslots */
 
-static int copy_range(struct bdev *file, int fd, uint64_t from, uint64_t to, uint8_t *buf,
-		      size_t cap)
+/* Where the header is read from: a file's own plain read-only open (no
+ * O_DIRECT alignment to meet), or a network engine's synchronous read. */
+struct hdr_src {
+	struct bdev *file;
+	int fd;			/* -1: bdev_pread */
+};
+
+static int src_read(const struct hdr_src *s, void *buf, size_t len, uint64_t off)
+{
+	return s->fd >= 0 ? sys_pread_full(s->fd, buf, len, off) :
+			    bdev_pread(s->file, buf, len, off);
+}
+
+static int copy_range(const struct hdr_src *s, int fd, uint64_t from, uint64_t to,
+		      uint8_t *buf, size_t cap)
 {
 	while (from < to) {
 		size_t n = (size_t)MIN((uint64_t)cap, to - from);
-		int r = bdev_pread(file, buf, n, from);
+		int r = src_read(s, buf, n, from);
 
 		if (r < 0)
 			return r;
-		if (pwrite(fd, buf, n, (off_t)from) != (ssize_t)n)
-			return -errno;
+		if ((r = sys_pwrite_full(fd, buf, n, from)) < 0)
+			return r;
 		from += n;
 	}
 	return 0;
 }
 
-static int header_copy(struct bdev *file, char *err, size_t errlen)
+/* The copy still holds what the disk holds in [0, len)?  1 yes, 0 no
+ * (libcryptsetup wrote it), or -errno. */
+static int copy_same(const struct hdr_src *s, int fd, uint64_t len)
 {
+	const size_t cap = 1u << 20;
+	uint8_t *a = NULL, *b = NULL;
+	int r = 1;
+
+	if (posix_memalign((void **)&a, 4096, cap) || posix_memalign((void **)&b, 4096, cap))
+		r = -ENOMEM;
+	for (uint64_t off = 0; off < len && r == 1 && b; off += cap) {
+		size_t n = (size_t)MIN((uint64_t)cap, len - off);
+		int e;
+
+		if ((e = src_read(s, a, n, off)) < 0 || (e = sys_pread_full(fd, b, n, off)) < 0)
+			r = e;
+		else if (memcmp(a, b, n))
+			r = 0;
+	}
+	free(a);
+	free(b);
+	return r;
+}
+
+/* The header and (LUKS1) keyslots in a new memfd; *hdr_bytes: how much of
+ * it is the header proper (LUKS2: both copies, the keyslots come after,
+ * keyslots_copy).  The fd, or -errno with one line in err. */
+static int header_copy(const struct hdr_src *s, uint64_t *hdr_bytes, char *err, size_t errlen)
+{
+	struct bdev *file = s->file;
 	uint64_t msize = MIN(file->size, (uint64_t)LUKS_MAX_HDR), need;
 	const size_t cap = 1u << 20;
 	uint8_t *buf = NULL;
@@ -692,12 +741,12 @@ static int header_copy(struct bdev *file, char *err, size_t errlen)
 			 strerror(-r));
 		goto fail;
 	}
-	if ((r = bdev_pread(file, buf, 4096, 0)) < 0) {
+	if ((r = src_read(s, buf, MIN(msize, 4096), 0)) < 0) {
 		snprintf(err, errlen, "cannot read the LUKS header of %s: %s", file->path,
 			 strerror(-r));
 		goto fail;
 	}
-	if (memcmp(buf, magic, sizeof(magic))) {
+	if (msize < 4096 || memcmp(buf, magic, sizeof(magic))) {
 		snprintf(err, errlen, "%s is not a LUKS disk (no LUKS magic): serve it with "
 			 "--format raw, or check --disk", file->path);
 		r = -EINVAL;
@@ -724,12 +773,13 @@ static int header_copy(struct bdev *file, char *err, size_t errlen)
 		r = -EINVAL;
 		goto fail;
 	}
-	if ((r = copy_range(file, fd, 0, need, buf, cap)) < 0) {
+	if ((r = copy_range(s, fd, 0, need, buf, cap)) < 0) {
 		snprintf(err, errlen, "cannot read the LUKS header of %s: %s", file->path,
 			 strerror(-r));
 		goto fail;
 	}
 	free(buf);
+	*hdr_bytes = need;
 	return fd;
 fail:
 	free(buf);
@@ -738,11 +788,12 @@ fail:
 	return r;
 }
 
-/* LUKS2 from a header copy: the keyslots area too (crypt_get_metadata_size:
- * it follows the two header copies). */
-static int keyslots_copy(struct crypt_device *cd, struct bdev *file, int fd, char *err,
+/* LUKS2: the keyslots area too (crypt_get_metadata_size: it follows the
+ * two header copies). */
+static int keyslots_copy(struct crypt_device *cd, const struct hdr_src *s, int fd, char *err,
 			 size_t errlen)
 {
+	struct bdev *file = s->file;
 	uint64_t msize = MIN(file->size, (uint64_t)LUKS_MAX_HDR), meta = 0, slots = 0;
 	const size_t cap = 1u << 20;
 	uint8_t *buf;
@@ -758,7 +809,7 @@ static int keyslots_copy(struct crypt_device *cd, struct bdev *file, int fd, cha
 	}
 	if (posix_memalign((void **)&buf, 4096, cap))
 		return -ENOMEM;
-	r = copy_range(file, fd, 2 * meta, 2 * meta + slots, buf, cap);
+	r = copy_range(s, fd, 2 * meta, 2 * meta + slots, buf, cap);
 	free(buf);
 	if (r < 0)
 		snprintf(err, errlen, "cannot read the LUKS keyslots of %s: %s", file->path,
@@ -766,19 +817,213 @@ static int keyslots_copy(struct crypt_device *cd, struct bdev *file, int fd, cha
 	return r;
 }
 
+/* ---- Key derivation, bounded (luks_kdf.h) ------------------------------ */
+
+struct bounds {
+	uint64_t ms, kib;	/* one keyslot (or digest) at most */
+	uint64_t total_ms;	/* every keyslot tried, together */
+	uint64_t digest_ms;	/* the digest's check, part of every try */
+};
+
+/* k's cost, or UINT64_MAX ms when it cannot be known (an unknown KDF:
+ * libcryptsetup refuses those itself). */
+static struct luks_kdf_cost kdf_cost(const struct luks_kdf *k)
+{
+	struct luks_kdf_rates rt;
+	struct luks_kdf_cost c = { UINT64_MAX, 0 };
+
+	if (luks_kdf_rates(k, &rt) < 0 || luks_kdf_estimate(k, &rt, &c) < 0)
+		c = (struct luks_kdf_cost){ UINT64_MAX, 0 };
+	return c;
+}
+
+/* The volume key digest's PBKDF2, which libcryptsetup runs after a
+ * keyslot opened (and for an upgrade's handed-over key): its cost at most
+ * (LUKS2 may have several digests).  LUKS1: hash-spec at 72, mk-digest-iter
+ * at 164, a 20-byte digest (on-disk-format.pdf); LUKS2: the "digests"
+ * objects of the JSON area (on-disk-format-luks2.pdf, "Digests"). */
+static struct luks_kdf_cost digest_cost(struct crypt_device *cd, int hfd, int version)
+{
+	struct luks_kdf_cost worst = { 0, 0 };
+	char hash[33] = { 0 };
+
+	if (version == 1) {
+		uint8_t h[168];
+		struct luks_kdf k = { .type = "pbkdf2", .hash = hash, .out_len = 20 };
+
+		if (sys_pread_full(hfd, h, sizeof(h), 0) < 0)
+			return (struct luks_kdf_cost){ UINT64_MAX, 0 };
+		memcpy(hash, h + 72, 32);
+		k.iterations = be32toh(*(uint32_t *)(h + 164));
+		return kdf_cost(&k);
+	}
+	{
+		const char *js = NULL;
+		struct json_object *root, *digests;
+
+		if (crypt_dump_json(cd, &js, 0) < 0 || !js || !(root = json_tokener_parse(js)))
+			return (struct luks_kdf_cost){ UINT64_MAX, 0 };
+		if (json_object_object_get_ex(root, "digests", &digests) &&
+		    json_object_is_type(digests, json_type_object)) {
+			json_object_object_foreach(digests, name, d) {
+				struct json_object *t, *hs, *it, *dg;
+				struct luks_kdf k = { .type = "pbkdf2", .out_len = 32 };
+				struct luks_kdf_cost c;
+
+				(void)name;
+				if (!json_object_object_get_ex(d, "type", &t) ||
+				    strcmp(json_object_get_string(t) ?: "", "pbkdf2") ||
+				    !json_object_object_get_ex(d, "hash", &hs) ||
+				    !json_object_object_get_ex(d, "iterations", &it))
+					continue;
+				snprintf(hash, sizeof(hash), "%s", json_object_get_string(hs) ?: "");
+				k.hash = hash;
+				k.iterations = (uint32_t)MIN(json_object_get_int64(it),
+							     (int64_t)UINT32_MAX);
+				/* The digest's length is what PBKDF2 makes
+				 * (base64: 4 characters for 3 bytes). */
+				if (json_object_object_get_ex(d, "digest", &dg))
+					k.out_len = MAX((size_t)1,
+							(size_t)json_object_get_string_len(dg) * 3 / 4);
+				c = kdf_cost(&k);
+				if (c.ms > worst.ms)
+					worst = c;
+			}
+		}
+		json_object_put(root);
+	}
+	return worst;
+}
+
+static void kdf_describe(const struct luks_kdf *k, const struct luks_kdf_cost *c, char *buf,
+			 size_t len)
+{
+	char t[32];
+
+	luks_kdf_ms_str(c->ms, t, sizeof(t));
+	if (!strcmp(k->type, "pbkdf2"))
+		snprintf(buf, len, "PBKDF2-%s, %u iterations: about %s here", k->hash, k->iterations,
+			 c->ms == UINT64_MAX ? "an unknown time" : t);
+	else
+		snprintf(buf, len, "%s, %u passes over %u MiB, %u threads: about %s here", k->type,
+			 k->iterations, k->memory_kib >> 10, k->threads, t);
+}
+
+/*
+ * The volume key from the passphrase: each active keyslot in
+ * libcryptsetup's order (CRYPT_ANY_SLOT's: "prefer" ones first, "ignore"
+ * ones never), but only those whose KDF is within the bounds; one line
+ * for each skipped.  0 and the key in key (*vk_len), or -errno with one
+ * line in err.
+ */
+static int unlock(struct crypt_device *cd, const struct bounds *b, const char *path, int version,
+		  const char *pass, size_t passlen, uint8_t *key, size_t *vk_len, char *err,
+		  size_t errlen)
+{
+	int max = crypt_keyslot_max(version == 2 ? CRYPT_LUKS2 : CRYPT_LUKS1);
+	unsigned tried = 0, skipped = 0, seen = 0;
+	uint64_t spent = 0;
+	int r = -ENOENT;
+
+	for (int pass_no = 0; pass_no < 2; pass_no++) {
+		for (int slot = 0; slot < max; slot++) {
+			crypt_keyslot_info st = crypt_keyslot_status(cd, slot);
+			crypt_keyslot_priority pr = version == 2 ?
+				crypt_keyslot_get_priority(cd, slot) : CRYPT_SLOT_PRIORITY_NORMAL;
+			struct crypt_pbkdf_type p;
+			struct luks_kdf k;
+			struct luks_kdf_cost c;
+			size_t ks = 0;
+			char what[160];
+
+			if (st != CRYPT_SLOT_ACTIVE && st != CRYPT_SLOT_ACTIVE_LAST)
+				continue;
+			if (pr == CRYPT_SLOT_PRIORITY_IGNORE ||
+			    (pr == CRYPT_SLOT_PRIORITY_PREFER) != (pass_no == 0))
+				continue;
+			seen++;
+			if (crypt_keyslot_get_pbkdf(cd, slot, &p) < 0) {
+				log_warn("LUKS disk %s: keyslot %d skipped: its key derivation cannot "
+					 "be read", path, slot);
+				skipped++;
+				continue;
+			}
+			/* What the KDF makes: the key of the keyslot's area
+			 * (LUKS2), the volume key's size (LUKS1). */
+			if (version != 2 || !crypt_keyslot_get_encryption(cd, slot, &ks) || !ks)
+				ks = (size_t)MAX(crypt_get_volume_key_size(cd), 1);
+			k = (struct luks_kdf){ .type = p.type ? p.type : "?", .hash = p.hash ? p.hash : "?",
+					       .iterations = p.iterations,
+					       .memory_kib = p.max_memory_kb,
+					       .threads = p.parallel_threads, .out_len = ks };
+			/* Each try checks the key it got against the digest. */
+			c = kdf_cost(&k);
+			c.ms = c.ms > UINT64_MAX - b->digest_ms ? UINT64_MAX : c.ms + b->digest_ms;
+			kdf_describe(&k, &c, what, sizeof(what));
+			if (c.ms > b->ms || c.kib > b->kib) {
+				log_warn("LUKS disk %s: keyslot %d skipped: its key derivation (%s) is "
+					 "over the bound (--kdf-max-ms %llu, --kdf-max-memory %llu MiB)",
+					 path, slot, what, (unsigned long long)b->ms,
+					 (unsigned long long)(b->kib >> 10));
+				skipped++;
+				continue;
+			}
+			if (spent + c.ms > b->total_ms) {
+				log_warn("LUKS disk %s: keyslot %d skipped: the keyslots tried before it "
+					 "took about %llu ms already (at most %llu in all)", path, slot,
+					 (unsigned long long)spent, (unsigned long long)b->total_ms);
+				skipped++;
+				continue;
+			}
+			spent += c.ms;
+			tried++;
+			log_debug("LUKS disk %s: trying keyslot %d (%s)", path, slot, what);
+			r = crypt_volume_key_get(cd, slot, (char *)key, vk_len, pass, passlen);
+			if (r >= 0)
+				return 0;
+			if (r != -EPERM)
+				log_warn("LUKS disk %s: keyslot %d cannot be opened: %s", path, slot,
+					 strerror(-r));
+		}
+	}
+	if (!seen)
+		snprintf(err, errlen, "LUKS disk %s has no active keyslot: add one with cryptsetup "
+			 "luksAddKey", path);
+	else if (!tried)
+		snprintf(err, errlen, "no keyslot of LUKS disk %s can be tried: each one's key "
+			 "derivation is over the bound (see above): raise --kdf-max-ms or "
+			 "--kdf-max-memory if you trust the image (cryptsetup luksConvertKey "
+			 "--pbkdf-force-iterations lowers a keyslot's cost)", path);
+	else if (r == -EPERM)
+		snprintf(err, errlen, "no keyslot of LUKS disk %s opens with that passphrase%s: "
+			 "check the key file (cryptsetup open --test-passphrase tells)", path,
+			 skipped ? " (some were skipped, see above)" : "");
+	else
+		snprintf(err, errlen, "cannot take the volume key of LUKS disk %s: %s", path,
+			 strerror(-r));
+	return r < 0 ? r : -EPERM;
+}
+
 int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
 	      size_t errlen)
 {
+	struct hdr_src src = { .file = file, .fd = -1 };
+	struct bounds bd = {
+		.ms = o->kdf_max_ms ? o->kdf_max_ms : LUKS_KDF_MAX_MS,
+		.kib = o->kdf_max_kib ? o->kdf_max_kib : LUKS_KDF_MAX_KIB,
+	};
 	char fdpath[64];
-	const char *hdr = file->path;
 	int hfd = -1;
+	uint64_t hdr_bytes = 0;
 	struct crypt_device *cd = NULL;
+	struct luks_kdf_cost dc;
 	struct luks *l = NULL;
 	char *pass = NULL;
 	size_t passlen = 0, vk_len;
 	const char *type;
-	int r;
+	int version, r;
 
+	bd.total_ms = 4 * bd.ms;
 	if (!o->key_file && !o->key_handed) {
 		snprintf(err, errlen, "%s is a LUKS disk: give its passphrase with --key-file PATH "
 			 "(or - for standard input), or --format raw if the guest encrypted it "
@@ -789,15 +1034,25 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 		snprintf(err, errlen, "a LUKS disk must be a file, block device or network disk");
 		return -EINVAL;
 	}
-	/* Network disks: libcryptsetup reads a copy of the header. */
-	if (file->engine->open) {
-		if ((hfd = header_copy(file, err, errlen)) < 0)
-			return hfd;
-		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", hfd);
-		hdr = fdpath;
+	/* A file or block device: read through a plain read-only open of
+	 * the same file (the disk's own fd may be O_DIRECT). */
+	if (!file->engine->open) {
+		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", file->fd);
+		src.fd = open(fdpath, O_RDONLY | O_CLOEXEC);
+		if (src.fd < 0) {
+			r = -errno;
+			snprintf(err, errlen, "cannot open %s for its LUKS header: %s", file->path,
+				 strerror(-r));
+			return r;
+		}
 	}
+	if ((hfd = header_copy(&src, &hdr_bytes, err, errlen)) < 0) {
+		r = hfd;
+		goto fail;
+	}
+	snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", hfd);
 	crypt_set_log_callback(NULL, cs_log, NULL);
-	if ((r = crypt_init(&cd, hdr)) < 0) {
+	if ((r = crypt_init(&cd, fdpath)) < 0) {
 		snprintf(err, errlen, "cannot open %s for its LUKS header: %s", file->path,
 			 strerror(-r));
 		goto fail;
@@ -809,8 +1064,14 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 		goto fail;
 	}
 	type = crypt_get_type(cd);
-	if (hfd >= 0 && !strcmp(type, CRYPT_LUKS2) &&
-	    (r = keyslots_copy(cd, file, hfd, err, errlen)) < 0)
+	version = !strcmp(type, CRYPT_LUKS2) ? 2 : 1;
+	/* LUKS2 header auto-recovery wrote the copy: one header copy is
+	 * damaged (or older than the other), and we serve from the good one. */
+	if (version == 2 && copy_same(&src, hfd, hdr_bytes) == 0)
+		log_warn("LUKS disk %s: one of its two LUKS2 header copies is damaged; served from "
+			 "the other one, the disk left as it is: repair it with cryptsetup repair %s",
+			 file->path, file->path);
+	if (version == 2 && (r = keyslots_copy(cd, &src, hfd, err, errlen)) < 0)
 		goto fail;
 	if (strcmp(crypt_get_cipher(cd), "aes") || strcmp(crypt_get_cipher_mode(cd), "xts-plain64")) {
 		snprintf(err, errlen, "LUKS disk %s uses %s-%s; vblkd serves aes-xts-plain64 only: "
@@ -826,6 +1087,21 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 		r = -EOPNOTSUPP;
 		goto fail;
 	}
+	/* Every key, a keyslot's or a handed-over one, is checked against
+	 * the digest: its PBKDF2 is bounded like a keyslot's. */
+	dc = digest_cost(cd, hfd, version);
+	if (dc.ms > bd.ms) {
+		char t[32];
+
+		luks_kdf_ms_str(dc.ms, t, sizeof(t));
+		snprintf(err, errlen, "LUKS disk %s: checking a key against its header's digest "
+			 "would take %s here (PBKDF2), over --kdf-max-ms %llu: the header is damaged "
+			 "or hostile; check it with cryptsetup luksDump", file->path,
+			 dc.ms == UINT64_MAX ? "an unknown time" : t, (unsigned long long)bd.ms);
+		r = -EINVAL;
+		goto fail;
+	}
+	bd.digest_ms = dc.ms;
 	l = calloc(1, sizeof(*l));
 	if (!l) {
 		r = -ENOMEM;
@@ -854,19 +1130,11 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	} else {
 		if ((r = read_key_file(o->key_file, &pass, &passlen, err, errlen)) < 0)
 			goto fail;
-		r = crypt_volume_key_get(cd, CRYPT_ANY_SLOT, (char *)l->key, &vk_len, pass,
-					 passlen);
+		r = unlock(cd, &bd, file->path, version, pass, passlen, l->key, &vk_len, err,
+			   errlen);
 		key_wipe(pass, passlen);
-	}
-	if (r < 0) {
-		if (r == -EPERM)
-			snprintf(err, errlen, "no key slot of LUKS disk %s opens with that "
-				 "passphrase: check the key file (cryptsetup open --test-passphrase "
-				 "tells)", file->path);
-		else
-			snprintf(err, errlen, "cannot take the volume key of LUKS disk %s: %s",
-				 file->path, strerror(-r));
-		goto fail;
+		if (r < 0)
+			goto fail;
 	}
 	if (!secmem.on || secmem.spilled)
 		log_warn("LUKS disk %s: OpenSSL's memory is not all excluded from core dumps "
@@ -878,7 +1146,7 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	l->data_off = crypt_get_data_offset(cd) * 512;
 	l->iv_off = crypt_get_iv_offset(cd);
 	l->sector = (unsigned)crypt_get_sector_size(cd);
-	l->version = !strcmp(type, CRYPT_LUKS2) ? 2 : 1;
+	l->version = version;
 	l->file = file;
 	/* An RBD image is read as librbd reads its encrypted images (rbd
 	 * encryption format; QEMU's rbd driver with encrypt.format): what
@@ -889,10 +1157,8 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	l->holes_zero = !strcmp(file->engine->name, "rbd");
 	crypt_free(cd);
 	cd = NULL;
-	if (hfd >= 0) {
-		close(hfd);
-		hfd = -1;
-	}
+	sys_close(&hfd);
+	sys_close(&src.fd);
 	if (l->sector < 512 || l->sector > 4096 || (l->sector & (l->sector - 1)) ||
 	    l->sector < file->block_size || l->data_off >= file->size ||
 	    (file->size - l->data_off) < l->sector || l->data_off % l->sector) {
@@ -933,8 +1199,8 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 fail:
 	if (cd)
 		crypt_free(cd);
-	if (hfd >= 0)
-		close(hfd);
+	sys_close(&hfd);
+	sys_close(&src.fd);
 	if (l) {
 		if (l->key) {
 			explicit_bzero(l->key, 4096);

@@ -78,6 +78,10 @@ static void usage(FILE *f)
 "  --key-file PATH      LUKS: the file holding the passphrase (- for standard\n"
 "                       input; a bare name in $CREDENTIALS_DIRECTORY: a systemd\n"
 "                       credential), read whole as cryptsetup --key-file does\n"
+"  --kdf-max-ms N       LUKS: a keyslot whose key derivation would take longer\n"
+"                       here is not tried (default 10000; the image is hostile\n"
+"                       until it opens)\n"
+"  --kdf-max-memory N   LUKS: ... or would need more memory (K/M/G; default 1G)\n"
 "  --cache MODE         none (O_DIRECT), writeback (page cache), or auto:\n"
 "                       O_DIRECT where the file supports it (default)\n"
 "  --block-size N       logical block size shown to the guest: 512 or 4096\n"
@@ -366,6 +370,8 @@ int main(int argc, char **argv)
 		{ "l2-cache-size", required_argument, NULL, 'k' },
 		{ "copy-on-read", no_argument, NULL, 'R' },
 		{ "key-file", required_argument, NULL, 'y' },
+		{ "kdf-max-ms", required_argument, NULL, 'Z' },
+		{ "kdf-max-memory", required_argument, NULL, 'm' },
 		{ "cache", required_argument, NULL, 'c' },
 		{ "block-size", required_argument, NULL, 'b' },
 		{ "serial", required_argument, NULL, 'S' },
@@ -441,6 +447,14 @@ int main(int argc, char **argv)
 			break;
 		case 'R': fo.copy_on_read = true; break;
 		case 'y': fo.key_file = optarg; break;
+		case 'Z':
+			fo.kdf_max_ms = parse_uint("--kdf-max-ms", optarg, 1, 86400000);
+			break;
+		case 'm':
+			fo.kdf_max_kib = size_arg("--kdf-max-memory", optarg) >> 10;
+			if (fo.kdf_max_kib < 32 || fo.kdf_max_kib > (4ull << 20))
+				cli_die("--kdf-max-memory %s: give 32K to 4G", optarg);
+			break;
 		case 'k':
 			fo.l2_cache_bytes = size_arg("--l2-cache-size", optarg);
 			if (fo.l2_cache_bytes < 4096)

@@ -245,10 +245,13 @@ int bdev_resize(struct bdev *b, uint64_t size, char *err, size_t errlen);
  * same image conflicts (docs/architecture.md "Migration", "The image
  * lock").  bdev_lock returns 0 (also for read-only and diskless exports,
  * which take no lock), -EBUSY with one line logged when another process
- * holds it, or -errno.  bdev_lock_busy tells whether someone else holds
+ * holds it still after wait_ms of trying again, or -errno.  A vblkd
+ * killed a moment ago lets go of it only once the kernel has torn down
+ * its io_uring (~30-100 ms seen here): BDEV_LOCK_WAIT_MS covers that.  bdev_lock_busy tells whether someone else holds
  * it now (for a note at start-up).  Main thread.
  */
-int bdev_lock(struct bdev *b);
+#define BDEV_LOCK_WAIT_MS 2000u
+int bdev_lock(struct bdev *b, unsigned wait_ms);
 void bdev_unlock(struct bdev *b);
 bool bdev_lock_busy(const struct bdev *b);
 

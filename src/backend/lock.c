@@ -19,9 +19,11 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util/log.h"
+#include "util/sys.h"
 
 #define LOCK_PERM_READ    100	/* QEMU: BLK_PERM_CONSISTENT_READ */
 #define LOCK_PERM_WRITE   101	/* QEMU: RAW_LOCK_PERM_BASE + BLK_PERM_WRITE bit */
@@ -51,10 +53,41 @@ static void holder(const struct bdev *b, off_t byte, char *buf, size_t len)
 		buf[0] = '\0';
 }
 
-int bdev_lock(struct bdev *b)
+/*
+ * A conflict is tried again every 20 ms for wait_ms.  A vblkd killed with
+ * SIGKILL holds the lock after its death for as long as its io_uring
+ * still holds the file (the ring is torn down by the kernel after the
+ * process is gone: ~30-100 ms seen here; qemu-img check meanwhile says
+ * "Failed to get shared 'write' lock"), and its successor, restarted at
+ * once, must not lose that race.  A live writer still holds it after
+ * that, and is refused.
+ */
+#define LOCK_RETRY_STEP_NS (20ull * 1000 * 1000)
+
+/* Both WRITE bytes, or neither.  0, -EAGAIN (someone holds one; *busy
+ * says which), or -errno. */
+static int lock_once(struct bdev *b, off_t *busy)
 {
 	static const off_t bytes[] = { LOCK_PERM_WRITE, LOCK_UNSHARE_WRITE };
 	struct flock fl;
+	int r;
+
+	for (unsigned i = 0; i < 2; i++) {
+		r = ofd_lock(b->fd, F_WRLCK, bytes[i], F_OFD_SETLK, &fl);
+		if (r == 0)
+			continue;
+		if (i)
+			(void)ofd_lock(b->fd, F_UNLCK, bytes[0], F_OFD_SETLK, &fl);
+		*busy = bytes[i];
+		return r == -EACCES ? -EAGAIN : r;
+	}
+	return 0;
+}
+
+int bdev_lock(struct bdev *b, unsigned wait_ms)
+{
+	uint64_t t0 = sys_now_ns(), wait_ns = wait_ms * 1000000ull;
+	off_t busy = 0;
 	char who[32];
 	int r;
 
@@ -67,25 +100,32 @@ int bdev_lock(struct bdev *b)
 	}
 	if (!bdev_lockable(b))
 		return 0;
-	for (unsigned i = 0; i < 2; i++) {
-		r = ofd_lock(b->fd, F_WRLCK, bytes[i], F_OFD_SETLK, &fl);
-		if (r == 0)
-			continue;
-		if (i)
-			(void)ofd_lock(b->fd, F_UNLCK, bytes[0], F_OFD_SETLK, &fl);
-		if (r == -EAGAIN || r == -EACCES) {
-			holder(b, bytes[i], who, sizeof(who));
-			log_err("disk %s is in use: another process%s writes it (a vblkd, "
-				"QEMU or qemu-storage-daemon serving it to a running VM); "
-				"two writers would corrupt it, so this frontend's rings are "
-				"not started: stop the other writer, or migrate its VM here",
-				b->path, who);
-			return -EBUSY;
-		}
+	while ((r = lock_once(b, &busy)) == -EAGAIN && sys_now_ns() - t0 < wait_ns) {
+		struct timespec ts = { 0, (long)LOCK_RETRY_STEP_NS };
+
+		if (sys_now_ns() - t0 < LOCK_RETRY_STEP_NS)
+			log_info("disk %s: another process holds its lock; trying again for up to "
+				 "%u ms (a vblkd that was just killed lets go of it once the "
+				 "kernel has closed its files)", b->path, wait_ms);
+		nanosleep(&ts, NULL);
+	}
+	if (r == -EAGAIN) {
+		holder(b, busy, who, sizeof(who));
+		log_err("disk %s is in use: another process%s writes it (a vblkd, "
+			"QEMU or qemu-storage-daemon serving it to a running VM); "
+			"two writers would corrupt it, so this frontend's rings are "
+			"not started: stop the other writer, or migrate its VM here",
+			b->path, who);
+		return -EBUSY;
+	}
+	if (r < 0) {
 		log_err("disk %s: cannot lock it against other writers: %s", b->path,
 			strerror(-r));
 		return r;
 	}
+	if (sys_now_ns() - t0 >= LOCK_RETRY_STEP_NS)
+		log_info("disk %s: lock taken after %llu ms", b->path,
+			 (unsigned long long)((sys_now_ns() - t0) / 1000000));
 	b->locked = true;
 	/* Through the page cache, what another host wrote since we last ran
 	 * (e.g. a migration back here, on NFS) may be cached stale.  Not

@@ -874,9 +874,9 @@ static void blk_queue_set_log(void *opaque, unsigned idx, const struct vq_log *l
 
 /* The image lock, then what the format read of the image while it was
  * not ours read again (format.h, fmt_claim): err says why not. */
-int blk__claim(struct blk_dev *d, char *err, size_t errlen)
+int blk__claim(struct blk_dev *d, unsigned wait_ms, char *err, size_t errlen)
 {
-	int r = bdev_lock(d->b);
+	int r = bdev_lock(d->b, wait_ms);
 
 	if (r < 0) {
 		snprintf(err, errlen, "disk %s is in use: another process writes it (a VM runs "
@@ -898,7 +898,10 @@ void blk__release(struct blk_dev *d)
 static int blk_claim(void *opaque)
 {
 	char err[256];
-	int r = blk__claim(opaque, err, sizeof(err));
+	/* A ring starting: the frontend came back to a vblkd restarted at
+	 * once, and a predecessor killed a moment ago may still hold the
+	 * lock (bdev_lock). */
+	int r = blk__claim(opaque, BDEV_LOCK_WAIT_MS, err, sizeof(err));
 
 	/* bdev_lock has said who holds the lock. */
 	if (r < 0 && r != -EBUSY)

@@ -247,8 +247,9 @@ void blk__set_features(void *opaque, uint64_t features);
 size_t blk__save_state(void *opaque, uint8_t *buf, size_t len);
 int blk__load_state(void *opaque, const uint8_t *buf, size_t len);
 /* The disk taken (its lock, then fmt_claim) and let go; main thread, no
- * ring running.  0 or -errno with one line in err. */
-int blk__claim(struct blk_dev *d, char *err, size_t errlen);
+ * ring running.  wait_ms: how long another holder of the lock is waited
+ * for (bdev_lock).  0 or -errno with one line in err. */
+int blk__claim(struct blk_dev *d, unsigned wait_ms, char *err, size_t errlen);
 void blk__release(struct blk_dev *d);
 int blk__handover_quiesce(void *opaque, char *err, size_t errlen);
 int blk__handover_reload(void *opaque, char *err, size_t errlen);

@@ -258,7 +258,9 @@ int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
 	bool hold = !d->b->locked && !d->b->read_only && size != old;
 	int r;
 
-	if (hold && (r = blk__claim(d, err, errlen)) < 0)
+	/* An operator's command: refused at once while another process
+	 * serves the disk. */
+	if (hold && (r = blk__claim(d, 0, err, errlen)) < 0)
 		return r;
 	r = bdev_resize(d->b, size, err, errlen);
 	if (hold)

@@ -7,6 +7,7 @@
  * A fake engine answers each submission as told.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include "test.h"
 
 #include "backend/bdev.h"
+#include "util/sys.h"
 #include "loop/loop.h"
 #include "util/compiler.h"
 
@@ -470,18 +472,56 @@ static void test_lock_excludes_second_writer(void)
 	open_disk(&a, false);
 	open_disk(&b, false);
 	ASSERT_TRUE(!bdev_lock_busy(&b));
-	ASSERT_EQ(bdev_lock(&a), 0);
-	ASSERT_EQ(bdev_lock(&a), 0);		/* held: nothing to do */
+	ASSERT_EQ(bdev_lock(&a, 0), 0);
+	ASSERT_EQ(bdev_lock(&a, 0), 0);		/* held: nothing to do */
 	ASSERT_TRUE(bdev_lock_busy(&b));
-	ASSERT_EQ(bdev_lock(&b), -EBUSY);
+	ASSERT_EQ(bdev_lock(&b, 0), -EBUSY);
 	ASSERT_TRUE(!b.locked);
 	bdev_unlock(&a);
-	ASSERT_EQ(bdev_lock(&b), 0);
-	ASSERT_EQ(bdev_lock(&a), -EBUSY);
+	ASSERT_EQ(bdev_lock(&b, 0), 0);
+	ASSERT_EQ(bdev_lock(&a, 0), -EBUSY);
 	bdev_close(&b);				/* closing the disk drops it */
-	ASSERT_EQ(bdev_lock(&a), 0);
+	ASSERT_EQ(bdev_lock(&a, 0), 0);
 	bdev_unlock(&a);
 	bdev_close(&a);
+}
+
+struct late_release {
+	struct bdev *holder;
+	unsigned after_ms;
+};
+
+static void *release_later(void *arg)
+{
+	struct late_release *lr = arg;
+
+	usleep(lr->after_ms * 1000);
+	bdev_close(lr->holder);
+	return NULL;
+}
+
+/* A holder that lets go within the wait (a vblkd killed a moment ago
+ * whose io_uring still holds the file): the lock is taken once it is
+ * free; one that does not: refused after the wait, not before. */
+static void test_lock_waits_for_a_holder_going(void)
+{
+	struct bdev a, b;
+	struct late_release lr = { &a, 100 };
+	pthread_t t;
+	uint64_t t0;
+
+	open_disk(&a, false);
+	open_disk(&b, false);
+	ASSERT_EQ(bdev_lock(&a, 0), 0);
+	t0 = sys_now_ns();
+	ASSERT_EQ(bdev_lock(&b, 50), -EBUSY);
+	ASSERT_TRUE(sys_now_ns() - t0 >= 50000000ull);
+	ASSERT_EQ(pthread_create(&t, NULL, release_later, &lr), 0);
+	ASSERT_EQ(bdev_lock(&b, BDEV_LOCK_WAIT_MS), 0);
+	ASSERT_TRUE(b.locked);
+	pthread_join(t, NULL);
+	bdev_unlock(&b);
+	bdev_close(&b);
 }
 
 /* QEMU/qemu-storage-daemon with the image open for writing (a shared lock
@@ -495,13 +535,13 @@ static void test_lock_follows_qemu_lock_bytes(void)
 
 	open_disk(&a, false);
 	q = qemu_lock(101, F_RDLCK);
-	ASSERT_EQ(bdev_lock(&a), -EBUSY);
+	ASSERT_EQ(bdev_lock(&a, 0), -EBUSY);
 	close(q);
 	q = qemu_lock(201, F_RDLCK);
-	ASSERT_EQ(bdev_lock(&a), -EBUSY);
+	ASSERT_EQ(bdev_lock(&a, 0), -EBUSY);
 	close(q);
 	q = qemu_lock(100, F_RDLCK);
-	ASSERT_EQ(bdev_lock(&a), 0);
+	ASSERT_EQ(bdev_lock(&a, 0), 0);
 	close(q);
 	/* And QEMU, coming second, finds our bytes taken. */
 	{
@@ -514,7 +554,7 @@ static void test_lock_follows_qemu_lock_bytes(void)
 		close(fd);
 	}
 	open_disk(&ro, true);
-	ASSERT_EQ(bdev_lock(&ro), 0);
+	ASSERT_EQ(bdev_lock(&ro, 0), 0);
 	ASSERT_TRUE(!ro.locked);
 	bdev_close(&ro);
 	bdev_unlock(&a);
@@ -542,6 +582,7 @@ int main(void)
 		RUN(test_more_io_than_depth);
 		RUN(test_taken_fd_closed_on_every_error);
 		RUN(test_lock_excludes_second_writer);
+		RUN(test_lock_waits_for_a_holder_going);
 		RUN(test_lock_follows_qemu_lock_bytes);
 		unlink(img);
 	}

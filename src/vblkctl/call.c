@@ -79,8 +79,8 @@ int vctl_call(const char *path, struct json_object *req, int wait_ms,
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	const char *line = json_object_to_json_string_ext(req, JSON_C_TO_STRING_SPACED |
 							  JSON_C_TO_STRING_NOSLASHESCAPE);
-	char *buf;
-	int fd, r;
+	char *buf = NULL;
+	int fd, r, sr = 0;
 
 	if (!line) {
 		snprintf(err, errlen, "out of memory");
@@ -101,14 +101,18 @@ int vctl_call(const char *path, struct json_object *req, int wait_ms,
 		return r;
 	}
 	if (send(fd, line, strlen(line), MSG_NOSIGNAL) < 0 ||
-	    send(fd, "\n", 1, MSG_NOSIGNAL) < 0) {
-		r = -errno;
-		snprintf(err, errlen, "cannot send to '%s': %s", path, strerror(-r));
-		close(fd);
-		return r;
-	}
-	r = read_reply(fd, path, wait_ms, &buf, err, errlen);
+	    send(fd, "\n", 1, MSG_NOSIGNAL) < 0)
+		sr = -errno;
+	/* A daemon that refuses us answers and closes without reading
+	 * (ctl.c, ctl_accept_cb): if it was quicker than our send, the send
+	 * fails but its answer is there to read, and says more. */
+	r = sr == 0 || sr == -EPIPE || sr == -ECONNRESET ?
+		read_reply(fd, path, wait_ms, &buf, err, errlen) : sr;
 	close(fd);
+	if (r < 0 && sr < 0) {
+		snprintf(err, errlen, "cannot send to '%s': %s", path, strerror(-sr));
+		return sr;
+	}
 	if (r < 0)
 		return r;
 	*reply = json_tokener_parse(buf);

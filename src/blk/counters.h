@@ -92,7 +92,12 @@
 	X(image_streaming, u64, READ, GAUGE, PLAIN, "image_streaming",			\
 	  "1 while vblkctl stream copies the backing chain into the image.")			\
 	X(image_stream_pos, u64, READ, GAUGE, PLAIN, "image_stream_position_bytes",		\
-	  "Bytes of the disk the last stream has gone past (its progress).")
+	  "Bytes of the disk the last stream has gone past (its progress).")		\
+	X(image_clusters_reused, u64, READ, COUNTER, PLAIN, "image_clusters_reused_total",	\
+	  "Image clusters freed (discard, copy on write) and allocated again (qcow2).")	\
+	X(image_corrupt, u64, READ, GAUGE, PLAIN, "image_corrupt",				\
+	  "1 once the image was found corrupt (qcow2: marked so in its header; writes "	\
+	  "fail until qemu-img check -r all repairs it).")
 
 /* Pauses by reason (enum blk_pause_reason, blk_pause_reason_name): "disk":
  * {"pauses": {"enospc": {"count": N}, ...}}, series labelled

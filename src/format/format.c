@@ -339,6 +339,8 @@ void fmt_stats(const struct bdev *disk, struct fmt_stats *out)
 	out->cor_bytes = q->cor_bytes;
 	out->streaming = q->streaming;
 	out->stream_pos = q->stream_pos;
+	out->clusters_reused = q->reused;
+	out->corrupt = q->corrupt;
 }
 
 int fmt_quiesce(struct bdev *disk, char *err, size_t errlen)

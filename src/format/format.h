@@ -159,6 +159,8 @@ struct fmt_stats {
 	uint64_t cor_bytes;		/* copied up by copy on read, stream */
 	uint64_t streaming;		/* 1 while vblkctl stream runs */
 	uint64_t stream_pos;		/* bytes of the disk it has gone past */
+	uint64_t clusters_reused;	/* freed, then allocated again */
+	uint64_t corrupt;		/* 1: found corrupt, writes refused */
 };
 
 /* disk's counters.  On the thread serving disk (its iothread: the

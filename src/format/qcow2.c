@@ -67,8 +67,16 @@ static inline void be64_put(uint8_t *p, uint64_t v)
  * such an image's metadata goes around the cache too, in the device's
  * blocks, read-modify-write at the edges (QEMU's cache=none does all its
  * metadata I/O on the O_DIRECT file too).
+ *
+ * kind: what is written (Q2M_*).  The clusters written must be that kind
+ * of metadata and no other (qcow2_meta.c): a table whose offset points
+ * into another table, a refcount block that is an L2 table, is refused
+ * and the image marked corrupt, as QEMU's overlap check does ("Preventing
+ * invalid write on metadata").  Nothing is written once it is corrupt.
  */
-static int meta_write(struct qcow2 *q, const void *buf, size_t len, uint64_t off)
+static void corrupt_header_bit(struct qcow2 *q);
+
+static int write_raw(struct qcow2 *q, const void *buf, size_t len, uint64_t off)
 {
 	uint64_t a = MAX(512u, MAX(q->file->dio_len_align, q->file->dio_mem_align));
 	uint64_t lo, hi;
@@ -92,9 +100,40 @@ static int meta_write(struct qcow2 *q, const void *buf, size_t len, uint64_t off
 	return r;
 }
 
+static int meta_write(struct qcow2 *q, const void *buf, size_t len, uint64_t off, unsigned kind)
+{
+	int other;
+
+	if (q->corrupt)
+		return -EIO;
+	other = qcow2_meta_mismatch(q, off, len, kind);
+	if (unlikely(other >= 0)) {
+		char what[160];
+
+		snprintf(what, sizeof(what), "a write of %s would land on %s", qcow2_meta_name(kind),
+			 other == Q2M_NONE ? "guest data or a free cluster" :
+			 qcow2_meta_name((unsigned)other));
+		qcow2_corrupt(q, what, QCOW2_NO_GUEST, off);
+		return -EIO;
+	}
+	return write_raw(q, buf, len, off);
+}
+
 static int sync_file(struct qcow2 *q)
 {
 	return fdatasync(q->mfd) < 0 ? -errno : 0;
+}
+
+/* A metadata write or sync failed (res): no more writes to the image,
+ * said once; nothing more to say when it failed because the image was
+ * found corrupt (qcow2_corrupt said it). */
+static void meta_failed(struct qcow2 *q, const char *doing, uint64_t off, int res)
+{
+	if (q->corrupt || q->broken)
+		return;
+	q->broken = true;
+	log_err("qcow2 image %s: %s at %#llx failed: %s; no more writes to this image",
+		q->path, doing, (unsigned long long)off, strerror(-res));
 }
 
 bool qcow2_detect(const void *buf, size_t len)
@@ -125,14 +164,43 @@ static bool host_ok(const struct qcow2 *q, uint64_t off, uint64_t len)
 	return true;
 }
 
-static void corrupt(struct qcow2 *q, const char *what, uint64_t guest, uint64_t host)
+void qcow2_corrupt(struct qcow2 *q, const char *what, uint64_t guest, uint64_t host)
 {
-	if (q->said_corrupt)
+	char at[48] = "";
+
+	if (q->corrupt) {
+		log_debug("qcow2 image %s: also %s (host offset %#llx)", q->path, what,
+			  (unsigned long long)host);
 		return;
-	q->said_corrupt = true;
-	log_err("qcow2 image %s is corrupt: %s (guest offset %#llx, host offset %#llx); "
-		"requests there fail with an I/O error: check it with qemu-img check",
-		q->path, what, (unsigned long long)guest, (unsigned long long)host);
+	}
+	q->corrupt = true;
+	if (guest != QCOW2_NO_GUEST)
+		snprintf(at, sizeof(at), "guest offset %#llx, ", (unsigned long long)guest);
+	log_err("qcow2 image %s is corrupt: %s (%shost offset %#llx); marked corrupt, as QEMU "
+		"marks it: writes fail with an I/O error from now on, reads that need no bad "
+		"metadata go on: repair it with qemu-img check -r all once the VM is off",
+		q->path, what, at, (unsigned long long)host);
+	corrupt_header_bit(q);
+}
+
+/* qcow2.txt, "Header": incompatible feature bit 1, "Corrupt bit": the
+ * image may only be opened read-only until repaired (QEMU's
+ * qcow2_mark_corrupt).  Only an image that is ours (locked, claimed) and
+ * writable is written; a v2 header has no feature bits. */
+static void corrupt_header_bit(struct qcow2 *q)
+{
+	uint8_t b[8];
+	int r;
+
+	if (!q->rw || q->stale || q->broken || q->version < 3 ||
+	    (q->incompat & QCOW2_INCOMPAT_CORRUPT))
+		return;
+	q->incompat |= QCOW2_INCOMPAT_CORRUPT;
+	be64_put(b, q->incompat);
+	if ((r = write_raw(q, b, 8, 72)) < 0 || (r = sync_file(q)) < 0) {
+		q->broken = true;
+		log_err("qcow2 image %s: setting its corrupt bit failed: %s", q->path, strerror(-r));
+	}
 }
 
 /* ---- Table cache ----------------------------------------------------- */
@@ -180,12 +248,10 @@ static int cache_grow_index(struct qcow2_cache *c, uint64_t nindex)
 static int write_table(struct qcow2 *q, struct qcow2_cache *c, struct qcow2_table *t)
 {
 	uint32_t lo = t->dlo & ~511u, hi = MIN((t->dhi + 511) & ~511u, (uint32_t)q->cs);
-	int r = hi > lo ? meta_write(q, t->buf + lo, hi - lo, t->off + lo) : 0;
+	int r = hi > lo ? meta_write(q, t->buf + lo, hi - lo, t->off + lo, c == &q->l2c ? Q2M_L2 : Q2M_RB) : 0;
 
 	if (r < 0) {
-		q->broken = true;
-		log_err("qcow2 image %s: writing metadata at %#llx failed: %s; no more "
-			"writes to this image", q->path, (unsigned long long)t->off, strerror(-r));
+		meta_failed(q, "writing a table", t->off, r);
 		return r;
 	}
 	t->dirty = false;
@@ -351,12 +417,17 @@ static int refcount_add(struct qcow2 *q, uint64_t off, int delta);
 
 /* A refcount block for refcount-table index ti, at the next free
  * cluster; it counts itself (or the next block does). */
+static uint64_t take_end(struct qcow2 *q, uint64_t n, int *res);
+
 static int rb_new(struct qcow2 *q, uint64_t ti)
 {
-	uint64_t off = q->next_free;
+	uint64_t off = take_end(q, 1, &(int){ 0 });
 	int r;
 
-	q->next_free += q->cs;
+	if (!off)
+		return -EIO;
+	if ((r = qcow2_meta_add(&q->meta, off >> q->cluster_bits, Q2M_RB)) != 0)
+		return r < 0 ? r : -EIO;
 	q->rt[ti] = off;
 	q->rt_dirty = true;
 	if (!cache_get(q, &q->rbc, (uint32_t)ti, off, false, &r))
@@ -393,8 +464,12 @@ static int rt_grow(struct qcow2 *q, uint64_t need)
 	r = cache_grow_index(&q->rbc, bytes / 8);
 	if (r < 0)
 		return r;
-	off = q->next_free;
-	q->next_free += bytes;
+	off = take_end(q, bytes / q->cs, &r);
+	if (!off)
+		return r;
+	for (uint64_t i = 0; i < bytes; i += q->cs)
+		if ((r = qcow2_meta_add(&q->meta, (off + i) >> q->cluster_bits, Q2M_RT)) != 0)
+			return r < 0 ? r : -EIO;
 	q->rt_entries = bytes / 8;
 	q->rt_off = off;
 	q->rt_clusters = (uint32_t)(bytes / q->cs);
@@ -411,15 +486,16 @@ static int rt_grow(struct qcow2 *q, uint64_t need)
 
 		memcpy(hdr + 8, &c, 4);
 	}
-	if ((r = meta_write(q, hdr, sizeof(hdr), 48)) < 0 || (r = sync_file(q)) < 0)
+	if ((r = meta_write(q, hdr, sizeof(hdr), 48, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0)
 		goto fail;
-	for (uint64_t i = 0; i < old_clusters; i++)
+	for (uint64_t i = 0; i < old_clusters; i++) {
+		qcow2_meta_del(&q->meta, (old_off >> q->cluster_bits) + i);
 		if ((r = refcount_add(q, old_off + i * q->cs, -1)) < 0)
 			return r;
+	}
 	return 0;
 fail:
-	q->broken = true;
-	log_err("qcow2 image %s: growing the refcount table failed: %s", q->path, strerror(-r));
+	meta_failed(q, "growing the refcount table", old_off, r);
 	return r;
 }
 
@@ -438,7 +514,7 @@ static int refcount_add(struct qcow2 *q, uint64_t off, int delta)
 	}
 	if (!q->rt[ti]) {
 		if (delta < 0) {
-			corrupt(q, "a cluster in use has no refcount block", 0, off);
+			qcow2_corrupt(q, "a cluster in use has no refcount block", 0, off);
 			return -EIO;
 		}
 		if ((r = rb_new(q, ti)) < 0)
@@ -449,7 +525,7 @@ static int refcount_add(struct qcow2 *q, uint64_t off, int delta)
 		return r;
 	v = rb_get(q, t->buf, bi);
 	if ((delta < 0 && v == 0) || (delta > 0 && v == refcount_max(q))) {
-		corrupt(q, delta < 0 ? "a refcount would drop below zero" :
+		qcow2_corrupt(q, delta < 0 ? "a refcount would drop below zero" :
 			"a refcount would overflow", 0, off);
 		return -EIO;
 	}
@@ -491,16 +567,56 @@ static int cover(struct qcow2 *q, uint64_t end)
 	return 0;
 }
 
+/*
+ * n clusters at the end of the image, past every cluster with a refcount
+ * (refcounts not set): the first one's offset, or 0 with *res = -errno.
+ * Bounded (issue 44): never past alloc_limit, what the virtual disk, its
+ * tables and the reserve can need from where the image stood when it
+ * became ours (qcow2_take), plus the clusters freed meanwhile, which come
+ * back (quarantine, reuse).  Past it the refcounts cannot be right: a
+ * corrupt image must not make us fill the file system every VM shares.
+ */
+static uint64_t take_end(struct qcow2 *q, uint64_t n, int *res)
+{
+	uint64_t off = q->next_free, end = off + n * q->cs;
+	uint64_t limit = q->alloc_limit + (q->nfrees + q->nquarantine) * q->cs;
+	int k;
+
+	*res = 0;
+	if (unlikely(end > limit || end < off)) {
+		char what[192];
+
+		snprintf(what, sizeof(what), "new clusters would take the file past %llu MiB, more "
+			 "than a %llu MiB disk with its tables can need: its refcounts cannot be "
+			 "right", (unsigned long long)(limit >> 20),
+			 (unsigned long long)(q->size >> 20));
+		qcow2_corrupt(q, what, QCOW2_NO_GUEST, off);
+		*res = -EIO;
+		return 0;
+	}
+	if (unlikely((k = qcow2_meta_mismatch(q, off, n * q->cs, Q2M_NONE)) >= 0)) {
+		char what[128];
+
+		snprintf(what, sizeof(what), "a cluster past every refcount is %s",
+			 qcow2_meta_name((unsigned)k));
+		qcow2_corrupt(q, what, QCOW2_NO_GUEST, off);
+		*res = -EIO;
+		return 0;
+	}
+	if ((*res = cover(q, end)) < 0)
+		return 0;
+	q->next_free = end;
+	return off;
+}
+
 /* The next n clusters at the end, refcount 1 each (not yet durable):
  * the first one's offset, or 0 with *res = -errno. */
 static uint64_t alloc_end(struct qcow2 *q, uint64_t n, int *res)
 {
-	uint64_t off = q->next_free;
+	uint64_t off = take_end(q, n, res);
 
-	*res = cover(q, off + n * q->cs);
-	if (*res < 0)
+	if (!off)
 		return 0;
-	q->next_free += n * q->cs;
 	for (uint64_t i = 0; i < n; i++)
 		if ((*res = refcount_add(q, off + i * q->cs, 1)) < 0)
 			return 0;
@@ -528,12 +644,49 @@ static int resv_push(struct qcow2 *q, uint64_t off)
 	return u64_push(&q->resv, &q->nresv, &q->resv_cap, off);
 }
 
-/* A chunk of clusters reserved: refcounts set, written and synced. */
+/*
+ * Freed clusters come back (issue 44: without it the file's end only
+ * grows, a discard and a write at a time).  A cluster whose refcount
+ * dropped to zero at a flush, and whose blocks were punched (so it reads
+ * as zeroes, like one at the end), waits in quarantine until every
+ * request that was running then has completed (one may still read or
+ * write it: the guest raced its own discard), then is reused before the
+ * end of the file grows.
+ */
+static void reuse_release(struct qcow2 *q)
+{
+	if (!q->nquarantine || q->io_oldest <= q->quarantine_seq)
+		return;
+	for (size_t i = 0; i < q->nquarantine; i++)
+		if (u64_push(&q->reuse, &q->nreuse, &q->reuse_cap, q->quarantine[i]) < 0)
+			break;	/* not reused: only the file's end grows */
+	q->nquarantine = 0;
+}
+
+/* A chunk of clusters reserved: refcounts set, written and synced;
+ * reused ones first. */
 static int resv_refill(struct qcow2 *q)
 {
 	uint64_t n = q->resv_chunk, off;
 	int r;
 
+	reuse_release(q);
+	if (q->nreuse) {
+		for (uint64_t i = 0; i < n && q->nreuse; i++) {
+			off = q->reuse[--q->nreuse];
+			/* Still free, and nothing the tables have become since. */
+			if (qcow2_refcount(q, off) != 0 ||
+			    qcow2_meta_get(&q->meta, off >> q->cluster_bits) != Q2M_NONE)
+				continue;
+			if ((r = refcount_add(q, off, 1)) < 0 || (r = resv_push(q, off)) < 0)
+				return r;
+			q->reused++;
+		}
+		if (q->nresv) {
+			q->refills++;
+			return flush_refcounts(q);
+		}
+	}
 	off = alloc_end(q, n, &r);
 	if (!off)
 		return r;
@@ -547,8 +700,16 @@ static int resv_refill(struct qcow2 *q)
 uint64_t qcow2_alloc(struct qcow2 *q, int *res)
 {
 	*res = 0;
+	if (q->corrupt || q->broken) {
+		*res = -EIO;
+		return 0;
+	}
 	if (!q->nresv && (*res = resv_refill(q)) < 0)
 		return 0;
+	if (!q->nresv) {
+		*res = -EIO;
+		return 0;
+	}
 	q->allocated++;
 	return q->resv[--q->nresv];
 }
@@ -609,7 +770,7 @@ static int rt_write(struct qcow2 *q)
 		return -ENOMEM;
 	for (uint64_t i = 0; i < bytes / 8; i++)
 		be64_put(buf + 8 * i, i < q->rt_entries ? q->rt[i] : 0);
-	r = meta_write(q, buf, bytes, q->rt_off);
+	r = meta_write(q, buf, bytes, q->rt_off, Q2M_RT);
 	free(buf);
 	if (r == 0)
 		q->rt_dirty = false;
@@ -629,8 +790,7 @@ static int flush_refcounts(struct qcow2 *q)
 		goto fail;
 	return 0;
 fail:
-	q->broken = true;
-	log_err("qcow2 image %s: writing refcounts failed: %s", q->path, strerror(-r));
+	meta_failed(q, "writing refcounts", q->rt_off, r);
 	return r;
 }
 
@@ -647,7 +807,7 @@ static int l1_write(struct qcow2 *q)
 		return -ENOMEM;
 	for (uint64_t i = lo; i < hi; i++)
 		be64_put(buf + 8 * (i - lo), q->l1[i]);
-	r = meta_write(q, buf, bytes, q->l1_off + lo * 8);
+	r = meta_write(q, buf, bytes, q->l1_off + lo * 8, Q2M_L1);
 	free(buf);
 	if (r == 0)
 		q->l1_dirty_lo = q->l1_dirty_hi = 0;
@@ -655,17 +815,21 @@ static int l1_write(struct qcow2 *q)
 }
 
 /* Clusters whose refcount reached zero give their space back to the
- * file system (a hole; the file keeps its size).  Nothing allocates
- * below next_free, so no new data can be there.  Best effort: a file
- * system without holes keeps the blocks. */
+ * file system (a hole; the file keeps its size), and wait in quarantine
+ * to be reused (reuse_release): a punched cluster reads as zeroes, as
+ * one at the end does.  A cluster not punched (a block device, a file
+ * system without holes) keeps its bytes and is not reused. */
 static void punch_freed(struct qcow2 *q)
 {
+	bool any = false;
+
 	if (q->file->is_blockdev || q->no_punch)
 		return;
 	for (size_t i = 0; i < q->nfrees; i++) {
 		uint64_t off = q->frees[i];
 
-		if (qcow2_refcount(q, off) != 0)
+		if (qcow2_refcount(q, off) != 0 ||
+		    qcow2_meta_get(&q->meta, off >> q->cluster_bits) != Q2M_NONE)
 			continue;
 		if (fallocate(q->mfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
 			      (off_t)q->cs) < 0) {
@@ -674,7 +838,12 @@ static void punch_freed(struct qcow2 *q)
 			break;
 		}
 		q->punched++;
+		if (u64_push(&q->quarantine, &q->nquarantine, &q->quarantine_cap, off) == 0)
+			any = true;
 	}
+	/* Requests begun so far may still touch them. */
+	if (any)
+		q->quarantine_seq = q->io_seq;
 }
 
 int qcow2_flush(struct qcow2 *q)
@@ -685,6 +854,10 @@ int qcow2_flush(struct qcow2 *q)
 		return 0;
 	if (q->broken)
 		return -EIO;
+	/* Corrupt: what completed is made durable, no metadata is written
+	 * (the clusters waiting to be freed leak, at worst). */
+	if (q->corrupt)
+		return sync_file(q);
 	if ((r = flush_refcounts(q)) < 0)
 		return r;
 	/* Tables (mostly written through already), then everything durable:
@@ -709,9 +882,7 @@ int qcow2_flush(struct qcow2 *q)
 		goto fail;
 	return 0;
 fail:
-	q->broken = true;
-	log_err("qcow2 image %s: writing metadata back failed: %s; no more writes to this "
-		"image", q->path, strerror(-r));
+	meta_failed(q, "writing metadata back", 0, r);
 	return r;
 }
 
@@ -724,9 +895,10 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 	uint8_t b[12];
 	int r;
 
-	if (!q->rw || q->broken) {
+	if (!q->rw || q->broken || q->corrupt) {
 		snprintf(err, errlen, "qcow2 image %s is %s: it cannot grow", q->path,
-			 q->rw ? "broken (a metadata write failed)" : "read-only");
+			 !q->rw ? "read-only" : q->corrupt ? "corrupt" :
+			 "broken (a metadata write failed)");
 		return q->rw ? -EIO : -EROFS;
 	}
 	if (need * 8 > QCOW2_MAX_L1_BYTES) {
@@ -735,6 +907,10 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 			 QCOW2_MAX_L1_BYTES >> 20);
 		return -EFBIG;
 	}
+	/* The allocation bound grows with the disk: its new clusters, their
+	 * L2 tables, a new L1 table (set_alloc_limit). */
+	q->alloc_limit += (clusters - MIN(clusters, (q->size + q->cs - 1) >> q->cluster_bits) +
+			   need + ((need * 8 + q->cs - 1) >> q->cluster_bits)) * q->cs;
 	/* Everything the L1 points at is on disk before a new L1 is. */
 	if ((r = qcow2_flush(q)) < 0)
 		goto io;
@@ -767,11 +943,18 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 			free(buf);
 			goto io;
 		}
+		for (uint64_t c = 0; c < nclusters && r == 0; c++)
+			if ((r = qcow2_meta_add(&q->meta, (off >> q->cluster_bits) + c, Q2M_L1)) > 0)
+				r = -EIO;
+		if (r < 0) {
+			free(buf);
+			goto io;
+		}
 		for (uint64_t i = 0; i < q->l1_size; i++)
 			be64_put(buf + 8 * i, q->l1[i]);
 		r = flush_refcounts(q);
 		if (r == 0)
-			r = meta_write(q, buf, bytes, off);
+			r = meta_write(q, buf, bytes, off, Q2M_L1);
 		free(buf);
 		if (r < 0 || (r = sync_file(q)) < 0)
 			goto io;
@@ -780,15 +963,17 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 		b[2] = (uint8_t)(need >> 8);
 		b[3] = (uint8_t)need;
 		be64_put(b + 4, off);
-		if ((r = meta_write(q, b, 12, 36)) < 0 || (r = sync_file(q)) < 0)
+		if ((r = meta_write(q, b, 12, 36, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0)
 			goto io;
-		for (uint64_t c = 0; c < ((uint64_t)q->l1_size * 8 + q->cs - 1) >> q->cluster_bits; c++)
+		for (uint64_t c = 0; c < ((uint64_t)q->l1_size * 8 + q->cs - 1) >> q->cluster_bits; c++) {
+			qcow2_meta_del(&q->meta, (q->l1_off >> q->cluster_bits) + c);
 			qcow2_free_later(q, q->l1_off + c * q->cs);
+		}
 		q->l1_off = off;
 		q->l1_size = (uint32_t)need;
 	}
 	be64_put(b, size);
-	if ((r = meta_write(q, b, 8, 24)) < 0 || (r = sync_file(q)) < 0)
+	if ((r = meta_write(q, b, 8, 24, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0)
 		goto io;
 	q->size = size;
 	/* The old L1's clusters, now that the header points elsewhere. */
@@ -799,6 +984,23 @@ io:
 }
 
 /* ---- L2 tables (qcow2.txt, "Cluster mapping") ------------------------ */
+
+/* A new L2 table's cluster becomes metadata before anything is written
+ * to it.  0, or -EIO (it was metadata already: the image is corrupt). */
+static int meta_add_table(struct qcow2 *q, uint64_t off)
+{
+	int r = qcow2_meta_add(&q->meta, off >> q->cluster_bits, Q2M_L2);
+
+	if (r > 0) {
+		char what[128];
+
+		snprintf(what, sizeof(what), "a new L2 table would go where %s is",
+			 qcow2_meta_name((unsigned)r));
+		qcow2_corrupt(q, what, QCOW2_NO_GUEST, off);
+		return -EIO;
+	}
+	return r;
+}
 
 uint8_t *qcow2_l2_get(struct qcow2 *q, uint64_t gcl, bool alloc, int *res)
 {
@@ -814,8 +1016,13 @@ uint8_t *qcow2_l2_get(struct qcow2 *q, uint64_t gcl, bool alloc, int *res)
 		noff = qcow2_alloc(q, res);
 		if (!noff)
 			return NULL;
+		if ((*res = meta_add_table(q, noff)) < 0) {
+			qcow2_unalloc(q, noff);
+			return NULL;
+		}
 		t = cache_get(q, &q->l2c, (uint32_t)l1i, noff, false, res);
 		if (!t) {
+			qcow2_meta_del(&q->meta, noff >> q->cluster_bits);
 			qcow2_unalloc(q, noff);
 			return NULL;
 		}
@@ -838,6 +1045,11 @@ uint8_t *qcow2_l2_get(struct qcow2 *q, uint64_t gcl, bool alloc, int *res)
 		noff = qcow2_alloc(q, res);
 		if (!noff)
 			return NULL;
+		if ((*res = meta_add_table(q, noff)) < 0) {
+			qcow2_unalloc(q, noff);
+			return NULL;
+		}
+		/* The old table stays a snapshot's: still metadata. */
 		qcow2_free_later(q, off);
 		t->off = noff;
 		t->fresh = true;
@@ -869,7 +1081,7 @@ int qcow2_write_through(struct qcow2 *q)
 	bool fresh = false;
 	int r;
 
-	if (q->broken)
+	if (q->broken || q->corrupt)
 		return -EIO;
 	for (unsigned i = 0; i < q->l2c.n && q->l2c.ndirty; i++) {
 		struct qcow2_table *t = &q->l2c.t[i];
@@ -891,9 +1103,7 @@ int qcow2_write_through(struct qcow2 *q)
 	}
 	return 0;
 fail:
-	q->broken = true;
-	log_err("qcow2 image %s: writing the L1 table failed: %s; no more writes to this image",
-		q->path, strerror(-r));
+	meta_failed(q, "writing the L1 table", q->l1_off, r);
 	return r;
 }
 
@@ -910,24 +1120,38 @@ int qcow2_entry(struct qcow2 *q, const uint8_t *l2, uint64_t gcl, uint64_t *out)
 		uint64_t nsec = (e >> x) & ((1ull << (q->cluster_bits - 8)) - 1);
 		uint64_t len = (nsec + 1) * 512 - (host & 511);
 
-		if ((e & QCOW2_OFLAG_COPIED) || host > (1ull << 56) || !host_ok(q, host, len)) {
-			corrupt(q, "a compressed cluster lies outside the image or over its tables",
-				guest, host);
+		if ((e & QCOW2_OFLAG_COPIED) || host > (1ull << 56) || !host_ok(q, host, len) ||
+		    qcow2_meta_mismatch(q, host, len, Q2M_NONE) >= 0) {
+			qcow2_corrupt(q, "a compressed cluster lies outside the image or over its "
+				      "metadata", guest, host);
 			return -EIO;
 		}
 		return 0;
 	}
 	if (e & QCOW2_L2_RESERVED || (q->version < 3 && (e & QCOW2_OFLAG_ZERO))) {
-		corrupt(q, "an L2 entry has reserved bits set", guest, e);
+		qcow2_corrupt(q, "an L2 entry has reserved bits set", guest, e);
 		return -EIO;
 	}
 	if ((e & QCOW2_OFFSET_MASK) && !host_ok(q, e & QCOW2_OFFSET_MASK, q->cs)) {
-		corrupt(q, "a data cluster lies outside the image or over its tables", guest,
+		qcow2_corrupt(q, "a data cluster lies outside the image or over its tables", guest,
 			e & QCOW2_OFFSET_MASK);
 		return -EIO;
 	}
+	/* Guest data in a metadata cluster: a write there would overwrite
+	 * the table (QEMU: "Preventing invalid write on metadata"), a read
+	 * would hand the guest the image's own tables. */
+	if (unlikely((e & QCOW2_OFFSET_MASK) &&
+		     qcow2_meta_get(&q->meta, (e & QCOW2_OFFSET_MASK) >> q->cluster_bits))) {
+		char what[128];
+
+		snprintf(what, sizeof(what), "an L2 entry points at %s",
+			 qcow2_meta_name(qcow2_meta_get(&q->meta,
+							(e & QCOW2_OFFSET_MASK) >> q->cluster_bits)));
+		qcow2_corrupt(q, what, guest, e & QCOW2_OFFSET_MASK);
+		return -EIO;
+	}
 	if ((e & QCOW2_OFLAG_COPIED) && !(e & QCOW2_OFFSET_MASK)) {
-		corrupt(q, "an L2 entry claims host cluster 0 (the header)", guest, 0);
+		qcow2_corrupt(q, "an L2 entry claims host cluster 0 (the header)", guest, 0);
 		return -EIO;
 	}
 	return 0;
@@ -985,7 +1209,7 @@ int qcow2_decompress(struct qcow2 *q, uint64_t e)
 #endif
 	}
 	if (r < 0)
-		corrupt(q, "a compressed cluster does not decompress to a whole cluster", 0, host);
+		qcow2_corrupt(q, "a compressed cluster does not decompress to a whole cluster", 0, host);
 out:
 	free(in);
 	return r;
@@ -1083,6 +1307,9 @@ static void qcow2_free(struct qcow2 *q)
 	free(q->rt);
 	free(q->frees);
 	free(q->resv);
+	free(q->quarantine);
+	free(q->reuse);
+	qcow2_meta_free(&q->meta);
 	free(q->zbuf);
 	free(q->path);
 	free(q->backing_name);
@@ -1115,6 +1342,9 @@ static int parse_extensions(struct qcow2 *q, const uint8_t *h, char *err, size_t
 			q->backing_fmt = strndup((const char *)h + p + 8, len);
 			if (!q->backing_fmt)
 				return -ENOMEM;
+		} else if (type == 0x23852875u && len >= 24) {	/* bitmaps */
+			q->bitmaps_dir_size = be64_at(h + p + 8 + 8);
+			q->bitmaps_dir_off = be64_at(h + p + 8 + 16);
 		} else if (type == 0x0537be77u) {	/* full disk encryption header */
 			snprintf(err, errlen, "qcow2 image %s is encrypted (LUKS inside qcow2), which "
 				 "vblkd cannot serve yet: convert it with qemu-img convert", q->path);
@@ -1159,17 +1389,14 @@ int qcow2_drop_backing(struct qcow2 *q)
 		p += sz;
 	}
 	/* The end marker (zeroes) follows; the backing name was after it. */
-	if ((r = meta_write(q, n, q->cs, 0)) < 0 || (r = sync_file(q)) < 0)
+	if ((r = meta_write(q, n, q->cs, 0, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0)
 		goto out;
 	free(q->backing_name);
 	free(q->backing_fmt);
 	q->backing_name = q->backing_fmt = NULL;
 out:
-	if (r < 0) {
-		q->broken = true;
-		log_err("qcow2 image %s: rewriting its header without the backing file failed: "
-			"%s; no more writes to this image", q->path, strerror(-r));
-	}
+	if (r < 0)
+		meta_failed(q, "rewriting the header without its backing file", 0, r);
 	free(h);
 	free(n);
 	return r;
@@ -1350,10 +1577,19 @@ io:
 }
 
 /* Where new clusters go: past the file and past every cluster with a
- * refcount, so a new cluster has never held anything. */
+ * refcount, so a new cluster has never held anything.  A refcount far
+ * past the end of the file cannot be true (qemu-img check calls it a
+ * leak; a crash of QEMU or of vblkd leaves them at most a few MiB past
+ * it: vblkd makes the file cover its reserve before it sets refcounts):
+ * a refcount block read from guest data, say.  Such an image is corrupt,
+ * and new clusters would go gigabytes out: they go after the file. */
+#define QCOW2_REFCOUNT_SLACK (64ull << 20)
+
 static int find_next_free(struct qcow2 *q)
 {
-	q->next_free = (q->file_size + q->cs - 1) & ~(q->cs - 1);
+	uint64_t end = (q->file_size + q->cs - 1) & ~(q->cs - 1);
+
+	q->next_free = end;
 	for (uint64_t ti = q->rt_entries; ti-- > 0;) {
 		struct qcow2_table *t;
 		int r;
@@ -1365,14 +1601,53 @@ static int find_next_free(struct qcow2 *q)
 			return r;
 		for (uint64_t bi = q->rb_entries; bi-- > 0;)
 			if (rb_get(q, t->buf, bi)) {
-				q->next_free = MAX(q->next_free,
-						   (ti * q->rb_entries + bi + 1) << q->cluster_bits);
+				uint64_t last = (ti * q->rb_entries + bi + 1) << q->cluster_bits;
+
+				if (last > end + QCOW2_REFCOUNT_SLACK) {
+					qcow2_corrupt(q, "a refcount block counts clusters far past the "
+						      "end of the file", QCOW2_NO_GUEST, q->rt[ti]);
+					return 0;
+				}
+				q->next_free = MAX(q->next_free, last);
 				return 0;
 			}
 	}
 	return 0;
 }
 
+/*
+ * The allocation bound (take_end): from where the image ends now, room
+ * for every guest cluster once more (a copy on write of each: snapshots,
+ * compressed clusters, backing files), an L2 table for each L1 entry,
+ * the refcount blocks for all of it, a refcount table at QEMU's limit,
+ * two reserve chunks and the file's 1 MiB steps.  A valid image never
+ * needs more: freed clusters are reused (resv_refill).
+ */
+static void set_alloc_limit(struct qcow2 *q)
+{
+	uint64_t clusters = (q->size + q->cs - 1) >> q->cluster_bits;
+	uint64_t base = MAX(q->next_free, (q->file_size + q->cs - 1) & ~(q->cs - 1));
+	uint64_t grow = (clusters + q->l1_size + 2 * q->resv_chunk) * q->cs + QCOW2_MAX_RT_BYTES +
+			(1ull << 20);
+	uint64_t blocks = ((base + grow) >> q->cluster_bits) / q->rb_entries + 1;
+
+	q->alloc_limit = base + grow + blocks * q->cs;
+}
+
+/* The tables just read are ours to use (at the claim; at open for a
+ * read-only image): where the metadata lives, where new clusters go and
+ * how far.  What is inconsistent marks the image corrupt.  0 or -errno. */
+static int qcow2_take(struct qcow2 *q)
+{
+	int r;
+
+	q->corrupt = (q->incompat & QCOW2_INCOMPAT_CORRUPT) != 0;
+	if ((r = qcow2_meta_build(q)) < 0 || (r = find_next_free(q)) < 0)
+		return r;
+	set_alloc_limit(q);
+	q->nquarantine = q->nreuse = 0;
+	return 0;
+}
 
 int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	       struct qcow2 **out, char *err, size_t errlen)
@@ -1387,6 +1662,7 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	if (!q)
 		return -ENOMEM;
 	q->mfd = q->backing_rfd = -1;
+	q->io_oldest = 1;	/* no request yet (io_seq 0) */
 	q->file = file;
 	q->rw = !file->read_only;
 	q->copy_on_read = o->copy_on_read && q->rw;
@@ -1408,8 +1684,9 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 		goto fail;
 	}
 	q->file_size = file->is_blockdev ? file->size : (uint64_t)st.st_size;
-	/* The first cluster is at most 2 MiB; its size is in the header. */
-	h = calloc(1, 2u << 20);
+	/* The header's first 4 KiB, then the first cluster (up to 2 MiB)
+	 * once the header has said how big it is. */
+	h = calloc(1, 4096);
 	if (!h) {
 		r = -ENOMEM;
 		goto fail;
@@ -1427,9 +1704,18 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	}
 	if ((r = check_header(q, h, q->file_size, err, errlen)) < 0)
 		goto fail;
-	if (q->cs > 4096 && (r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0) {
-		snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
-		goto fail;
+	if (q->cs > 4096) {
+		uint8_t *big = realloc(h, q->cs);
+
+		if (!big) {
+			r = -ENOMEM;
+			goto fail;
+		}
+		h = big;
+		if ((r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0) {
+			snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
+			goto fail;
+		}
 	}
 	if ((r = parse_extensions(q, h, err, errlen)) < 0)
 		goto fail;
@@ -1477,14 +1763,15 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	/* Reserved a chunk at a time: 16 MiB, 8 to 4096 clusters (a crash
 	 * leaks at most that). */
 	q->resv_chunk = MIN(4096ull, MAX(8ull, (16ull << 20) >> q->cluster_bits));
-	if (!o->handover && (r = find_next_free(q)) < 0) {
+	/* Nothing is written before the image is ours (qcow2_reload at the
+	 * first claim): another process may still serve it.  A read-only
+	 * image's tables are used as read now. */
+	q->stale = q->rw || o->handover;	/* handed over: not read yet */
+	if (!q->stale && (r = qcow2_take(q)) < 0) {
 		snprintf(err, errlen, "cannot read the refcounts of qcow2 image %s: %s", q->path,
 			 strerror(-r));
 		goto fail;
 	}
-	/* Nothing is written before the image is ours (qcow2_reload at the
-	 * first claim): another process may still serve it. */
-	q->stale = q->rw || o->handover;	/* handed over: not read yet */
 	if (q->backing_name && (r = fmt__open_backing(q, o, depth, err, errlen)) < 0)
 		goto fail;
 	free(h);
@@ -1512,10 +1799,10 @@ int qcow2_quiesce(struct qcow2 *q, char *err, size_t errlen)
 	}
 	if (!q->rw || q->stale)
 		return 0;
-	if (q->broken) {
-		snprintf(err, errlen, "qcow2 image %s is broken (a metadata write failed): "
-			 "restart vblkd instead, and check the image with qemu-img check",
-			 q->path);
+	if (q->broken || q->corrupt) {
+		snprintf(err, errlen, "qcow2 image %s is %s: restart vblkd instead, and repair "
+			 "the image with qemu-img check -r all", q->path,
+			 q->corrupt ? "corrupt" : "broken (a metadata write failed)");
 		return -EIO;
 	}
 	/* The new process finds the reserve's clusters free, as after a
@@ -1590,17 +1877,21 @@ int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
 	q->l1_dirty_lo = q->l1_dirty_hi = 0;
 	q->rt_dirty = false;
 	q->nresv = q->nfrees = 0;
-	if ((r = find_next_free(q)) < 0) {
+	/* Ours from here (the lock is held): an inconsistency found now is
+	 * marked in the header. */
+	q->stale = false;
+	if ((r = qcow2_take(q)) < 0) {
 		snprintf(err, errlen, "cannot read the refcounts of qcow2 image %s: %s", q->path,
 			 strerror(-r));
 		goto out;
 	}
 	/* qcow2.txt, autoclear_features: we keep none of what they vouch for
-	 * (bitmaps), so a writer clears them first. */
-	if (q->rw && q->autoclear) {
+	 * (bitmaps), so a writer clears them first (not in a corrupt image:
+	 * nothing but its corrupt bit is written). */
+	if (q->rw && q->autoclear && !q->corrupt) {
 		uint8_t z[8] = { 0 };
 
-		if ((r = meta_write(q, z, 8, 88)) < 0 || (r = sync_file(q)) < 0) {
+		if ((r = meta_write(q, z, 8, 88, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0) {
 			snprintf(err, errlen, "cannot update the header of %s: %s", q->path,
 				 strerror(-r));
 			goto out;
@@ -1625,7 +1916,7 @@ int qcow2_close(struct qcow2 *q)
 		qcow2_free(q);
 		return 0;
 	}
-	if (q->rw && !q->broken)
+	if (q->rw && !q->broken && !q->corrupt)
 		resv_release(q);
 	r = qcow2_flush(q);
 	if (r < 0)
@@ -1637,8 +1928,9 @@ int qcow2_close(struct qcow2 *q)
 
 void qcow2_describe(const struct qcow2 *q, char *buf, size_t len)
 {
-	int n = snprintf(buf, len, "qcow2 v%u, %llu KiB clusters, %u-bit refcounts%s",
-			 q->version, (unsigned long long)(q->cs >> 10), 1u << q->refcount_order,
+	int n = snprintf(buf, len, "qcow2 v%u, %llu %s clusters, %u-bit refcounts%s",
+			 q->version, (unsigned long long)(q->cs < 1024 ? q->cs : q->cs >> 10),
+			 q->cs < 1024 ? "byte" : "KiB", 1u << q->refcount_order,
 			 q->nb_snapshots ? ", snapshots kept" : "");
 
 	if (q->backing_name && !q->standalone && n > 0 && (size_t)n < len)

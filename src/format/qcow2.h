@@ -38,6 +38,33 @@
 #define QCOW2_MAX_L1_BYTES (32u << 20)
 #define QCOW2_MAX_RT_BYTES (8u << 20)
 #define QCOW2_MAX_CHAIN 16
+#define QCOW2_MAX_SNAPSHOTS_BYTES (64u << 20)	/* QCOW_MAX_SNAPSHOTS_SIZE */
+#define QCOW2_MAX_BITMAP_DIR_BYTES (64u << 20)	/* QCOW2_MAX_BITMAP_DIRECTORY_SIZE */
+
+/* Where the image's metadata lives, by host cluster (qcow2_meta.c): the
+ * kinds of cluster QEMU's overlap check knows. */
+enum {
+	Q2M_NONE,		/* data, or free */
+	Q2M_HEADER,		/* cluster 0: header and extensions */
+	Q2M_L1,			/* the active L1 table */
+	Q2M_L2,			/* an L2 table (the active L1's, or one a snapshot kept) */
+	Q2M_RT,			/* the refcount table */
+	Q2M_RB,			/* a refcount block */
+	Q2M_SNAPSHOTS,		/* the snapshot table */
+	Q2M_SNAP_L1,		/* a snapshot's L1 table */
+	Q2M_BITMAPS,		/* the bitmap directory */
+	Q2M_KINDS
+};
+
+struct qcow2_meta {
+	uint64_t *key;		/* host cluster index; all ones: empty slot */
+	uint8_t *kind;		/* Q2M_* */
+	size_t cap, n;		/* cap: 1 << bits */
+	unsigned bits;
+};
+
+/* No guest offset to name (qcow2_corrupt). */
+#define QCOW2_NO_GUEST UINT64_MAX
 
 /* A cached table: an L2 table or a refcount block, one cluster, kept as
  * it is on disk (big-endian). */
@@ -124,7 +151,27 @@ struct qcow2 {
 	 * upgrade's new process), or let go (qcow2_io_release).  Nothing
 	 * touches them until qcow2_reload reads them again (at the claim). */
 	bool stale;
-	bool said_corrupt;	/* the one log line about corruption */
+	/* An inconsistency was found (qcow2_corrupt): writes fail from then
+	 * on, reads that need no bad metadata go on, nothing but the header's
+	 * corrupt bit is written. */
+	bool corrupt;
+	struct qcow2_meta meta;	/* metadata clusters (qcow2_meta.c) */
+	/* New clusters never go past this: what the virtual disk, its tables
+	 * and the reserve can need from where the image stood when it became
+	 * ours (qcow2_take).  Beyond it the refcounts cannot be right. */
+	uint64_t alloc_limit;
+	/* Clusters this process freed and punched (they read as zeroes):
+	 * in quarantine until every request begun before (io_seq at the time:
+	 * quarantine_seq) has completed (io_oldest is past it), then taken
+	 * again before the end of the file grows (qcow2.c, reuse_release). */
+	uint64_t *quarantine, *reuse;
+	size_t nquarantine, quarantine_cap, nreuse, reuse_cap;
+	uint64_t quarantine_seq;
+	uint64_t io_seq;	/* guest requests begun (qcow2_io.c numbers them) */
+	uint64_t io_oldest;	/* the oldest running one's number; io_seq + 1: none */
+	uint64_t reused;	/* clusters taken again (stats) */
+	/* The bitmaps extension's directory (qcow2.txt, "Bitmaps extension"). */
+	uint64_t bitmaps_dir_off, bitmaps_dir_size;
 
 	/* Backing chain: the disk below (a format's disk, or a raw file),
 	 * its file, and a plain fd for synchronous reads of it. */
@@ -150,6 +197,31 @@ struct qcow2 {
 };
 
 /* qcow2.c */
+/* An inconsistency in q's metadata: logged once (what, and where: the
+ * guest offset unless QCOW2_NO_GUEST, the host offset), q->corrupt set,
+ * and the header's corrupt bit written when the image is ours and
+ * writable (qcow2.txt, incompatible bit 1; a v2 header has no such bit:
+ * kept in memory, as QEMU does).  From then on writes fail.  Iothread, or
+ * main while none runs. */
+void qcow2_corrupt(struct qcow2 *q, const char *what, uint64_t guest, uint64_t host);
+
+/* qcow2_meta.c: the set of metadata clusters.  get: a cluster's kind
+ * (Q2M_NONE if not metadata); add: 0, or the kind the cluster has already
+ * (not changed), or -ENOMEM; del: forget it.  build: the whole set from
+ * the tables just read (header, L1, refcount table and blocks, L2 tables,
+ * snapshots, bitmap directory), two kinds on one cluster marking q
+ * corrupt; 0 or -errno.  mismatch: -1 when every cluster [off, off+len)
+ * touches is of kind want (Q2M_NONE: data or free), else the first other
+ * kind found. */
+unsigned qcow2_meta_get(const struct qcow2_meta *m, uint64_t cluster);
+int qcow2_meta_add(struct qcow2_meta *m, uint64_t cluster, unsigned kind);
+void qcow2_meta_del(struct qcow2_meta *m, uint64_t cluster);
+void qcow2_meta_clear(struct qcow2_meta *m);
+void qcow2_meta_free(struct qcow2_meta *m);
+int qcow2_meta_build(struct qcow2 *q);
+int qcow2_meta_mismatch(const struct qcow2 *q, uint64_t off, uint64_t len, unsigned want);
+const char *qcow2_meta_name(unsigned kind);
+
 int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	       struct qcow2 **out, char *err, size_t errlen);
 int qcow2_close(struct qcow2 *q);

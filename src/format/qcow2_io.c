@@ -46,6 +46,9 @@ struct q2_req {
 	unsigned nallocs, acap;
 	struct q2_req *next;	/* free list, waiting list */
 	struct q2_req *anext, **aprev;	/* allocating list */
+	/* Running requests in the order they began (qcow2.h, io_oldest). */
+	uint64_t seq;
+	struct q2_req *rnext, **rprev;
 };
 
 struct q2_sub {
@@ -86,6 +89,7 @@ struct qcow2_ctx {
 	struct q2_req *allocating;
 	struct q2_req *wait_head, **wait_tail;
 	uint64_t inflight;	/* guest requests not completed */
+	struct q2_req *run_head, **run_tail;	/* begun, oldest first */
 };
 
 enum kind { K_UNALLOC, K_ZERO, K_NORMAL, K_COMPRESSED };
@@ -308,7 +312,7 @@ static void q2_read(struct q2_req *r)
 				iov_from_buf(io->iov, io->iovcnt, pos, q->zbuf + in, n);
 			break;
 		case K_UNALLOC:
-			if (r->cor && below(q, off) && q->rw && !q->broken) {
+			if (r->cor && below(q, off) && q->rw && !q->broken && !q->corrupt) {
 				res = cor_cluster(r, gcl, in, pos, n);
 				break;
 			}
@@ -605,6 +609,11 @@ static void q2_start(struct q2_req *r)
 		q2_read(r);
 		return;
 	}
+	/* Found corrupt while this one waited: no more writes. */
+	if (c->q->corrupt || c->q->broken) {
+		req_put(r, -EIO);
+		return;
+	}
 	if (r->io->op == BDEV_WRITE)
 		res = write_span(r, r->io->offset, r->io->len, 0);
 	else
@@ -663,6 +672,14 @@ static void req_finish(struct q2_req *r)
 		if (w < 0 && res == 0)
 			res = w;
 	}
+	/* Off the running list: what waits in quarantine for the requests
+	 * begun before it was freed may be reused once they are all done. */
+	*r->rprev = r->rnext;
+	if (r->rnext)
+		r->rnext->rprev = r->rprev;
+	else
+		c->run_tail = r->rprev;
+	c->q->io_oldest = c->run_head ? c->run_head->seq : c->q->io_seq + 1;
 	r->next = c->free_reqs;
 	c->free_reqs = r;
 	c->inflight--;
@@ -739,6 +756,10 @@ static void stream_step(void *opaque)
 
 	if (!s->active || s->busy)
 		return;
+	if (q->corrupt || q->broken) {
+		stream_end(c, q->corrupt ? "the image is corrupt" : "a metadata write failed");
+		return;
+	}
 	while (s->next < s->end) {
 		uint64_t off = s->next << q->cluster_bits, e;
 		enum kind k;
@@ -858,9 +879,10 @@ int qcow2_stream(struct qcow2 *q, uint64_t rate, char *err, size_t errlen)
 			 q->path);
 		return -EINVAL;
 	}
-	if (!q->rw || q->broken) {
+	if (!q->rw || q->broken || q->corrupt) {
 		snprintf(err, errlen, "qcow2 image %s is %s: it cannot be written", q->path,
-			 q->rw ? "broken (a metadata write failed)" : "read-only");
+			 !q->rw ? "read-only" : q->corrupt ? "corrupt (qemu-img check -r all repairs it)" :
+			 "broken (a metadata write failed)");
 		return q->rw ? -EIO : -EROFS;
 	}
 	if (!q->ctx || q->stale) {
@@ -885,6 +907,7 @@ static int q2_ctx_new(struct bdev *b, struct loop *l, unsigned depth, struct bde
 	c->q = q;
 	c->loop = l;
 	c->wait_tail = &c->wait_head;
+	c->run_tail = &c->run_head;
 	if (posix_memalign((void **)&c->zeroes, 4096, q->cs)) {
 		free(c);
 		return -ENOMEM;
@@ -966,7 +989,8 @@ static void q2_submit(struct bdev_ctx *bc, struct bdev_io *io)
 	case BDEV_WRITE_ZEROES:
 		len = io->length;
 writes:
-		if (!q->rw || q->broken) {
+		/* A corrupt image takes no more writes (qcow2_corrupt). */
+		if (!q->rw || q->broken || q->corrupt) {
 			bdev_complete(io, q->rw ? -EIO : -EROFS);
 			return;
 		}
@@ -986,6 +1010,12 @@ writes:
 		return;
 	}
 	c->inflight++;
+	r->seq = ++q->io_seq;
+	r->rnext = NULL;
+	r->rprev = c->run_tail;
+	*c->run_tail = r;
+	c->run_tail = &r->rnext;
+	q->io_oldest = c->run_head->seq;
 	r->first = io->offset >> q->cluster_bits;
 	r->last = (io->offset + len - 1) >> q->cluster_bits;
 	r->cor = io->op == BDEV_READ && (q->copy_on_read || io == &c->stream.io) &&
@@ -1133,7 +1163,11 @@ static void release_fn(void *opaque)
 	}
 	if (!q->rw || q->stale)
 		return;
-	if (qcow2_quiesce(q, c->err, c->errlen) < 0)
+	/* Corrupt: what completed made durable, nothing else written (the
+	 * reserve leaks); said already. */
+	if (q->corrupt)
+		(void)qcow2_flush(q);
+	else if (qcow2_quiesce(q, c->err, c->errlen) < 0)
 		log_err("%s", c->err);
 	q->stale = true;
 }

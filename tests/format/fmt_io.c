@@ -122,6 +122,7 @@ int main(int argc, char **argv)
 	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
 	struct fmt_opts fo = { .kind = FMT_AUTO, .bo = &bo };
 	unsigned counts[6] = { 0 };
+	struct fmt_stats fs;
 	uint8_t *a, *b, *o0;
 	struct loop *l;
 	char err[512];
@@ -275,6 +276,7 @@ int main(int argc, char **argv)
 		raw_io(false, b, len, off);
 		check("final read", off, a, b, len);
 	}
+	fmt_stats(disk, &fs);
 	disk->engine->ctx_free(ctx);
 	loop_free(l);
 	if ((r = fmt_close(disk, &file)) < 0) {
@@ -283,8 +285,9 @@ int main(int argc, char **argv)
 	}
 	bdev_close(&file);
 	printf("fmt-io: %llu ops (%u writes, %u reads, %u discards, %u write-zeroes, %u flushes), "
-	       "%u mismatches\n", (unsigned long long)ops, counts[0], counts[1], counts[2],
-	       counts[3], counts[4], bad);
+	       "%u mismatches, %llu clusters allocated, %llu reused\n", (unsigned long long)ops,
+	       counts[0], counts[1], counts[2], counts[3], counts[4], bad,
+	       (unsigned long long)fs.clusters_allocated, (unsigned long long)fs.clusters_reused);
 	return bad ? 1 : 0;
 io_error:
 	fprintf(stderr, "fmt-io: an I/O failed: %s\n", strerror(-r));

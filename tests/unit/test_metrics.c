@@ -67,6 +67,8 @@ static const char *const families[] = {
 	"vblkd_disk_image_copy_on_read_bytes_total",
 	"vblkd_disk_image_streaming",
 	"vblkd_disk_image_stream_position_bytes",
+	"vblkd_disk_image_clusters_reused_total",
+	"vblkd_disk_image_corrupt",
 	"vblkd_disk_pauses_total",
 	"vblkd_disk_info",
 	"vblkd_disk_size_bytes",

@@ -45,6 +45,13 @@ void log_set_thread_name(const char *name)
 	snprintf(log_thread, sizeof(log_thread), "%s", name);
 }
 
+void log_one_line(char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+			s[i] = '?';
+}
+
 void log_msg(enum log_level level, const char *fmt, ...)
 {
 	char line[1024], *p = line;
@@ -93,6 +100,9 @@ void log_msg(enum log_level level, const char *fmt, ...)
 			m = (int)sizeof(line) - 2 - n;
 		}
 	}
+	/* What a line says may come from a hostile image (a backing file's
+	 * name, a cipher's): one line, whatever it holds. */
+	log_one_line(p + n, (size_t)m);
 	n += m;
 	p[n++] = '\n';
 	/* One write per line so lines from different threads never interleave. */

@@ -5,6 +5,7 @@
 #ifndef VBLK_LOG_H
 #define VBLK_LOG_H
 
+#include <stddef.h>
 #include <stdbool.h>
 
 enum log_level { LOG_ERR = 0, LOG_WARN, LOG_INFO, LOG_DEBUG };
@@ -16,6 +17,11 @@ int log_parse_level(const char *s);
 /* Name this thread in log lines (max 15 chars). */
 void log_set_thread_name(const char *name);
 
+/* Control characters (below 0x20, 0x7f: a newline, a terminal escape) in
+ * s[0, n) made '?': every log line, and every one-line error a program
+ * prints (cli_die), is one line whatever a hostile image or client put
+ * into it.  Any thread. */
+void log_one_line(char *s, size_t n);
 void log_msg(enum log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 

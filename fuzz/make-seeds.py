@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Write the seed corpora fuzz/corpus/vq_blk/, fuzz/corpus/vu/ and
-fuzz/corpus/qcow2/ (the last made with qemu-img and qemu-io).
+"""Write the seed corpora fuzz/corpus/vq_blk/, fuzz/corpus/vu/,
+fuzz/corpus/qcow2/ (made with qemu-img and qemu-io) and fuzz/corpus/luks/
+(from the LUKS images in fuzz/luks/).
 
 Deterministic: the same files every run (commit them).  The input formats
-are described at the top of fuzz/fuzz_vq_blk.c and fuzz/fuzz_vu.c; the
-constants here must match theirs.
+are described at the top of fuzz/fuzz_vq_blk.c, fuzz_vu.c, fuzz_qcow2.c
+and fuzz_luks.c; the constants here must match theirs.
 
     fuzz/make-seeds.py [OUTDIR]     (default: fuzz/corpus next to this file)
+    fuzz/make-seeds.py --luks-images
+                                    make fuzz/luks/*.img anew with
+                                    cryptsetup (random: see LUKS_IMAGES)
 """
+import hashlib
 import os
 import struct
 import sys
@@ -468,16 +473,134 @@ def qcow2_seeds():
     return s
 
 
+# ---- fuzz_luks ----
+# The images under fuzz/luks/ are cryptsetup's (luksFormat), whose output
+# is random (salts, AF stripes, UUIDs): they were made once with
+# `make-seeds.py --luks-images` and are checked in, and the seeds come from
+# them deterministically.  fuzz_luks.c reads the same files (its base[],
+# in this order): a seed's header chunks only open with its own image's
+# keyslot material.  Each image: keyslots that cost next to nothing to
+# derive (PBKDF2 1000 iterations; Argon2id at cryptsetup's minimums), a
+# volume key we know (LUKS_VK, for the handed-over key), and 64 KiB of
+# payload.
+
+LUKS_PASS = b'vblkd-fuzz-passphrase'            # fuzz_luks.c: PASSPHRASE
+LUKS_VK = hashlib.sha512(b'vblkd fuzz volume key').digest()     # fuzz_luks.c: vk[]
+LUKS_PAYLOAD = 64 << 10
+# name, data offset (bytes), volume key bytes, luksFormat options
+LUKS_IMAGES = [
+    ('luks1-pbkdf2', 2056 * 512, 32,
+     ['--type', 'luks1', '--pbkdf', 'pbkdf2', '--pbkdf-force-iterations', '1000',
+      '--hash', 'sha256', '--align-payload', '8']),
+    ('luks2-pbkdf2', 320 * 512, 32,
+     ['--type', 'luks2', '--pbkdf', 'pbkdf2', '--pbkdf-force-iterations', '1000',
+      '--hash', 'sha256', '--luks2-metadata-size', '16k', '--luks2-keyslots-size', '128k',
+      '--offset', '320']),
+    ('luks2-argon2id-4k', 576 * 512, 64,
+     ['--type', 'luks2', '--pbkdf', 'argon2id', '--pbkdf-memory', '32',
+      '--pbkdf-force-iterations', '4', '--pbkdf-parallel', '1', '--sector-size', '4096',
+      '--luks2-metadata-size', '16k', '--luks2-keyslots-size', '256k', '--offset', '576']),
+]
+LK_AUTO, LK_RAW_CSUM, LK_HANDED = 1, 2, 4
+LK_READ, LK_WRITE, LK_FLUSH, LK_DISCARD = range(4)
+LK_UNALIGNED, LK_PATTERN = 0x40, 0x80
+
+
+def luks_images(d):
+    import subprocess
+    import tempfile
+    os.makedirs(d, exist_ok=True)
+    with tempfile.TemporaryDirectory() as t:
+        pf, kf = os.path.join(t, 'pass'), os.path.join(t, 'vk')
+        with open(pf, 'wb') as f:
+            f.write(LUKS_PASS)
+        for name, off, klen, opts in LUKS_IMAGES:
+            with open(kf, 'wb') as f:
+                f.write(LUKS_VK[:klen])
+            p = os.path.join(d, name + '.img')
+            with open(p, 'wb') as f:
+                f.truncate(off + LUKS_PAYLOAD)
+            subprocess.run(['cryptsetup', 'luksFormat', '-q', '--batch-mode',
+                            '--cipher', 'aes-xts-plain64', '--key-size', str(klen * 8),
+                            '--volume-key-file', kf, '--key-file', pf] + opts + [p],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            assert os.path.getsize(p) == off + LUKS_PAYLOAD, name
+            luks1_zero_unused(p)
+            print(f'{p}: made')
+
+
+def luks1_zero_unused(p):
+    """LUKS1: cryptsetup fills the areas of all 8 keyslots with random
+    bytes; those of the disabled ones only make the file incompressible
+    (on-disk-format.pdf: keyslots of 48 bytes from 208, active 0x00ac71f3,
+    key-material-offset at 40 in sectors, key-bytes at 108, 4000 stripes)."""
+    with open(p, 'r+b') as f:
+        img = f.read(592)
+        if struct.unpack('>H', img[6:8])[0] != 1:
+            return
+        key_bytes = struct.unpack('>I', img[108:112])[0]
+        for k in range(8):
+            active, _ = struct.unpack('>II', img[208 + 48 * k:216 + 48 * k])
+            off, stripes = struct.unpack('>II', img[248 + 48 * k:256 + 48 * k])
+            if active != 0x00ac71f3:
+                f.seek(off * 512)
+                f.write(bytes(key_bytes * stripes))
+
+
+def luks_chunks(img):
+    """The image's headers as fuzz_luks chunks (offset, bytes): what is not
+    zero of the LUKS1 header, or of each LUKS2 binary header and JSON area."""
+    if struct.unpack('>H', img[6:8])[0] == 1:
+        return [(0, img[:592])]
+    hs = struct.unpack('>Q', img[8:16])[0]
+    out = []
+    for base in (0, hs):
+        out.append((base, img[base:base + 512]))
+        json = img[base + 4096:base + hs].rstrip(b'\0')
+        out.append((base + 4096, json))
+    return out
+
+
+def lk_req(op, split, sector, sectors):
+    return struct.pack('<BB', op, split) + struct.pack('<I', sector)[:3] + \
+        struct.pack('<HB', sectors, 0)
+
+
+def luks_seeds(d):
+    s = {}
+    mix = (lk_req(LK_WRITE | LK_PATTERN, 0, 0, 8) + lk_req(LK_READ, 0x21, 0, 16) +
+           lk_req(LK_WRITE | LK_PATTERN, 0x13, 8, 9) + lk_req(LK_FLUSH, 0, 0, 0) +
+           lk_req(LK_DISCARD, 0, 0, 8) + lk_req(LK_WRITE | LK_UNALIGNED, 0, 3, 1) +
+           lk_req(LK_READ | LK_UNALIGNED, 0x50, 1, 9) + lk_req(LK_WRITE, 0, 120, 8) +
+           lk_req(LK_READ, 0x7f, 112, 16))
+    for i, (name, _, _, _) in enumerate(LUKS_IMAGES):
+        with open(os.path.join(d, name + '.img'), 'rb') as f:
+            img = f.read()
+        chunks = luks_chunks(img)
+        body = struct.pack('<B', len(chunks)) + b''.join(
+            struct.pack('<IH', off, len(b)) + b for off, b in chunks)
+        for suffix, flags in (('', 0), ('-auto-handed', LK_AUTO | LK_HANDED),
+                              ('-raw-csum', LK_RAW_CSUM)):
+            if suffix == '-raw-csum' and name.startswith('luks1'):
+                continue
+            s[name + suffix] = struct.pack('<BBB', i, flags, 0) + body + mix
+    return s
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
+    if sys.argv[1:] == ['--luks-images']:
+        luks_images(os.path.join(here, 'luks'))
+        return
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, 'corpus')
-    for name, seeds in (('vq_blk', vq_seeds()), ('vu', vu_seeds()), ('qcow2', qcow2_seeds())):
+    for name, seeds in (('vq_blk', vq_seeds()), ('vu', vu_seeds()), ('qcow2', qcow2_seeds()),
+                        ('luks', luks_seeds(os.path.join(here, 'luks')))):
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         for f in os.listdir(d):
             os.unlink(os.path.join(d, f))
         for k, v in sorted(seeds.items()):
-            assert len(v) < (65536 if name == 'qcow2' else 4096), (name, k, len(v))
+            assert len(v) < (65536 if name in ('qcow2', 'luks') else 4096), (name, k, len(v))
             with open(os.path.join(d, k), 'wb') as f:
                 f.write(v)
         print(f'{d}: {len(seeds)} seeds')

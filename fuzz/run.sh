@@ -18,8 +18,9 @@ secs=${1:-60}
 jobs=${FUZZ_JOBS:-1}
 build=build-fuzz
 # split and packed: the fast ring targets (fuzz_vq_blk.c, synchronous), on
-# fuzz_vq_blk's seeds.
-targets=(vq_blk vu split packed qcow2)
+# fuzz_vq_blk's seeds.  luks needs the LUKS build (libcryptsetup-dev,
+# libssl-dev: scripts/deps.sh build installs them).
+targets=(vq_blk vu split packed qcow2 luks)
 
 [[ $secs =~ ^[0-9]+$ && $secs -gt 0 ]] || { echo "usage: fuzz/run.sh [SECONDS]" >&2; exit 2; }
 

@@ -293,8 +293,15 @@ fail:
 int fmt_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, char *err,
 	     size_t errlen)
 {
+	int r;
+
 	chain_n = 0;
-	return open_chain(file, o->kind, o, 0, disk, err, errlen);
+	r = open_chain(file, o->kind, o, 0, disk, err, errlen);
+	/* The line may quote the image (a backing file's name, a cipher's):
+	 * one line whatever it holds. */
+	if (r < 0 && errlen)
+		log_one_line(err, strnlen(err, errlen));
+	return r;
 }
 
 int fmt_close(struct bdev *disk, struct bdev *file)

@@ -150,7 +150,7 @@ static int fake_queue_start(void *dev, unsigned idx, const struct vu_queue_setup
 	return 0;
 }
 
-static uint16_t fake_queue_stop(void *dev, unsigned idx)
+static uint32_t fake_queue_stop(void *dev, unsigned idx)
 {
 	uint16_t last;
 

@@ -127,6 +127,17 @@ static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_op
 		kind = qcow2_detect(head, (size_t)n) ? FMT_QCOW2 :
 		       depth == 0 && luks_magic(head, (size_t)n) ? FMT_LUKS : FMT_RAW;
 		free(head);
+#ifdef HAVE_LUKS
+		/* A LUKS2 disk that lost its primary header: LUKS to
+		 * cryptsetup, and raw it would let a guest write over the
+		 * keyslots left. */
+		if (kind == FMT_RAW && depth == 0 && luks_probe_secondary(file)) {
+			log_warn("disk %s: no header at its start, but a LUKS2 secondary header: "
+				 "served as LUKS, as cryptsetup reads it (--format raw serves its "
+				 "bytes as they are)", file->path);
+			kind = FMT_LUKS;
+		}
+#endif
 		if (kind == FMT_RAW && !file->read_only)
 			file->write_guard = raw_guard;
 	}
@@ -182,7 +193,8 @@ static int open_chain(struct bdev *file, enum fmt_kind kind, const struct fmt_op
 	if (q->disk.size == 0) {
 		snprintf(err, errlen, "qcow2 image %s is smaller than one %u-byte block", q->path,
 			 file->block_size);
-		qcow2_close(q);
+		/* Its backing chain too (qcow2_close alone leaked it). */
+		fmt_close(&q->disk, file);
 		return -EINVAL;
 	}
 	*disk = &q->disk;

@@ -44,6 +44,7 @@
 #include "util/sys.h"
 
 #define LUKS_MAX_KEY_FILE (8u << 20)	/* cryptsetup's default limit */
+#define LUKS_MAX_KEY_BYTES 512u		/* a keyslot's keys: 4096 bits at most */
 
 /*
  * AES-XTS, called as libcrypto's EVP layer calls it: the functions of the
@@ -99,6 +100,39 @@ struct luks_ctx {
 };
 
 static const uint8_t magic[6] = { 'L', 'U', 'K', 'S', 0xba, 0xbe };
+static const uint8_t magic2[6] = { 'S', 'K', 'U', 'L', 0xba, 0xbe };	/* LUKS2 secondary */
+/* cryptsetup's lib/luks2/luks2.h, LUKS2_HDR2_OFFSETS (libblkid's too). */
+static const uint64_t hdr2_offsets[] = { 0x4000, 0x8000, 0x10000, 0x20000, 0x40000,
+					 0x80000, 0x100000, 0x200000, 0x400000 };
+
+/* A LUKS2 secondary header at off: its magic, version 2, and both its
+ * hdr_size (at 8) and hdr_offset (at 256, on-disk-format-luks2.pdf) saying
+ * it starts right after a primary of that size. */
+static bool secondary_at(const uint8_t *b, uint64_t off)
+{
+	uint64_t size, at;
+
+	memcpy(&size, b + 8, 8);
+	memcpy(&at, b + 256, 8);
+	return !memcmp(b, magic2, sizeof(magic2)) && b[6] == 0 && b[7] == 2 &&
+	       be64toh(size) == off && be64toh(at) == off;
+}
+
+uint64_t luks_probe_secondary(struct bdev *file)
+{
+	uint8_t *b;
+	uint64_t found = 0;
+
+	if (posix_memalign((void **)&b, 4096, 4096))
+		return 0;
+	for (size_t i = 0; i < ARRAY_SIZE(hdr2_offsets) && !found; i++)
+		if (hdr2_offsets[i] + 4096 <= file->size &&
+		    bdev_pread(file, b, 4096, hdr2_offsets[i]) == 0 &&
+		    secondary_at(b, hdr2_offsets[i]))
+			found = hdr2_offsets[i];
+	free(b);
+	return found;
+}
 
 /* ---- OpenSSL's memory, out of core dumps --------------------------------
  * A bump arena (MADV_DONTDUMP, reserved not committed) with free lists by
@@ -746,6 +780,25 @@ static int header_copy(const struct hdr_src *s, uint64_t *hdr_bytes, char *err, 
 			 strerror(-r));
 		goto fail;
 	}
+	if (msize >= 4096 && memcmp(buf, magic, sizeof(magic))) {
+		/* No primary: a LUKS2 secondary header to recover it from?
+		 * libcryptsetup does, in the copy (luks_probe_secondary). */
+		for (size_t i = 0; i < ARRAY_SIZE(hdr2_offsets); i++) {
+			uint64_t at = hdr2_offsets[i];
+
+			if (at + 4096 > msize || src_read(s, buf, 4096, at) < 0 ||
+			    !secondary_at(buf, at))
+				continue;
+			log_warn("LUKS disk %s: its primary LUKS2 header is gone (no magic); read "
+				 "from the secondary at %llu, the disk left as it is: repair it with "
+				 "cryptsetup repair %s", file->path, (unsigned long long)at,
+				 file->path);
+			need = 2 * at;
+			if (need > msize)
+				break;
+			goto copy;
+		}
+	}
 	if (msize < 4096 || memcmp(buf, magic, sizeof(magic))) {
 		snprintf(err, errlen, "%s is not a LUKS disk (no LUKS magic): serve it with "
 			 "--format raw, or check --disk", file->path);
@@ -773,6 +826,7 @@ static int header_copy(const struct hdr_src *s, uint64_t *hdr_bytes, char *err, 
 		r = -EINVAL;
 		goto fail;
 	}
+copy:
 	if ((r = copy_range(s, fd, 0, need, buf, cap)) < 0) {
 		snprintf(err, errlen, "cannot read the LUKS header of %s: %s", file->path,
 			 strerror(-r));
@@ -952,6 +1006,18 @@ static int unlock(struct crypt_device *cd, const struct bounds *b, const char *p
 			 * (LUKS2), the volume key's size (LUKS1). */
 			if (version != 2 || !crypt_keyslot_get_encryption(cd, slot, &ks) || !ks)
 				ks = (size_t)MAX(crypt_get_volume_key_size(cd), 1);
+			/* libcryptsetup allocates what the keyslot says (a
+			 * key_size of 2^31 asked for terabytes, and spent 10 s
+			 * before it failed): no cipher takes over 512 bytes. */
+			if (ks > LUKS_MAX_KEY_BYTES ||
+			    crypt_keyslot_get_key_size(cd, slot) <= 0 ||
+			    crypt_keyslot_get_key_size(cd, slot) > (int)LUKS_MAX_KEY_BYTES) {
+				log_warn("LUKS disk %s: keyslot %d skipped: its key sizes (%zu, %d "
+					 "bytes) are not ones a cipher takes", path, slot, ks,
+					 crypt_keyslot_get_key_size(cd, slot));
+				skipped++;
+				continue;
+			}
 			k = (struct luks_kdf){ .type = p.type ? p.type : "?", .hash = p.hash ? p.hash : "?",
 					       .iterations = p.iterations,
 					       .memory_kib = p.max_memory_kb,

@@ -31,6 +31,14 @@ struct fmt_opts;
 /* "LUKS\xba\xbe" at offset 0 (LUKS1 and LUKS2). */
 bool luks_detect(const void *buf, size_t len);
 
+/* A LUKS2 disk whose primary header lost its magic, found by its
+ * secondary header at one of the offsets cryptsetup and libblkid scan for
+ * it (LUKS2_HDR2_OFFSETS: 16 KiB to 4 MiB), whose hdr_size and hdr_offset
+ * both name that offset: the offset, or 0.  cryptsetup opens such a disk
+ * (it recovers the primary); served raw, a guest's writes would go over
+ * the keyslots.  bdev_pread; main thread. */
+uint64_t luks_probe_secondary(struct bdev *file);
+
 /* Open file (a LUKS disk) with o->key_file, or the key handed over
  * (o->key_handed, checked by the header's digest): *disk is the payload.  One
  * line in err on failure (no key, wrong passphrase, a cipher other than

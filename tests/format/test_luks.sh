@@ -205,6 +205,23 @@ if cmp -s -n $((16 << 20)) "$tmp/prim.img" "$tmp/prim.orig"; then
 else
     fail luks2-damaged-primary-not-rewritten "the header area of the image changed"
 fi
+# The primary's magic gone, the secondary intact: LUKS to cryptsetup (it
+# recovers the primary), so LUKS to vblkd too (--format auto), not raw:
+# served raw, the guest's writes would go over the keyslots.
+cp "$tmp/l2.img" "$tmp/nomagic.img"
+printf '\0\0\0\0\0\0' | dd of="$tmp/nomagic.img" bs=1 conv=notrunc status=none
+cp "$tmp/nomagic.img" "$tmp/nomagic.orig"
+if out=$("$FMTIO" "$tmp/nomagic.img" /dev/null 8 0 --key-file "$tmp/key" 2>&1) ||
+   grep -q "mismatches" <<<"$out"; then
+    if grep -q "LUKS2 secondary header: served as LUKS" <<<"$out" &&
+       cmp -s -n $((16 << 20)) "$tmp/nomagic.img" "$tmp/nomagic.orig"; then
+        pass luks2-primary-magic-gone-served-from-secondary
+    else
+        fail luks2-primary-magic-gone-served-from-secondary "$(grep -E 'warn|error' <<<"$out")"
+    fi
+else
+    fail luks2-primary-magic-gone-served-from-secondary "$out"
+fi
 # Key derivation bounded: a keyslot whose cost is far over the bound is
 # skipped at once with one line naming it and its cost, not run for an
 # hour; a refusal when no keyslot is left.  (Before: start-up stalled.)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what vblkd needs to build, test and demo, on Debian 12 as root.
 # Installs only what is missing; apt-get update runs once, only if needed.
-# Usage: scripts/deps.sh [build|ops|remote|pkg|all]   (default: all)
+# Usage: scripts/deps.sh [build|ops|remote|pkg|format|all]   (default: all)
 #   build    compilers, meson, the libraries vblkd links (liburing, json-c,
 #            libaio, librbd, libnbd, libmicrohttpd for --metrics) and scdoc
 #            for the man pages
@@ -15,6 +15,8 @@
 #            debhelper, lintian, the package's other Build-Depends, groff
 #            (man page checks), systemd (systemd-analyze verify), strace
 #            (the unit's system call filter against what vblkd calls), python3
+#   format   build, plus tests/format's oracles (qemu-utils, cryptsetup,
+#            python3-cryptography, gdb): the mutation campaign in tests/run asan
 #   all      everything: build, ops, remote, pkg, the guest tests' QEMU,
 #            kernel, busybox and fio, and tests/format's oracles (qemu-utils,
 #            cryptsetup, python3-cryptography, gdb)
@@ -42,9 +44,10 @@ build) ;;
 ops) want+=("${ops_pkgs[@]}") ;;
 remote) want+=("${remote_pkgs[@]}") ;;
 pkg) want+=("${pkg_pkgs[@]}") ;;
+format) want+=("${format_pkgs[@]}") ;;
 all) want+=("${ops_pkgs[@]}" "${guest_pkgs[@]}" "${remote_pkgs[@]}" "${pkg_pkgs[@]}"
             "${format_pkgs[@]}") ;;
-*) echo "usage: scripts/deps.sh [build|ops|remote|pkg|all]" >&2; exit 1 ;;
+*) echo "usage: scripts/deps.sh [build|ops|remote|pkg|format|all]" >&2; exit 1 ;;
 esac
 
 missing=()

@@ -36,28 +36,6 @@
 #include "util/log.h"
 #include "util/sys.h"
 
-static inline uint64_t be64_at(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return be64toh(v);
-}
-
-static inline uint32_t be32_at(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return be32toh(v);
-}
-
-static inline void be64_put(uint8_t *p, uint64_t v)
-{
-	v = htobe64(v);
-	memcpy(p, &v, 8);
-}
-
 /*
  * Every metadata write.  Through the page cache (mfd), except where a
  * cluster is smaller than a page and the data goes around the cache

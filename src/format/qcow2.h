@@ -10,11 +10,36 @@
 #ifndef VBLK_FMT_QCOW2_H
 #define VBLK_FMT_QCOW2_H
 
+#include <endian.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "backend/bdev.h"
 #include "format/format.h"
+
+/* The image's big-endian fields, at any alignment. */
+static inline uint64_t be64_at(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return be64toh(v);
+}
+
+static inline uint32_t be32_at(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return be32toh(v);
+}
+
+static inline void be64_put(uint8_t *p, uint64_t v)
+{
+	v = htobe64(v);
+	memcpy(p, &v, 8);
+}
 
 /* qcow2.txt, "Header" */
 #define QCOW2_MAGIC 0x514649fbu		/* "QFI\xfb" */

@@ -187,22 +187,6 @@ static int add_range(struct qcow2 *q, uint64_t off, uint64_t len, unsigned kind,
 	return 0;
 }
 
-static inline uint64_t be64_at(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return be64toh(v);
-}
-
-static inline uint32_t be32_at(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return be32toh(v);
-}
-
 /* qcow2.txt, "Snapshot table": each entry 40 bytes, then extra data, the
  * id and the name, padded to 8; each snapshot's own L1 table.  Checked as
  * QEMU's qcow2_read_snapshots checks them (it refuses such an image; we

@@ -890,7 +890,7 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 	q->alloc_limit += (clusters - MIN(clusters, (q->size + q->cs - 1) >> q->cluster_bits) +
 			   need + ((need * 8 + q->cs - 1) >> q->cluster_bits)) * q->cs;
 	/* Everything the L1 points at is on disk before a new L1 is. */
-	if ((r = qcow2_flush(q)) < 0)
+	if ((r = qcow2_begin_write(q)) < 0 || (r = qcow2_flush(q)) < 0)
 		goto io;
 	if (need > q->l1_size) {
 		/* qcow2.txt, "Header": l1_size and l1_table_offset.  The new
@@ -1863,19 +1863,6 @@ int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
 			 strerror(-r));
 		goto out;
 	}
-	/* qcow2.txt, autoclear_features: we keep none of what they vouch for
-	 * (bitmaps), so a writer clears them first (not in a corrupt image:
-	 * nothing but its corrupt bit is written). */
-	if (q->rw && q->autoclear && !q->corrupt) {
-		uint8_t z[8] = { 0 };
-
-		if ((r = meta_write(q, z, 8, 88, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0) {
-			snprintf(err, errlen, "cannot update the header of %s: %s", q->path,
-				 strerror(-r));
-			goto out;
-		}
-		q->autoclear = 0;
-	}
 	q->stale = false;
 out:
 	free(h);
@@ -1883,6 +1870,23 @@ out:
 	if (r < 0)
 		q->stale = true;
 	return r;
+}
+
+int qcow2_begin_write(struct qcow2 *q)
+{
+	uint8_t z[8] = { 0 };
+	int r;
+
+	if (!q->autoclear)
+		return 0;
+	if (q->corrupt || q->broken)
+		return -EIO;
+	if ((r = meta_write(q, z, 8, 88, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0) {
+		meta_failed(q, "clearing the autoclear bits", 88, r);
+		return r;
+	}
+	q->autoclear = 0;
+	return 0;
 }
 
 int qcow2_close(struct qcow2 *q)

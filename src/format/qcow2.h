@@ -222,6 +222,14 @@ struct qcow2 {
 };
 
 /* qcow2.c */
+/* Before anything is written to the image (a guest's write, discard or
+ * write zeroes, a copy on read, a stream, a grow): the autoclear bits
+ * cleared, synced (qcow2.txt, autoclear_features: a writer that keeps
+ * none of what they vouch for, the bitmaps, clears them first).  Not at
+ * the claim: an image a VM only reads is not changed.  0 or -errno (the
+ * write must not happen).  Iothread. */
+int qcow2_begin_write(struct qcow2 *q);
+
 /* An inconsistency in q's metadata: logged once (what, and where: the
  * guest offset unless QCOW2_NO_GUEST, the host offset), q->corrupt set,
  * and the header's corrupt bit written when the image is ours and
@@ -321,7 +329,7 @@ int qcow2_drop_backing(struct qcow2 *q);
 /* The image handed on (format.h: fmt_quiesce, fmt_release): tables
  * written back and synced, the reserve given back; -EBUSY while a stream
  * runs.  And taken (fmt_claim): header and tables read again
- * and checked as at open, the autoclear bits cleared; q->stale until it
+ * and checked as at open; q->stale until it
  * succeeds.  0 or -errno with one line in err.  Iothread, or the main
  * thread while none serves q (the qcow2_io_ forms run them on q's
  * iothread; release stops a stream and drains first). */

@@ -1004,6 +1004,17 @@ writes:
 		bdev_complete(io, len ? -EINVAL : 0);
 		return;
 	}
+	/* The first write to the image (a copy on read writes too). */
+	if (q->autoclear &&
+	    (io->op != BDEV_READ || ((q->copy_on_read || io == &c->stream.io) && q->backing &&
+				     !q->standalone && q->rw && !q->corrupt && !q->broken))) {
+		int res = qcow2_begin_write(q);
+
+		if (res < 0) {
+			bdev_complete(io, res);
+			return;
+		}
+	}
 	r = req_get(c, io);
 	if (!r) {
 		bdev_complete(io, -ENOMEM);

@@ -725,6 +725,11 @@ void qcow2_free_later(struct qcow2 *q, uint64_t e)
 		uint64_t nsec = (e >> x) & ((1ull << (q->cluster_bits - 8)) - 1);
 		uint64_t last = (host & ~511ull) + (nsec + 1) * 512 - 1;
 
+		/* Compressed data is shorter than a cluster (else it is
+		 * written plain: QEMU's qcow2_co_compress), so its bytes end
+		 * within a cluster of its start, whatever a hostile sector
+		 * count says: never a reference dropped that it did not hold. */
+		last = MIN(last, host + q->cs - 1);
 		for (uint64_t c = host & ~(q->cs - 1); c <= last; c += q->cs)
 			if (frees_push(q, c) < 0)
 				log_warn("qcow2 image %s: cluster %#llx leaked", q->path,
@@ -1615,12 +1620,59 @@ static void set_alloc_limit(struct qcow2 *q)
 /* The tables just read are ours to use (at the claim; at open for a
  * read-only image): where the metadata lives, where new clusters go and
  * how far.  What is inconsistent marks the image corrupt.  0 or -errno. */
+/*
+ * The refcounts of the tables themselves, as qemu-img check holds them:
+ * the header, the L1 table, the refcount table and each refcount block
+ * are referenced once; an L2 table whose L1 entry says COPIED once, any
+ * other at least once.  A refcount block that is really another table
+ * (its "refcounts" an L2 table's entries, say) fails this for itself, and
+ * would otherwise take our refcount updates over that table.  The first
+ * mismatch marks the image corrupt.  0 or -errno (a read failed).
+ */
+/* One table cluster's refcount: 1 when exact, else at least 1.  0 (and
+ * the image marked corrupt when it is not so), or -errno. */
+static int table_refcount_ok(struct qcow2 *q, uint64_t off, bool exact, const char *what)
+{
+	int64_t rc = qcow2_refcount(q, off);
+	char msg[160];
+
+	if (rc < 0)
+		return (int)rc;
+	if (rc == 1 || (!exact && rc > 1))
+		return 0;
+	snprintf(msg, sizeof(msg), "%s has refcount %lld, not %s1", what, (long long)rc,
+		 exact ? "" : "at least ");
+	qcow2_corrupt(q, msg, QCOW2_NO_GUEST, off);
+	return 0;
+}
+
+static int check_table_refcounts(struct qcow2 *q)
+{
+	uint64_t l1_clusters = ((uint64_t)q->l1_size * 8 + q->cs - 1) >> q->cluster_bits;
+	int r = table_refcount_ok(q, 0, true, "the header");
+
+	for (uint64_t c = 0; c < l1_clusters && !r && !q->corrupt; c++)
+		r = table_refcount_ok(q, q->l1_off + c * q->cs, true, "the L1 table");
+	for (uint64_t c = 0; c < q->rt_clusters && !r && !q->corrupt; c++)
+		r = table_refcount_ok(q, q->rt_off + c * q->cs, true, "the refcount table");
+	for (uint64_t i = 0; i < q->rt_entries && !r && !q->corrupt; i++)
+		if (q->rt[i])
+			r = table_refcount_ok(q, q->rt[i], true,
+					      "a refcount block (is it another table?)");
+	for (uint32_t i = 0; i < q->l1_size && !r && !q->corrupt; i++)
+		if (q->l1[i] & QCOW2_OFFSET_MASK)
+			r = table_refcount_ok(q, q->l1[i] & QCOW2_OFFSET_MASK,
+					      q->l1[i] & QCOW2_OFLAG_COPIED, "an L2 table");
+	return r;
+}
+
 static int qcow2_take(struct qcow2 *q)
 {
 	int r;
 
 	q->corrupt = (q->incompat & QCOW2_INCOMPAT_CORRUPT) != 0;
-	if ((r = qcow2_meta_build(q)) < 0 || (r = find_next_free(q)) < 0)
+	if ((r = qcow2_meta_build(q)) < 0 ||
+	    (!q->corrupt && (r = check_table_refcounts(q)) < 0) || (r = find_next_free(q)) < 0)
 		return r;
 	set_alloc_limit(q);
 	q->nquarantine = q->nreuse = 0;

@@ -48,6 +48,7 @@ import random
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -862,13 +863,36 @@ def dir_state(d, skip):
     return {n: file_state(os.path.join(d, n)) for n in sorted(os.listdir(d)) if n != skip}
 
 
-def qemu_check(img, cwd):
-    """qemu-img check's findings, or None when it could not read the image."""
+def corrupt_bit(img, value=None):
+    """The header's corrupt bit (qcow2 v3, incompatible bit 1): read, or set to value."""
+    with open(img, "r+b" if value is not None else "rb") as f:
+        h = f.read(80)
+        if len(h) < 80 or h[:4] != b"QFI\xfb" or struct.unpack(">I", h[4:8])[0] < 3:
+            return None
+        inc = struct.unpack(">Q", h[72:80])[0]
+        if value is not None:
+            f.seek(72)
+            f.write(struct.pack(">Q", inc | 2 if value else inc & ~2))
+        return bool(inc & 2)
+
+
+def qemu_check(img, cwd, neutral=False):
+    """qemu-img check's findings, or None when it could not read the image.
+    neutral: counted with the header's corrupt bit cleared (and set back
+    after): both vblkd and QEMU set it when they find corruption, and
+    qemu-img check counts some images (a snapshot table it cannot read)
+    differently with it set, so the count would tell the bit, not damage."""
+    was = corrupt_bit(img) if neutral else None
     try:
+        if was:
+            corrupt_bit(img, False)
         p = subprocess.run(["qemu-img", "check", "--output=json", "-f", "qcow2", img], cwd=cwd,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
     except subprocess.TimeoutExpired:
         return None
+    finally:
+        if was:
+            corrupt_bit(img, True)
     try:
         j = json.loads(p.stdout)
     except ValueError:
@@ -1082,8 +1106,8 @@ class Campaign:
                     if "corrupt" in l.lower()][:1]
         except subprocess.TimeoutExpired:
             qmsg = ["qemu-io timed out"]
-        qa = qemu_check(q, qdir)
-        after = qemu_check(disk, os.path.dirname(disk))
+        qa = qemu_check(q, qdir, neutral=True)
+        after = qemu_check(disk, os.path.dirname(disk), neutral=True)
         rec["check"] = {"before": pre, "after": after, "qemu_after": qa,
                         "qemu_says": qmsg[0][:160] if qmsg else None,
                         "qemu_apparent": os.stat(q).st_size}

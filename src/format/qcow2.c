@@ -633,7 +633,7 @@ static int resv_push(struct qcow2 *q, uint64_t off)
  */
 static void reuse_release(struct qcow2 *q)
 {
-	if (!q->nquarantine || q->io_oldest <= q->quarantine_seq)
+	if (!q->nquarantine || q->quarantine_left)
 		return;
 	for (size_t i = 0; i < q->nquarantine; i++)
 		if (u64_push(&q->reuse, &q->nreuse, &q->reuse_cap, q->quarantine[i]) < 0)
@@ -824,9 +824,11 @@ static void punch_freed(struct qcow2 *q)
 		if (u64_push(&q->quarantine, &q->nquarantine, &q->quarantine_cap, off) == 0)
 			any = true;
 	}
-	/* Requests begun so far may still touch them. */
-	if (any)
+	/* Requests running now may still touch them. */
+	if (any) {
 		q->quarantine_seq = q->io_seq;
+		q->quarantine_left = q->io_running;
+	}
 }
 
 int qcow2_flush(struct qcow2 *q)
@@ -987,7 +989,7 @@ static int meta_add_table(struct qcow2 *q, uint64_t off)
 
 uint8_t *qcow2_l2_get(struct qcow2 *q, uint64_t gcl, bool alloc, int *res)
 {
-	uint64_t l1i = gcl / q->l2_entries;
+	uint64_t l1i = gcl >> (q->cluster_bits - 3);
 	uint64_t e = q->l1[l1i], off = e & QCOW2_OFFSET_MASK, noff;
 	struct qcow2_table *t;
 	int64_t rc;
@@ -1052,8 +1054,8 @@ set_l1:
 
 void qcow2_l2_dirty(struct qcow2 *q, uint64_t gcl)
 {
-	uint32_t s = q->l2c.slot[gcl / q->l2_entries];
-	uint32_t at = (uint32_t)(gcl % q->l2_entries) * 8;
+	uint32_t s = q->l2c.slot[gcl >> (q->cluster_bits - 3)];
+	uint32_t at = (uint32_t)(gcl & (q->l2_entries - 1)) * 8;
 
 	if (s)
 		cache_dirty_range(&q->l2c, &q->l2c.t[s - 1], at, at + 8);
@@ -1090,9 +1092,22 @@ fail:
 	return r;
 }
 
+/* Out of qcow2_entry's way (it runs for every cluster a request maps, and
+ * a buffer here would cost it a stack guard): an entry on metadata. */
+static __attribute__((noinline, cold)) int entry_on_meta(struct qcow2 *q, uint64_t guest,
+							 uint64_t host)
+{
+	char what[128];
+
+	snprintf(what, sizeof(what), "an L2 entry points at %s",
+		 qcow2_meta_name(qcow2_meta_get(&q->meta, host >> q->cluster_bits)));
+	qcow2_corrupt(q, what, guest, host);
+	return -EIO;
+}
+
 int qcow2_entry(struct qcow2 *q, const uint8_t *l2, uint64_t gcl, uint64_t *out)
 {
-	uint64_t e = be64_at(l2 + (gcl % q->l2_entries) * 8);
+	uint64_t e = be64_at(l2 + (gcl & (q->l2_entries - 1)) * 8);
 	uint64_t guest = gcl << q->cluster_bits;
 
 	*out = e;
@@ -1124,15 +1139,8 @@ int qcow2_entry(struct qcow2 *q, const uint8_t *l2, uint64_t gcl, uint64_t *out)
 	 * the table (QEMU: "Preventing invalid write on metadata"), a read
 	 * would hand the guest the image's own tables. */
 	if (unlikely((e & QCOW2_OFFSET_MASK) &&
-		     qcow2_meta_get(&q->meta, (e & QCOW2_OFFSET_MASK) >> q->cluster_bits))) {
-		char what[128];
-
-		snprintf(what, sizeof(what), "an L2 entry points at %s",
-			 qcow2_meta_name(qcow2_meta_get(&q->meta,
-							(e & QCOW2_OFFSET_MASK) >> q->cluster_bits)));
-		qcow2_corrupt(q, what, guest, e & QCOW2_OFFSET_MASK);
-		return -EIO;
-	}
+		     qcow2_meta_get(&q->meta, (e & QCOW2_OFFSET_MASK) >> q->cluster_bits)))
+		return entry_on_meta(q, guest, e & QCOW2_OFFSET_MASK);
 	if ((e & QCOW2_OFLAG_COPIED) && !(e & QCOW2_OFFSET_MASK)) {
 		qcow2_corrupt(q, "an L2 entry claims host cluster 0 (the header)", guest, 0);
 		return -EIO;
@@ -1676,6 +1684,7 @@ static int qcow2_take(struct qcow2 *q)
 		return r;
 	set_alloc_limit(q);
 	q->nquarantine = q->nreuse = 0;
+	q->quarantine_left = 0;
 	return 0;
 }
 
@@ -1692,7 +1701,6 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	if (!q)
 		return -ENOMEM;
 	q->mfd = q->backing_rfd = -1;
-	q->io_oldest = 1;	/* no request yet (io_seq 0) */
 	q->file = file;
 	q->rw = !file->read_only;
 	q->copy_on_read = o->copy_on_read && q->rw;

@@ -88,6 +88,26 @@ struct qcow2_meta {
 	unsigned bits;
 };
 
+/* qcow2_meta.c's hash: a slot for cluster c (multiplicative). */
+static inline size_t qcow2_meta_slot(const struct qcow2_meta *m, uint64_t c)
+{
+	return (size_t)((c * 0x9e3779b97f4a7c15ull) >> (64 - m->bits));
+}
+
+/* Cluster c's kind (Q2M_NONE if it is not metadata).  Inline: every
+ * cluster a request maps asks (qcow2_entry); most probe one empty slot. */
+static inline unsigned qcow2_meta_get(const struct qcow2_meta *m, uint64_t c)
+{
+	if (!m->n)
+		return Q2M_NONE;
+	for (size_t s = qcow2_meta_slot(m, c);; s = (s + 1) & (m->cap - 1)) {
+		if (m->key[s] == c)
+			return m->kind[s];
+		if (m->key[s] == UINT64_MAX)
+			return Q2M_NONE;
+	}
+}
+
 /* No guest offset to name (qcow2_corrupt). */
 #define QCOW2_NO_GUEST UINT64_MAX
 
@@ -148,7 +168,9 @@ struct qcow2 {
 	uint32_t rt_clusters;
 	bool rt_dirty;
 
-	uint64_t l2_entries;	/* per L2 table */
+	uint64_t l2_entries;	/* per L2 table: cs / 8, a power of two (an entry's
+				 * index is gcl & (l2_entries - 1), its table's
+				 * gcl >> (cluster_bits - 3): no division per request) */
 	uint64_t rb_entries;	/* per refcount block */
 	struct qcow2_cache l2c, rbc;
 
@@ -186,14 +208,16 @@ struct qcow2 {
 	 * ours (qcow2_take).  Beyond it the refcounts cannot be right. */
 	uint64_t alloc_limit;
 	/* Clusters this process freed and punched (they read as zeroes):
-	 * in quarantine until every request begun before (io_seq at the time:
-	 * quarantine_seq) has completed (io_oldest is past it), then taken
-	 * again before the end of the file grows (qcow2.c, reuse_release). */
+	 * in quarantine until every request running when they were put there
+	 * has completed, then taken again before the end of the file grows
+	 * (qcow2.c, reuse_release).  qcow2_io.c numbers the guest's requests
+	 * (io_seq) and counts those running (io_running); at the quarantine,
+	 * every running one has a number up to io_seq, every later one a
+	 * greater: quarantine_left counts those still to complete. */
 	uint64_t *quarantine, *reuse;
 	size_t nquarantine, quarantine_cap, nreuse, reuse_cap;
-	uint64_t quarantine_seq;
-	uint64_t io_seq;	/* guest requests begun (qcow2_io.c numbers them) */
-	uint64_t io_oldest;	/* the oldest running one's number; io_seq + 1: none */
+	uint64_t io_seq, io_running;
+	uint64_t quarantine_seq, quarantine_left;
 	uint64_t reused;	/* clusters taken again (stats) */
 	/* The bitmaps extension's directory (qcow2.txt, "Bitmaps extension"). */
 	uint64_t bitmaps_dir_off, bitmaps_dir_size;
@@ -238,15 +262,14 @@ int qcow2_begin_write(struct qcow2 *q);
  * main while none runs. */
 void qcow2_corrupt(struct qcow2 *q, const char *what, uint64_t guest, uint64_t host);
 
-/* qcow2_meta.c: the set of metadata clusters.  get: a cluster's kind
- * (Q2M_NONE if not metadata); add: 0, or the kind the cluster has already
+/* qcow2_meta.c: the set of metadata clusters (qcow2_meta_get above).
+ * add: 0, or the kind the cluster has already
  * (not changed), or -ENOMEM; del: forget it.  build: the whole set from
  * the tables just read (header, L1, refcount table and blocks, L2 tables,
  * snapshots, bitmap directory), two kinds on one cluster marking q
  * corrupt; 0 or -errno.  mismatch: -1 when every cluster [off, off+len)
  * touches is of kind want (Q2M_NONE: data or free), else the first other
  * kind found. */
-unsigned qcow2_meta_get(const struct qcow2_meta *m, uint64_t cluster);
 int qcow2_meta_add(struct qcow2_meta *m, uint64_t cluster, unsigned kind);
 void qcow2_meta_del(struct qcow2_meta *m, uint64_t cluster);
 void qcow2_meta_clear(struct qcow2_meta *m);

@@ -46,9 +46,7 @@ struct q2_req {
 	unsigned nallocs, acap;
 	struct q2_req *next;	/* free list, waiting list */
 	struct q2_req *anext, **aprev;	/* allocating list */
-	/* Running requests in the order they began (qcow2.h, io_oldest). */
-	uint64_t seq;
-	struct q2_req *rnext, **rprev;
+	uint64_t seq;		/* its number (qcow2.h, io_seq) */
 };
 
 struct q2_sub {
@@ -89,7 +87,6 @@ struct qcow2_ctx {
 	struct q2_req *allocating;
 	struct q2_req *wait_head, **wait_tail;
 	uint64_t inflight;	/* guest requests not completed */
-	struct q2_req *run_head, **run_tail;	/* begun, oldest first */
 };
 
 enum kind { K_UNALLOC, K_ZERO, K_NORMAL, K_COMPRESSED };
@@ -539,7 +536,7 @@ static int zero_cluster(struct q2_req *r, uint64_t gcl, bool discard)
 	if (!(l2 = qcow2_l2_get(q, gcl, true, &res)))
 		return res ? res : -EIO;
 	be = htobe64(ne);
-	memcpy(l2 + (gcl % q->l2_entries) * 8, &be, 8);
+	memcpy(l2 + (gcl & (q->l2_entries - 1)) * 8, &be, 8);
 	qcow2_l2_dirty(q, gcl);
 	if (drop && (e & (QCOW2_OFFSET_MASK | QCOW2_OFLAG_COMPRESSED)))
 		qcow2_free_later(q, e);
@@ -637,7 +634,7 @@ static void commit_allocs(struct q2_req *r)
 			if (l2) {
 				uint64_t e = htobe64(a->host | QCOW2_OFLAG_COPIED);
 
-				memcpy(l2 + (a->gcl % q->l2_entries) * 8, &e, 8);
+				memcpy(l2 + (a->gcl & (q->l2_entries - 1)) * 8, &e, 8);
 				qcow2_l2_dirty(q, a->gcl);
 				if (a->old & (QCOW2_OFFSET_MASK | QCOW2_OFLAG_COMPRESSED))
 					qcow2_free_later(q, a->old);
@@ -672,14 +669,11 @@ static void req_finish(struct q2_req *r)
 		if (w < 0 && res == 0)
 			res = w;
 	}
-	/* Off the running list: what waits in quarantine for the requests
-	 * begun before it was freed may be reused once they are all done. */
-	*r->rprev = r->rnext;
-	if (r->rnext)
-		r->rnext->rprev = r->rprev;
-	else
-		c->run_tail = r->rprev;
-	c->q->io_oldest = c->run_head ? c->run_head->seq : c->q->io_seq + 1;
+	/* What waits in quarantine for the requests running when it was
+	 * freed may be reused once they are all done (qcow2.h). */
+	c->q->io_running--;
+	if (unlikely(r->seq <= c->q->quarantine_seq) && c->q->quarantine_left)
+		c->q->quarantine_left--;
 	r->next = c->free_reqs;
 	c->free_reqs = r;
 	c->inflight--;
@@ -907,7 +901,6 @@ static int q2_ctx_new(struct bdev *b, struct loop *l, unsigned depth, struct bde
 	c->q = q;
 	c->loop = l;
 	c->wait_tail = &c->wait_head;
-	c->run_tail = &c->run_head;
 	if (posix_memalign((void **)&c->zeroes, 4096, q->cs)) {
 		free(c);
 		return -ENOMEM;
@@ -1022,11 +1015,7 @@ writes:
 	}
 	c->inflight++;
 	r->seq = ++q->io_seq;
-	r->rnext = NULL;
-	r->rprev = c->run_tail;
-	*c->run_tail = r;
-	c->run_tail = &r->rnext;
-	q->io_oldest = c->run_head->seq;
+	q->io_running++;
 	r->first = io->offset >> q->cluster_bits;
 	r->last = (io->offset + len - 1) >> q->cluster_bits;
 	r->cor = io->op == BDEV_READ && (q->copy_on_read || io == &c->stream.io) &&

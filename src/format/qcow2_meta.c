@@ -47,11 +47,6 @@ const char *qcow2_meta_name(unsigned kind)
 	return kind < Q2M_KINDS ? kind_names[kind] : "?";
 }
 
-static inline size_t slot_of(const struct qcow2_meta *m, uint64_t c)
-{
-	return (size_t)((c * 0x9e3779b97f4a7c15ull) >> (64 - m->bits));
-}
-
 void qcow2_meta_free(struct qcow2_meta *m)
 {
 	free(m->key);
@@ -76,7 +71,7 @@ static int resize(struct qcow2_meta *m, unsigned bits)
 
 		if (m->key[i] == EMPTY)
 			continue;
-		for (s = slot_of(&n, m->key[i]); n.key[s] != EMPTY; s = (s + 1) & (n.cap - 1))
+		for (s = qcow2_meta_slot(&n, m->key[i]); n.key[s] != EMPTY; s = (s + 1) & (n.cap - 1))
 			;
 		n.key[s] = m->key[i];
 		n.kind[s] = m->kind[i];
@@ -94,18 +89,6 @@ void qcow2_meta_clear(struct qcow2_meta *m)
 	m->n = 0;
 }
 
-unsigned qcow2_meta_get(const struct qcow2_meta *m, uint64_t c)
-{
-	if (!m->n)
-		return Q2M_NONE;
-	for (size_t s = slot_of(m, c);; s = (s + 1) & (m->cap - 1)) {
-		if (m->key[s] == c)
-			return m->kind[s];
-		if (m->key[s] == EMPTY)
-			return Q2M_NONE;
-	}
-}
-
 int qcow2_meta_add(struct qcow2_meta *m, uint64_t c, unsigned kind)
 {
 	size_t s;
@@ -113,7 +96,7 @@ int qcow2_meta_add(struct qcow2_meta *m, uint64_t c, unsigned kind)
 
 	if ((m->n + 1) * 2 > m->cap && (r = resize(m, m->bits ? m->bits + 1 : 8)) < 0)
 		return r;
-	for (s = slot_of(m, c); m->key[s] != EMPTY; s = (s + 1) & (m->cap - 1))
+	for (s = qcow2_meta_slot(m, c); m->key[s] != EMPTY; s = (s + 1) & (m->cap - 1))
 		if (m->key[s] == c)
 			return m->kind[s];
 	m->key[s] = c;
@@ -128,13 +111,13 @@ void qcow2_meta_del(struct qcow2_meta *m, uint64_t c)
 
 	if (!m->n)
 		return;
-	for (s = slot_of(m, c); m->key[s] != c; s = (s + 1) & (m->cap - 1))
+	for (s = qcow2_meta_slot(m, c); m->key[s] != c; s = (s + 1) & (m->cap - 1))
 		if (m->key[s] == EMPTY)
 			return;
 	/* Backward-shift deletion: later entries of the probe run move up
 	 * into the hole, so no lookup stops early at it. */
 	for (j = (s + 1) & (m->cap - 1); m->key[j] != EMPTY; j = (j + 1) & (m->cap - 1)) {
-		size_t home = slot_of(m, m->key[j]);
+		size_t home = qcow2_meta_slot(m, m->key[j]);
 
 		/* j's entry may move to s when s lies on its probe run, i.e.
 		 * cyclically in [home, j). */

@@ -161,7 +161,7 @@ static int add_range(struct qcow2 *q, uint64_t off, uint64_t len, unsigned kind,
 
 		if (r < 0)
 			return r;
-		if (r == 0 || (r == (int)kind && !once))
+		if (r == 0 || (r == (int)kind && !once) || q->corrupt)
 			continue;
 		snprintf(what, sizeof(what), "%s and %s share a cluster", qcow2_meta_name(kind),
 			 qcow2_meta_name((unsigned)r));
@@ -200,7 +200,8 @@ static int add_snapshots(struct qcow2 *q)
 		    l1 + (uint64_t)l1_size * 8 > end) {
 			qcow2_corrupt(q, "a snapshot's L1 table lies outside the file or is too big",
 				      QCOW2_NO_GUEST, l1);
-			continue;
+			/* What follows a bad entry is no table either. */
+			return 0;
 		}
 		if ((r = add_range(q, l1, (uint64_t)l1_size * 8, Q2M_SNAP_L1, true)) < 0)
 			return r;

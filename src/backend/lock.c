@@ -133,7 +133,7 @@ int bdev_lock(struct bdev *b, unsigned wait_ms)
 	 * the disk may not (flushes fail; reads need not go back in time). */
 	if (!b->direct && !atomic_load(&b->cache_lost))
 		(void)posix_fadvise(b->fd, 0, 0, POSIX_FADV_DONTNEED);
-	log_info("disk %s: locked for writing (rings running)", b->path);
+	log_info("disk %s: locked for writing (a guest or NBD client uses it)", b->path);
 	return 0;
 }
 
@@ -159,7 +159,7 @@ void bdev_unlock(struct bdev *b)
 	}
 	(void)ofd_lock(b->fd, F_UNLCK, LOCK_UNSHARE_WRITE, F_OFD_SETLK, &fl);
 	(void)ofd_lock(b->fd, F_UNLCK, LOCK_PERM_WRITE, F_OFD_SETLK, &fl);
-	log_info("disk %s: unlocked (no ring running)", b->path);
+	log_info("disk %s: unlocked (no guest ring or NBD client uses it)", b->path);
 }
 
 bool bdev_lock_busy(const struct bdev *b)

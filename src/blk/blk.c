@@ -872,36 +872,14 @@ static void blk_queue_set_log(void *opaque, unsigned idx, const struct vq_log *l
 	loop_call_sync(d->q[idx].t->loop, do_queue_set_log, &c);
 }
 
-/* The image lock, then what the format read of the image while it was
- * not ours read again (format.h, fmt_claim): err says why not. */
-int blk__claim(struct blk_dev *d, unsigned wait_ms, char *err, size_t errlen)
-{
-	int r = bdev_lock(d->b, wait_ms);
-
-	if (r < 0) {
-		snprintf(err, errlen, "disk %s is in use: another process writes it (a VM runs "
-			 "on another vblkd, QEMU or qemu-storage-daemon)", d->b->path);
-		return r;
-	}
-	r = fmt_claim(d->b, err, errlen);
-	if (r < 0)
-		bdev_unlock(d->b);
-	return r;
-}
-
-void blk__release(struct blk_dev *d)
-{
-	fmt_release(d->b);
-	bdev_unlock(d->b);
-}
-
 static int blk_claim(void *opaque)
 {
 	char err[256];
 	/* A ring starting: the frontend came back to a vblkd restarted at
 	 * once, and a predecessor killed a moment ago may still hold the
 	 * lock (bdev_lock). */
-	int r = blk__claim(opaque, BDEV_LOCK_WAIT_MS, err, sizeof(err));
+	int r = disk_claim(((struct blk_dev *)opaque)->disk, BDEV_LOCK_WAIT_MS, err,
+			   sizeof(err));
 
 	/* bdev_lock has said who holds the lock. */
 	if (r < 0 && r != -EBUSY)
@@ -911,7 +889,7 @@ static int blk_claim(void *opaque)
 
 static void blk_release(void *opaque)
 {
-	blk__release(opaque);
+	disk_release(((struct blk_dev *)opaque)->disk);
 }
 
 /* A running ring is broken: the device status says NEEDS_RESET (the
@@ -948,77 +926,31 @@ const struct vu_dev_ops blk_vu_ops = {
 
 /* ---- Device lifecycle (main thread) ---- */
 
-static void do_ctx_new(void *opaque)
+/* Each queue's bottom halves and timers, on its iothread's loop (the
+ * disk's, running already). */
+static void queue_timers_free(struct blk_queue *q)
 {
-	struct blk_iothread *t = opaque;
-
-	/* Depth: every request of every ring this thread may own. */
-	if (bdev_ctx_new(t->dev->b, t->loop, 1024, &t->bctx) < 0)
-		t->bctx = NULL;
+	loop_bh_free(q->resume_bh);
+	loop_bh_free(q->notify_bh);
+	loop_timer_free(q->hold_timer);
+	loop_timer_free(q->qos_timer);
+	q->resume_bh = q->notify_bh = NULL;
+	q->hold_timer = q->qos_timer = NULL;
 }
 
-static void do_ctx_free(void *opaque)
+struct iot_call {
+	struct blk_iothread *t;
+	int ret;
+};
+
+static void do_iothread_attach(void *opaque)
 {
-	struct blk_iothread *t = opaque;
+	struct iot_call *c = opaque;
+	struct blk_iothread *t = c->t;
+	struct blk_dev *d = t->dev;
+	int r = 0;
 
-	for (unsigned i = 0; i < t->dev->num_queues; i++) {
-		struct blk_queue *q = &t->dev->q[i];
-
-		if (q->t != t)
-			continue;
-		loop_bh_free(q->resume_bh);
-		loop_bh_free(q->notify_bh);
-		loop_timer_free(q->hold_timer);
-		loop_timer_free(q->qos_timer);
-		q->resume_bh = q->notify_bh = NULL;
-		q->hold_timer = q->qos_timer = NULL;
-	}
-	if (t->bctx)
-		t->dev->b->engine->ctx_free(t->bctx);
-	t->bctx = NULL;
-}
-
-/* Tear down iothreads [0, n): their queues are stopped already. */
-static void blk_iothreads_free(struct blk_dev *d, unsigned n)
-{
-	for (unsigned i = 0; i < n; i++) {
-		struct blk_iothread *t = &d->iot[i];
-
-		loop_call_sync(t->loop, do_ctx_free, t);
-		loop_thread_join(t->loop);
-		loop_free(t->loop);
-	}
-}
-
-static void do_pin(void *opaque)
-{
-	struct blk_iothread *t = opaque;
-	cpu_set_t set;
-	int r;
-
-	CPU_ZERO(&set);
-	CPU_SET(t->cpu, &set);
-	r = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-	if (r)
-		log_warn("iothread%u: cannot pin to CPU %d: %s", t->idx, t->cpu, strerror(r));
-}
-
-static int blk_iothread_start(struct blk_dev *d, unsigned i, const struct blk_opts *o)
-{
-	struct blk_iothread *t = &d->iot[i];
-	char name[16];
-	int r;
-
-	t->dev = d;
-	t->idx = i;
-	t->cpu = o->ncpus ? o->cpus[i % o->ncpus] : -1;
-	snprintf(name, sizeof(name), "iothread%u", i);
-	r = loop_new(name, &t->loop);
-	if (r < 0)
-		return r;
-	if (o->poll)
-		loop_set_poll_params(t->loop, o->poll);
-	for (unsigned qi = 0; qi < d->num_queues; qi++) {
+	for (unsigned qi = 0; qi < d->num_queues && r == 0; qi++) {
 		struct blk_queue *q = &d->q[qi];
 
 		if (q->t != t)
@@ -1030,41 +962,51 @@ static int blk_iothread_start(struct blk_dev *d, unsigned i, const struct blk_op
 			r = loop_timer_new(t->loop, blk_hold_timer_cb, q, &q->hold_timer);
 		if (r == 0)
 			r = loop_timer_new(t->loop, blk__throttle_timer_cb, q, &q->qos_timer);
-		if (r < 0)
-			goto err_loop;
 	}
-	r = o->no_threads ? 0 : loop_thread_start(t->loop);
-	if (r < 0)
-		goto err_loop;
-	if (t->cpu >= 0 && !o->no_threads)
-		loop_call_sync(t->loop, do_pin, t);
-	loop_call_sync(t->loop, do_ctx_new, t);
-	if (!t->bctx) {
-		log_err("cannot set up the %s backend on %s", d->b->engine->name, name);
-		loop_call_sync(t->loop, do_ctx_free, t);
-		loop_thread_join(t->loop);
-		loop_free(t->loop);
-		return -EIO;
-	}
-	return 0;
-
-err_loop:
-	for (unsigned qi = 0; qi < d->num_queues; qi++)
-		if (d->q[qi].t == t) {
-			loop_bh_free(d->q[qi].resume_bh);
-			loop_bh_free(d->q[qi].notify_bh);
-			loop_timer_free(d->q[qi].hold_timer);
-			loop_timer_free(d->q[qi].qos_timer);
-			d->q[qi].resume_bh = d->q[qi].notify_bh = NULL;
-			d->q[qi].hold_timer = d->q[qi].qos_timer = NULL;
-		}
-	loop_free(t->loop);
-	return r;
+	c->ret = r;
 }
 
-int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
+static void do_iothread_detach(void *opaque)
 {
-	unsigned nt = o->num_iothreads ? o->num_iothreads : 1;
+	struct iot_call *c = opaque;
+	struct blk_dev *d = c->t->dev;
+
+	for (unsigned i = 0; i < d->num_queues; i++)
+		if (d->q[i].t == c->t)
+			queue_timers_free(&d->q[i]);
+}
+
+/* Let go of iothreads [0, n): their queues are stopped already. */
+static void blk_iothreads_detach(struct blk_dev *d, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct iot_call c = { &d->iot[i], 0 };
+
+		loop_call_sync(d->iot[i].loop, do_iothread_detach, &c);
+	}
+}
+
+/* The device's part of the disk's iothread i. */
+static int blk_iothread_attach(struct blk_dev *d, unsigned i)
+{
+	struct blk_iothread *t = &d->iot[i];
+	struct disk_iothread *dt = &d->disk->iot[i];
+	struct iot_call c = { t, 0 };
+
+	t->dev = d;
+	t->idx = i;
+	t->cpu = dt->cpu;
+	t->loop = dt->loop;
+	t->bctx = dt->bctx;
+	loop_call_sync(t->loop, do_iothread_attach, &c);
+	if (c.ret < 0)
+		loop_call_sync(t->loop, do_iothread_detach, &c);
+	return c.ret;
+}
+
+int blk_dev_new_on(struct disk *disk, const struct blk_opts *o, struct blk_dev **out)
+{
+	unsigned nt = disk->num_iothreads;
 	struct blk_dev *d;
 	unsigned i;
 	int r;
@@ -1092,7 +1034,8 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 		return -ENOMEM;
 	}
 	memset(d->iot, 0, nt * sizeof(*d->iot));
-	d->b = b;
+	d->disk = disk;
+	d->b = disk->b;
 	d->num_queues = o->num_queues;
 	d->num_iothreads = nt;
 	d->no_event_idx = o->no_event_idx;
@@ -1120,9 +1063,9 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 	if (r < 0)
 		goto err_free;
 	for (i = 0; i < nt; i++) {
-		r = blk_iothread_start(d, i, o);
+		r = blk_iothread_attach(d, i);
 		if (r < 0) {
-			blk_iothreads_free(d, i);
+			blk_iothreads_detach(d, i);
 			goto err_pause;
 		}
 	}
@@ -1138,6 +1081,28 @@ err_free:
 	return r;
 }
 
+int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
+{
+	struct disk_opts dopt = { .num_iothreads = o->num_iothreads, .cpus = o->cpus,
+				  .ncpus = o->ncpus, .poll = o->poll,
+				  .no_threads = o->no_threads };
+	struct disk *disk;
+	int r;
+
+	r = disk_new(b, &dopt, &disk);
+	if (r < 0) {
+		qos_free(o->qos);
+		return r;
+	}
+	r = blk_dev_new_on(disk, o, out);
+	if (r < 0) {
+		disk_free(disk);
+		return r;
+	}
+	(*out)->own_disk = true;
+	return 0;
+}
+
 struct qos *blk_dev_qos(struct blk_dev *d)
 {
 	return d->qos;
@@ -1149,9 +1114,11 @@ void blk_dev_free(struct blk_dev *d)
 		return;
 	for (unsigned i = 0; i < d->num_queues; i++)
 		blk_queue_stop(d, i);
-	blk_iothreads_free(d, d->num_iothreads);
+	blk_iothreads_detach(d, d->num_iothreads);
 	blk__pause_free(d);
 	qos_free(d->qos);
+	if (d->own_disk)
+		disk_free(d->disk);
 	free(d->iot);
 	free(d);
 }

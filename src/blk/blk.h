@@ -3,8 +3,9 @@
  * them into backend I/O, completes them with a status byte, and decides
  * notifications per batch.  Implements struct vu_dev_ops for vhost-user.
  *
- * Threading: a blk_dev has N iothreads, each with its own loop and backend
- * ctx; each queue belongs to one of them (q mod N, or --queue-map) and
+ * Threading: a blk_dev is a front of a disk (disk.h) and runs on the
+ * disk's N iothreads, each with its own loop and backend ctx; each queue
+ * belongs to one of them (q mod N, or --queue-map) and
  * everything of that queue runs there: kick eventfd, ring processing,
  * backend completions, call eventfd.  Nothing on the I/O path is shared
  * between iothreads, so no lock is taken per request.  The vu_dev_ops entry points are called on
@@ -83,11 +84,19 @@ struct blk_opts {
 };
 
 struct blk_dev;
+struct disk;
 
-/* Create the device and start its iothread.  Returns 0 or -errno.
- * Main thread. */
+/* Create the device as a front of disk, on the disk's iothreads
+ * (blk_opts' num_iothreads, cpus, poll and no_threads are the disk's
+ * business and not read).  The disk outlives the device.  Returns 0 or
+ * -errno.  Main thread. */
+int blk_dev_new_on(struct disk *disk, const struct blk_opts *o, struct blk_dev **out);
+/* The same on a disk of its own, made from b and those fields of o, and
+ * freed with the device (tests, fuzzing).  Returns 0 or -errno.  Main
+ * thread. */
 int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out);
-/* Stop every queue (draining I/O), stop the iothread, free. */
+/* Stop every queue (draining I/O), let go of the iothreads (and free the
+ * disk if it was the device's own), free. */
 void blk_dev_free(struct blk_dev *d);
 /* The disk's QoS budget (qos.h: its limits, levels, qos_set).  Any
  * thread, while the device lives. */

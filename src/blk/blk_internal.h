@@ -16,6 +16,7 @@
 #include "blk/blk.h"
 #include "blk/irq.h"
 #include "blk/virtio_blk.h"
+#include "disk/disk.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
 #include "qos/qos.h"
@@ -52,12 +53,14 @@ struct blk_req {
 
 #define BLK_CACHELINE 64
 
+/* The device's part of one of the disk's iothreads (disk.h): its loop
+ * and engine ctx are the disk's, copied here for the data path. */
 struct blk_iothread {
 	struct blk_dev *dev;
 	unsigned idx;
 	int cpu;			/* pinned CPU, or -1 */
-	struct loop *loop;
-	struct bdev_ctx *bctx;		/* owned by this iothread */
+	struct loop *loop;		/* the disk's iothread's */
+	struct bdev_ctx *bctx;		/* the disk's iothread's */
 	/* Time with requests in flight on any of its queues (their union);
 	 * iothread-owned, read on it by stats.c.  Written per request: a
 	 * cache line of its own, not shared with the next iothread's fields
@@ -124,7 +127,11 @@ struct blk_queue {
 };
 
 struct blk_dev {
-	struct bdev *b;
+	struct bdev *b;			/* disk->b */
+	/* The disk this device is a front of; own_disk: made by blk_dev_new
+	 * for this device alone (tests, fuzzing), freed with it. */
+	struct disk *disk;
+	bool own_disk;
 	unsigned num_queues;
 	char serial[VIRTIO_BLK_ID_BYTES];
 	uint64_t acked;			/* main thread */
@@ -246,11 +253,6 @@ int blk__set_config(void *opaque, uint32_t off, const uint8_t *buf, uint32_t len
 void blk__set_features(void *opaque, uint64_t features);
 size_t blk__save_state(void *opaque, uint8_t *buf, size_t len);
 int blk__load_state(void *opaque, const uint8_t *buf, size_t len);
-/* The disk taken (its lock, then fmt_claim) and let go; main thread, no
- * ring running.  wait_ms: how long another holder of the lock is waited
- * for (bdev_lock).  0 or -errno with one line in err. */
-int blk__claim(struct blk_dev *d, unsigned wait_ms, char *err, size_t errlen);
-void blk__release(struct blk_dev *d);
 int blk__handover_quiesce(void *opaque, char *err, size_t errlen);
 int blk__handover_reload(void *opaque, char *err, size_t errlen);
 

@@ -260,11 +260,11 @@ int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
 
 	/* An operator's command: refused at once while another process
 	 * serves the disk. */
-	if (hold && (r = blk__claim(d, 0, err, errlen)) < 0)
+	if (hold && (r = disk_claim(d->disk, 0, err, errlen)) < 0)
 		return r;
 	r = bdev_resize(d->b, size, err, errlen);
 	if (hold)
-		blk__release(d);
+		disk_release(d->disk);
 	if (r < 0 || size == old)
 		return r < 0 ? r : 0;
 	/* The capacity in the config space is read from b->size

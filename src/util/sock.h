@@ -15,6 +15,15 @@
 int sock_listen_unix(const char *path, char *err, size_t errlen);
 
 /*
+ * Bind and listen on a TCP address, "HOST:PORT", "[HOST6]:PORT" or
+ * ":PORT" (every address, IPv6 and IPv4), numeric only (non-blocking,
+ * close-on-exec, SO_REUSEADDR).  Returns the fd, or -errno with one line
+ * for the user in err (a port in use, an address of no interface here).
+ * Any thread.
+ */
+int sock_listen_tcp(const char *addr, char *err, size_t errlen);
+
+/*
  * Attach nfds file descriptors to mh as one SCM_RIGHTS control message,
  * built in cbuf (cbuflen at least CMSG_SPACE(nfds * sizeof(int))).  With
  * nfds 0 mh is left without control data.  Returns 0, or -EINVAL if cbuf

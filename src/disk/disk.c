@@ -1,0 +1,179 @@
+#include "disk/disk.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/format.h"
+#include "util/log.h"
+
+static void do_pin(void *opaque)
+{
+	struct disk_iothread *t = opaque;
+	cpu_set_t set;
+	int r;
+
+	CPU_ZERO(&set);
+	CPU_SET(t->cpu, &set);
+	r = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+	if (r)
+		log_warn("iothread%u: cannot pin to CPU %d: %s", t->idx, t->cpu, strerror(r));
+}
+
+struct ctx_call {
+	struct disk *d;
+	struct disk_iothread *t;
+};
+
+static void do_ctx_new(void *opaque)
+{
+	struct ctx_call *c = opaque;
+
+	/* Depth: every request of every ring this thread may own; more
+	 * wait in the engine's own queue (uring.c, aio.c). */
+	if (bdev_ctx_new(c->d->b, c->t->loop, 1024, &c->t->bctx) < 0)
+		c->t->bctx = NULL;
+}
+
+static void do_ctx_free(void *opaque)
+{
+	struct ctx_call *c = opaque;
+
+	if (c->t->bctx)
+		c->d->b->engine->ctx_free(c->t->bctx);
+	c->t->bctx = NULL;
+}
+
+static void iothread_stop(struct disk *d, struct disk_iothread *t)
+{
+	struct ctx_call c = { d, t };
+
+	loop_call_sync(t->loop, do_ctx_free, &c);
+	loop_thread_join(t->loop);
+	loop_free(t->loop);
+	t->loop = NULL;
+}
+
+static int iothread_start(struct disk *d, unsigned i, const struct disk_opts *o)
+{
+	struct disk_iothread *t = &d->iot[i];
+	struct ctx_call c = { d, t };
+	char name[16];
+	int r;
+
+	t->idx = i;
+	t->cpu = o->ncpus ? o->cpus[i % o->ncpus] : -1;
+	snprintf(name, sizeof(name), "iothread%u", i);
+	r = loop_new(name, &t->loop);
+	if (r < 0)
+		return r;
+	if (o->poll)
+		loop_set_poll_params(t->loop, o->poll);
+	r = o->no_threads ? 0 : loop_thread_start(t->loop);
+	if (r < 0) {
+		loop_free(t->loop);
+		return r;
+	}
+	if (t->cpu >= 0 && !o->no_threads)
+		loop_call_sync(t->loop, do_pin, t);
+	loop_call_sync(t->loop, do_ctx_new, &c);
+	if (!t->bctx) {
+		log_err("cannot set up the %s backend on %s", d->b->engine->name, name);
+		iothread_stop(d, t);
+		return -EIO;
+	}
+	return 0;
+}
+
+int disk_new(struct bdev *b, const struct disk_opts *o, struct disk **out)
+{
+	unsigned nt = o->num_iothreads ? o->num_iothreads : 1;
+	struct disk *d;
+	int r;
+
+	if (nt > DISK_MAX_IOTHREADS)
+		return -EINVAL;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->iot = calloc(nt, sizeof(*d->iot));
+	if (!d->iot) {
+		free(d);
+		return -ENOMEM;
+	}
+	d->b = b;
+	for (unsigned i = 0; i < nt; i++) {
+		r = iothread_start(d, i, o);
+		if (r < 0) {
+			while (i--)
+				iothread_stop(d, &d->iot[i]);
+			free(d->iot);
+			free(d);
+			return r;
+		}
+		d->num_iothreads = i + 1;
+	}
+	*out = d;
+	return 0;
+}
+
+void disk_free(struct disk *d)
+{
+	if (!d)
+		return;
+	if (d->claims)
+		log_err("disk %s freed with %u claims held", d->b->path, d->claims);
+	for (unsigned i = 0; i < d->num_iothreads; i++)
+		iothread_stop(d, &d->iot[i]);
+	free(d->iot);
+	free(d);
+}
+
+/* The image lock, then what the format read of the image while it was
+ * not ours read again (format.h, fmt_claim): err says why not. */
+int disk_claim(struct disk *d, unsigned wait_ms, char *err, size_t errlen)
+{
+	int r;
+
+	if (d->claims) {
+		d->claims++;
+		return 0;
+	}
+	r = bdev_lock(d->b, wait_ms);
+	if (r < 0) {
+		snprintf(err, errlen, "disk %s is in use: another process writes it (a VM runs "
+			 "on another vblkd, QEMU or qemu-storage-daemon)", d->b->path);
+		return r;
+	}
+	r = fmt_claim(d->b, err, errlen);
+	if (r < 0) {
+		bdev_unlock(d->b);
+		return r;
+	}
+	d->claims = 1;
+	return 0;
+}
+
+void disk_release(struct disk *d)
+{
+	if (!d->claims) {
+		log_err("disk %s released without a claim", d->b->path);
+		return;
+	}
+	if (--d->claims)
+		return;
+	fmt_release(d->b);
+	bdev_unlock(d->b);
+}
+
+unsigned disk_pick_iothread(struct disk *d)
+{
+	unsigned n = d->num_iothreads;
+
+	if (d->b->max_ctxs && d->b->max_ctxs < n)
+		n = d->b->max_ctxs;
+	return d->next_pick++ % n;
+}

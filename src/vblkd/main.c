@@ -19,8 +19,10 @@
 #include "format/format.h"
 #include "blk/blk.h"
 #include "ctl/ctl.h"
+#include "disk/disk.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
+#include "nbd/nbds.h"
 #include "qos/qos.h"
 #include "util/cli.h"
 #include "util/log.h"
@@ -34,11 +36,13 @@
 
 struct vblkd {
 	struct loop *loop;
+	struct disk *disk;		/* the disk, its iothreads */
 	struct blk_dev *dev;
 	unsigned num_queues;
 	int sfd;
 	struct loop_fd *sfd_h;
-	struct vu_server *srv;
+	struct vu_server *srv;		/* NULL: no --socket */
+	struct nbds *nbds;		/* the NBD exports (--nbd) */
 	int gfd;			/* SIGBUS guard eventfd (gm.h) */
 	struct loop_fd *gfd_h;
 	struct ctl_server *ctl;
@@ -52,10 +56,16 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 "Usage: vblkd --socket PATH --disk DISK [options]\n"
+"       vblkd --nbd ADDR[,...] --disk DISK [options]\n"
 "Serve DISK as a virtio-blk disk over the vhost-user protocol on the unix\n"
-"socket PATH.\n"
+"socket PATH, and/or as NBD exports (both at once: one disk, one daemon).\n"
 "\n"
 "  --socket PATH        unix socket to listen on (a stale one is replaced)\n"
+"  --nbd ADDR[,name=NAME][,read-only][,max-conn=N]\n"
+"                       also serve the disk over NBD (nbdcopy, qemu-img,\n"
+"                       nbdinfo, QEMU's nbd driver) on unix:PATH or HOST:PORT;\n"
+"                       export name NAME (default: the empty name), at most\n"
+"                       N clients at once (default %u); repeatable\n"
 "  --disk DISK          what to serve: an image file or block device;\n"
 "                       rbd:POOL/IMAGE[@SNAP], a Ceph RBD image (a snapshot\n"
 "                       is read-only); or an NBD export by its URI,\n"
@@ -140,7 +150,7 @@ static void usage(FILE *f)
 "  --version            show the version\n"
 "\n"
 "Signals: SIGTERM/SIGINT finish in-flight I/O and exit 0; SIGUSR1 logs\n"
-"the counters (the same JSON as vblkctl stats).\n", BLK_MAX_QUEUES,
+"the counters (the same JSON as vblkctl stats).\n", NBDS_MAX_CONN_DEFAULT, BLK_MAX_QUEUES,
 		BLK_POLL_DEFAULT_NS, BLK_COMPLETION_POLL_DEFAULT_NS,
 		BLK_IRQ_MODERATION_DEFAULT_NS);
 }
@@ -301,6 +311,11 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 		snprintf(msg, msglen, "already handed over to pid %d", (int)v->successor);
 		return -EALREADY;
 	}
+	if (!v->srv || nbds_list(v->nbds, NULL, 0) || v->disk->extra_fronts) {
+		snprintf(msg, msglen, "this vblkd serves NBD exports, which cannot be handed "
+			 "over yet: restart it instead");
+		return -EOPNOTSUPP;
+	}
 	/* A LUKS disk's key goes over too: the new process reads no
 	 * passphrase (its key file may be gone, or was standard input).
 	 * A qcow2 image's tables are written back once the rings stopped
@@ -353,6 +368,8 @@ static void guard_cb(void *opaque, uint32_t events)
 
 	if (read(v->gfd, &n, sizeof(n)) != sizeof(n))
 		return;
+	if (!v->srv)
+		return;
 	snprintf(why, sizeof(why), "it shrank memory it shares with us "
 		 "(%llu bus errors absorbed in all)",
 		 (unsigned long long)gm_guard_faults());
@@ -363,6 +380,7 @@ int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, 's' },
+		{ "nbd", required_argument, NULL, 'n' },
 		{ "disk", required_argument, NULL, 'd' },
 		{ "queues", required_argument, NULL, 'q' },
 		{ "read-only", no_argument, NULL, 'r' },
@@ -424,6 +442,8 @@ int main(int argc, char **argv)
 	char serial[32], err[600], msg[512];
 	struct vblkd v = { .sfd = -1, .gfd = -1 };
 	struct vu_server *srv = NULL;
+	struct nbds_export_opts nbd[8];
+	unsigned nnbd = 0;
 	struct up_child uc;
 	bool handover;
 	struct bdev b, *disk = NULL;
@@ -436,6 +456,14 @@ int main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
 		switch (c) {
 		case 's': sock = optarg; break;
+		case 'n':
+			if (nnbd == ARRAY_SIZE(nbd))
+				cli_die("--nbd: at most %zu exports at start (vblkctl nbd add adds "
+					"more)", ARRAY_SIZE(nbd));
+			if (nbds_export_parse(optarg, &nbd[nnbd], msg, sizeof(msg)) < 0)
+				cli_die("--nbd %s", msg);
+			nnbd++;
+			break;
 		case 'd': bo.path = optarg; break;
 		case 'q':
 			ko.num_queues = parse_uint("--queues", optarg, 1, BLK_MAX_QUEUES);
@@ -554,8 +582,9 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		cli_die("unexpected argument '%s'; see vblkd --help", argv[optind]);
-	if (!sock)
-		cli_die("missing --socket PATH: the unix socket QEMU connects to");
+	if (!sock && !nnbd)
+		cli_die("missing --socket PATH (the unix socket QEMU connects to) or --nbd ADDR "
+			"(an NBD export): give at least one");
 	if (!bo.path && !(bo.engine && !strcmp(bo.engine, "null")))
 		cli_die("missing --disk DISK: the image file, block device, rbd:POOL/IMAGE or "
 			"nbd:// URI to serve");
@@ -601,7 +630,7 @@ int main(int argc, char **argv)
 		fo.key_handed = true;
 		fo.key_fd = uc.fds.key;
 	}
-	if (handover && uc.fds.listen < 0)
+	if (handover && (uc.fds.listen < 0 || !sock))
 		cli_die("upgrade: the old vblkd handed over no vhost-user socket");
 
 	r = bdev_open(&bo, &b, err, sizeof(err));
@@ -657,8 +686,18 @@ int main(int argc, char **argv)
 			cli_die("cannot set up the QoS limits: %s", strerror(-r));
 		}
 	}
-	r = blk_dev_new(disk, &ko, &v.dev);
+	r = disk_new(disk, &(struct disk_opts){ .num_iothreads = ko.num_iothreads,
+						  .cpus = ko.cpus, .ncpus = ko.ncpus,
+						  .poll = ko.poll }, &v.disk);
 	if (r < 0) {
+		qos_free(ko.qos);
+		fmt_close(disk, &b);
+		bdev_close(&b);
+		cli_die("cannot start the iothreads: %s", strerror(-r));
+	}
+	r = blk_dev_new_on(v.disk, &ko, &v.dev);
+	if (r < 0) {
+		disk_free(v.disk);
 		fmt_close(disk, &b);
 		bdev_close(&b);
 		cli_die("cannot start the device: %s", strerror(-r));
@@ -719,10 +758,25 @@ int main(int argc, char **argv)
 	}
 	sys_close(&uc.fds.control);
 	sys_close(&uc.fds.metrics);
-	r = vu_server_new_fd(sock, uc.fds.listen, v.loop, &blk_vu_ops, v.dev, &srv, msg,
-			     sizeof(msg));
+	r = sock ? vu_server_new_fd(sock, uc.fds.listen, v.loop, &blk_vu_ops, v.dev, &srv,
+				    msg, sizeof(msg)) : 0;
 	if (r < 0) {
 		snprintf(err, sizeof(err), "--socket: %s", msg);
+		metrics_http_free(mh);
+		ctl_free_on_error(ctl, handover);
+		goto err_loop;
+	}
+	r = nbds_new(v.disk, v.loop, &v.nbds);
+	for (unsigned i = 0; r == 0 && i < nnbd; i++)
+		if ((r = nbds_add(v.nbds, &nbd[i], msg, sizeof(msg))) < 0)
+			snprintf(err, sizeof(err), "--nbd %s", msg);
+	for (unsigned i = 0; i < nnbd; i++)
+		nbds_export_opts_free(&nbd[i]);
+	if (r < 0) {
+		if (!v.nbds)
+			snprintf(err, sizeof(err), "cannot start the NBD server: %s", strerror(-r));
+		nbds_free(v.nbds);
+		vu_server_free(srv);
 		metrics_http_free(mh);
 		ctl_free_on_error(ctl, handover);
 		goto err_loop;
@@ -736,11 +790,13 @@ int main(int argc, char **argv)
 	if (ctl)
 		ctl_server_set_upgrade(ctl, upgrade_cb, &v);
 	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */
-	blk_dev_set_config_notify(v.dev, config_changed_cb, srv);
+	if (srv)
+		blk_dev_set_config_notify(v.dev, config_changed_cb, srv);
 	v.gfd = gm_guard_init();
 	if (v.gfd < 0 || loop_fd_add(v.loop, v.gfd, EPOLLIN, guard_cb, &v, &v.gfd_h) < 0) {
 		snprintf(err, sizeof(err), "cannot set up the SIGBUS guard: %s",
 			 strerror(v.gfd < 0 ? -v.gfd : errno));
+		nbds_free(v.nbds);
 		vu_server_free(srv);
 		metrics_http_free(mh);
 		ctl_free_on_error(ctl, handover);
@@ -752,7 +808,7 @@ int main(int argc, char **argv)
 		 b.path, (unsigned long long)disk->size, b.block_size, b.engine->name,
 		 b.engine->open ? "network" : b.fd < 0 ? "no file" : b.iopoll ? "O_DIRECT, polled" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
 		 ko.num_queues, ko.num_queues > 1 ? "s" : "", ko.num_iothreads,
-		 ko.num_iothreads > 1 ? "s" : "", sock);
+		 ko.num_iothreads > 1 ? "s" : "", sock ? sock : "NBD only");
 	/* Not an error: this may be a migration's destination, started
 	 * while the source still writes (docs/architecture.md "Migration"). */
 	fmt_describe(disk, &b, msg, sizeof(msg));
@@ -778,10 +834,12 @@ int main(int argc, char **argv)
 	notify_stopping();
 	metrics_http_free(mh);
 	loop_fd_del(v.loop, v.gfd_h);
+	nbds_free(v.nbds);
 	vu_server_free(srv);
 	log_stats(&v);
 	ctl_server_free(ctl);
 	blk_dev_free(v.dev);
+	disk_free(v.disk);
 	if (fmt_close(disk, &b) < 0)
 		r = -EIO;
 	if (!b.read_only && b.fd >= 0 && fdatasync(b.fd) < 0)
@@ -802,6 +860,7 @@ err_loop:
 	loop_free(v.loop);
 err_dev:
 	blk_dev_free(v.dev);
+	disk_free(v.disk);
 	fmt_close(disk, &b);
 	bdev_close(&b);
 	cli_die("%s", err);

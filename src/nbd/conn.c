@@ -1,0 +1,1148 @@
+/*
+ * One NBD client, on its iothread: the handshake ("Fixed newstyle
+ * negotiation", "Option haggling") and the transmission phase, as a
+ * state machine over a non-blocking socket.  Every length the client
+ * sends is checked against a bound before it is used; a request the
+ * spec lets us refuse gets the spec's error and the connection goes on;
+ * what leaves no way to find the next message (a bad magic, a huge
+ * EXPORT_NAME) ends this connection alone.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "disk/disk.h"
+#include "loop/loop.h"
+#include "nbd/nbds_internal.h"
+#include "util/barrier.h"
+#include "util/compiler.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+enum cstate {
+	CS_CLIENT_FLAGS,	/* 32 bits of client flags */
+	CS_OPT_HDR,		/* an option's 16-byte header */
+	CS_OPT_DATA,		/* its data, into c->opt */
+	CS_OPT_SKIP,		/* data over NBDS_OPT_MAX, thrown away */
+	CS_REQ_HDR,		/* a request's 28-byte header */
+	CS_REQ_DATA,		/* a write's payload, into c->cur->buf */
+	CS_REQ_SKIP,		/* a refused write's payload, thrown away */
+};
+
+/* Something to send: up to three pieces, freed by done once sent (or
+ * when the connection goes). */
+struct out {
+	struct out *next;
+	struct iovec iov[3];
+	unsigned cnt;
+	size_t held;			/* bytes counted in c->held */
+	void (*done)(struct out *o);
+};
+
+struct nbds_req {
+	struct nbds_conn *c;
+	struct bdev_io io;
+	struct iovec iov;
+	uint16_t flags, type;
+	uint64_t cookie, offset;
+	uint32_t length;
+	void *buf;			/* read/write data, aligned */
+	size_t got;			/* write payload received */
+	int err;			/* NBD error to reply (0: none) */
+	struct out out;
+	union {
+		struct nbd_simple_reply s;
+		struct {
+			struct nbd_chunk ch;
+			uint64_t offset;
+		} __attribute__((packed)) data;
+		struct {
+			struct nbd_chunk ch;
+			uint32_t error;
+			uint16_t msg_len;
+		} __attribute__((packed)) error;
+	} rh;
+};
+
+struct nbds_conn {
+	struct nbds *srv;
+	struct nbds_export *ex;
+	struct disk *disk;
+	struct disk_iothread *t;
+	int fd;
+	struct loop_fd *h;		/* NULL once broken */
+	uint32_t events;
+	struct loop_timer *hs_timer;
+	struct loop_bh *flush_bh;
+	enum cstate st;
+	bool transmission;
+	bool structured, no_zeroes;
+	bool closing;			/* read no more; close when all is sent */
+	bool broken;			/* the socket failed: send nothing more */
+	bool finished;			/* handed to the main thread */
+	bool read_only;
+	/* Input: bytes [in_pos, in_len) of in are received, not parsed. */
+	uint8_t *in;
+	size_t in_pos, in_len;
+	/* The option being read. */
+	uint32_t opt, opt_len;
+	uint8_t *opt_data;
+	size_t opt_got;
+	uint64_t skip_left;
+	/* Transmission. */
+	struct nbds_req *cur;		/* the write whose payload is coming */
+	unsigned inflight;
+	size_t held;
+	struct out *oq, **oq_tail;
+	size_t oq_off;			/* bytes of oq's head sent */
+	bool want_out;			/* EPOLLOUT: the socket was full */
+	/* Main thread. */
+	struct nbds_conn *next_all, *next_dead;
+};
+
+static void conn_update_events(struct nbds_conn *c);
+static void conn_maybe_finish(struct nbds_conn *c);
+
+static inline void ctr_add(_Atomic uint64_t *v, uint64_t n)
+{
+	atomic_fetch_add_explicit(v, n, memory_order_relaxed);
+}
+
+/* ---- Output ---- */
+
+static void out_free_plain(struct out *o)
+{
+	free(o);
+}
+
+static void conn_queue(struct nbds_conn *c, struct out *o)
+{
+	o->next = NULL;
+	*c->oq_tail = o;
+	c->oq_tail = &o->next;
+	loop_bh_schedule(c->flush_bh);
+}
+
+/* One option reply ("Option reply types"): header and data in one piece. */
+static void opt_reply(struct nbds_conn *c, uint32_t type, const void *data, uint32_t len)
+{
+	struct {
+		struct out o;
+		struct nbd_opt_reply r;
+		uint8_t data[];
+	} *m = malloc(sizeof(*m) + len);
+
+	if (!m) {
+		c->broken = true;
+		return;
+	}
+	m->r.magic = htobe64(NBD_OPT_REPLY_MAGIC);
+	m->r.option = htobe32(c->opt);
+	m->r.type = htobe32(type);
+	m->r.length = htobe32(len);
+	if (len)
+		memcpy(m->data, data, len);
+	m->o.iov[0] = (struct iovec){ &m->r, sizeof(m->r) + len };
+	m->o.cnt = 1;
+	m->o.held = 0;
+	m->o.done = out_free_plain;
+	conn_queue(c, &m->o);
+}
+
+static void opt_error(struct nbds_conn *c, uint32_t type, const char *msg)
+{
+	opt_reply(c, type, msg, msg ? (uint32_t)strlen(msg) : 0);
+}
+
+/* Raw bytes (the greeting, EXPORT_NAME's answer). */
+static void send_raw(struct nbds_conn *c, const void *data, size_t len)
+{
+	struct {
+		struct out o;
+		uint8_t data[];
+	} *m = malloc(sizeof(*m) + len);
+
+	if (!m) {
+		c->broken = true;
+		return;
+	}
+	memcpy(m->data, data, len);
+	m->o.iov[0] = (struct iovec){ m->data, len };
+	m->o.cnt = 1;
+	m->o.held = 0;
+	m->o.done = out_free_plain;
+	conn_queue(c, &m->o);
+}
+
+static void conn_drop_output(struct nbds_conn *c)
+{
+	while (c->oq) {
+		struct out *o = c->oq;
+
+		c->oq = o->next;
+		c->held -= o->held;
+		o->done(o);
+	}
+	c->oq_tail = &c->oq;
+	c->oq_off = 0;
+}
+
+/* Send what is queued, as far as the socket takes it. */
+static void conn_flush(struct nbds_conn *c)
+{
+	while (c->oq && !c->broken) {
+		struct iovec iov[64];
+		unsigned n = 0;
+		size_t skip = c->oq_off;
+		ssize_t w;
+
+		for (struct out *o = c->oq; o && n < ARRAY_SIZE(iov) - 3; o = o->next)
+			for (unsigned i = 0; i < o->cnt; i++) {
+				if (skip >= o->iov[i].iov_len) {
+					skip -= o->iov[i].iov_len;
+					continue;
+				}
+				iov[n].iov_base = (uint8_t *)o->iov[i].iov_base + skip;
+				iov[n++].iov_len = o->iov[i].iov_len - skip;
+				skip = 0;
+			}
+		w = writev(c->fd, iov, (int)n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK) {
+				c->want_out = true;
+				break;
+			}
+			log_debug("nbd: a client's connection failed: %s", strerror(errno));
+			c->broken = true;
+			break;
+		}
+		c->oq_off += (size_t)w;
+		/* Retire what is sent whole. */
+		while (c->oq) {
+			struct out *o = c->oq;
+			size_t len = 0;
+
+			for (unsigned i = 0; i < o->cnt; i++)
+				len += o->iov[i].iov_len;
+			if (c->oq_off < len)
+				break;
+			c->oq_off -= len;
+			c->oq = o->next;
+			c->held -= o->held;
+			o->done(o);
+		}
+		if (!c->oq)
+			c->oq_tail = &c->oq;
+		c->want_out = c->oq != NULL;
+		if (c->want_out)
+			break;	/* short write: the socket is full */
+	}
+	if (c->broken)
+		conn_drop_output(c);
+}
+
+/* ---- Requests ---- */
+
+static void req_free(struct out *o)
+{
+	struct nbds_req *r = container_of(o, struct nbds_req, out);
+
+	free(r->buf);
+	free(r);
+}
+
+static uint32_t nbd_errno(int err)
+{
+	switch (err) {
+	case EPERM:
+	case EROFS:
+		return NBD_EPERM;
+	case ENOMEM:
+		return NBD_ENOMEM;
+	case EINVAL:
+		return NBD_EINVAL;
+	case ENOSPC:
+	case EDQUOT:
+	case EFBIG:
+		return NBD_ENOSPC;
+	case EOVERFLOW:
+		return NBD_EOVERFLOW;
+	case ENOTSUP:
+		return NBD_ENOTSUP;
+	case ESHUTDOWN:
+		return NBD_ESHUTDOWN;
+	default:
+		return NBD_EIO;
+	}
+}
+
+/* Queue r's reply ("Simple reply message", "Structured reply chunk
+ * message"): a read's data follows its header; an error of a read with
+ * structured replies is an error chunk (a simple reply would be wrong). */
+static void req_reply(struct nbds_conn *c, struct nbds_req *r)
+{
+	bool read = r->type == NBD_CMD_READ;
+
+	r->out.cnt = 1;
+	r->out.done = req_free;
+	if (c->structured && read) {
+		if (r->err) {
+			r->rh.error.ch = (struct nbd_chunk){
+				.magic = htobe32(NBD_STRUCTURED_REPLY_MAGIC),
+				.flags = htobe16(NBD_REPLY_FLAG_DONE),
+				.type = htobe16(NBD_REPLY_TYPE_ERROR),
+				.cookie = r->cookie, .length = htobe32(6) };
+			r->rh.error.error = htobe32(r->err);
+			r->rh.error.msg_len = 0;
+			r->out.iov[0] = (struct iovec){ &r->rh.error, sizeof(r->rh.error) };
+		} else {
+			r->rh.data.ch = (struct nbd_chunk){
+				.magic = htobe32(NBD_STRUCTURED_REPLY_MAGIC),
+				.flags = htobe16(NBD_REPLY_FLAG_DONE),
+				.type = htobe16(r->length ? NBD_REPLY_TYPE_OFFSET_DATA :
+						NBD_REPLY_TYPE_NONE),
+				.cookie = r->cookie,
+				.length = htobe32(r->length ? 8 + r->length : 0) };
+			r->rh.data.offset = htobe64(r->offset);
+			r->out.iov[0] = (struct iovec){ &r->rh.data,
+							r->length ? sizeof(r->rh.data) :
+								    sizeof(r->rh.data.ch) };
+			if (r->length) {
+				r->out.iov[1] = (struct iovec){ r->buf, r->length };
+				r->out.cnt = 2;
+			}
+		}
+	} else {
+		r->rh.s = (struct nbd_simple_reply){ .magic = htobe32(NBD_SIMPLE_REPLY_MAGIC),
+						     .error = htobe32(r->err),
+						     .cookie = r->cookie };
+		r->out.iov[0] = (struct iovec){ &r->rh.s, sizeof(r->rh.s) };
+		if (read && !r->err && r->length) {
+			r->out.iov[1] = (struct iovec){ r->buf, r->length };
+			r->out.cnt = 2;
+		}
+	}
+	if (c->broken) {
+		c->held -= r->out.held;
+		req_free(&r->out);
+		return;
+	}
+	conn_queue(c, &r->out);
+}
+
+static void req_done(struct bdev_io *io, int res)
+{
+	struct nbds_req *r = container_of(io, struct nbds_req, io);
+	struct nbds_conn *c = r->c;
+
+	c->inflight--;
+	if (res < 0) {
+		r->err = nbd_errno(-res);
+		log_debug("nbd: request at %llu failed: %s", (unsigned long long)r->offset,
+			  strerror(-res));
+	} else if (r->type == NBD_CMD_READ) {
+		ctr_add(&c->srv->read_bytes, r->length);
+	} else if (r->type == NBD_CMD_WRITE) {
+		ctr_add(&c->srv->write_bytes, r->length);
+	}
+	req_reply(c, r);
+	/* The flush bottom half sends it, reads on if reading had stopped,
+	 * and closes a connection that is done. */
+	loop_bh_schedule(c->flush_bh);
+}
+
+static void req_submit(struct nbds_conn *c, struct nbds_req *r, enum bdev_op op)
+{
+	r->io = (struct bdev_io){ .op = op, .offset = r->offset, .cb = req_done };
+	if (op == BDEV_READ || op == BDEV_WRITE) {
+		r->iov = (struct iovec){ r->buf, r->length };
+		r->io.iov = &r->iov;
+		r->io.iovcnt = 1;
+		r->io.fua = op == BDEV_WRITE && (r->flags & NBD_CMD_FLAG_FUA);
+	} else if (op != BDEV_FLUSH) {
+		r->io.length = r->length;
+		r->io.unmap = op == BDEV_WRITE_ZEROES && !(r->flags & NBD_CMD_FLAG_NO_HOLE);
+		r->io.fua = r->flags & NBD_CMD_FLAG_FUA;
+	}
+	c->inflight++;
+	disk_submit(c->disk, c->t, &r->io);
+}
+
+/* A request answered at once: refused, or nothing to do. */
+static void req_answer(struct nbds_conn *c, struct nbds_req *r, uint32_t err)
+{
+	r->err = err;
+	if (err)
+		ctr_add(&c->srv->bad_requests, 1);
+	req_reply(c, r);
+}
+
+/* "Request types": check the header, then run it (a write once its
+ * payload is in).  Returns the request whose payload comes next, or
+ * NULL. */
+static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request *w)
+{
+	const struct bdev *b = c->disk->b;
+	uint64_t size = READ_ONCE(b->size), end;
+	unsigned bs = b->block_size;
+	uint16_t valid = NBD_CMD_FLAG_FUA;
+	struct nbds_req *r;
+	uint32_t err = 0;
+
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		c->broken = true;
+		return NULL;
+	}
+	r->c = c;
+	r->flags = be16toh(w->flags);
+	r->type = be16toh(w->type);
+	r->cookie = w->cookie;		/* opaque: sent back as it came */
+	r->offset = be64toh(w->offset);
+	r->length = be32toh(w->length);
+	ctr_add(&c->srv->requests, 1);
+	end = r->offset + r->length;	/* no overflow: 2^64 - 1 + 2^32 wraps, checked */
+
+	/* "Command flags": what each command may carry (as QEMU's server). */
+	if (r->type == NBD_CMD_READ && c->structured)
+		valid |= NBD_CMD_FLAG_DF;
+	if (r->type == NBD_CMD_WRITE_ZEROES)
+		valid |= NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO;
+	if (r->flags & ~valid)
+		err = NBD_EINVAL;
+	else if (end < r->offset)
+		err = NBD_EINVAL;
+
+	switch (r->type) {
+	case NBD_CMD_READ:
+	case NBD_CMD_WRITE: {
+		bool write = r->type == NBD_CMD_WRITE;
+
+		if (!err && r->length > NBDS_MAX_PAYLOAD)
+			err = write ? NBD_EINVAL : NBD_EOVERFLOW;
+		else if (!err && write && c->read_only)
+			err = NBD_EPERM;
+		else if (!err && end > size)
+			err = write ? NBD_ENOSPC : NBD_EINVAL;
+		else if (!err && (r->offset | r->length) % bs)
+			err = NBD_EINVAL;
+		if (!err && r->length) {
+			c->held += r->length;
+			r->out.held = r->length;
+			if (posix_memalign(&r->buf, 4096, r->length)) {
+				r->buf = NULL;
+				err = NBD_ENOMEM;
+			}
+		}
+		if (write) {
+			r->err = err;
+			if (r->length == 0) {
+				req_answer(c, r, err);
+				return NULL;
+			}
+			if (err) {
+				/* The payload comes whatever we think of it. */
+				c->skip_left = r->length;
+				c->st = CS_REQ_SKIP;
+				req_answer(c, r, err);
+				return NULL;
+			}
+			c->st = CS_REQ_DATA;
+			return r;
+		}
+		if (err || r->length == 0) {
+			req_answer(c, r, err);
+			return NULL;
+		}
+		req_submit(c, r, BDEV_READ);
+		return NULL;
+	}
+	case NBD_CMD_DISC:
+		/* "Terminating the transmission phase": what is in flight is
+		 * answered, then the connection closes. */
+		free(r);
+		c->closing = true;
+		return NULL;
+	case NBD_CMD_FLUSH:
+		if (err || c->read_only) {
+			req_answer(c, r, err);
+			return NULL;
+		}
+		req_submit(c, r, BDEV_FLUSH);
+		return NULL;
+	case NBD_CMD_TRIM:
+	case NBD_CMD_WRITE_ZEROES: {
+		bool trim = r->type == NBD_CMD_TRIM;
+
+		if (!err && c->read_only)
+			err = NBD_EPERM;
+		else if (!err && !(b->caps & (trim ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES)))
+			err = NBD_EINVAL;	/* not advertised */
+		else if (!err && end > size)
+			err = trim ? NBD_EINVAL : NBD_ENOSPC;
+		else if (!err && (r->offset | r->length) % bs)
+			err = NBD_EINVAL;
+		else if (!err && (r->flags & NBD_CMD_FLAG_FAST_ZERO))
+			/* We cannot tell in advance whether zeroing beats a
+			 * write here: the spec's answer for that. */
+			err = NBD_ENOTSUP;
+		if (err || r->length == 0) {
+			req_answer(c, r, err);
+			return NULL;
+		}
+		req_submit(c, r, trim ? BDEV_DISCARD : BDEV_WRITE_ZEROES);
+		return NULL;
+	}
+	case NBD_CMD_CACHE:
+		/* Advisory; the disk is O_DIRECT or the page cache has it. */
+		if (!err && end > size)
+			err = NBD_EINVAL;
+		req_answer(c, r, err);
+		return NULL;
+	default:
+		/* Unknown (BLOCK_STATUS included: no context was offered).
+		 * Nothing says it has a payload, so the stream stays in step. */
+		req_answer(c, r, NBD_EINVAL);
+		return NULL;
+	}
+}
+
+/* ---- The handshake ---- */
+
+static uint16_t conn_tx_flags(const struct nbds_conn *c)
+{
+	const struct bdev *b = c->disk->b;
+	uint16_t f = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA |
+		     NBD_FLAG_SEND_CACHE;
+
+	/* A flush through any connection covers the writes every other one
+	 * had answered: they share the disk's file (one fdatasync) or, for
+	 * a format or network disk, its single iothread and handle. */
+	f |= NBD_FLAG_CAN_MULTI_CONN;
+	if (c->structured)
+		f |= NBD_FLAG_SEND_DF;
+	if (c->read_only)
+		return f | NBD_FLAG_READ_ONLY;
+	if (b->caps & BDEV_CAP_DISCARD)
+		f |= NBD_FLAG_SEND_TRIM;
+	if (b->caps & BDEV_CAP_WRITE_ZEROES)
+		f |= NBD_FLAG_SEND_WRITE_ZEROES | NBD_FLAG_SEND_FAST_ZERO;
+	return f;
+}
+
+static void conn_enter_transmission(struct nbds_conn *c)
+{
+	c->transmission = true;
+	c->st = CS_REQ_HDR;
+	loop_timer_del(c->hs_timer);
+	log_info("nbd: a client started using export '%s' (%s replies)", c->ex->o.name,
+		 c->structured ? "structured" : "simple");
+}
+
+static bool name_is(const struct nbds_conn *c, const uint8_t *name, uint32_t len)
+{
+	return len == strlen(c->ex->o.name) && !memcmp(name, c->ex->o.name, len);
+}
+
+/* Wire fields at any offset (big-endian, no alignment). */
+static void put16(uint8_t *p, uint16_t v)
+{
+	v = htobe16(v);
+	memcpy(p, &v, 2);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	v = htobe32(v);
+	memcpy(p, &v, 4);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	v = htobe64(v);
+	memcpy(p, &v, 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return be32toh(v);
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+	uint16_t v;
+
+	memcpy(&v, p, 2);
+	return be16toh(v);
+}
+
+/* NBD_OPT_INFO and NBD_OPT_GO: name, then information requests. */
+static void opt_info(struct nbds_conn *c, const uint8_t *d, uint32_t len)
+{
+	const struct bdev *b = c->disk->b;
+	uint32_t nlen;
+	uint16_t nreq;
+	bool want_name = false;
+	uint8_t buf[14];
+
+	if (len < 6 || (nlen = get32(d)) > len - 6 ||
+	    len != 4 + nlen + 2 + 2 * (uint32_t)(nreq = get16(d + 4 + nlen))) {
+		opt_error(c, NBD_REP_ERR_INVALID, "malformed NBD_OPT_INFO/NBD_OPT_GO");
+		return;
+	}
+	if (!name_is(c, d + 4, nlen)) {
+		opt_error(c, NBD_REP_ERR_UNKNOWN, "no export of that name here");
+		return;
+	}
+	for (unsigned i = 0; i < nreq; i++)
+		if (get16(d + 4 + nlen + 2 + 2 * i) == NBD_INFO_NAME)
+			want_name = true;
+	/* "Information types": NBD_INFO_EXPORT always, the block sizes
+	 * always (the disk's logical block is the least we take), the name
+	 * when asked. */
+	put16(buf, NBD_INFO_EXPORT);
+	put64(buf + 2, READ_ONCE(b->size));
+	put16(buf + 10, conn_tx_flags(c));
+	opt_reply(c, NBD_REP_INFO, buf, 12);
+	put16(buf, NBD_INFO_BLOCK_SIZE);
+	put32(buf + 2, b->block_size);
+	put32(buf + 6, MAX(b->block_size, 4096u));
+	put32(buf + 10, NBDS_MAX_PAYLOAD);
+	opt_reply(c, NBD_REP_INFO, buf, 14);
+	if (want_name) {
+		size_t n = strlen(c->ex->o.name);
+		uint8_t *m = malloc(2 + n);
+
+		if (m) {
+			put16(m, NBD_INFO_NAME);
+			memcpy(m + 2, c->ex->o.name, n);
+			opt_reply(c, NBD_REP_INFO, m, (uint32_t)(2 + n));
+			free(m);
+		}
+	}
+	opt_reply(c, NBD_REP_ACK, NULL, 0);
+	if (c->opt == NBD_OPT_GO)
+		conn_enter_transmission(c);
+}
+
+/* NBD_OPT_LIST_META_CONTEXT / SET_META_CONTEXT: checked for form; no
+ * context is offered yet, so the answer is an empty list. */
+static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
+{
+	uint32_t nlen, nq, pos;
+
+	if (!c->structured) {
+		opt_error(c, NBD_REP_ERR_INVALID, "negotiate structured replies first");
+		return;
+	}
+	if (len < 8 || (nlen = get32(d)) > len - 8) {
+		opt_error(c, NBD_REP_ERR_INVALID, "malformed meta context option");
+		return;
+	}
+	nq = get32(d + 4 + nlen);
+	pos = 8 + nlen;
+	for (uint32_t i = 0; i < nq; i++) {
+		uint32_t ql;
+
+		if (len - pos < 4 || (ql = get32(d + pos)) > len - pos - 4) {
+			opt_error(c, NBD_REP_ERR_INVALID, "malformed meta context query");
+			return;
+		}
+		pos += 4 + ql;
+	}
+	if (pos != len) {
+		opt_error(c, NBD_REP_ERR_INVALID, "malformed meta context option");
+		return;
+	}
+	if (!name_is(c, d + 4, nlen)) {
+		opt_error(c, NBD_REP_ERR_UNKNOWN, "no export of that name here");
+		return;
+	}
+	opt_reply(c, NBD_REP_ACK, NULL, 0);
+}
+
+/* "Option types" */
+static void conn_option(struct nbds_conn *c, const uint8_t *d, uint32_t len)
+{
+	switch (c->opt) {
+	case NBD_OPT_EXPORT_NAME: {
+		uint8_t buf[10 + 124] = { 0 };
+
+		/* No way to say no but to hang up. */
+		if (!name_is(c, d, len)) {
+			log_info("nbd: a client asked for an export that is not here; "
+				 "disconnected");
+			c->closing = true;
+			return;
+		}
+		put64(buf, READ_ONCE(c->disk->b->size));
+		put16(buf + 8, conn_tx_flags(c));
+		send_raw(c, buf, c->no_zeroes ? 10 : sizeof(buf));
+		conn_enter_transmission(c);
+		return;
+	}
+	case NBD_OPT_ABORT:
+		opt_reply(c, NBD_REP_ACK, NULL, 0);
+		c->closing = true;
+		return;
+	case NBD_OPT_LIST: {
+		size_t n = strlen(c->ex->o.name);
+		uint8_t *m;
+
+		if (len) {
+			opt_error(c, NBD_REP_ERR_INVALID, "NBD_OPT_LIST takes no data");
+			return;
+		}
+		m = malloc(4 + n);
+		if (!m) {
+			opt_error(c, NBD_REP_ERR_SHUTDOWN, NULL);
+			return;
+		}
+		put32(m, (uint32_t)n);
+		memcpy(m + 4, c->ex->o.name, n);
+		opt_reply(c, NBD_REP_SERVER, m, (uint32_t)(4 + n));
+		free(m);
+		opt_reply(c, NBD_REP_ACK, NULL, 0);
+		return;
+	}
+	case NBD_OPT_STARTTLS:
+		if (len)
+			opt_error(c, NBD_REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
+		else
+			opt_error(c, NBD_REP_ERR_POLICY, "TLS is not configured on this export");
+		return;
+	case NBD_OPT_INFO:
+	case NBD_OPT_GO:
+		opt_info(c, d, len);
+		return;
+	case NBD_OPT_STRUCTURED_REPLY:
+		if (len)
+			opt_error(c, NBD_REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data");
+		else if (c->structured)
+			opt_error(c, NBD_REP_ERR_INVALID, "structured replies already negotiated");
+		else {
+			c->structured = true;
+			opt_reply(c, NBD_REP_ACK, NULL, 0);
+		}
+		return;
+	case NBD_OPT_LIST_META_CONTEXT:
+	case NBD_OPT_SET_META_CONTEXT:
+		opt_meta(c, d, len);
+		return;
+	default:
+		opt_error(c, NBD_REP_ERR_UNSUP, "option not supported");
+		return;
+	}
+}
+
+/* ---- Input ---- */
+
+static bool conn_can_read(const struct nbds_conn *c)
+{
+	return !c->closing && !c->broken && c->inflight < NBDS_MAX_INFLIGHT &&
+	       c->held < NBDS_MAX_HELD;
+}
+
+static void conn_fail(struct nbds_conn *c, const char *why)
+{
+	log_warn("nbd: a client of export '%s' %s; disconnected", c->ex->o.name, why);
+	if (!c->transmission)
+		ctr_add(&c->srv->handshake_failed, 1);
+	c->closing = true;
+	c->broken = true;
+	conn_drop_output(c);
+}
+
+/* Parse what is buffered, as far as it goes.  The caller reads more. */
+static void conn_parse(struct nbds_conn *c)
+{
+	while (conn_can_read(c)) {
+		size_t avail = c->in_len - c->in_pos;
+		const uint8_t *p = c->in + c->in_pos;
+
+		switch (c->st) {
+		case CS_CLIENT_FLAGS: {
+			uint32_t f;
+
+			if (avail < 4)
+				return;
+			f = get32(p);
+			c->in_pos += 4;
+			/* "Client flags": unknown ones end the session. */
+			if (f & ~(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES)) {
+				conn_fail(c, "sent unknown client flags");
+				return;
+			}
+			c->no_zeroes = f & NBD_FLAG_C_NO_ZEROES;
+			c->st = CS_OPT_HDR;
+			break;
+		}
+		case CS_OPT_HDR: {
+			struct nbd_opt_hdr h;
+
+			if (avail < sizeof(h))
+				return;
+			memcpy(&h, p, sizeof(h));
+			c->in_pos += sizeof(h);
+			if (be64toh(h.magic) != NBD_IHAVEOPT) {
+				conn_fail(c, "sent a bad option magic");
+				return;
+			}
+			c->opt = be32toh(h.option);
+			c->opt_len = be32toh(h.length);
+			if (c->opt_len > NBDS_OPT_MAX) {
+				if (c->opt == NBD_OPT_EXPORT_NAME) {
+					conn_fail(c, "sent an export name over the bound");
+					return;
+				}
+				c->skip_left = c->opt_len;
+				c->st = CS_OPT_SKIP;
+				break;
+			}
+			c->opt_data = malloc(c->opt_len ? c->opt_len : 1);
+			if (!c->opt_data) {
+				conn_fail(c, "could not be given memory for an option");
+				return;
+			}
+			c->opt_got = 0;
+			c->st = CS_OPT_DATA;
+			break;
+		}
+		case CS_OPT_DATA: {
+			size_t n = MIN(avail, c->opt_len - c->opt_got);
+
+			memcpy(c->opt_data + c->opt_got, p, n);
+			c->opt_got += n;
+			c->in_pos += n;
+			if (c->opt_got < c->opt_len)
+				return;
+			c->st = CS_OPT_HDR;
+			conn_option(c, c->opt_data, c->opt_len);
+			free(c->opt_data);
+			c->opt_data = NULL;
+			break;
+		}
+		case CS_OPT_SKIP:
+		case CS_REQ_SKIP: {
+			size_t n = (size_t)MIN((uint64_t)avail, c->skip_left);
+
+			c->skip_left -= n;
+			c->in_pos += n;
+			if (c->skip_left)
+				return;
+			if (c->st == CS_OPT_SKIP) {
+				c->st = CS_OPT_HDR;
+				opt_error(c, NBD_REP_ERR_TOO_BIG, "option data over the bound");
+			} else {
+				c->st = CS_REQ_HDR;
+			}
+			break;
+		}
+		case CS_REQ_HDR: {
+			struct nbd_request w;
+
+			if (avail < sizeof(w))
+				return;
+			memcpy(&w, p, sizeof(w));
+			c->in_pos += sizeof(w);
+			if (be32toh(w.magic) != NBD_REQUEST_MAGIC) {
+				conn_fail(c, "sent a bad request magic");
+				return;
+			}
+			c->cur = req_start(c, &w);
+			break;
+		}
+		case CS_REQ_DATA: {
+			struct nbds_req *r = c->cur;
+			size_t n = MIN(avail, r->length - r->got);
+
+			memcpy((uint8_t *)r->buf + r->got, p, n);
+			r->got += n;
+			c->in_pos += n;
+			if (r->got < r->length)
+				return;
+			c->cur = NULL;
+			c->st = CS_REQ_HDR;
+			req_submit(c, r, BDEV_WRITE);
+			break;
+		}
+		}
+	}
+}
+
+static void conn_read(struct nbds_conn *c)
+{
+	for (;;) {
+		ssize_t n;
+
+		conn_parse(c);
+		if (!conn_can_read(c))
+			break;
+		if (c->in_pos == c->in_len)
+			c->in_pos = c->in_len = 0;
+		/* A write's payload beyond what is buffered goes straight
+		 * into its buffer. */
+		if (c->st == CS_REQ_DATA && c->in_pos == c->in_len &&
+		    c->cur->length - c->cur->got >= NBDS_INBUF / 2) {
+			n = recv(c->fd, (uint8_t *)c->cur->buf + c->cur->got,
+				 c->cur->length - c->cur->got, MSG_DONTWAIT);
+			if (n > 0) {
+				c->cur->got += (size_t)n;
+				continue;
+			}
+		} else {
+			if (c->in_len == NBDS_INBUF) {
+				memmove(c->in, c->in + c->in_pos, c->in_len - c->in_pos);
+				c->in_len -= c->in_pos;
+				c->in_pos = 0;
+			}
+			n = recv(c->fd, c->in + c->in_len, NBDS_INBUF - c->in_len, MSG_DONTWAIT);
+			if (n > 0) {
+				c->in_len += (size_t)n;
+				continue;
+			}
+		}
+		if (n == 0) {
+			/* The client hung up: what it asked for still completes
+			 * (its writes are on the disk), then we close. */
+			if (!c->transmission)
+				ctr_add(&c->srv->handshake_failed, 1);
+			c->closing = true;
+			break;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK) {
+			log_debug("nbd: a client's connection failed: %s", strerror(errno));
+			c->closing = c->broken = true;
+		}
+		break;
+	}
+	disk_kick(c->disk, c->t);
+}
+
+/* ---- Events ---- */
+
+static void conn_cb(void *opaque, uint32_t events)
+{
+	struct nbds_conn *c = opaque;
+
+	if (events & (EPOLLERR | EPOLLHUP)) {
+		/* Nothing more can be sent; a hang-up may still leave input
+		 * to read (a DISC and the requests before it). */
+		if (events & EPOLLERR)
+			c->broken = c->closing = true;
+	}
+	if (events & EPOLLOUT)
+		conn_flush(c);
+	if (events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+		conn_read(c);
+	if (events & EPOLLHUP)
+		c->closing = true;
+	conn_flush(c);
+	conn_update_events(c);
+	conn_maybe_finish(c);
+}
+
+static void conn_flush_bh(void *opaque)
+{
+	struct nbds_conn *c = opaque;
+	bool could_read = conn_can_read(c);
+
+	conn_flush(c);
+	/* Completions may have made room: take what waits in the socket. */
+	if (!could_read || c->in_pos < c->in_len)
+		conn_read(c);
+	conn_flush(c);
+	conn_update_events(c);
+	conn_maybe_finish(c);
+}
+
+static void conn_update_events(struct nbds_conn *c)
+{
+	uint32_t ev = 0;
+
+	if (c->broken || c->finished) {
+		if (c->h) {
+			loop_fd_del(c->t->loop, c->h);
+			c->h = NULL;
+		}
+		return;
+	}
+	if (conn_can_read(c))
+		ev |= EPOLLIN;
+	if (c->want_out)
+		ev |= EPOLLOUT;
+	if (ev != c->events && c->h && loop_fd_mod(c->t->loop, c->h, ev) == 0)
+		c->events = ev;
+}
+
+static void hs_timer_cb(void *opaque)
+{
+	struct nbds_conn *c = opaque;
+
+	if (c->transmission || c->finished)
+		return;
+	conn_fail(c, "did not finish its handshake in 10 s");
+	conn_update_events(c);
+	conn_maybe_finish(c);
+}
+
+/* Done when closing, nothing in flight and nothing left to send (or
+ * nothing can be sent): hand the connection to the main thread. */
+static void conn_finish(struct nbds_conn *c)
+{
+	struct nbds *s = c->srv;
+
+	c->finished = true;
+	if (c->h)
+		loop_fd_del(c->t->loop, c->h);
+	c->h = NULL;
+	conn_drop_output(c);
+	loop_timer_free(c->hs_timer);
+	loop_bh_free(c->flush_bh);
+	c->hs_timer = NULL;
+	c->flush_bh = NULL;
+	shutdown(c->fd, SHUT_RDWR);
+	sys_close(&c->fd);
+	if (c->cur) {
+		free(c->cur->buf);
+		free(c->cur);
+		c->cur = NULL;
+	}
+	pthread_mutex_lock(&s->dead_lock);
+	c->next_dead = s->dead;
+	s->dead = c;
+	pthread_mutex_unlock(&s->dead_lock);
+	sys_eventfd_signal(s->dead_efd);
+}
+
+static void conn_maybe_finish(struct nbds_conn *c)
+{
+	if (c->finished || !c->closing || c->inflight)
+		return;
+	if (c->oq && !c->broken)
+		return;		/* the replies go first */
+	conn_finish(c);
+}
+
+/* ---- Main thread ---- */
+
+struct nbds_conn *nbds__conn_new(struct nbds_export *ex, struct disk_iothread *t, int fd)
+{
+	struct nbds_conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->in = malloc(NBDS_INBUF);
+	if (!c->in) {
+		free(c);
+		return NULL;
+	}
+	c->srv = ex->srv;
+	c->ex = ex;
+	c->disk = ex->srv->disk;
+	c->t = t;
+	c->fd = fd;
+	c->oq_tail = &c->oq;
+	c->read_only = ex->o.read_only || c->disk->b->read_only;
+	return c;
+}
+
+struct start_call {
+	struct nbds_conn *c;
+	int ret;
+};
+
+static void do_start(void *opaque)
+{
+	struct start_call *sc = opaque;
+	struct nbds_conn *c = sc->c;
+	struct loop *l = c->t->loop;
+	struct {
+		uint64_t magic, opt;
+		uint16_t flags;
+	} __attribute__((packed)) greet = {
+		htobe64(NBD_MAGIC), htobe64(NBD_IHAVEOPT),
+		htobe16(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES) };
+	int r;
+
+	r = loop_bh_new(l, conn_flush_bh, c, &c->flush_bh);
+	if (r == 0)
+		r = loop_timer_new(l, hs_timer_cb, c, &c->hs_timer);
+	if (r == 0)
+		r = loop_fd_add(l, c->fd, EPOLLIN, conn_cb, c, &c->h);
+	if (r < 0) {
+		loop_bh_free(c->flush_bh);
+		loop_timer_free(c->hs_timer);
+		c->flush_bh = NULL;
+		c->hs_timer = NULL;
+		sc->ret = r;
+		return;
+	}
+	c->events = EPOLLIN;
+	c->st = CS_CLIENT_FLAGS;
+	/* "Fixed newstyle negotiation": the server speaks first. */
+	send_raw(c, &greet, sizeof(greet));
+	loop_timer_mod(c->hs_timer, sys_now_ns() + NBDS_HANDSHAKE_NS);
+	sc->ret = 0;
+}
+
+int nbds__conn_start(struct nbds_conn *c)
+{
+	struct start_call sc = { c, 0 };
+
+	loop_call_sync(c->t->loop, do_start, &sc);
+	return sc.ret;
+}
+
+static void do_shutdown(void *opaque)
+{
+	struct nbds_conn *c = opaque;
+
+	if (c->finished)
+		return;
+	c->closing = true;
+	c->broken = true;
+	/* What it has in flight completes first: its buffers are the
+	 * engine's until then.  This drains every I/O of the iothread, the
+	 * other fronts' too, which only takes as long as they last. */
+	disk_kick(c->disk, c->t);
+	c->disk->b->engine->drain(c->t->bctx);
+	conn_finish(c);
+}
+
+void nbds__conn_shutdown(struct nbds_conn *c)
+{
+	loop_call_sync(c->t->loop, do_shutdown, c);
+}
+
+void nbds__conn_free(struct nbds_conn *c)
+{
+	free(c->opt_data);
+	free(c->in);
+	free(c);
+}
+
+struct nbds_export *nbds__conn_export(const struct nbds_conn *c)
+{
+	return c->ex;
+}
+
+struct nbds_conn **nbds__conn_next(struct nbds_conn *c)
+{
+	return &c->next_all;
+}
+
+struct nbds_conn **nbds__conn_next_dead(struct nbds_conn *c)
+{
+	return &c->next_dead;
+}

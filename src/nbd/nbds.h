@@ -1,0 +1,82 @@
+/*
+ * nbds_: the NBD server, a front of the disk (disk.h) beside the
+ * virtio-blk device: what backup, copy and migration tools (nbdcopy,
+ * qemu-img, nbdinfo, QEMU's NBD client) use to reach the disk vblkd
+ * serves.  The protocol is NetworkBlockDevice/nbd doc/proto.md, fixed
+ * newstyle, as nbdkit and QEMU implement it.
+ *
+ * An export is one listening socket (unix or TCP) with a name; its
+ * listener runs on the main loop, each connection on one of the disk's
+ * iothreads (disk_pick_iothread), handshake and transmission alike, its
+ * I/O submitted there on the iothread's engine ctx.  A connected client
+ * holds a claim on the disk (disk_claim: the image lock, the format's
+ * tables) until it is gone.
+ *
+ * Threading: everything in this header on the main thread.
+ */
+#ifndef VBLK_NBDS_H
+#define VBLK_NBDS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct disk;
+struct loop;
+struct nbds;
+
+/* Bounds a client cannot move (docs/architecture.md "NBD server"). */
+#define NBDS_MAX_PAYLOAD	(32u << 20)	/* NBD_INFO_BLOCK_SIZE maximum */
+#define NBDS_MAX_CONN_DEFAULT	16u
+#define NBDS_NAME_MAX		4096u		/* proto.md: strings */
+
+struct nbds_export_opts {
+	char *addr;		/* "unix:PATH" or "HOST:PORT" (owned) */
+	char *name;		/* export name (owned; "" the default) */
+	bool read_only;
+	unsigned max_conn;	/* clients at once; more are refused */
+};
+
+/*
+ * Parse "ADDR[,name=NAME][,read-only][,max-conn=N]" (--nbd, vblkctl nbd
+ * add) into *o (which then owns copies: nbds_export_opts_free).  0, or
+ * -EINVAL with one line in err.
+ */
+int nbds_export_parse(const char *spec, struct nbds_export_opts *o, char *err, size_t errlen);
+void nbds_export_opts_free(struct nbds_export_opts *o);
+
+/* The server of disk d, with no export yet; its listeners on main_loop.
+ * 0 or -errno. */
+int nbds_new(struct disk *d, struct loop *main_loop, struct nbds **out);
+/* Every client disconnected (their requests completed first), every
+ * listener closed (unix socket files removed), freed. */
+void nbds_free(struct nbds *s);
+
+/*
+ * Start serving an export: listen on o->addr (a unix socket file is
+ * created; a live one there is an error).  The server copies o.  0, or
+ * -errno with one line in err (a bad or busy address, a name in use, a
+ * writable export of a read-only disk).
+ */
+int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t errlen);
+/* Stop the export named name: its listener closes, its clients are
+ * disconnected after their requests complete.  0, or -ENOENT. */
+int nbds_remove(struct nbds *s, const char *name);
+
+struct nbds_export_info {
+	const char *name, *addr;
+	bool read_only;
+	unsigned max_conn, clients;
+	uint64_t accepted, refused;
+};
+/* The exports: up to max of them into out; returns how many there are. */
+unsigned nbds_list(struct nbds *s, struct nbds_export_info *out, unsigned max);
+
+/* Counters of every connection so far (relaxed reads). */
+struct nbds_stats {
+	uint64_t connections, clients, refused, handshake_failed;
+	uint64_t requests, bad_requests, read_bytes, write_bytes;
+};
+void nbds_stats(struct nbds *s, struct nbds_stats *st);
+
+#endif

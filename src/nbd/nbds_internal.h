@@ -1,0 +1,86 @@
+/*
+ * Shared between the files of src/nbd only: the server and its exports
+ * (server.c, main thread) and a connection (conn.c, its iothread).
+ */
+#ifndef VBLK_NBDS_INTERNAL_H
+#define VBLK_NBDS_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "backend/bdev.h"
+#include "nbd/nbd_proto.h"
+#include "nbd/nbds.h"
+
+/* What one connection may hold: requests in flight, bytes of their
+ * buffers (requests and replies not yet sent), input buffered, option
+ * data.  Past the first two it stops reading until completions free
+ * some: a client that sends without reading its replies stalls itself,
+ * not the server. */
+#define NBDS_MAX_INFLIGHT	128u
+#define NBDS_MAX_HELD		(64u << 20)
+#define NBDS_INBUF		(64u << 10)
+#define NBDS_OPT_MAX		(64u << 10)
+/* A client that has not finished its handshake by then is dropped
+ * (qemu-nbd's --handshake-limit default). */
+#define NBDS_HANDSHAKE_NS	(10ull * 1000000000ull)
+
+struct disk;
+struct disk_iothread;
+struct loop;
+struct loop_fd;
+struct loop_bh;
+struct loop_timer;
+struct nbds_conn;
+
+struct nbds_export {
+	struct nbds *srv;
+	struct nbds_export_opts o;
+	int lfd;
+	struct loop_fd *lh;
+	char *unix_path;		/* to remove at close; NULL for TCP */
+	bool tcp;
+	/* Main thread. */
+	unsigned clients;
+	uint64_t accepted, refused;
+	bool removed;			/* freed when its last client is gone */
+	struct nbds_export *next;
+};
+
+struct nbds {
+	struct disk *disk;
+	struct loop *main_loop;
+	struct nbds_export *exports;	/* main thread */
+	struct nbds_conn *conns;	/* main thread: every live connection */
+	/* Connections done on their iothread, for the main thread to free
+	 * (dead_efd tells it). */
+	pthread_mutex_t dead_lock;
+	struct nbds_conn *dead;
+	int dead_efd;
+	struct loop_fd *dead_h;
+	/* Counters: any thread adds (relaxed). */
+	_Atomic uint64_t connections, refused, handshake_failed;
+	_Atomic uint64_t requests, bad_requests, read_bytes, write_bytes;
+};
+
+/* ---- conn.c ---- */
+
+/* A connection accepted on fd for export ex, to run on iothread t.
+ * Main thread: nbds__conn_new, then nbds__conn_start (which hands it to
+ * t).  NULL on -ENOMEM. */
+struct nbds_conn *nbds__conn_new(struct nbds_export *ex, struct disk_iothread *t, int fd);
+int nbds__conn_start(struct nbds_conn *c);
+/* Main thread: close c now on its iothread (its requests drained
+ * first); it then comes back through the dead list. */
+void nbds__conn_shutdown(struct nbds_conn *c);
+/* Main thread, c on the dead list and off its iothread: free it. */
+void nbds__conn_free(struct nbds_conn *c);
+struct nbds_export *nbds__conn_export(const struct nbds_conn *c);
+/* The main thread's list of live connections; the dead list. */
+struct nbds_conn **nbds__conn_next(struct nbds_conn *c);
+struct nbds_conn **nbds__conn_next_dead(struct nbds_conn *c);
+
+#endif

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# vblkd's NBD server (issue 45), judged by the ecosystem's own clients:
+# libnbd's nbdinfo and nbdcopy, QEMU's qemu-img and qemu-io.  The exports
+# and their flags as nbdinfo sees them; copies out equal to qemu-img's
+# own reading of the same image (a qcow2 chain included); writes through
+# the export equal to the same writes on a raw oracle; a read-only export
+# refused writes; the guest's vhost-user front and NBD clients on one
+# disk at once; clean start-up errors; SIGTERM with clients connected;
+# and malformed clients, each answered as doc/proto.md says, a good
+# client served after every one (nbd_clients.py).
+# Usage: test_nbd_server.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
+set -uo pipefail
+BUILD=${1:?usage: test_nbd_server.sh BUILD_DIR}
+VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d /tmp/vblk-nbds.XXXXXX)
+dpid="" hpid=""
+cleanup() {
+    for p in $dpid $hpid; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [[ -n ${KEEP:-} ]] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+pass() { echo "PASS: $1"; }
+fail() { echo "FAIL: $1${2:+: $2}"; }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "$*"; fi; }
+
+for t in nbdinfo nbdcopy qemu-img qemu-io; do
+    command -v $t >/dev/null || {
+        echo "SKIP: nbd-server (no $t: scripts/deps.sh installs libnbd-bin, qemu-utils)"
+        exit 0; }
+done
+
+# A free TCP port on 127.0.0.1.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+# start LOG ARGS...: vblkd, ready once every unix socket it names exists.
+start() {
+    local log=$1 a s; shift
+    "$VBLKD" "$@" >"$log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 300); do
+        s=1
+        for a in "$@"; do
+            [[ $a == unix:* ]] || continue
+            a=${a#unix:}; a=${a%%,*}
+            [[ -S $a ]] || s=0
+        done
+        ((s)) && grep -q "serving" "$log" && return 0
+        kill -0 "$dpid" 2>/dev/null || return 1
+        sleep 0.02
+    done
+    return 1
+}
+# hold SOCK SECONDS: a client connected (greeting read) in the background,
+# $hpid, once this returns.
+hold() {
+    rm -f "$tmp/held"
+    python3 -c '
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(18)
+open(sys.argv[3], "w").close(); time.sleep(float(sys.argv[2]))' "$1" "$2" "$tmp/held" &
+    hpid=$!
+    for _ in $(seq 500); do [[ -e $tmp/held ]] && return 0; sleep 0.01; done
+    return 1
+}
+stop() { kill -TERM "$dpid" 2>/dev/null; wait "$dpid"; local rc=$?; dpid=""; return $rc; }
+uri() { echo "nbd+unix:///${2:-}?socket=$1"; }
+
+# ---- A raw disk, three exports, and the guest's socket ----------------------
+head -c $((64 << 20)) /dev/urandom >"$tmp/disk.raw"
+cp "$tmp/disk.raw" "$tmp/oracle.raw"
+A=$tmp/a.sock RO=$tmp/ro.sock
+if ! start "$tmp/raw.log" --disk "$tmp/disk.raw" --socket "$tmp/vu.sock" \
+        --nbd "unix:$A,max-conn=4" --nbd "127.0.0.1:$port,name=tcp" \
+        --nbd "unix:$RO,name=ro,read-only"; then
+    fail nbd-server-starts "$(tail -3 "$tmp/raw.log")"
+    exit 0
+fi
+pass nbd-server-starts
+
+out=$(nbdinfo --list "$(uri "$A")" 2>&1)
+grep -q 'export=""' <<<"$out" && grep -q "export-size: 67108864" <<<"$out" &&
+    pass nbdinfo-list-shows-the-export || fail nbdinfo-list-shows-the-export "$out"
+out=$(nbdinfo --json "nbd://127.0.0.1:$port/tcp" 2>&1)
+python3 - "$out" <<'EOF' && pass nbdinfo-tcp-flags-and-block-sizes || fail nbdinfo-tcp-flags-and-block-sizes "$out"
+import json, sys
+e = json.loads(sys.argv[1])["exports"][0]
+want = {"export-name": "tcp", "is_read_only": False, "can_flush": True, "can_fua": True,
+        "can_trim": True, "can_zero": True, "can_multi_conn": True, "can_cache": True,
+        "block_size_minimum": 512, "block_size_maximum": 33554432}
+bad = {k: e.get(k) for k, v in want.items() if e.get(k) != v}
+if bad:
+    print(bad)
+    sys.exit(1)
+EOF
+check nbdinfo-read-only-export-is-read-only nbdinfo --is readonly "$(uri "$RO" ro)"
+if nbdinfo --can trim "$(uri "$RO" ro)" 2>/dev/null; then
+    fail nbdinfo-read-only-export-cannot-trim
+else pass nbdinfo-read-only-export-cannot-trim; fi
+
+# Copies out, both transports, against the file itself.
+nbdcopy "$(uri "$A")" "$tmp/out1.raw" && cmp -s "$tmp/out1.raw" "$tmp/oracle.raw" &&
+    pass nbdcopy-unix-equals-the-disk || fail nbdcopy-unix-equals-the-disk
+nbdcopy --connections=4 "nbd://127.0.0.1:$port/tcp" "$tmp/out2.raw" &&
+    cmp -s "$tmp/out2.raw" "$tmp/oracle.raw" &&
+    pass nbdcopy-tcp-4-connections-equals-the-disk || fail nbdcopy-tcp-4-connections-equals-the-disk
+check qemu-img-compare-over-nbd qemu-img compare -q -f raw -F raw "$tmp/oracle.raw" "$(uri "$A")"
+
+# Writes through the export, the same writes on the oracle.
+cmds=(-c 'write -P 0x5a 4096 65536' -c 'write -P 0xa5 -f 1M 128k' -c 'write -z 3M 1M'
+      -c 'discard 8M 2M' -c 'write -P 0x11 63M 1M' -c flush)
+qemu-io -f raw "${cmds[@]}" "$(uri "$A")" >"$tmp/qio.out" 2>&1 &&
+    qemu-io -f raw "${cmds[@]}" "$tmp/oracle.raw" >/dev/null 2>&1 &&
+    qemu-img compare -q -f raw -F raw "$tmp/oracle.raw" "$(uri "$A")" &&
+    pass qemu-io-writes-over-nbd-equal-the-oracle ||
+    fail qemu-io-writes-over-nbd-equal-the-oracle "$(tail -2 "$tmp/qio.out")"
+# nbdcopy writing: the whole disk from a new source, then compared.
+head -c $((64 << 20)) /dev/urandom >"$tmp/src2.raw"
+nbdcopy "$tmp/src2.raw" "$(uri "$A")" && cp "$tmp/src2.raw" "$tmp/oracle.raw" &&
+    qemu-img compare -q -f raw -F raw "$tmp/oracle.raw" "$(uri "$A")" &&
+    cmp -s "$tmp/disk.raw" "$tmp/oracle.raw" &&
+    pass nbdcopy-writes-the-disk || fail nbdcopy-writes-the-disk
+
+out=$(qemu-io -f raw -c 'write 0 4096' "$(uri "$RO" ro)" 2>&1)
+grep -qiE "not permitted|read-only|Permission" <<<"$out" && cmp -s "$tmp/disk.raw" "$tmp/oracle.raw" &&
+    pass read-only-export-refuses-writes || fail read-only-export-refuses-writes "$out"
+
+# Both fronts of one disk at once: a guest's driver (vblk-bench on the
+# vhost-user socket) and an NBD copy.
+"$BENCH" --socket "$tmp/vu.sock" --rw randread --iodepth 8 --runtime 2 --ramp 0 \
+    >"$tmp/bench.out" 2>&1 &
+hpid=$!
+nbdcopy "$(uri "$A")" "$tmp/out3.raw"; rc=$?
+wait "$hpid"; brc=$?; hpid=""
+((rc == 0 && brc == 0)) && cmp -s "$tmp/out3.raw" "$tmp/oracle.raw" &&
+    pass guest-and-nbd-client-on-one-disk ||
+    fail guest-and-nbd-client-on-one-disk "nbdcopy $rc, vblk-bench $brc: $(tail -1 "$tmp/bench.out")"
+
+# The disk is locked for writing while a client holds it, and not after.
+# (The guest's ring is stopped: only the NBD client holds it.)
+hold "$A" 2
+if qemu-io -f raw -c 'write -P 0x3c 60M 512' "$tmp/disk.raw" >/dev/null 2>&1; then
+    fail image-locked-while-an-nbd-client-is-connected
+else pass image-locked-while-an-nbd-client-is-connected; fi
+wait "$hpid"; hpid=""
+sleep 0.3
+if qemu-io -f raw -c 'write -P 0x3c 60M 512' "$tmp/disk.raw" >/dev/null 2>&1; then
+    pass image-unlocked-when-the-clients-are-gone
+else fail image-unlocked-when-the-clients-are-gone; fi
+
+# ---- Malformed clients ------------------------------------------------------
+timeout 240 python3 "$here/nbd_clients.py" "$A" "$tmp/disk.raw" "$dpid" ||
+    fail nbd-clients-script "exited $?"
+kill -0 "$dpid" 2>/dev/null && pass server-alive-after-malformed-clients ||
+    fail server-alive-after-malformed-clients "$(tail -3 "$tmp/raw.log")"
+
+# SIGTERM with a client in the middle of a session: exits 0, promptly.
+hold "$A" 20 || fail sigterm-client-connects
+t0=$(date +%s%N)
+stop; rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+kill "$hpid" 2>/dev/null; wait "$hpid" 2>/dev/null; hpid=""
+((rc == 0 && ms < 5000)) && pass sigterm-with-a-client-exits-0 ||
+    fail sigterm-with-a-client-exits-0 "rc $rc after $ms ms"
+[[ ! -e $A && ! -e $RO ]] && pass unix-sockets-removed-at-exit || fail unix-sockets-removed-at-exit
+
+# ---- A qcow2 chain ----------------------------------------------------------
+qemu-img create -q -f qcow2 "$tmp/base.qcow2" 32M
+qemu-io -f qcow2 -c 'write -P 0x61 0 4M' -c 'write -P 0x62 16M 2M' "$tmp/base.qcow2" >/dev/null
+qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 "$tmp/top.qcow2"
+qemu-io -f qcow2 -c 'write -P 0x71 1M 1M' -c 'write -z 17M 64k' -c 'write -P 0x72 30M 512k' \
+    "$tmp/top.qcow2" >/dev/null
+qemu-img convert -O raw "$tmp/top.qcow2" "$tmp/chain-oracle.raw"
+Q=$tmp/q.sock
+if start "$tmp/q.log" --disk "$tmp/top.qcow2" --nbd "unix:$Q"; then
+    nbdcopy "$(uri "$Q")" "$tmp/chain-out.raw" && cmp -s "$tmp/chain-out.raw" "$tmp/chain-oracle.raw" &&
+        pass nbdcopy-of-a-qcow2-chain-equals-qemu-img-convert ||
+        fail nbdcopy-of-a-qcow2-chain-equals-qemu-img-convert
+    cmds=(-c 'write -P 0x33 5M 192k' -c 'write -P 0x34 17M 4k' -c 'write -z 20M 1M'
+          -c 'discard 16M 64k' -c flush)
+    qemu-io -f raw "${cmds[@]}" "$(uri "$Q")" >/dev/null 2>&1 &&
+        qemu-io -f raw "${cmds[@]}" "$tmp/chain-oracle.raw" >/dev/null 2>&1 &&
+        qemu-img compare -q -f raw -F raw "$tmp/chain-oracle.raw" "$(uri "$Q")" &&
+        pass qcow2-writes-over-nbd-equal-the-oracle || fail qcow2-writes-over-nbd-equal-the-oracle
+    stop || fail qcow2-sigterm-exits-0
+    check qcow2-check-clean-after-nbd-writes qemu-img check -q "$tmp/top.qcow2"
+    check qcow2-after-nbd-writes-equals-the-oracle \
+        qemu-img compare -q -F raw "$tmp/top.qcow2" "$tmp/chain-oracle.raw"
+else
+    fail qcow2-nbd-starts "$(tail -2 "$tmp/q.log")"
+fi
+
+# ---- Start-up errors: one line, non-zero, nothing left behind ----------------
+bad() {	# bad NAME EXPECTED-REGEX ARGS...
+    local name=$1 re=$2 out rc; shift 2
+    out=$(timeout 10 "$VBLKD" "$@" 2>&1); rc=$?
+    if ((rc != 0)) && [[ $(grep -vc "^vblkd\[main\].*info" <<<"$out") == 1 ]] &&
+       grep -qE "$re" <<<"$out"; then
+        pass "$name"
+    else
+        fail "$name" "rc=$rc: $out"
+    fi
+}
+bad cli-neither-socket-nor-nbd "missing --socket .* or --nbd" --disk "$tmp/disk.raw"
+bad cli-nbd-without-address "give an address first" --disk "$tmp/disk.raw" --nbd name=x
+bad cli-nbd-unknown-field "unknown field 'bogus'" --disk "$tmp/disk.raw" --nbd "unix:$tmp/x.sock,bogus"
+bad cli-nbd-max-conn-zero "max-conn takes" --disk "$tmp/disk.raw" --nbd "unix:$tmp/x.sock,max-conn=0"
+bad cli-nbd-tls-not-built "TLS on NBD exports is not built yet" --disk "$tmp/disk.raw" \
+    --nbd "unix:$tmp/x.sock,tls=x509:/etc/pki"
+bad cli-nbd-two-exports-one-name "named 'x' exists already" --disk "$tmp/disk.raw" \
+    --nbd "unix:$tmp/x1.sock,name=x" --nbd "unix:$tmp/x2.sock,name=x"
+bad cli-nbd-writable-export-of-read-only-disk "add read-only" --disk "$tmp/disk.raw" \
+    --read-only --nbd "unix:$tmp/x.sock"
+python3 -c '
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+open(sys.argv[1], "w").write(str(s.getsockname()[1])); time.sleep(10)' "$tmp/busy" &
+hpid=$!
+for _ in $(seq 500); do [[ -s $tmp/busy ]] && break; sleep 0.01; done
+bad cli-nbd-port-in-use "port is in use" --disk "$tmp/disk.raw" --nbd "127.0.0.1:$(cat "$tmp/busy")"
+kill "$hpid" 2>/dev/null; wait "$hpid" 2>/dev/null; hpid=""
+[[ ! -e $tmp/x.sock && ! -e $tmp/x1.sock && ! -e $tmp/x2.sock ]] &&
+    pass cli-errors-leave-no-socket || fail cli-errors-leave-no-socket "$(ls "$tmp"/x*.sock)"
+exit 0

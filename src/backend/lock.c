@@ -113,8 +113,8 @@ int bdev_lock(struct bdev *b, unsigned wait_ms)
 		holder(b, busy, who, sizeof(who));
 		log_err("disk %s is in use: another process%s writes it (a vblkd, "
 			"QEMU or qemu-storage-daemon serving it to a running VM); "
-			"two writers would corrupt it, so this frontend's rings are "
-			"not started: stop the other writer, or migrate its VM here",
+			"two writers would corrupt it, so neither this frontend's rings "
+			"nor an NBD client start here: stop the other writer, or migrate its VM here",
 			b->path, who);
 		return -EBUSY;
 	}

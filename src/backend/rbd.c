@@ -309,9 +309,9 @@ static int rbd_disk_lock(struct bdev *b)
 		if (r == -EROFS || r == -EBUSY || r == -EAGAIN) {
 			log_err("RBD image %s/%s is in use: another client holds its "
 				"exclusive lock (a vblkd, QEMU or qemu-storage-daemon serving "
-				"it to a running VM); two writers would corrupt it, so this "
-				"frontend's rings are not started: stop the other writer, or "
-				"migrate its VM here", d->pool, d->name);
+				"it to a running VM); two writers would corrupt it, so neither "
+				"this frontend's rings nor an NBD client start here: stop the "
+				"other writer, or migrate its VM here", d->pool, d->name);
 			return -EBUSY;
 		}
 		log_err("RBD image %s/%s: cannot take its exclusive lock: %s", d->pool,

@@ -342,6 +342,48 @@ int fmt_close(struct bdev *disk, struct bdev *file)
 	return r;
 }
 
+/* A file's data and holes (lseek SEEK_DATA / SEEK_HOLE, as QEMU's
+ * file-posix block status); anything else is data. */
+static int raw_block_status(struct bdev *b, uint64_t off, uint64_t len, struct fmt_extent *e)
+{
+	off_t d, h;
+
+	*e = (struct fmt_extent){ .length = len, .flags = 0, .depth = 1 };
+	if (b->fd < 0 || b->is_blockdev || b->engine->open)
+		return 0;
+	d = lseek(b->fd, (off_t)off, SEEK_DATA);
+	if (d < 0) {
+		/* ENXIO: no data from off to the file's end; anything else
+		 * (a file system without SEEK_DATA): call it data. */
+		if (errno == ENXIO)
+			e->flags = FMT_EXT_HOLE | FMT_EXT_ZERO;
+		return 0;
+	}
+	if ((uint64_t)d > off) {
+		e->flags = FMT_EXT_HOLE | FMT_EXT_ZERO;
+		e->length = MIN(len, (uint64_t)d - off);
+		return 0;
+	}
+	h = lseek(b->fd, (off_t)off, SEEK_HOLE);
+	if (h > (off_t)off)
+		e->length = MIN(len, (uint64_t)h - off);
+	return 0;
+}
+
+int fmt_block_status(struct bdev *disk, uint64_t off, uint64_t len, struct fmt_extent *e)
+{
+	if (!len)
+		return -EINVAL;
+	if (qcow2_io_is(disk->engine))
+		return qcow2_block_status(container_of(disk, struct qcow2, disk), off, len, e);
+	if (luks_is(disk->engine)) {
+		/* Every sector is ciphertext on the file: data. */
+		*e = (struct fmt_extent){ .length = len, .flags = 0, .depth = 1 };
+		return 0;
+	}
+	return raw_block_status(disk, off, len, e);
+}
+
 void fmt_stats(const struct bdev *disk, struct fmt_stats *out)
 {
 	const struct qcow2 *q;

@@ -150,6 +150,28 @@ void fmt_release(struct bdev *disk);
  */
 int fmt_key_export(const struct bdev *disk);
 
+/*
+ * What the range at off is, as the NBD server reports it (doc/proto.md
+ * "base:allocation metadata context", and QEMU's qemu:allocation-depth):
+ * flags FMT_EXT_HOLE (no data stored for it anywhere in the chain) and
+ * FMT_EXT_ZERO (it reads as zeroes: a qcow2 zero cluster, a file's hole,
+ * a range no layer has); depth: the layer of the chain that has it
+ * (1: the image itself, 2: its backing file, ...; 0: none, it reads as
+ * zeroes).  *e covers [off, off + e->length), 0 < length <= len; the
+ * next call goes on from there.  QEMU's block-status rules: data in any
+ * layer is data; a file's SEEK_HOLE regions are holes; a disk whose
+ * engine cannot tell (network disks) is data throughout.  0, or -errno
+ * (a corrupt table: -EIO).  On the thread serving disk (its iothread).
+ */
+#define FMT_EXT_HOLE (1u << 0)
+#define FMT_EXT_ZERO (1u << 1)
+struct fmt_extent {
+	uint64_t length;
+	unsigned flags;
+	unsigned depth;
+};
+int fmt_block_status(struct bdev *disk, uint64_t off, uint64_t len, struct fmt_extent *e);
+
 /* What a format keeps count of (all zero for raw). */
 struct fmt_stats {
 	uint64_t cache_bytes;		/* memory of the metadata caches */

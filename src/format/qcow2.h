@@ -376,6 +376,12 @@ int qcow2_reopen_plain(int fd, bool rw);
 int fmt__open_backing(struct qcow2 *q, const struct fmt_opts *o, unsigned depth, char *err,
 		      size_t errlen);
 
+/* fmt_block_status of a qcow2 disk (format.h): clusters of one kind in
+ * a run, an unallocated run resolved through the backing chain.  Its
+ * iothread. */
+struct fmt_extent;
+int qcow2_block_status(struct qcow2 *q, uint64_t off, uint64_t len, struct fmt_extent *e);
+
 /* qcow2_io.c: the disk's engine ops; whether e is such a table. */
 void qcow2_io_engine(struct bdev_engine *e, const char *name);
 bool qcow2_io_is(const struct bdev_engine *e);

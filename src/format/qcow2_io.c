@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "format/format.h"
 #include "format/qcow2.h"
 #include "util/compiler.h"
 #include "util/iov.h"
@@ -332,6 +333,53 @@ static void q2_read(struct q2_req *r)
 		len -= n;
 	}
 	req_put(r, res);
+}
+
+/* ---- Block status (format.h, fmt_block_status) ------------------------- */
+
+int qcow2_block_status(struct qcow2 *q, uint64_t off, uint64_t len, struct fmt_extent *e)
+{
+	uint64_t gcl = off >> q->cluster_bits, n, ent;
+	enum kind k, k2;
+	int r;
+
+	if ((r = classify(q, gcl, &k, &ent)) < 0)
+		return r;
+	n = MIN(len, q->cs - (off & (q->cs - 1)));
+	/* A run of clusters of one kind (the whole request at most). */
+	while (n < len) {
+		if ((r = classify(q, gcl + 1, &k2, &ent)) < 0)
+			return r;
+		if (k2 != k)
+			break;
+		gcl++;
+		n += MIN(len - n, q->cs);
+	}
+	*e = (struct fmt_extent){ .length = n, .flags = 0, .depth = 1 };
+	switch (k) {
+	case K_NORMAL:
+	case K_COMPRESSED:
+		return 0;
+	case K_ZERO:
+		e->flags = FMT_EXT_HOLE | FMT_EXT_ZERO;
+		return 0;
+	case K_UNALLOC:
+		break;
+	}
+	if (below(q, off)) {
+		struct fmt_extent b;
+
+		r = fmt_block_status(q->backing, off, MIN(n, q->backing->size - off), &b);
+		if (r < 0)
+			return r;
+		*e = (struct fmt_extent){ .length = b.length, .flags = b.flags,
+					  .depth = b.depth ? b.depth + 1 : 0 };
+		return 0;
+	}
+	/* Past the backing file's end, or no backing file: zeroes. */
+	e->flags = FMT_EXT_HOLE | FMT_EXT_ZERO;
+	e->depth = 0;
+	return 0;
 }
 
 /* ---- Writes ---------------------------------------------------------- */

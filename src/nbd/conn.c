@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "disk/disk.h"
+#include "format/format.h"
 #include "loop/loop.h"
 #include "nbd/nbds_internal.h"
 #include "util/barrier.h"
@@ -80,6 +81,8 @@ struct nbds_conn {
 	enum cstate st;
 	bool transmission;
 	bool structured, no_zeroes;
+	/* Metadata contexts selected (NBD_OPT_SET_META_CONTEXT). */
+	bool meta_base, meta_depth;
 	bool closing;			/* read no more; close when all is sent */
 	bool broken;			/* the socket failed: send nothing more */
 	bool finished;			/* handed to the main thread */
@@ -105,6 +108,8 @@ struct nbds_conn {
 
 static void conn_update_events(struct nbds_conn *c);
 static void conn_maybe_finish(struct nbds_conn *c);
+static void put32(uint8_t *p, uint32_t v);
+static uint32_t get32(const uint8_t *p);
 
 static inline void ctr_add(_Atomic uint64_t *v, uint64_t n)
 {
@@ -382,6 +387,102 @@ static void req_answer(struct nbds_conn *c, struct nbds_req *r, uint32_t err)
 	req_reply(c, r);
 }
 
+#define NBDS_META_BASE_ID	1	/* base:allocation */
+#define NBDS_META_DEPTH_ID	2	/* qemu:allocation-depth */
+#define NBDS_MAX_EXTENTS	512u	/* per reply chunk (spec: <= 2^20) */
+
+/* One context's descriptors from the disk's extents: neighbours with the
+ * same status merged.  Returns the count, written at d (pairs). */
+static unsigned extents_to_descs(const struct fmt_extent *x, unsigned n, bool depth, uint8_t *d)
+{
+	unsigned out = 0;
+	uint32_t prev = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		uint32_t v = depth ? x[i].depth :
+			     ((x[i].flags & FMT_EXT_HOLE) ? NBD_STATE_HOLE : 0) |
+			     ((x[i].flags & FMT_EXT_ZERO) ? NBD_STATE_ZERO : 0);
+
+		if (out && v == prev) {
+			uint32_t len = get32(d + 8 * (out - 1));
+
+			put32(d + 8 * (out - 1), len + (uint32_t)x[i].length);
+			continue;
+		}
+		put32(d + 8 * out, (uint32_t)x[i].length);
+		put32(d + 8 * out + 4, v);
+		prev = v;
+		out++;
+	}
+	return out;
+}
+
+/* NBD_CMD_BLOCK_STATUS ("Structured reply types": NBD_REPLY_TYPE_BLOCK_STATUS):
+ * one chunk per selected context, the last one DONE.  The extents come
+ * from the format (fmt_block_status), synchronously: a qcow2 table not in
+ * the cache is read as the guest's requests read it.  0 (r answered and
+ * freed) or an NBD error for r. */
+static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
+{
+	unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : NBDS_MAX_EXTENTS, n = 0;
+	unsigned nctx = c->meta_base + c->meta_depth, ndesc[2] = { 0 };
+	struct fmt_extent *x = malloc(max * sizeof(*x));
+	uint64_t off = r->offset, left = r->length;
+	struct {
+		struct out o;
+		uint8_t data[];
+	} *m;
+	uint8_t *p;
+	size_t size;
+
+	if (!x)
+		return NBD_ENOMEM;
+	while (left && n < max) {
+		int res = fmt_block_status(c->disk->b, off, left, &x[n]);
+
+		if (res < 0) {
+			free(x);
+			return nbd_errno(-res);
+		}
+		off += x[n].length;
+		left -= x[n].length;
+		n++;
+	}
+	/* Room for every descriptor unmerged, per context. */
+	size = nctx * (sizeof(struct nbd_chunk) + 4 + 8 * (size_t)n);
+	m = malloc(sizeof(*m) + size);
+	if (!m) {
+		free(x);
+		return NBD_ENOMEM;
+	}
+	p = m->data;
+	for (unsigned i = 0; i < 2; i++) {
+		bool depth = i == 1;
+		struct nbd_chunk ch;
+
+		if (depth ? !c->meta_depth : !c->meta_base)
+			continue;
+		ndesc[i] = extents_to_descs(x, n, depth, p + sizeof(ch) + 4);
+		ch = (struct nbd_chunk){
+			.magic = htobe32(NBD_STRUCTURED_REPLY_MAGIC),
+			.flags = htobe16(--nctx ? 0 : NBD_REPLY_FLAG_DONE),
+			.type = htobe16(NBD_REPLY_TYPE_BLOCK_STATUS),
+			.cookie = r->cookie,
+			.length = htobe32(4 + 8 * ndesc[i]) };
+		memcpy(p, &ch, sizeof(ch));
+		put32(p + sizeof(ch), depth ? NBDS_META_DEPTH_ID : NBDS_META_BASE_ID);
+		p += sizeof(ch) + 4 + 8 * ndesc[i];
+	}
+	free(x);
+	m->o.iov[0] = (struct iovec){ m->data, (size_t)(p - m->data) };
+	m->o.cnt = 1;
+	m->o.held = 0;
+	m->o.done = out_free_plain;
+	free(r);
+	conn_queue(c, &m->o);
+	return 0;
+}
+
 /* "Request types": check the header, then run it (a write once its
  * payload is in).  Returns the request whose payload comes next, or
  * NULL. */
@@ -413,6 +514,8 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 		valid |= NBD_CMD_FLAG_DF;
 	if (r->type == NBD_CMD_WRITE_ZEROES)
 		valid |= NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO;
+	if (r->type == NBD_CMD_BLOCK_STATUS)
+		valid |= NBD_CMD_FLAG_REQ_ONE;
 	if (r->flags & ~valid)
 		err = NBD_EINVAL;
 	else if (end < r->offset)
@@ -504,9 +607,17 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 			err = NBD_EINVAL;
 		req_answer(c, r, err);
 		return NULL;
+	case NBD_CMD_BLOCK_STATUS:
+		if (!err && (!(c->meta_base || c->meta_depth) || r->length == 0 || end > size))
+			err = NBD_EINVAL;
+		if (err || (err = req_block_status(c, r)) != 0) {
+			req_answer(c, r, err);
+			return NULL;
+		}
+		return NULL;
 	default:
-		/* Unknown (BLOCK_STATUS included: no context was offered).
-		 * Nothing says it has a payload, so the stream stays in step. */
+		/* Unknown: nothing says it has a payload, so the stream stays
+		 * in step. */
 		req_answer(c, r, NBD_EINVAL);
 		return NULL;
 	}
@@ -633,12 +744,31 @@ static void opt_info(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 		conn_enter_transmission(c);
 }
 
-/* NBD_OPT_LIST_META_CONTEXT / SET_META_CONTEXT: checked for form; no
- * context is offered yet, so the answer is an empty list. */
+/* Which of our contexts a query names ("Metadata querying"): for LIST a
+ * bare namespace selects its contexts too; an unknown namespace nothing. */
+static void meta_match(const uint8_t *q, uint32_t len, bool list, bool *base, bool *depth)
+{
+	static const char b[] = "base:allocation", d[] = "qemu:allocation-depth";
+
+	if ((len == sizeof(b) - 1 && !memcmp(q, b, len)) ||
+	    (list && len == 5 && !memcmp(q, "base:", 5)))
+		*base = true;
+	if ((len == sizeof(d) - 1 && !memcmp(q, d, len)) ||
+	    (list && len == 5 && !memcmp(q, "qemu:", 5)))
+		*depth = true;
+}
+
+/* NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT: base:allocation
+ * and qemu:allocation-depth (as qemu-nbd -A). */
 static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 {
+	bool set = c->opt == NBD_OPT_SET_META_CONTEXT, base = false, depth = false;
 	uint32_t nlen, nq, pos;
 
+	/* "replaces all previously-set metadata contexts (including when
+	 * this command fails)" */
+	if (set)
+		c->meta_base = c->meta_depth = false;
 	if (!c->structured) {
 		opt_error(c, NBD_REP_ERR_INVALID, "negotiate structured replies first");
 		return;
@@ -656,6 +786,7 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 			opt_error(c, NBD_REP_ERR_INVALID, "malformed meta context query");
 			return;
 		}
+		meta_match(d + pos + 4, ql, !set, &base, &depth);
 		pos += 4 + ql;
 	}
 	if (pos != len) {
@@ -665,6 +796,24 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 	if (!name_is(c, d + 4, nlen)) {
 		opt_error(c, NBD_REP_ERR_UNKNOWN, "no export of that name here");
 		return;
+	}
+	if (!set && nq == 0)
+		base = depth = true;
+	for (unsigned i = 0; i < 2; i++) {
+		const char *name = i ? "qemu:allocation-depth" : "base:allocation";
+		uint8_t buf[4 + 32];
+		size_t n = strlen(name);
+
+		if (!(i ? depth : base))
+			continue;
+		/* IDs: 0 in a list (the spec's SHOULD), ours in a selection. */
+		put32(buf, set ? (i ? NBDS_META_DEPTH_ID : NBDS_META_BASE_ID) : 0);
+		memcpy(buf + 4, name, n);
+		opt_reply(c, NBD_REP_META_CONTEXT, buf, (uint32_t)(4 + n));
+	}
+	if (set) {
+		c->meta_base = base;
+		c->meta_depth = depth;
 	}
 	opt_reply(c, NBD_REP_ACK, NULL, 0);
 }

@@ -137,7 +137,7 @@ static void accept_one(struct nbds_export *ex, int fd)
 	struct nbds *s = ex->srv;
 	struct nbds_conn *c;
 	char err[300];
-	int one = 1;
+	int one = 1, r;
 
 	if (ex->clients >= ex->o.max_conn) {
 		ex->refused++;
@@ -149,9 +149,11 @@ static void accept_one(struct nbds_export *ex, int fd)
 	}
 	/* A writer needs the image lock; a format reads its tables again if
 	 * no front held the disk (disk.h). */
-	if (disk_claim(s->disk, 0, err, sizeof(err)) < 0) {
+	if ((r = disk_claim(s->disk, 0, err, sizeof(err))) < 0) {
 		ex->refused++;
-		log_warn("nbd: a client of export '%s' refused: %s", ex->o.name, err);
+		/* -EBUSY: bdev_lock said who holds the disk, in one line. */
+		if (r != -EBUSY)
+			log_warn("nbd: a client of export '%s' refused: %s", ex->o.name, err);
 		close(fd);
 		return;
 	}

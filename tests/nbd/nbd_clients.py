@@ -360,6 +360,81 @@ def block_status_without_context(s):
     return err == EINVAL and in_step(s), "err %d" % err
 
 
+def set_meta(s, *names):
+    q = b"".join(struct.pack(">I", len(n)) + n for n in names)
+    option(s, OPT_SET_META, struct.pack(">II", 0, len(names)) + q)
+    ids = {}
+    while True:
+        _, typ, data = opt_reply(s)
+        if typ == 4:
+            ids[data[4:]] = struct.unpack(">I", data[:4])[0]
+        elif typ == REP_ACK:
+            return ids
+        else:
+            raise AssertionError("SET_META_CONTEXT refused: %x" % typ)
+
+
+def tx_meta(fn, *names):
+    def run():
+        s = connect()
+        option(s, OPT_STRUCTURED)
+        assert opt_reply(s)[1] == REP_ACK
+        ids = set_meta(s, *names)
+        option(s, OPT_GO, struct.pack(">I", 0) + struct.pack(">H", 0))
+        while opt_reply(s)[1] != REP_ACK:
+            pass
+        return fn(s, ids)
+    return run
+
+
+def block_status_chunks(s):
+    """[(context id, [(length, flags)...])...], error of one BLOCK_STATUS reply."""
+    out, err = [], 0
+    while True:
+        magic, flags, typ, cookie, length = struct.unpack(">IHHQI", recvn(s, 20))
+        payload = recvn(s, length)
+        if typ == 5:
+            cid = struct.unpack(">I", payload[:4])[0]
+            out.append((cid, [struct.unpack(">II", payload[4 + 8 * i:12 + 8 * i])
+                              for i in range((length - 4) // 8)]))
+        elif typ & 0x8000:
+            err = struct.unpack(">I", payload[:4])[0]
+        if flags & 1:
+            return out, err
+
+
+def block_status_req_one(s, ids):
+    request(s, CMD_BLOCK_STATUS, 0, 1 << 20, flags=1 << 3)
+    chunks, err = block_status_chunks(s)
+    good = (err == 0 and len(chunks) == 2 and
+            all(len(d) == 1 and 0 < d[0][0] <= 1 << 20 for _, d in chunks) and
+            {c for c, _ in chunks} == set(ids.values()))
+    return good and in_step(s), "err %d, chunks %r" % (err, chunks)
+
+
+def block_status_covers(s, ids):
+    request(s, CMD_BLOCK_STATUS, 4096, 8 << 20)
+    chunks, err = block_status_chunks(s)
+    sums = [sum(l for l, _ in d) for _, d in chunks]
+    return err == 0 and len(chunks) == 1 and sums[0] >= 8 << 20 and in_step(s), \
+        "err %d, sums %r" % (err, sums)
+
+
+def block_status_past_end(s, ids):
+    request(s, CMD_BLOCK_STATUS, SIZE - 4096, 8192)
+    err, _, _ = reply(s)
+    request(s, CMD_BLOCK_STATUS, 0, 0)
+    err2, _, _ = reply(s)
+    return err == EINVAL and err2 == EINVAL and in_step(s), "errs %d %d" % (err, err2)
+
+
+def meta_unknown_namespace(s, ids):
+    # Nothing selected: BLOCK_STATUS is refused.
+    request(s, CMD_BLOCK_STATUS, 0, 4096)
+    err, _, _ = reply(s)
+    return ids == {} and err == EINVAL and in_step(s), "ids %r err %d" % (ids, err)
+
+
 def trim_past_end(s):
     request(s, CMD_TRIM, SIZE - 4096, 1 << 20)
     err, _, _ = reply(s)
@@ -465,6 +540,13 @@ scenario("nbd-write-over-max-einval-payload-skipped", tx(write_over_max))
 scenario("nbd-unknown-command-einval", tx(unknown_command))
 scenario("nbd-block-status-without-context-einval", tx(block_status_without_context))
 scenario("nbd-trim-past-end-einval", tx(trim_past_end))
+scenario("nbd-block-status-req-one-one-descriptor-per-context",
+         tx_meta(block_status_req_one, b"base:allocation", b"qemu:allocation-depth"))
+scenario("nbd-block-status-covers-the-range", tx_meta(block_status_covers, b"base:allocation"))
+scenario("nbd-block-status-past-end-or-empty-einval",
+         tx_meta(block_status_past_end, b"base:allocation"))
+scenario("nbd-meta-unknown-namespace-selects-nothing",
+         tx_meta(meta_unknown_namespace, b"x-nope:thing", b"base:"))
 scenario("nbd-fast-zero-enotsup-nothing-written", tx(fast_zero))
 scenario("nbd-zero-length-read-write-ok", tx(zero_length))
 scenario("nbd-half-close-answered-then-closed", tx(half_close))

@@ -191,6 +191,45 @@ else
     fail qcow2-nbd-starts "$(tail -2 "$tmp/q.log")"
 fi
 
+# ---- Block status: nbdinfo --map against qemu-nbd's (QEMU's block layer) -------
+# A three-layer chain: a raw base with holes, a qcow2 over it with data and
+# zero clusters, a qcow2 on top; both contexts, QEMU's answer the oracle.
+qemu-img create -q -f raw "$tmp/m-base.raw" 32M
+qemu-io -f raw -c 'write -P 0x61 0 4M' -c 'write -P 0x62 16M 2M' "$tmp/m-base.raw" >/dev/null
+qemu-img create -q -f qcow2 -b m-base.raw -F raw "$tmp/m-mid.qcow2"
+qemu-io -f qcow2 -c 'write -P 0x71 1M 1M' -c 'write -z 17M 64k' -c 'write -P 0x72 30M 512k' \
+    "$tmp/m-mid.qcow2" >/dev/null
+qemu-img create -q -f qcow2 -b m-mid.qcow2 -F qcow2 "$tmp/m-top.qcow2"
+qemu-io -f qcow2 -c 'write -P 0x11 8M 128k' -c 'write -z 0 64k' "$tmp/m-top.qcow2" >/dev/null
+maps() {	# maps SOCK PREFIX: both contexts' maps into $tmp/PREFIX.{alloc,depth}
+    nbdinfo --map "$(uri "$1")" >"$tmp/$2.alloc" 2>&1
+    nbdinfo --map=qemu:allocation-depth "$(uri "$1")" >"$tmp/$2.depth" 2>&1
+}
+for img in m-top.qcow2 m-base.raw; do
+    fmt=qcow2; [[ $img == *.raw ]] && fmt=raw
+    qemu-nbd -A -f $fmt -r --persistent --socket="$tmp/qn.sock" "$tmp/$img" 2>/dev/null &
+    hpid=$!
+    for _ in $(seq 300); do [[ -S $tmp/qn.sock ]] && break; sleep 0.01; done
+    maps "$tmp/qn.sock" qemu
+    kill "$hpid"; wait "$hpid" 2>/dev/null; hpid=""; rm -f "$tmp/qn.sock"
+    if start "$tmp/m.log" --disk "$tmp/$img" --nbd "unix:$tmp/m.sock"; then
+        maps "$tmp/m.sock" vblkd
+        stop
+        for ctx in alloc depth; do
+            name=block-status-${img%%.*}-$fmt-$ctx-equals-qemu-nbd
+            [[ $ctx == depth ]] && name=block-status-${img%%.*}-$fmt-allocation-depth-equals-qemu-nbd
+            [[ $ctx == alloc ]] && name=block-status-${img%%.*}-$fmt-base-allocation-equals-qemu-nbd
+            if [[ -s $tmp/vblkd.$ctx ]] && diff -q "$tmp/vblkd.$ctx" "$tmp/qemu.$ctx" >/dev/null; then
+                pass "$name"
+            else
+                fail "$name" "$(diff "$tmp/vblkd.$ctx" "$tmp/qemu.$ctx" | head -6 | tr '\n' ' ')"
+            fi
+        done
+    else
+        fail "block-status-$img-starts" "$(tail -2 "$tmp/m.log")"
+    fi
+done
+
 # ---- Start-up errors: one line, non-zero, nothing left behind ----------------
 bad() {	# bad NAME EXPECTED-REGEX ARGS...
     local name=$1 re=$2 out rc; shift 2

@@ -83,6 +83,11 @@ struct nbds_conn {
 	bool structured, no_zeroes;
 	/* Metadata contexts selected (NBD_OPT_SET_META_CONTEXT). */
 	bool meta_base, meta_depth;
+	/* TLS: the session once STARTTLS was accepted; the handshake runs
+	 * until tls_up, waiting for tls_events. */
+	struct nbds_tls_sess *tls;
+	bool tls_up;
+	uint32_t tls_events;
 	bool closing;			/* read no more; close when all is sent */
 	bool broken;			/* the socket failed: send nothing more */
 	bool finished;			/* handed to the main thread */
@@ -195,9 +200,63 @@ static void conn_drop_output(struct nbds_conn *c)
 	c->oq_off = 0;
 }
 
+/* Retire what is sent whole from the head of the queue. */
+static void conn_retire(struct nbds_conn *c)
+{
+	while (c->oq) {
+		struct out *o = c->oq;
+		size_t len = 0;
+
+		for (unsigned i = 0; i < o->cnt; i++)
+			len += o->iov[i].iov_len;
+		if (c->oq_off < len)
+			break;
+		c->oq_off -= len;
+		c->oq = o->next;
+		c->held -= o->held;
+		o->done(o);
+	}
+	if (!c->oq)
+		c->oq_tail = &c->oq;
+}
+
+/* Through TLS: piece by piece (GnuTLS takes no iovecs; a record holds up
+ * to 16 KiB), the same piece again after -EAGAIN, as GnuTLS requires. */
+static void conn_flush_tls(struct nbds_conn *c)
+{
+	c->want_out = false;
+	while (c->oq && !c->broken) {
+		struct out *o = c->oq;
+		size_t skip = c->oq_off;
+		ssize_t w;
+		unsigned i;
+
+		for (i = 0; i < o->cnt && skip >= o->iov[i].iov_len; i++)
+			skip -= o->iov[i].iov_len;
+		w = nbds__tls_send(c->tls, (uint8_t *)o->iov[i].iov_base + skip,
+				   o->iov[i].iov_len - skip);
+		if (w == -EAGAIN) {
+			c->want_out = true;
+			return;
+		}
+		if (w < 0) {
+			c->broken = true;
+			break;
+		}
+		c->oq_off += (size_t)w;
+		conn_retire(c);
+	}
+	if (c->broken)
+		conn_drop_output(c);
+}
+
 /* Send what is queued, as far as the socket takes it. */
 static void conn_flush(struct nbds_conn *c)
 {
+	if (c->tls_up) {
+		conn_flush_tls(c);
+		return;
+	}
 	while (c->oq && !c->broken) {
 		struct iovec iov[64];
 		unsigned n = 0;
@@ -227,22 +286,7 @@ static void conn_flush(struct nbds_conn *c)
 			break;
 		}
 		c->oq_off += (size_t)w;
-		/* Retire what is sent whole. */
-		while (c->oq) {
-			struct out *o = c->oq;
-			size_t len = 0;
-
-			for (unsigned i = 0; i < o->cnt; i++)
-				len += o->iov[i].iov_len;
-			if (c->oq_off < len)
-				break;
-			c->oq_off -= len;
-			c->oq = o->next;
-			c->held -= o->held;
-			o->done(o);
-		}
-		if (!c->oq)
-			c->oq_tail = &c->oq;
+		conn_retire(c);
 		c->want_out = c->oq != NULL;
 		if (c->want_out)
 			break;	/* short write: the socket is full */
@@ -744,6 +788,47 @@ static void opt_info(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 		conn_enter_transmission(c);
 }
 
+static void conn_fail(struct nbds_conn *c, const char *why);
+
+/* One step of the TLS handshake (after NBD_OPT_STARTTLS's ACK). */
+static void conn_tls_step(struct nbds_conn *c)
+{
+	int r = nbds__tls_handshake(c->tls, &c->tls_events);
+
+	if (r < 0) {
+		conn_fail(c, "failed its TLS handshake");
+		return;
+	}
+	if (r == 0)
+		return;
+	/* "the server MUST NOT preserve any negotiation state" */
+	c->tls_up = true;
+	c->structured = false;
+	c->meta_base = c->meta_depth = false;
+}
+
+/* "TLS support": ACK in the clear, every byte of it out, then the
+ * handshake.  A client that sent anything after its STARTTLS did not
+ * wait for the ACK: it is not speaking the protocol. */
+static void conn_starttls(struct nbds_conn *c)
+{
+	opt_reply(c, NBD_REP_ACK, NULL, 0);
+	conn_flush(c);
+	if (c->oq || c->broken) {
+		conn_fail(c, "did not take the STARTTLS reply");
+		return;
+	}
+	if (c->in_pos != c->in_len) {
+		conn_fail(c, "sent data before its TLS handshake");
+		return;
+	}
+	if (nbds__tls_sess_new(c->ex->tls, c->fd, &c->tls) < 0) {
+		conn_fail(c, "could not be given a TLS session");
+		return;
+	}
+	conn_tls_step(c);
+}
+
 /* Which of our contexts a query names ("Metadata querying"): for LIST a
  * bare namespace selects its contexts too; an unknown namespace nothing. */
 static void meta_match(const uint8_t *q, uint32_t len, bool list, bool *base, bool *depth)
@@ -821,6 +906,16 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 /* "Option types" */
 static void conn_option(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 {
+	/* "FORCEDTLS": before TLS, only STARTTLS and ABORT; EXPORT_NAME
+	 * cannot be refused but by hanging up. */
+	if (c->ex->tls && !c->tls_up && c->opt != NBD_OPT_STARTTLS && c->opt != NBD_OPT_ABORT) {
+		if (c->opt == NBD_OPT_EXPORT_NAME) {
+			conn_fail(c, "asked for a TLS export without TLS");
+			return;
+		}
+		opt_error(c, NBD_REP_ERR_TLS_REQD, "this export requires TLS (NBD_OPT_STARTTLS)");
+		return;
+	}
 	switch (c->opt) {
 	case NBD_OPT_EXPORT_NAME: {
 		uint8_t buf[10 + 124] = { 0 };
@@ -865,8 +960,12 @@ static void conn_option(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 	case NBD_OPT_STARTTLS:
 		if (len)
 			opt_error(c, NBD_REP_ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
-		else
+		else if (!c->ex->tls)
 			opt_error(c, NBD_REP_ERR_POLICY, "TLS is not configured on this export");
+		else if (c->tls)
+			opt_error(c, NBD_REP_ERR_INVALID, "TLS is already on");
+		else
+			conn_starttls(c);
 		return;
 	case NBD_OPT_INFO:
 	case NBD_OPT_GO:
@@ -896,7 +995,7 @@ static void conn_option(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 
 static bool conn_can_read(const struct nbds_conn *c)
 {
-	return !c->closing && !c->broken && c->inflight < NBDS_MAX_INFLIGHT &&
+	return (!c->tls || c->tls_up) && !c->closing && !c->broken && c->inflight < NBDS_MAX_INFLIGHT &&
 	       c->held < NBDS_MAX_HELD;
 }
 
@@ -1027,6 +1126,21 @@ static void conn_parse(struct nbds_conn *c)
 	}
 }
 
+/* recv(2) or, once TLS is up, the session's: n > 0, 0 at the end,
+ * -1 with errno. */
+static ssize_t conn_recv(struct nbds_conn *c, void *buf, size_t len)
+{
+	ssize_t n;
+
+	if (!c->tls_up)
+		return recv(c->fd, buf, len, MSG_DONTWAIT);
+	n = nbds__tls_recv(c->tls, buf, len);
+	if (n >= 0)
+		return n;
+	errno = (int)-n;
+	return -1;
+}
+
 static void conn_read(struct nbds_conn *c)
 {
 	for (;;) {
@@ -1041,8 +1155,8 @@ static void conn_read(struct nbds_conn *c)
 		 * into its buffer. */
 		if (c->st == CS_REQ_DATA && c->in_pos == c->in_len &&
 		    c->cur->length - c->cur->got >= NBDS_INBUF / 2) {
-			n = recv(c->fd, (uint8_t *)c->cur->buf + c->cur->got,
-				 c->cur->length - c->cur->got, MSG_DONTWAIT);
+			n = conn_recv(c, (uint8_t *)c->cur->buf + c->cur->got,
+				      c->cur->length - c->cur->got);
 			if (n > 0) {
 				c->cur->got += (size_t)n;
 				continue;
@@ -1053,7 +1167,7 @@ static void conn_read(struct nbds_conn *c)
 				c->in_len -= c->in_pos;
 				c->in_pos = 0;
 			}
-			n = recv(c->fd, c->in + c->in_len, NBDS_INBUF - c->in_len, MSG_DONTWAIT);
+			n = conn_recv(c, c->in + c->in_len, NBDS_INBUF - c->in_len);
 			if (n > 0) {
 				c->in_len += (size_t)n;
 				continue;
@@ -1084,6 +1198,21 @@ static void conn_cb(void *opaque, uint32_t events)
 {
 	struct nbds_conn *c = opaque;
 
+	if (c->tls && !c->tls_up && !c->broken) {
+		if (events & (EPOLLERR | EPOLLHUP))
+			conn_fail(c, "hung up in its TLS handshake");
+		else
+			conn_tls_step(c);
+		/* Up: what the client sent right behind its Finished may be
+		 * decrypted already, where epoll cannot see it. */
+		if (c->tls_up) {
+			conn_read(c);
+			conn_flush(c);
+		}
+		conn_update_events(c);
+		conn_maybe_finish(c);
+		return;
+	}
 	if (events & (EPOLLERR | EPOLLHUP)) {
 		/* Nothing more can be sent; a hang-up may still leave input
 		 * to read (a DISC and the requests before it). */
@@ -1108,7 +1237,7 @@ static void conn_flush_bh(void *opaque)
 
 	conn_flush(c);
 	/* Completions may have made room: take what waits in the socket. */
-	if (!could_read || c->in_pos < c->in_len)
+	if (!could_read || c->in_pos < c->in_len || (c->tls_up && nbds__tls_pending(c->tls)))
 		conn_read(c);
 	conn_flush(c);
 	conn_update_events(c);
@@ -1126,6 +1255,8 @@ static void conn_update_events(struct nbds_conn *c)
 		}
 		return;
 	}
+	if (c->tls && !c->tls_up)
+		ev = c->tls_events;
 	if (conn_can_read(c))
 		ev |= EPOLLIN;
 	if (c->want_out)
@@ -1160,6 +1291,11 @@ static void conn_finish(struct nbds_conn *c)
 	loop_bh_free(c->flush_bh);
 	c->hs_timer = NULL;
 	c->flush_bh = NULL;
+	if (c->tls_up && !c->broken)
+		nbds__tls_bye(c->tls);
+	nbds__tls_sess_free(c->tls);
+	c->tls = NULL;
+	c->tls_up = false;
 	shutdown(c->fd, SHUT_RDWR);
 	sys_close(&c->fd);
 	if (c->cur) {

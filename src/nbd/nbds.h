@@ -33,12 +33,14 @@ struct nbds;
 struct nbds_export_opts {
 	char *addr;		/* "unix:PATH" or "HOST:PORT" (owned) */
 	char *name;		/* export name (owned; "" the default) */
+	char *tls;		/* "x509:DIR" or "psk:FILE" (owned); NULL: none.
+				 * With it, TLS is required (FORCEDTLS). */
 	bool read_only;
 	unsigned max_conn;	/* clients at once; more are refused */
 };
 
 /*
- * Parse "ADDR[,name=NAME][,read-only][,max-conn=N]" (--nbd, vblkctl nbd
+ * Parse "ADDR[,name=NAME][,read-only][,max-conn=N][,tls=x509:DIR|psk:FILE]" (--nbd, vblkctl nbd
  * add) into *o (which then owns copies: nbds_export_opts_free).  0, or
  * -EINVAL with one line in err.
  */
@@ -65,7 +67,7 @@ int nbds_remove(struct nbds *s, const char *name);
 
 struct nbds_export_info {
 	const char *name, *addr;
-	bool read_only;
+	bool read_only, tls;
 	unsigned max_conn, clients;
 	uint64_t accepted, refused;
 };

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include "backend/bdev.h"
@@ -36,9 +37,30 @@ struct loop_bh;
 struct loop_timer;
 struct nbds_conn;
 
+/* ---- tls.c: GnuTLS ---- */
+
+struct nbds_tls;		/* an export's credentials (main thread) */
+struct nbds_tls_sess;		/* a connection's session (its iothread) */
+/* "x509:DIR" or "psk:FILE" -> credentials; 0, or -errno with one line in
+ * err (a file missing or unreadable, a key that does not load). */
+int nbds__tls_new(const char *spec, struct nbds_tls **out, char *err, size_t errlen);
+void nbds__tls_free(struct nbds_tls *t);
+int nbds__tls_sess_new(struct nbds_tls *t, int fd, struct nbds_tls_sess **out);
+void nbds__tls_sess_free(struct nbds_tls_sess *ss);
+/* One step of the handshake: 1 done, 0 to be called again once the
+ * socket is ready for *events (EPOLLIN or EPOLLOUT), -1 failed (logged). */
+int nbds__tls_handshake(struct nbds_tls_sess *ss, uint32_t *events);
+/* >0 bytes, 0 end of stream, -EAGAIN, or -EIO. */
+ssize_t nbds__tls_recv(struct nbds_tls_sess *ss, void *buf, size_t len);
+ssize_t nbds__tls_send(struct nbds_tls_sess *ss, const void *buf, size_t len);
+/* Decrypted bytes wait inside the session (the socket will not say so). */
+bool nbds__tls_pending(struct nbds_tls_sess *ss);
+void nbds__tls_bye(struct nbds_tls_sess *ss);
+
 struct nbds_export {
 	struct nbds *srv;
 	struct nbds_export_opts o;
+	struct nbds_tls *tls;		/* NULL: no TLS (STARTTLS refused) */
 	int lfd;
 	struct loop_fd *lh;
 	char *unix_path;		/* to remove at close; NULL for TCP */

@@ -24,7 +24,8 @@ void nbds_export_opts_free(struct nbds_export_opts *o)
 {
 	free(o->addr);
 	free(o->name);
-	o->addr = o->name = NULL;
+	free(o->tls);
+	o->addr = o->name = o->tls = NULL;
 }
 
 int nbds_export_parse(const char *spec, struct nbds_export_opts *o, char *err, size_t errlen)
@@ -65,12 +66,15 @@ int nbds_export_parse(const char *spec, struct nbds_export_opts *o, char *err, s
 			}
 			o->max_conn = (unsigned)v;
 		} else if (!strncmp(tok, "tls=", 4)) {
-			snprintf(err, errlen, "'%s': TLS on NBD exports is not built yet: serve on "
-				 "a unix socket, or tunnel TCP (e.g. stunnel)", spec);
-			goto out;
+			if (strncmp(tok + 4, "x509:", 5) && strncmp(tok + 4, "psk:", 4)) {
+				snprintf(err, errlen, "'%s': tls= takes x509:DIR or psk:FILE", spec);
+				goto out;
+			}
+			free(o->tls);
+			o->tls = strdup(tok + 4);
 		} else {
 			snprintf(err, errlen, "'%s': unknown field '%s' (fields: name=NAME, "
-				 "read-only, max-conn=N)", spec, tok);
+				 "read-only, max-conn=N, tls=x509:DIR|psk:FILE)", spec, tok);
 			goto out;
 		}
 	}
@@ -88,6 +92,7 @@ out:
 
 static void export_free(struct nbds_export *ex)
 {
+	nbds__tls_free(ex->tls);
 	nbds_export_opts_free(&ex->o);
 	free(ex->unix_path);
 	free(ex);
@@ -291,12 +296,16 @@ int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t
 	ex->srv = s;
 	ex->lfd = -1;
 	ex->o = (struct nbds_export_opts){ .addr = strdup(o->addr), .name = strdup(o->name),
+					   .tls = o->tls ? strdup(o->tls) : NULL,
 					   .read_only = o->read_only, .max_conn = o->max_conn };
-	if (!ex->o.addr || !ex->o.name) {
+	if (!ex->o.addr || !ex->o.name || (o->tls && !ex->o.tls)) {
 		r = -ENOMEM;
 		snprintf(err, errlen, "out of memory");
 		goto err;
 	}
+	/* Credentials first: a bad key leaves no socket behind. */
+	if (o->tls && (r = nbds__tls_new(o->tls, &ex->tls, err, errlen)) < 0)
+		goto err;
 	if (!strncmp(o->addr, "unix:", 5)) {
 		ex->unix_path = strdup(o->addr + 5);
 		r = ex->unix_path ? sock_listen_unix(ex->unix_path, err, errlen) : -ENOMEM;
@@ -320,8 +329,9 @@ int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t
 	}
 	ex->next = s->exports;
 	s->exports = ex;
-	log_info("nbd: export '%s' on %s%s, at most %u clients", ex->o.name, ex->o.addr,
-		 ex->o.read_only ? ", read-only" : "", ex->o.max_conn);
+	log_info("nbd: export '%s' on %s%s%s%s, at most %u clients", ex->o.name, ex->o.addr,
+		 ex->o.read_only ? ", read-only" : "", ex->tls ? ", TLS required: " : "",
+		 ex->tls ? ex->o.tls : "", ex->o.max_conn);
 	return 0;
 err:
 	export_free(ex);
@@ -360,6 +370,7 @@ unsigned nbds_list(struct nbds *s, struct nbds_export_info *out, unsigned max)
 		if (n < max)
 			out[n] = (struct nbds_export_info){ .name = ex->o.name, .addr = ex->o.addr,
 						    .read_only = ex->o.read_only,
+						    .tls = ex->tls != NULL,
 						    .max_conn = ex->o.max_conn,
 						    .clients = ex->clients,
 						    .accepted = ex->accepted,

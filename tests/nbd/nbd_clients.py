@@ -7,7 +7,8 @@ stream still in step, or a disconnect of that client alone); after every
 one a well-behaved client (handshake with NBD_OPT_GO, structured
 replies, a read checked against the disk's file) must still be served.
 
-Usage: nbd_clients.py SOCKET_PATH DISK_FILE VBLKD_PID
+Usage: nbd_clients.py [--tls] SOCKET_PATH DISK_FILE VBLKD_PID
+--tls: the export requires TLS; only what a client without it can try.
 Prints PASS:/FAIL: lines; exit 0.
 """
 import os
@@ -16,6 +17,9 @@ import struct
 import sys
 import time
 
+TLS = sys.argv[1] == "--tls"
+if TLS:
+    del sys.argv[1]
 SOCK, DISK, PID = sys.argv[1], sys.argv[2], int(sys.argv[3])
 SIZE = os.path.getsize(DISK)
 
@@ -133,6 +137,9 @@ def disk_at(off, length):
 
 
 def good_client(tag):
+    if TLS:
+        # The good client of a TLS export is libnbd's (the shell script).
+        return
     try:
         s = connect()
         go(s)
@@ -512,6 +519,46 @@ def max_conn_refused():
     time.sleep(0.3)
     return refused, "a fifth client was served"
 
+
+def tls_required_go():
+    s = connect()
+    option(s, OPT_STRUCTURED)
+    _, t1, _ = opt_reply(s)
+    option(s, OPT_GO, struct.pack(">I", 0) + struct.pack(">H", 0))
+    _, t2, _ = opt_reply(s)
+    option(s, OPT_LIST)
+    _, t3, _ = opt_reply(s)
+    return (t1 == t2 == t3 == ERR + 5), "replies %x %x %x" % (t1, t2, t3)
+
+
+def tls_required_export_name():
+    s = connect()
+    option(s, OPT_EXPORT_NAME, b"")
+    return closed(s), "not disconnected"
+
+
+def tls_data_before_handshake():
+    # STARTTLS and, without waiting for its ACK, more bytes.
+    s = connect()
+    s.sendall(struct.pack(">QII", IHAVEOPT, OPT_STARTTLS, 0) + b"\x16\x03\x01garbage")
+    return closed(s), "not disconnected"
+
+
+def tls_garbage_handshake():
+    s = connect()
+    option(s, OPT_STARTTLS)
+    _, t, _ = opt_reply(s)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")    # not a TLS record
+    return t == REP_ACK and closed(s), "reply %x" % t
+
+
+if TLS:
+    scenario("nbd-tls-required-options-tls-reqd", tls_required_go)
+    scenario("nbd-tls-required-export-name-disconnected", tls_required_export_name)
+    scenario("nbd-tls-data-before-handshake-disconnected", tls_data_before_handshake)
+    scenario("nbd-tls-garbage-handshake-disconnected", tls_garbage_handshake)
+    scenario("nbd-tls-bad-option-magic-disconnected", bad_option_magic)
+    sys.exit(0)
 
 stall = handshake_stall_started()
 t_stall = time.time()

@@ -25,9 +25,9 @@ pass() { echo "PASS: $1"; }
 fail() { echo "FAIL: $1${2:+: $2}"; }
 check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "$*"; fi; }
 
-for t in nbdinfo nbdcopy qemu-img qemu-io; do
+for t in nbdinfo nbdcopy qemu-img qemu-io certtool psktool; do
     command -v $t >/dev/null || {
-        echo "SKIP: nbd-server (no $t: scripts/deps.sh installs libnbd-bin, qemu-utils)"
+        echo "SKIP: nbd-server (no $t: scripts/deps.sh installs libnbd-bin, qemu-utils, gnutls-bin)"
         exit 0; }
 done
 
@@ -230,6 +230,55 @@ for img in m-top.qcow2 m-base.raw; do
     fi
 done
 
+# ---- TLS: X.509 (qemu-nbd's and nbdkit's directory layout) and PSK ------------
+mkdir -p "$tmp/pki" "$tmp/cli"
+printf 'cn = vblkd test CA\nca\ncert_signing_key\n' >"$tmp/pki/ca.info"
+printf 'cn = localhost\ndns_name = localhost\nip_address = 127.0.0.1\ntls_www_server\nencryption_key\nsigning_key\n' \
+    >"$tmp/pki/server.info"
+(cd "$tmp/pki" &&
+    certtool --generate-privkey >ca-key.pem 2>/dev/null &&
+    certtool --generate-self-signed --load-privkey ca-key.pem --template ca.info \
+        --outfile ca-cert.pem >/dev/null 2>&1 &&
+    certtool --generate-privkey >server-key.pem 2>/dev/null &&
+    certtool --generate-certificate --load-ca-certificate ca-cert.pem --load-ca-privkey ca-key.pem \
+        --load-privkey server-key.pem --template server.info --outfile server-cert.pem >/dev/null 2>&1)
+cp "$tmp/pki/ca-cert.pem" "$tmp/cli/"
+psktool -u alice -p "$tmp/keys.psk" >/dev/null 2>&1
+psktool -u alice -p "$tmp/wrong.psk" >/dev/null 2>&1
+tport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+X=$tmp/x.sock P=$tmp/p.sock
+xuri="nbds+unix:///?socket=$X&tls-certificates=$tmp/cli"
+puri="nbds://alice@127.0.0.1:$tport/p?tls-psk-file=$tmp/keys.psk"
+head -c $((64 << 20)) /dev/urandom >"$tmp/tls-src.raw"
+truncate -s 64M "$tmp/tls.raw"
+if start "$tmp/tls.log" --disk "$tmp/tls.raw" --nbd "unix:$X,tls=x509:$tmp/pki" \
+        --nbd "127.0.0.1:$tport,name=p,tls=psk:$tmp/keys.psk"; then
+    out=$(nbdinfo "$xuri" 2>&1)
+    grep -q "with TLS" <<<"$out" && pass tls-x509-nbdinfo || fail tls-x509-nbdinfo "$out"
+    nbdcopy "$tmp/tls-src.raw" "$puri" && nbdcopy "$xuri" "$tmp/tls-out.raw" &&
+        cmp -s "$tmp/tls-src.raw" "$tmp/tls-out.raw" &&
+        pass tls-psk-tcp-write-x509-unix-read-round-trip ||
+        fail tls-psk-tcp-write-x509-unix-read-round-trip
+    check tls-x509-qemu-img-compare qemu-img compare -q \
+        --object "tls-creds-x509,id=t0,dir=$tmp/cli,endpoint=client" \
+        --image-opts "driver=nbd,server.type=unix,server.path=$X,tls-creds=t0,tls-hostname=localhost" \
+        --image-opts "driver=file,filename=$tmp/tls-src.raw"
+    # Refused: no TLS (no data, no size: TLS_REQD), a wrong key.
+    out=$(nbdinfo "nbd+unix:///?socket=$X" 2>&1) && fail tls-less-client-refused "$out" ||
+        { grep -q "export-size" <<<"$out" && fail tls-less-client-refused "$out" ||
+          pass tls-less-client-refused; }
+    if nbdinfo "nbds://alice@127.0.0.1:$tport/p?tls-psk-file=$tmp/wrong.psk" >/dev/null 2>&1; then
+        fail tls-wrong-psk-refused
+    else pass tls-wrong-psk-refused; fi
+    timeout 120 python3 "$here/nbd_clients.py" --tls "$X" "$tmp/tls.raw" "$dpid" ||
+        fail nbd-tls-clients-script "exited $?"
+    grep -q "TLS handshake failed" "$tmp/tls.log" && pass tls-failed-handshake-logged ||
+        fail tls-failed-handshake-logged
+    stop || fail tls-sigterm-exits-0
+else
+    fail tls-starts "$(tail -2 "$tmp/tls.log")"
+fi
+
 # ---- Start-up errors: one line, non-zero, nothing left behind ----------------
 bad() {	# bad NAME EXPECTED-REGEX ARGS...
     local name=$1 re=$2 out rc; shift 2
@@ -245,8 +294,12 @@ bad cli-neither-socket-nor-nbd "missing --socket .* or --nbd" --disk "$tmp/disk.
 bad cli-nbd-without-address "give an address first" --disk "$tmp/disk.raw" --nbd name=x
 bad cli-nbd-unknown-field "unknown field 'bogus'" --disk "$tmp/disk.raw" --nbd "unix:$tmp/x.sock,bogus"
 bad cli-nbd-max-conn-zero "max-conn takes" --disk "$tmp/disk.raw" --nbd "unix:$tmp/x.sock,max-conn=0"
-bad cli-nbd-tls-not-built "TLS on NBD exports is not built yet" --disk "$tmp/disk.raw" \
-    --nbd "unix:$tmp/x.sock,tls=x509:/etc/pki"
+bad cli-nbd-tls-dir-without-keys "cannot read .*server-cert.pem" --disk "$tmp/disk.raw" \
+    --nbd "unix:$tmp/x.sock,tls=x509:$tmp/cli"
+bad cli-nbd-tls-psk-file-missing "cannot read $tmp/none.psk" --disk "$tmp/disk.raw" \
+    --nbd "unix:$tmp/x.sock,tls=psk:$tmp/none.psk"
+bad cli-nbd-tls-bad-kind "tls= takes x509:DIR or psk:FILE" --disk "$tmp/disk.raw" \
+    --nbd "unix:$tmp/x.sock,tls=pem:/x"
 bad cli-nbd-two-exports-one-name "named 'x' exists already" --disk "$tmp/disk.raw" \
     --nbd "unix:$tmp/x1.sock,name=x" --nbd "unix:$tmp/x2.sock,name=x"
 bad cli-nbd-writable-export-of-read-only-disk "add read-only" --disk "$tmp/disk.raw" \

@@ -1,0 +1,261 @@
+/*
+ * TLS for the NBD server, through GnuTLS (doc/proto.md "TLS support":
+ * NBD_OPT_STARTTLS, then a TLS handshake on the same socket).  Credentials
+ * as qemu-nbd and nbdkit take them: an X.509 directory (ca-cert.pem,
+ * server-cert.pem, server-key.pem) or a PSK file of "identity:hexkey"
+ * lines (nbdkit --tls-psk, GnuTLS's psktool).  Sessions are non-blocking:
+ * the connection's iothread drives the handshake from its events.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "nbd/nbds_internal.h"
+#include "util/log.h"
+
+#ifdef HAVE_GNUTLS
+#include <gnutls/gnutls.h>
+
+struct nbds_tls {
+	bool psk;
+	gnutls_certificate_credentials_t x509;
+	gnutls_psk_server_credentials_t pskc;
+};
+
+struct nbds_tls_sess {
+	gnutls_session_t s;
+};
+
+static int file_ok(const char *path, char *err, size_t errlen, const char *spec)
+{
+	FILE *f = fopen(path, "r");
+
+	if (!f) {
+		snprintf(err, errlen, "tls=%s: cannot read %s: %s", spec, path, strerror(errno));
+		return -errno;
+	}
+	fclose(f);
+	return 0;
+}
+
+int nbds__tls_new(const char *spec, struct nbds_tls **out, char *err, size_t errlen)
+{
+	struct nbds_tls *t = calloc(1, sizeof(*t));
+	char ca[4096], cert[4096], key[4096];
+	int r;
+
+	if (!t)
+		return -ENOMEM;
+	if (!strncmp(spec, "psk:", 4) && spec[4]) {
+		t->psk = true;
+		if ((r = file_ok(spec + 4, err, errlen, spec)) < 0)
+			goto err;
+		if (gnutls_psk_allocate_server_credentials(&t->pskc) < 0) {
+			r = -ENOMEM;
+			snprintf(err, errlen, "tls=%s: out of memory", spec);
+			goto err;
+		}
+		r = gnutls_psk_set_server_credentials_file(t->pskc, spec + 4);
+		if (r < 0) {
+			snprintf(err, errlen, "tls=%s: %s", spec, gnutls_strerror(r));
+			r = -EINVAL;
+			goto err;
+		}
+	} else if (!strncmp(spec, "x509:", 5) && spec[5]) {
+		const char *dir = spec + 5;
+
+		snprintf(ca, sizeof(ca), "%s/ca-cert.pem", dir);
+		snprintf(cert, sizeof(cert), "%s/server-cert.pem", dir);
+		snprintf(key, sizeof(key), "%s/server-key.pem", dir);
+		if ((r = file_ok(cert, err, errlen, spec)) < 0 ||
+		    (r = file_ok(key, err, errlen, spec)) < 0)
+			goto err;
+		if (gnutls_certificate_allocate_credentials(&t->x509) < 0) {
+			r = -ENOMEM;
+			snprintf(err, errlen, "tls=%s: out of memory", spec);
+			goto err;
+		}
+		/* The CA is for clients' certificates, which we do not ask
+		 * for (as nbdkit without --tls-verify-peer): optional. */
+		if (access(ca, R_OK) == 0 &&
+		    (r = gnutls_certificate_set_x509_trust_file(t->x509, ca, GNUTLS_X509_FMT_PEM)) < 0) {
+			snprintf(err, errlen, "tls=%s: %s: %s", spec, ca, gnutls_strerror(r));
+			r = -EINVAL;
+			goto err;
+		}
+		r = gnutls_certificate_set_x509_key_file(t->x509, cert, key, GNUTLS_X509_FMT_PEM);
+		if (r < 0) {
+			snprintf(err, errlen, "tls=%s: %s with %s: %s", spec, cert, key,
+				 gnutls_strerror(r));
+			r = -EINVAL;
+			goto err;
+		}
+	} else {
+		snprintf(err, errlen, "tls=%s: give x509:DIR (ca-cert.pem, server-cert.pem, "
+			 "server-key.pem) or psk:FILE (identity:hexkey lines, as psktool writes)",
+			 spec);
+		r = -EINVAL;
+		goto err;
+	}
+	*out = t;
+	return 0;
+err:
+	nbds__tls_free(t);
+	return r;
+}
+
+void nbds__tls_free(struct nbds_tls *t)
+{
+	if (!t)
+		return;
+	if (t->x509)
+		gnutls_certificate_free_credentials(t->x509);
+	if (t->pskc)
+		gnutls_psk_free_server_credentials(t->pskc);
+	free(t);
+}
+
+int nbds__tls_sess_new(struct nbds_tls *t, int fd, struct nbds_tls_sess **out)
+{
+	struct nbds_tls_sess *ss = calloc(1, sizeof(*ss));
+	int r;
+
+	if (!ss)
+		return -ENOMEM;
+	r = gnutls_init(&ss->s, GNUTLS_SERVER | GNUTLS_NONBLOCK | GNUTLS_NO_SIGNAL);
+	if (r < 0) {
+		free(ss);
+		return -ENOMEM;
+	}
+	if (t->psk)
+		r = gnutls_priority_set_direct(ss->s, "NORMAL:+ECDHE-PSK:+DHE-PSK:+PSK", NULL);
+	else
+		r = gnutls_set_default_priority(ss->s);
+	if (r >= 0)
+		r = t->psk ? gnutls_credentials_set(ss->s, GNUTLS_CRD_PSK, t->pskc) :
+			     gnutls_credentials_set(ss->s, GNUTLS_CRD_CERTIFICATE, t->x509);
+	if (r < 0) {
+		log_warn("nbd: cannot set up a TLS session: %s", gnutls_strerror(r));
+		gnutls_deinit(ss->s);
+		free(ss);
+		return -EIO;
+	}
+	gnutls_transport_set_int(ss->s, fd);
+	gnutls_handshake_set_timeout(ss->s, 0);
+	*out = ss;
+	return 0;
+}
+
+void nbds__tls_sess_free(struct nbds_tls_sess *ss)
+{
+	if (!ss)
+		return;
+	gnutls_deinit(ss->s);
+	free(ss);
+}
+
+int nbds__tls_handshake(struct nbds_tls_sess *ss, uint32_t *events)
+{
+	for (;;) {
+		int r = gnutls_handshake(ss->s);
+
+		if (r == 0)
+			return 1;
+		if (r == GNUTLS_E_AGAIN || r == GNUTLS_E_INTERRUPTED) {
+			*events = gnutls_record_get_direction(ss->s) ? EPOLLOUT : EPOLLIN;
+			return 0;
+		}
+		if (!gnutls_error_is_fatal(r))
+			continue;
+		log_warn("nbd: a client's TLS handshake failed: %s", gnutls_strerror(r));
+		return -1;
+	}
+}
+
+ssize_t nbds__tls_recv(struct nbds_tls_sess *ss, void *buf, size_t len)
+{
+	ssize_t r = gnutls_record_recv(ss->s, buf, len);
+
+	if (r >= 0)
+		return r;
+	if (r == GNUTLS_E_AGAIN || r == GNUTLS_E_INTERRUPTED)
+		return -EAGAIN;
+	if (r == GNUTLS_E_PREMATURE_TERMINATION)
+		return 0;
+	log_debug("nbd: TLS receive: %s", gnutls_strerror((int)r));
+	return -EIO;
+}
+
+ssize_t nbds__tls_send(struct nbds_tls_sess *ss, const void *buf, size_t len)
+{
+	ssize_t r = gnutls_record_send(ss->s, buf, len);
+
+	if (r >= 0)
+		return r;
+	if (r == GNUTLS_E_AGAIN || r == GNUTLS_E_INTERRUPTED)
+		return -EAGAIN;
+	log_debug("nbd: TLS send: %s", gnutls_strerror((int)r));
+	return -EIO;
+}
+
+bool nbds__tls_pending(struct nbds_tls_sess *ss)
+{
+	return gnutls_record_check_pending(ss->s) > 0;
+}
+
+void nbds__tls_bye(struct nbds_tls_sess *ss)
+{
+	/* Best effort, never waits: the socket closes next. */
+	(void)gnutls_bye(ss->s, GNUTLS_SHUT_WR);
+}
+
+#else /* !HAVE_GNUTLS */
+
+int nbds__tls_new(const char *spec, struct nbds_tls **out, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "tls=%s: this vblkd was built without GnuTLS (apt-get install "
+		 "libgnutls28-dev, then rebuild)", spec);
+	return -ENOTSUP;
+}
+
+void nbds__tls_free(struct nbds_tls *t)
+{
+}
+
+int nbds__tls_sess_new(struct nbds_tls *t, int fd, struct nbds_tls_sess **out)
+{
+	return -ENOTSUP;
+}
+
+void nbds__tls_sess_free(struct nbds_tls_sess *ss)
+{
+}
+
+int nbds__tls_handshake(struct nbds_tls_sess *ss, uint32_t *events)
+{
+	return -1;
+}
+
+ssize_t nbds__tls_recv(struct nbds_tls_sess *ss, void *buf, size_t len)
+{
+	return -EIO;
+}
+
+ssize_t nbds__tls_send(struct nbds_tls_sess *ss, const void *buf, size_t len)
+{
+	return -EIO;
+}
+
+bool nbds__tls_pending(struct nbds_tls_sess *ss)
+{
+	return false;
+}
+
+void nbds__tls_bye(struct nbds_tls_sess *ss)
+{
+}
+
+#endif

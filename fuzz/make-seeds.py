@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Write the seed corpora fuzz/corpus/vq_blk/, fuzz/corpus/vu/,
-fuzz/corpus/qcow2/ (made with qemu-img and qemu-io) and fuzz/corpus/luks/
-(from the LUKS images in fuzz/luks/).
+fuzz/corpus/qcow2/ (made with qemu-img and qemu-io), fuzz/corpus/luks/
+(from the LUKS images in fuzz/luks/), fuzz/corpus/nbd_opt/ and
+fuzz/corpus/nbd_tx/ (NBD client bytes, fuzz/fuzz_nbd.c).
 
 Deterministic: the same files every run (commit them).  The input formats
 are described at the top of fuzz/fuzz_vq_blk.c, fuzz_vu.c, fuzz_qcow2.c
 and fuzz_luks.c; the constants here must match theirs.
 
     fuzz/make-seeds.py [OUTDIR]     (default: fuzz/corpus next to this file)
+    fuzz/make-seeds.py --nbd        only the NBD corpora (no QEMU tools needed)
     fuzz/make-seeds.py --luks-images
                                     make fuzz/luks/*.img anew with
                                     cryptsetup (random: see LUKS_IMAGES)
@@ -587,14 +589,70 @@ def luks_seeds(d):
     return s
 
 
+# ---- fuzz_nbd_opt, fuzz_nbd_tx ----
+# nbd_opt: what a client sends after the greeting (client flags, options);
+# nbd_tx: the request stream after a handshake the harness does itself.
+
+IHAVEOPT = 0x49484156454F5054
+
+
+def nbd_opt(o, data=b''):
+    return struct.pack('>QII', IHAVEOPT, o, len(data)) + data
+
+
+def nbd_req(cmd, off, length, flags=0, payload=b'', cookie=1):
+    return struct.pack('>IHHQQI', 0x25609513, flags, cmd, cookie, off, length) + payload
+
+
+def nbd_opt_seeds():
+    flags = struct.pack('>I', 3)
+    go = struct.pack('>I', 0) + struct.pack('>HH', 1, 3)
+    meta = struct.pack('>II', 0, 2) + struct.pack('>I', 15) + b'base:allocation' + \
+        struct.pack('>I', 21) + b'qemu:allocation-depth'
+    s = {
+        'go': flags + nbd_opt(8) + nbd_opt(7, go),
+        'export-name': flags + nbd_opt(1, b''),
+        'info-list-abort': flags + nbd_opt(6, go) + nbd_opt(3) + nbd_opt(2),
+        'meta': flags + nbd_opt(8) + nbd_opt(9, struct.pack('>II', 0, 0)) + nbd_opt(10, meta) +
+        nbd_opt(7, go),
+        'starttls': flags + nbd_opt(5) + nbd_opt(7, go),
+        'go-then-read': flags + nbd_opt(8) + nbd_opt(7, go) + nbd_req(0, 0, 4096),
+        'unknown': flags + nbd_opt(0x1234, b'xyz') + nbd_opt(7, go),
+    }
+    return s
+
+
+def nbd_tx_seeds():
+    s = {
+        'read': nbd_req(0, 0, 4096) + nbd_req(0, 65536, 512, cookie=2),
+        'write-flush': nbd_req(1, 4096, 512, flags=1, payload=b'\xab' * 512) + nbd_req(3, 0, 0),
+        'trim-zero': nbd_req(4, 0, 1 << 20) + nbd_req(6, 1 << 20, 65536, flags=2),
+        'block-status': nbd_req(7, 0, 1 << 20) + nbd_req(7, 4096, 8192, flags=8),
+        'cache-disc': nbd_req(5, 0, 4096) + nbd_req(2, 0, 0),
+        'read-df': nbd_req(0, 8192, 4096, flags=4),
+        'mixed': nbd_req(1, 0, 1024, payload=bytes(range(256)) * 4) + nbd_req(0, 0, 1024) +
+        nbd_req(7, 0, 4096),
+    }
+    return s
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
+    if sys.argv[1:] == ['--nbd']:
+        seed_sets = (('nbd_opt', nbd_opt_seeds()), ('nbd_tx', nbd_tx_seeds()))
+        write_seeds(os.path.join(here, 'corpus'), seed_sets)
+        return
     if sys.argv[1:] == ['--luks-images']:
         luks_images(os.path.join(here, 'luks'))
         return
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, 'corpus')
-    for name, seeds in (('vq_blk', vq_seeds()), ('vu', vu_seeds()), ('qcow2', qcow2_seeds()),
-                        ('luks', luks_seeds(os.path.join(here, 'luks')))):
+    write_seeds(out, (('vq_blk', vq_seeds()), ('vu', vu_seeds()), ('qcow2', qcow2_seeds()),
+                      ('luks', luks_seeds(os.path.join(here, 'luks'))),
+                      ('nbd_opt', nbd_opt_seeds()), ('nbd_tx', nbd_tx_seeds())))
+
+
+def write_seeds(out, seed_sets):
+    for name, seeds in seed_sets:
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         for f in os.listdir(d):

@@ -20,7 +20,7 @@ build=build-fuzz
 # split and packed: the fast ring targets (fuzz_vq_blk.c, synchronous), on
 # fuzz_vq_blk's seeds.  luks needs the LUKS build (libcryptsetup-dev,
 # libssl-dev: scripts/deps.sh build installs them).
-targets=(vq_blk vu split packed qcow2 luks)
+targets=(vq_blk vu split packed qcow2 luks nbd_opt nbd_tx)
 
 [[ $secs =~ ^[0-9]+$ && $secs -gt 0 ]] || { echo "usage: fuzz/run.sh [SECONDS]" >&2; exit 2; }
 

@@ -257,10 +257,13 @@ static void conn_flush(struct nbds_conn *c)
 		conn_flush_tls(c);
 		return;
 	}
+	/* Set again below only if the socket is full: a stale want_out
+	 * would keep EPOLLOUT on an idle socket (a spin). */
+	c->want_out = false;
 	while (c->oq && !c->broken) {
 		struct iovec iov[64];
 		unsigned n = 0;
-		size_t skip = c->oq_off;
+		size_t skip = c->oq_off, total = 0;
 		ssize_t w;
 
 		for (struct out *o = c->oq; o && n < ARRAY_SIZE(iov) - 3; o = o->next)
@@ -270,7 +273,8 @@ static void conn_flush(struct nbds_conn *c)
 					continue;
 				}
 				iov[n].iov_base = (uint8_t *)o->iov[i].iov_base + skip;
-				iov[n++].iov_len = o->iov[i].iov_len - skip;
+				iov[n].iov_len = o->iov[i].iov_len - skip;
+				total += iov[n++].iov_len;
 				skip = 0;
 			}
 		w = writev(c->fd, iov, (int)n);
@@ -287,9 +291,10 @@ static void conn_flush(struct nbds_conn *c)
 		}
 		c->oq_off += (size_t)w;
 		conn_retire(c);
-		c->want_out = c->oq != NULL;
-		if (c->want_out)
-			break;	/* short write: the socket is full */
+		if ((size_t)w < total) {
+			c->want_out = true;	/* short write: the socket is full */
+			break;
+		}
 	}
 	if (c->broken)
 		conn_drop_output(c);
@@ -1221,7 +1226,11 @@ static void conn_cb(void *opaque, uint32_t events)
 	}
 	if (events & EPOLLOUT)
 		conn_flush(c);
-	if (events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+	/* Also when replies just went out: requests may wait in our buffer
+	 * (or decrypted in the TLS session) with nothing more to come from
+	 * the socket, so no EPOLLIN would ever say so. */
+	if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ||
+	    (conn_can_read(c) && (c->in_pos < c->in_len || (c->tls_up && nbds__tls_pending(c->tls)))))
 		conn_read(c);
 	if (events & EPOLLHUP)
 		c->closing = true;

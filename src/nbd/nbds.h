@@ -81,4 +81,15 @@ struct nbds_stats {
 };
 void nbds_stats(struct nbds *s, struct nbds_stats *st);
 
+/* The control socket's commands (ctl.h ctl_cmd_fn; opaque: the server):
+ * "nbd-add" {"spec"}, "nbd-remove" {"name"}, "nbd-list" -> {"exports",
+ * "stats"}.  ctl.c. */
+struct json_object;
+int nbds_ctl_add(void *opaque, struct json_object *req, struct json_object *reply, char *err,
+		 size_t errlen);
+int nbds_ctl_remove(void *opaque, struct json_object *req, struct json_object *reply, char *err,
+		    size_t errlen);
+int nbds_ctl_list(void *opaque, struct json_object *req, struct json_object *reply, char *err,
+		  size_t errlen);
+
 #endif

@@ -82,7 +82,7 @@ int main(int argc, char **argv)
 	};
 	static const char commands[] =
 		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
-		"stream, upgrade or iostat";
+		"stream, nbd add|remove|list, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL;
 	char exec_abs[PATH_MAX], err[512];
@@ -125,6 +125,10 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH set-limits LIMITS [--group]\n"
 			       "       vblkctl --control PATH metrics\n"
 			       "       vblkctl --control PATH stream [--rate BYTES]\n"
+			       "       vblkctl --control PATH nbd add ADDR[,name=NAME][,read-only]"
+			       "[,max-conn=N][,tls=x509:DIR|psk:FILE]\n"
+			       "       vblkctl --control PATH nbd remove NAME\n"
+			       "       vblkctl --control PATH nbd list\n"
 			       "       vblkctl --control PATH upgrade [--exec BINARY]\n"
 			       "       vblkctl --control PATH iostat [--interval S] [--count N] "
 			       "[--json]\n"
@@ -148,6 +152,10 @@ int main(int argc, char **argv)
 			       "the image, in the background while the guest runs (at most --rate bytes\n"
 			       "per second, K/M/G: e.g. 50M), then rewrites its header without the backing\n"
 			       "file: the image stands alone.  Progress: stats (image_stream_*).\n"
+			       "nbd add serves the disk over NBD on one more address (the fields of\n"
+			       "vblkd --nbd); nbd remove stops the export NAME ('' for the default name),\n"
+			       "its clients disconnected once their requests are done; nbd list shows\n"
+			       "the exports, their clients and the server's counters.\n"
 			       "\n"
 			       "upgrade replaces the running vblkd with a new process of BINARY (default:\n"
 			       "the file it was started from, e.g. after a package upgrade) with the same\n"
@@ -169,9 +177,16 @@ int main(int argc, char **argv)
 	if (optind >= argc)
 		cli_die("give one command: %s", commands);
 	cmd = argv[optind];
-	if (optind + 1 != argc &&
-	    !(optind + 2 == argc && (!strcmp(cmd, "resize") || !strcmp(cmd, "set-limits"))))
+	if (!strcmp(cmd, "nbd")) {
+		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
+
+		if (!((!strcmp(sub, "list") && optind + 2 == argc) ||
+		      ((!strcmp(sub, "add") || !strcmp(sub, "remove")) && optind + 3 == argc)))
+			cli_die("nbd takes: add ADDR[,name=NAME][,...], remove NAME, or list");
+	} else if (optind + 1 != argc &&
+		   !(optind + 2 == argc && (!strcmp(cmd, "resize") || !strcmp(cmd, "set-limits")))) {
 		cli_die("give one command: %s", commands);
+	}
 	if (strcmp(cmd, "set-limits") && group)
 		cli_die("--group goes with set-limits");
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink || check))
@@ -231,6 +246,18 @@ int main(int argc, char **argv)
 		if (check)
 			json_object_object_add(req, "check",
 					       json_object_new_boolean(!strcmp(check, "on")));
+	} else if (!strcmp(cmd, "nbd")) {
+		const char *sub = argv[optind + 1];
+
+		if (!strcmp(sub, "list")) {
+			json_object_object_add(req, "cmd", json_object_new_string("nbd-list"));
+		} else if (!strcmp(sub, "add")) {
+			json_object_object_add(req, "cmd", json_object_new_string("nbd-add"));
+			json_object_object_add(req, "spec", json_object_new_string(argv[optind + 2]));
+		} else {
+			json_object_object_add(req, "cmd", json_object_new_string("nbd-remove"));
+			json_object_object_add(req, "name", json_object_new_string(argv[optind + 2]));
+		}
 	} else if (!strcmp(cmd, "upgrade")) {
 		json_object_object_add(req, "cmd", json_object_new_string("upgrade"));
 		if (exec) {

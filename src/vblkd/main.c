@@ -297,7 +297,7 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 {
 	struct vblkd *v = opaque;
 	struct up_fds f = {
-		.listen = vu_server_listen_fd(v->srv),
+		.listen = v->srv ? vu_server_listen_fd(v->srv) : -1,
 		.control = v->ctl ? ctl_server_listen_fd(v->ctl) : -1,
 		.metrics = v->mh ? metrics_http_listen_fd(v->mh) : -1,
 		/* Files and block devices go over as they are (the image
@@ -774,6 +774,11 @@ int main(int argc, char **argv)
 			snprintf(err, sizeof(err), "--nbd %s", msg);
 	for (unsigned i = 0; i < nnbd; i++)
 		nbds_export_opts_free(&nbd[i]);
+	if (r == 0 && ctl &&
+	    ((r = ctl_server_add_cmd(ctl, "nbd-add", nbds_ctl_add, v.nbds)) < 0 ||
+	     (r = ctl_server_add_cmd(ctl, "nbd-remove", nbds_ctl_remove, v.nbds)) < 0 ||
+	     (r = ctl_server_add_cmd(ctl, "nbd-list", nbds_ctl_list, v.nbds)) < 0))
+		snprintf(err, sizeof(err), "--control: %s", strerror(-r));
 	if (r < 0) {
 		if (!v.nbds)
 			snprintf(err, sizeof(err), "cannot start the NBD server: %s", strerror(-r));

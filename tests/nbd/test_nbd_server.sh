@@ -11,7 +11,7 @@
 # Usage: test_nbd_server.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
 set -uo pipefail
 BUILD=${1:?usage: test_nbd_server.sh BUILD_DIR}
-VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench
+VBLKD=$BUILD/vblkd BENCH=$BUILD/vblk-bench VBLKCTL=$BUILD/vblkctl
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d /tmp/vblk-nbds.XXXXXX)
 dpid="" hpid=""
@@ -53,13 +53,18 @@ start() {
     return 1
 }
 # hold SOCK SECONDS: a client connected (greeting read) in the background,
-# $hpid, once this returns.
+# $hpid, once this returns; it exits when the server hangs up, or after
+# SECONDS.
 hold() {
     rm -f "$tmp/held"
     python3 -c '
-import socket, sys, time
+import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(18)
-open(sys.argv[3], "w").close(); time.sleep(float(sys.argv[2]))' "$1" "$2" "$tmp/held" &
+open(sys.argv[3], "w").close(); s.settimeout(float(sys.argv[2]))
+try:
+    s.recv(1)
+except OSError:
+    pass' "$1" "$2" "$tmp/held" &
     hpid=$!
     for _ in $(seq 500); do [[ -e $tmp/held ]] && return 0; sleep 0.01; done
     return 1
@@ -189,6 +194,45 @@ if start "$tmp/q.log" --disk "$tmp/top.qcow2" --nbd "unix:$Q"; then
         qemu-img compare -q -F raw "$tmp/top.qcow2" "$tmp/chain-oracle.raw"
 else
     fail qcow2-nbd-starts "$(tail -2 "$tmp/q.log")"
+fi
+
+# ---- vblkctl nbd add|remove|list ---------------------------------------------
+C=$tmp/ctl.sock
+if start "$tmp/ctl.log" --disk "$tmp/disk.raw" --control "$C" --nbd "unix:$tmp/c0.sock"; then
+    ctl() { "$VBLKCTL" --control "$C" "$@"; }
+    out=$(ctl nbd add "unix:$tmp/c1.sock,name=late,read-only,max-conn=2" 2>&1) &&
+        nbdinfo --is readonly "$(uri "$tmp/c1.sock" late)" &&
+        pass vblkctl-nbd-add-serves-at-once || fail vblkctl-nbd-add-serves-at-once "$out"
+    out=$(ctl nbd list 2>&1)
+    python3 - "$out" <<'EOF2' && pass vblkctl-nbd-list || fail vblkctl-nbd-list "$out"
+import json, sys
+r = json.loads(sys.argv[1])
+ex = {e["name"]: e for e in r["exports"]}
+assert set(ex) == {"", "late"}, ex
+assert ex["late"]["read_only"] and ex["late"]["max_conn"] == 2 and ex["late"]["accepted"] >= 1
+assert not ex[""]["read_only"] and r["stats"]["connections"] >= 1
+EOF2
+    hold "$tmp/c1.sock" 20
+    ctl nbd remove late >/dev/null && ! [[ -e $tmp/c1.sock ]] &&
+        ! nbdinfo "$(uri "$tmp/c1.sock" late)" >/dev/null 2>&1 &&
+        pass vblkctl-nbd-remove-stops-the-export || fail vblkctl-nbd-remove-stops-the-export
+    for _ in $(seq 300); do kill -0 "$hpid" 2>/dev/null || break; sleep 0.01; done
+    kill -0 "$hpid" 2>/dev/null && fail vblkctl-nbd-remove-disconnects-its-clients ||
+        pass vblkctl-nbd-remove-disconnects-its-clients
+    kill "$hpid" 2>/dev/null; wait "$hpid" 2>/dev/null; hpid=""
+    out=$(ctl nbd remove nosuch 2>&1); rc=$?
+    ((rc == 1)) && grep -q "no NBD export named 'nosuch'" <<<"$out" &&
+        pass vblkctl-nbd-remove-unknown-one-line || fail vblkctl-nbd-remove-unknown-one-line "$out"
+    out=$(ctl nbd add "unix:$tmp/c0.sock,name=x" 2>&1); rc=$?
+    ((rc == 1)) && grep -q "in use" <<<"$out" && nbdinfo "$(uri "$tmp/c0.sock")" >/dev/null &&
+        pass vblkctl-nbd-add-busy-socket-refused || fail vblkctl-nbd-add-busy-socket-refused "$out"
+    out=$("$VBLKCTL" --control "$C" upgrade 2>&1); rc=$?
+    ((rc == 1)) && grep -q "NBD exports" <<<"$out" && nbdinfo "$(uri "$tmp/c0.sock")" >/dev/null &&
+        pass upgrade-with-nbd-exports-refused-one-line ||
+        fail upgrade-with-nbd-exports-refused-one-line "$out"
+    stop || fail vblkctl-nbd-sigterm-exits-0
+else
+    fail vblkctl-nbd-starts "$(tail -2 "$tmp/ctl.log")"
 fi
 
 # ---- Block status: nbdinfo --map against qemu-nbd's (QEMU's block layer) -------

@@ -108,7 +108,9 @@ for case in ${VBLK_UPGRADE_CASES:-raw:1 raw:2 luks:1}; do
             p=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$work/up.out")
             pids+=("$p")
             pauses+=" $(grep -o 'paused for [0-9]* us' "$work/up.out" | grep -o '[0-9]*')"
-            sleep 0.2
+            # The old process exits at once; on a loaded machine that
+            # can take longer than a moment.
+            for _ in $(seq 200); do gone "$cur" && break; sleep 0.01; done
             gone "$cur" && [[ -z $exe ]] && ups=$((ups + 1))
             cur=$p
         elif [[ -n $exe ]] && ! gone "$cur"; then

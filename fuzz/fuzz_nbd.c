@@ -71,13 +71,43 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
-/* Wait for fd to be ready for ev; false after 10 s. */
+/* Wait for fd to be ready for ev; false after 10 s.  libFuzzer's
+ * -timeout alarm (SIGALRM) interrupts poll: that is not the server. */
 static bool wait_fd(int fd, short ev)
 {
-	struct pollfd p = { .fd = fd, .events = ev };
+	uint64_t end = sys_now_ns() + 10ull * 1000000000ull;
 
-	return poll(&p, 1, 10000) > 0;
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = ev };
+		uint64_t now = sys_now_ns();
+		int r;
+
+		if (now >= end)
+			return false;
+		r = poll(&p, 1, (int)((end - now) / 1000000) + 1);
+		if (r > 0)
+			return true;
+		if (r < 0 && errno != EINTR)
+			return false;
+	}
 }
+
+#ifdef FUZZ_NBD_TX
+/* All of buf, a blocking socket, across interruptions. */
+static void write_all(int fd, const void *buf, size_t n)
+{
+	size_t done = 0;
+
+	while (done < n) {
+		ssize_t r = write(fd, (const uint8_t *)buf + done, n - done);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		FUZZ_CHECK(r > 0);
+		done += (size_t)r;
+	}
+}
+#endif
 
 static void read_exact(int fd, void *buf, size_t n)
 {
@@ -88,7 +118,7 @@ static void read_exact(int fd, void *buf, size_t n)
 
 		FUZZ_CHECK(wait_fd(fd, POLLIN));
 		r = read(fd, (uint8_t *)buf + got, n - got);
-		if (r < 0 && errno == EAGAIN)
+		if (r < 0 && (errno == EAGAIN || errno == EINTR))
 			continue;
 		FUZZ_CHECK(r > 0);
 		got += (size_t)r;
@@ -103,9 +133,8 @@ static void opt(int fd, uint32_t o, const void *data, uint32_t len)
 	struct nbd_opt_reply r;
 	uint8_t skip[256];
 
-	FUZZ_CHECK(write(fd, &h, sizeof(h)) == sizeof(h));
-	if (len)
-		FUZZ_CHECK(write(fd, data, len) == (ssize_t)len);
+	write_all(fd, &h, sizeof(h));
+	write_all(fd, data, len);
 	for (;;) {
 		uint32_t n;
 
@@ -129,7 +158,7 @@ static void handshake(int fd)
 	static const uint8_t go[] = { 0, 0, 0, 0, 0, 1, 0, 3 };
 	uint32_t flags = htobe32(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
 
-	FUZZ_CHECK(write(fd, &flags, 4) == 4);
+	write_all(fd, &flags, 4);
 	opt(fd, NBD_OPT_STRUCTURED_REPLY, NULL, 0);
 	opt(fd, NBD_OPT_SET_META_CONTEXT, meta, sizeof(meta));
 	opt(fd, NBD_OPT_GO, go, sizeof(go));
@@ -148,7 +177,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	FUZZ_CHECK(fd >= 0);
 	strcpy(sa.sun_path, path);
-	FUZZ_CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	/* Interrupted, a unix socket's connect completes on its own. */
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		FUZZ_CHECK(errno == EINTR && wait_fd(fd, POLLOUT));
 	read_exact(fd, greet, sizeof(greet));
 #ifdef FUZZ_NBD_TX
 	handshake(fd);
@@ -159,7 +190,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		struct pollfd p = { .fd = fd, .events = POLLIN | (shut ? 0 : POLLOUT) };
 		ssize_t r;
 
-		FUZZ_CHECK(poll(&p, 1, 10000) > 0);
+		FUZZ_CHECK(wait_fd(fd, p.events));
+		while (poll(&p, 1, 0) < 0 && errno == EINTR)
+			;
 		if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
 			r = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
 			if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))

@@ -896,7 +896,25 @@ static struct luks_kdf_cost kdf_cost(const struct luks_kdf *k)
  * (LUKS2 may have several digests).  LUKS1: hash-spec at 72, mk-digest-iter
  * at 164, a 20-byte digest (on-disk-format.pdf); LUKS2: the "digests"
  * objects of the JSON area (on-disk-format-luks2.pdf, "Digests"). */
-static struct luks_kdf_cost digest_cost(struct crypt_device *cd, int hfd, int version)
+/* Whether libcryptsetup's crypto backend has hash (its own benchmark
+ * call, which refuses a name it cannot run): a digest under a hash it
+ * lacks cannot say no to a wrong key (cryptsetup 2.6 then opens the disk
+ * with whatever the keyslot gave: garbage served, garbage written). */
+static bool hash_known(struct crypt_device *cd, const char *hash)
+{
+	struct crypt_pbkdf_type p = { .type = CRYPT_KDF_PBKDF2, .hash = hash, .time_ms = 1 };
+
+	/* OpenSSL's own names first (every common hash, no cost); the
+	 * benchmark, ~1 s for a hash it runs, only for the rare others
+	 * (whirlpool, stribog: libcryptsetup's backend may have them). */
+	if (EVP_get_digestbyname(hash))
+		return true;
+	return crypt_benchmark_pbkdf(cd, &p, "x", 1, "0123456789abcdef", 16, 32, NULL,
+				     NULL) == 0;
+}
+
+static struct luks_kdf_cost digest_cost(struct crypt_device *cd, int hfd, int version,
+					char *bad_hash, size_t bad_len)
 {
 	struct luks_kdf_cost worst = { 0, 0 };
 	char hash[33] = { 0 };
@@ -909,6 +927,10 @@ static struct luks_kdf_cost digest_cost(struct crypt_device *cd, int hfd, int ve
 			return (struct luks_kdf_cost){ UINT64_MAX, 0 };
 		memcpy(hash, h + 72, 32);
 		k.iterations = be32toh(*(uint32_t *)(h + 164));
+		if (!hash_known(cd, hash)) {
+			snprintf(bad_hash, bad_len, "%s", hash);
+			return (struct luks_kdf_cost){ UINT64_MAX, 0 };
+		}
 		return kdf_cost(&k);
 	}
 	{
@@ -931,6 +953,11 @@ static struct luks_kdf_cost digest_cost(struct crypt_device *cd, int hfd, int ve
 				    !json_object_object_get_ex(d, "iterations", &it))
 					continue;
 				snprintf(hash, sizeof(hash), "%s", json_object_get_string(hs) ?: "");
+				if (!hash_known(cd, hash)) {
+					snprintf(bad_hash, bad_len, "%s", hash);
+					worst = (struct luks_kdf_cost){ UINT64_MAX, 0 };
+					break;
+				}
 				k.hash = hash;
 				k.iterations = (uint32_t)MIN(json_object_get_int64(it),
 							     (int64_t)UINT32_MAX);
@@ -1083,6 +1110,7 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	uint64_t hdr_bytes = 0;
 	struct crypt_device *cd = NULL;
 	struct luks_kdf_cost dc;
+	char bad_hash[33] = "";
 	struct luks *l = NULL;
 	char *pass = NULL;
 	size_t passlen = 0, vk_len;
@@ -1155,7 +1183,15 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	}
 	/* Every key, a keyslot's or a handed-over one, is checked against
 	 * the digest: its PBKDF2 is bounded like a keyslot's. */
-	dc = digest_cost(cd, hfd, version);
+	dc = digest_cost(cd, hfd, version, bad_hash, sizeof(bad_hash));
+	if (bad_hash[0]) {
+		log_one_line(bad_hash, strlen(bad_hash));
+		snprintf(err, errlen, "LUKS disk %s: its header's digest uses the hash '%s', which "
+			 "cryptsetup here cannot compute, so no key could be checked: the header is "
+			 "damaged or hostile; check it with cryptsetup luksDump", file->path, bad_hash);
+		r = -EINVAL;
+		goto fail;
+	}
 	if (dc.ms > bd.ms) {
 		char t[32];
 

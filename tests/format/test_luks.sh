@@ -254,6 +254,13 @@ cp "$tmp/a2.img" "$tmp/a2-bomb.img"
 /usr/bin/python3 "$here/luks2_edit.py" "$tmp/a2-bomb.img" keyslots.0.kdf.memory=4194304
 slow argon2-memory-bomb-skipped "keyslot 0 skipped: its key derivation (argon2id, 4 passes over 4096 MiB" \
     "$tmp/a2-bomb.img" --key-file "$tmp/key"
+# A digest under a hash cryptsetup cannot compute checks no key (cryptsetup
+# 2.6 opens such a header with whatever key a keyslot gives: garbage
+# served, garbage written): refused, the file unchanged (fuzz_luks found it).
+cp "$tmp/a2.img" "$tmp/dg.img"
+/usr/bin/python3 "$here/luks2_edit.py" "$tmp/dg.img" 'digests.0.hash="sha128"'
+slow digest-unknown-hash-refused "its header's digest uses the hash 'sha128'" "$tmp/dg.img" \
+    --key-file "$tmp/key"
 # The bounds are the operator's: 2 M iterations (~1 s here) over 100 ms,
 # 64 MiB of Argon2 over 32 MiB.
 cp "$tmp/l2.img" "$tmp/slow.img"

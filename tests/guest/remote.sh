@@ -3,7 +3,10 @@
 # one boot, four vblkd disks): fio crc32c verify on an RBD image (2 queues)
 # and on an nbdkit export; discard, fio trim and write zeroes on an RBD
 # image and on a qemu-nbd export of a file, after which the host finds the
-# space freed in the backend (rbd du; holes in the file).
+# space freed in the backend (rbd du; holes in the file).  And vblkd as an
+# NBD server (--nbd, no vhost-user socket) under QEMU's own NBD client
+# (-blockdev driver=nbd, a virtio-blk disk of the same guest): fio verify
+# on one, discard and write zeroes on another, holes found in its file.
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 VBLKD=${1:?usage: remote.sh PATH/TO/vblkd}
@@ -69,6 +72,22 @@ disk v-rbd 2 --disk rbd:rbd/verify --ceph-conf "$conf"
 disk discard-rbd 1 --disk rbd:rbd/discard --ceph-conf "$conf"
 disk v-nbd 1 --disk "nbd://127.0.0.1:$port/exp"
 disk discard-nbd 1 --disk "nbd+unix:///exp?socket=$work/qnbd.sock"
+# nbdsrv NAME: a vblkd serving $work/NAME.img over NBD only, attached by
+# QEMU's NBD client as a virtio-blk disk with serial NAME.
+nbdsrv() {
+    local name=$1 sock=$work/$1.nbd
+    truncate -s 128M "$work/$name.img"
+    "$VBLKD" --disk "$work/$name.img" --nbd "unix:$sock" >"$logs/$name.vblkd.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 200); do [[ -S $sock ]] && break; sleep 0.05; done
+    [[ -S $sock ]] ||
+        { fail "$name" "vblkd did not start: $(tail -2 "$logs/$name.vblkd.log" | tr '\n' ' ')"; return 1; }
+    qemu_args+=(-blockdev "driver=nbd,node-name=$name,server.type=unix,server.path=$sock,discard=unmap"
+                -device "virtio-blk-pci,drive=$name,serial=$name")
+    names+=("$name")
+}
+nbdsrv v-vblkd-nbd-server
+nbdsrv discard-vblkd-nbd
 ((${#names[@]})) || exit 0
 
 # guest_boot takes the first disk itself; the rest go in EXTRA_DISKS.
@@ -98,6 +117,24 @@ if [[ " ${names[*]} " == *" discard-rbd "* ]]; then
     else
         fail rbd-discard-frees-objects "rbd du: ${used:-?} bytes used after 8 MiB written, want 2-4 MiB"
     fi
+fi
+holes() {	# holes FILE: the guest's discards left holes, its data around them
+    python3 - "$1" <<'PY'
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+def hole_at(off):
+    try:
+        return os.lseek(fd, off, os.SEEK_HOLE) == off
+    except OSError:
+        return False
+ok = hole_at(1 << 20) and hole_at(3 << 20) and hole_at(6 << 20) and not hole_at(0)
+data = os.pread(fd, 4 << 20, 1 << 20)
+sys.exit(0 if ok and data == bytes(len(data)) else 1)
+PY
+}
+if [[ " ${names[*]} " == *" discard-vblkd-nbd "* ]]; then
+    holes "$work/discard-vblkd-nbd.img" && pass vblkd-nbd-server-discard-made-holes ||
+        fail vblkd-nbd-server-discard-made-holes "no hole where the guest discarded"
 fi
 if [[ " ${names[*]} " == *" discard-nbd "* ]]; then
     python3 - "$work/nbd.img" <<'PY' && pass nbd-discard-made-holes || fail nbd-discard-made-holes "no hole where the guest discarded"

@@ -6,9 +6,74 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "format/format.h"
 #include "util/log.h"
+
+int disk_open_image(const struct bdev_opts *bo, const struct fmt_opts *fo, unsigned num_iothreads,
+		    struct bdev *file, struct bdev **disk, char *err, size_t errlen)
+{
+	int r = bdev_open(bo, file, err, errlen);
+
+	if (r < 0) {
+		if (fo->key_handed)
+			close(fo->key_fd);
+		return r;
+	}
+	/* The format over the file: what the guest sees (format.h). */
+	if (file->engine->open && fo->kind == FMT_QCOW2) {
+		snprintf(err, errlen, "--format qcow2: vblkd reads qcow2 images from files and "
+			 "block devices only, not from a %s disk: export the image's contents "
+			 "instead (qemu-nbd -f qcow2, or qemu-img convert -O raw)",
+			 file->engine->name);
+		if (fo->key_handed)
+			close(fo->key_fd);
+		r = -EINVAL;
+		goto err_file;
+	}
+	r = fmt_open(file, fo, disk, err, errlen);
+	if (fo->key_handed)
+		close(fo->key_fd);
+	if (r < 0) {
+		bdev_close(file);
+		return r;
+	}
+	if (fo->copy_on_read && !fmt_has_backing(*disk)) {
+		snprintf(err, errlen, "--copy-on-read: %s is not a qcow2 image with a backing "
+			 "file: there is nothing below it to copy; drop the option", file->path);
+		r = -EINVAL;
+		goto err_fmt;
+	}
+	if ((*disk)->max_ctxs && num_iothreads > (*disk)->max_ctxs) {
+		snprintf(err, errlen, "--iothreads %u: %s serves one disk from %u iothread%s (%s); "
+			 "drop --iothreads (all queues then share that iothread)", num_iothreads,
+			 *disk != file ? "qcow2" : file->engine->name, (*disk)->max_ctxs,
+			 (*disk)->max_ctxs > 1 ? "s" : "",
+			 *disk != file ? "its metadata belongs to one thread, as in QEMU" :
+			 !strcmp(file->engine->name, "rbd") ? "one librbd image handle per disk" :
+			 "the NBD server does not allow several connections (multi-conn)");
+		r = -EINVAL;
+		goto err_fmt;
+	}
+	return 0;
+
+err_fmt:
+	fmt_close(*disk, file);
+err_file:
+	bdev_close(file);
+	return r;
+}
+
+int disk_close_image(struct bdev *disk, struct bdev *file)
+{
+	int r = fmt_close(disk, file) < 0 ? -EIO : 0;
+
+	if (!file->read_only && file->fd >= 0 && fdatasync(file->fd) < 0)
+		log_err("final fdatasync of %s failed: %s", file->path, strerror(errno));
+	bdev_close(file);
+	return r;
+}
 
 static void do_pin(void *opaque)
 {

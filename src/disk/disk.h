@@ -61,6 +61,25 @@ struct disk {
 	unsigned next_pick;		/* disk_pick_iothread; main thread */
 };
 
+/*
+ * The format stack of an image (the issue's "open/close of the format
+ * stack"): the file or network disk (bdev_open) and the format over it
+ * (fmt_open), checked against what the daemon was asked to do with it
+ * (copy on read needs a backing chain; a disk served from max_ctxs
+ * iothreads cannot take more).  *disk is what the fronts serve (file
+ * itself for raw).  0, or -errno with one line for the user in err and
+ * nothing left open.  fo->key_fd (a handed-over key) is closed either
+ * way.  Main thread.
+ */
+struct fmt_opts;
+int disk_open_image(const struct bdev_opts *bo, const struct fmt_opts *fo, unsigned num_iothreads,
+		    struct bdev *file, struct bdev **disk, char *err, size_t errlen);
+/* Close what disk_open_image opened: the format's tables written back,
+ * the file synced (a failure logged) and closed.  0, or -EIO if the
+ * format could not write its tables back.  Main thread, every front and
+ * iothread gone. */
+int disk_close_image(struct bdev *disk, struct bdev *file);
+
 /* Start the iothreads that serve b, each with its engine ctx.  0 and
  * *out, or -errno (one line logged).  Main thread. */
 int disk_new(struct bdev *b, const struct disk_opts *o, struct disk **out);

@@ -378,7 +378,25 @@ static void guard_cb(void *opaque, uint32_t events)
 	vu_server_drop(v->srv, why);
 }
 
-int main(int argc, char **argv)
+/* The command line, parsed and checked (parse_args). */
+struct cfg {
+	struct bdev_opts bo;
+	struct fmt_opts fo;
+	struct loop_poll_params poll;
+	struct blk_opts ko;
+	const char *sock, *ctl_path, *map_arg, *metrics_addr, *qos_group;
+	struct qos_limits limits;
+	bool have_limits;
+	unsigned qmap[BLK_MAX_QUEUES];
+	int cpus[BLK_MAX_QUEUES];
+	char serial[32];
+	struct nbds_export_opts nbd[8];
+	unsigned nnbd;
+};
+
+/* argv into *o, every value checked: a bad one ends the program with one
+ * line (cli_die). */
+static void parse_args(int argc, char **argv, struct cfg *o)
 {
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, 's' },
@@ -427,145 +445,131 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
-	struct loop_poll_params poll = { .max_ns = BLK_POLL_DEFAULT_NS, .grow = 2, .shrink = 2,
-					 .completion_max_ns = BLK_COMPLETION_POLL_DEFAULT_NS };
-	struct blk_opts ko = { .num_queues = 1, .poll = &poll, .werror = BLK_ERR_ENOSPC,
-			       .irq_moderation_max_ns = BLK_IRQ_MODERATION_DEFAULT_NS };
-	const char *sock = NULL, *ctl_path = NULL, *map_arg = NULL, *metrics_addr = NULL;
-	const char *qos_group = NULL;
-	struct qos_limits limits = { 0 };
-	bool have_limits = false;
-	struct metrics_source ms;
-	struct metrics_http *mh = NULL;
-	unsigned qmap[BLK_MAX_QUEUES];
-	int cpus[BLK_MAX_QUEUES];
-	struct ctl_server *ctl = NULL;
-	char serial[32], err[600], msg[512];
-	struct vblkd v = { .sfd = -1, .gfd = -1 };
-	struct vu_server *srv = NULL;
-	struct nbds_export_opts nbd[8];
-	unsigned nnbd = 0;
-	struct up_child uc;
-	bool handover;
-	struct bdev b, *disk = NULL;
-	struct fmt_opts fo = { .kind = FMT_AUTO, .bo = &bo };
-	sigset_t mask;
+	char msg[512];
 	int c, r;
 
-	up_init(argv);
+	*o = (struct cfg){
+		.bo = { .cache = BDEV_CACHE_AUTO },
+		.poll = { .max_ns = BLK_POLL_DEFAULT_NS, .grow = 2, .shrink = 2,
+			  .completion_max_ns = BLK_COMPLETION_POLL_DEFAULT_NS },
+		.ko = { .num_queues = 1, .werror = BLK_ERR_ENOSPC,
+			.irq_moderation_max_ns = BLK_IRQ_MODERATION_DEFAULT_NS },
+		.fo = { .kind = FMT_AUTO },
+	};
+	o->ko.poll = &o->poll;
+	o->fo.bo = &o->bo;
 	opterr = 0;	/* our own one-line messages below */
 	while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
 		switch (c) {
-		case 's': sock = optarg; break;
+		case 's': o->sock = optarg; break;
 		case 'n':
-			if (nnbd == ARRAY_SIZE(nbd))
+			if (o->nnbd == ARRAY_SIZE(o->nbd))
 				cli_die("--nbd: at most %zu exports at start (vblkctl nbd add adds "
-					"more)", ARRAY_SIZE(nbd));
-			if (nbds_export_parse(optarg, &nbd[nnbd], msg, sizeof(msg)) < 0)
+					"more)", ARRAY_SIZE(o->nbd));
+			if (nbds_export_parse(optarg, &o->nbd[o->nnbd], msg, sizeof(msg)) < 0)
 				cli_die("--nbd %s", msg);
-			nnbd++;
+			o->nnbd++;
 			break;
-		case 'd': bo.path = optarg; break;
+		case 'd': o->bo.path = optarg; break;
 		case 'q':
-			ko.num_queues = parse_uint("--queues", optarg, 1, BLK_MAX_QUEUES);
+			o->ko.num_queues = parse_uint("--queues", optarg, 1, BLK_MAX_QUEUES);
 			break;
-		case 'r': bo.read_only = true; break;
+		case 'r': o->bo.read_only = true; break;
 		case 'j':
-			if (fmt_parse(optarg, &fo.kind) < 0)
+			if (fmt_parse(optarg, &o->fo.kind) < 0)
 				cli_die("--format '%s' is not one of raw, qcow2, luks, auto", optarg);
 			break;
-		case 'R': fo.copy_on_read = true; break;
-		case 'y': fo.key_file = optarg; break;
+		case 'R': o->fo.copy_on_read = true; break;
+		case 'y': o->fo.key_file = optarg; break;
 		case 'Z':
-			fo.kdf_max_ms = parse_uint("--kdf-max-ms", optarg, 1, 86400000);
+			o->fo.kdf_max_ms = parse_uint("--kdf-max-ms", optarg, 1, 86400000);
 			break;
 		case 'm':
-			fo.kdf_max_kib = size_arg("--kdf-max-memory", optarg) >> 10;
-			if (fo.kdf_max_kib < 32 || fo.kdf_max_kib > (4ull << 20))
+			o->fo.kdf_max_kib = size_arg("--kdf-max-memory", optarg) >> 10;
+			if (o->fo.kdf_max_kib < 32 || o->fo.kdf_max_kib > (4ull << 20))
 				cli_die("--kdf-max-memory %s: give 32K to 4G", optarg);
 			break;
 		case 'k':
-			fo.l2_cache_bytes = size_arg("--l2-cache-size", optarg);
-			if (fo.l2_cache_bytes < 4096)
+			o->fo.l2_cache_bytes = size_arg("--l2-cache-size", optarg);
+			if (o->fo.l2_cache_bytes < 4096)
 				cli_die("--l2-cache-size %s: give at least 4K", optarg);
 			break;
 		case 'c':
-			bo.cache = word_arg("--cache", optarg, (const char *const[]){
+			o->bo.cache = word_arg("--cache", optarg, (const char *const[]){
 						    [BDEV_CACHE_AUTO] = "auto",
 						    [BDEV_CACHE_NONE] = "none",
 						    [BDEV_CACHE_WRITEBACK] = "writeback" });
 			break;
 		case 'b':
-			bo.block_size = parse_uint("--block-size", optarg, 512, 4096);
-			if (bo.block_size != 512 && bo.block_size != 4096)
+			o->bo.block_size = parse_uint("--block-size", optarg, 512, 4096);
+			if (o->bo.block_size != 512 && o->bo.block_size != 4096)
 				cli_die("--block-size must be 512 or 4096, not %s", optarg);
 			break;
 		case 'S':
 			if (strlen(optarg) > 20)
 				cli_die("--serial '%s' is longer than 20 bytes", optarg);
-			ko.serial = optarg;
+			o->ko.serial = optarg;
 			break;
-		case 'B': bo.engine = optarg; break;
-		case 'F': bo.ceph_conf = optarg; break;
-		case 'I': bo.ceph_id = optarg; break;
-		case 'z': bo.size = size_arg("--size", optarg); break;
-		case 'C': ctl_path = optarg; break;
-		case 'X': metrics_addr = optarg; break;
+		case 'B': o->bo.engine = optarg; break;
+		case 'F': o->bo.ceph_conf = optarg; break;
+		case 'I': o->bo.ceph_id = optarg; break;
+		case 'z': o->bo.size = size_arg("--size", optarg); break;
+		case 'C': o->ctl_path = optarg; break;
+		case 'X': o->metrics_addr = optarg; break;
 		case 'T':
-			ko.num_iothreads = parse_uint("--iothreads", optarg, 1, BLK_MAX_QUEUES);
+			o->ko.num_iothreads = parse_uint("--iothreads", optarg, 1, BLK_MAX_QUEUES);
 			break;
-		case 'M': map_arg = optarg; break;
-		case 'Q': bo.uring_sqpoll = true; break;
+		case 'M': o->map_arg = optarg; break;
+		case 'Q': o->bo.uring_sqpoll = true; break;
 		case 'U':
-			bo.iopoll = word_arg("--iopoll", optarg, (const char *const[]){
+			o->bo.iopoll = word_arg("--iopoll", optarg, (const char *const[]){
 						     [BDEV_IOPOLL_AUTO] = "auto",
 						     [BDEV_IOPOLL_ON] = "on",
 						     [BDEV_IOPOLL_OFF] = "off" });
 			break;
 		case 'A':
-			ko.ncpus = parse_cpus(optarg, cpus, BLK_MAX_QUEUES);
-			ko.cpus = cpus;
+			o->ko.ncpus = parse_cpus(optarg, o->cpus, BLK_MAX_QUEUES);
+			o->ko.cpus = o->cpus;
 			break;
 		case 'W':
-			poll.completion_max_ns = parse_uint("--completion-poll-max-ns", optarg, 0,
+			o->poll.completion_max_ns = parse_uint("--completion-poll-max-ns", optarg, 0,
 							    1000000000);
 			break;
 		case 'O':
-			ko.irq_moderation_max_ns = parse_uint("--irq-moderation-max-ns", optarg, 0,
+			o->ko.irq_moderation_max_ns = parse_uint("--irq-moderation-max-ns", optarg, 0,
 							      1000000);
 			break;
 		case 'w':
-			ko.werror = (enum blk_err_policy)word_arg("--werror", optarg,
+			o->ko.werror = (enum blk_err_policy)word_arg("--werror", optarg,
 				(const char *const[]){ "report", "stop", "enospc" });
 			break;
 		case 'e':
 			if (!strcmp(optarg, "report") || !strcmp(optarg, "stop"))
-				ko.rerror = optarg[0] == 's' ? BLK_ERR_STOP : BLK_ERR_REPORT;
+				o->ko.rerror = optarg[0] == 's' ? BLK_ERR_STOP : BLK_ERR_REPORT;
 			else
 				cli_die("--rerror '%s' is not one of report, stop", optarg);
 			break;
 		case 'f':
-			ko.error_retry_ns = parse_uint("--error-retry-s", optarg, 0, 86400) *
+			o->ko.error_retry_ns = parse_uint("--error-retry-s", optarg, 0, 86400) *
 					    1000000000ull;
 			break;
 		case 'o':
-			if (qos_limits_parse(optarg, &limits, msg, sizeof(msg)) < 0)
+			if (qos_limits_parse(optarg, &o->limits, msg, sizeof(msg)) < 0)
 				cli_die("--limit %s: %s", optarg, msg);
-			have_limits = true;
+			o->have_limits = true;
 			break;
-		case 'g': qos_group = optarg; break;
+		case 'g': o->qos_group = optarg; break;
 		case 'P':
-			poll.max_ns = parse_uint("--poll-max-ns", optarg, 0, 1000000000);
+			o->poll.max_ns = parse_uint("--poll-max-ns", optarg, 0, 1000000000);
 			break;
-		case 'G': poll.grow = parse_uint("--poll-grow", optarg, 2, 1024); break;
-		case 'K': poll.shrink = parse_uint("--poll-shrink", optarg, 0, 1024); break;
+		case 'G': o->poll.grow = parse_uint("--poll-grow", optarg, 2, 1024); break;
+		case 'K': o->poll.shrink = parse_uint("--poll-shrink", optarg, 0, 1024); break;
 		case 'N': defer_set_batching(false); break;
-		case 'H': poll.no_check = true; break;
-		case 'E': ko.no_event_idx = true; break;
-		case 'L': ko.no_early_notify = true; break;
-		case 'Y': bo.no_early_submit = true; break;
-		case 'J': ko.no_packed = true; break;
+		case 'H': o->poll.no_check = true; break;
+		case 'E': o->ko.no_event_idx = true; break;
+		case 'L': o->ko.no_early_notify = true; break;
+		case 'Y': o->bo.no_early_submit = true; break;
+		case 'J': o->ko.no_packed = true; break;
 		case 'l':
 			r = log_parse_level(optarg);
 			if (r < 0)
@@ -573,8 +577,8 @@ int main(int argc, char **argv)
 					optarg);
 			log_set_level((enum log_level)r);
 			break;
-		case 'h': usage(stdout); return 0;
-		case 'V': printf("vblkd %s\n", VBLKD_VERSION); return 0;
+		case 'h': usage(stdout); exit(0);
+		case 'V': printf("vblkd %s\n", VBLKD_VERSION); exit(0);
 		case ':':
 			cli_die("option '%s' needs a value; see vblkd --help",
 				argv[optind - 1]);
@@ -584,30 +588,282 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		cli_die("unexpected argument '%s'; see vblkd --help", argv[optind]);
-	if (!sock && !nnbd)
+	if (!o->sock && !o->nnbd)
 		cli_die("missing --socket PATH (the unix socket QEMU connects to) or --nbd ADDR "
 			"(an NBD export): give at least one");
-	if (!bo.path && !(bo.engine && !strcmp(bo.engine, "null")))
+	if (!o->bo.path && !(o->bo.engine && !strcmp(o->bo.engine, "null")))
 		cli_die("missing --disk DISK: the image file, block device, rbd:POOL/IMAGE or "
 			"nbd:// URI to serve");
-	if (bo.size && bo.path)
+	if (o->bo.size && o->bo.path)
 		cli_die("--size is for the null backend without --disk; the disk has its own size");
-	if (!bo.path && !bo.size)
-		bo.size = 1ull << 30;
-	if (!ko.num_iothreads)
-		ko.num_iothreads = 1;
-	if (ko.num_iothreads > ko.num_queues)
+	if (!o->bo.path && !o->bo.size)
+		o->bo.size = 1ull << 30;
+	if (!o->ko.num_iothreads)
+		o->ko.num_iothreads = 1;
+	if (o->ko.num_iothreads > o->ko.num_queues)
 		cli_die("--iothreads %u is more than --queues %u: extra iothreads would have "
-			"no queue", ko.num_iothreads, ko.num_queues);
-	if (map_arg) {
-		parse_queue_map(map_arg, qmap, ko.num_queues, ko.num_iothreads);
-		ko.queue_map = qmap;
+			"no queue", o->ko.num_iothreads, o->ko.num_queues);
+	if (o->map_arg) {
+		parse_queue_map(o->map_arg, o->qmap, o->ko.num_queues, o->ko.num_iothreads);
+		o->ko.queue_map = o->qmap;
 	}
-	if (!ko.serial) {
-		default_serial(bo.path ? bo.path : "null", serial, sizeof(serial));
-		ko.serial = serial;
+	if (!o->ko.serial) {
+		default_serial(o->bo.path ? o->bo.path : "null", o->serial, sizeof(o->serial));
+		o->ko.serial = o->serial;
 	}
+}
 
+/* Started by vblkctl upgrade: the old process hands us its sockets and
+ * disk now, its rings once we are set up (up.h).  Returns whether this is
+ * such a start. */
+static bool begin_upgrade(struct cfg *o, struct up_child *uc)
+{
+	char err[600];
+	int r = up_child_begin(uc, err, sizeof(err));
+
+	if (r < 0)
+		cli_die("%s", err);
+	if (r != 1)
+		return false;
+	if (uc->fds.disk >= 0) {
+		o->bo.take_fd = true;
+		o->bo.fd = uc->fds.disk;
+	}
+	o->fo.handover = true;
+	if (uc->fds.key >= 0) {
+		o->fo.key_handed = true;
+		o->fo.key_fd = uc->fds.key;
+	}
+	if (uc->fds.listen < 0 || !o->sock)
+		cli_die("upgrade: the old vblkd handed over no vhost-user socket");
+	return true;
+}
+
+/* The image, its QoS budget, the iothreads, the virtio-blk device: v's
+ * file, b, disk and dev.  A failure ends the program with one line,
+ * nothing left behind. */
+static void start_disk(struct cfg *o, bool handover, struct vblkd *v)
+{
+	char err[600];
+	int r;
+
+	r = disk_open_image(&o->bo, &o->fo, o->ko.num_iothreads, v->file, &v->b, err,
+			    sizeof(err));
+	if (r < 0)
+		cli_die("%s", err);
+	/* QoS: a group's budget (joined after the disk opened, so a bad
+	 * disk leaves no group behind), or the disk's own.  Upgraded in
+	 * place, a member takes the group's limits as they are now. */
+	if (o->qos_group) {
+		r = qos_group_join(o->qos_group, NULL,
+				   handover || !o->have_limits ? NULL : &o->limits, &o->ko.qos, err,
+				   sizeof(err));
+	} else if (o->have_limits && (r = qos_new(&o->limits, &o->ko.qos)) < 0) {
+		snprintf(err, sizeof(err), "cannot set up the QoS limits: %s", strerror(-r));
+	}
+	if (r < 0)
+		goto err_image;
+	r = disk_new(v->b, &(struct disk_opts){ .num_iothreads = o->ko.num_iothreads,
+						  .cpus = o->ko.cpus, .ncpus = o->ko.ncpus,
+						  .poll = o->ko.poll }, &v->disk);
+	if (r < 0) {
+		qos_free(o->ko.qos);
+		snprintf(err, sizeof(err), "cannot start the iothreads: %s", strerror(-r));
+		goto err_image;
+	}
+	r = blk_dev_new_on(v->disk, &o->ko, &v->dev);	/* owns ko.qos from here */
+	if (r < 0) {
+		disk_free(v->disk);
+		snprintf(err, sizeof(err), "cannot start the device: %s", strerror(-r));
+		goto err_image;
+	}
+	if (o->have_limits || o->qos_group) {
+		struct qos_limits l;
+
+		qos_get(blk_dev_qos(v->dev), &l, NULL, sys_now_ns());
+		qos_limits_format(&l, err, sizeof(err));
+		log_info("QoS limits%s%s: %s", o->qos_group ? " of group " : "",
+			 o->qos_group ? o->qos_group : "", err[0] ? err : "none");
+	}
+	v->num_queues = o->ko.num_queues;
+	return;
+
+err_image:
+	disk_close_image(v->b, v->file);
+	cli_die("%s", err);
+}
+
+/* The main loop and what runs on it: signals, the pause watch, the
+ * control socket, metrics, the vhost-user server, the NBD exports, the
+ * SIGBUS guard.  0, or -1 with one line in err and all of it undone. */
+static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, bool handover,
+			  const sigset_t *mask, char *err, size_t errlen)
+{
+	static struct metrics_source ms;
+	char msg[512];
+	int r;
+
+	r = loop_new("main", &v->loop);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot start the main loop: %s", strerror(-r));
+		return -1;
+	}
+	r = blk_dev_attach(v->dev, v->loop);
+	if (r < 0) {
+		snprintf(err, errlen, "cannot watch the device's pauses: %s", strerror(-r));
+		goto err_loop;
+	}
+	v->sfd = signalfd(-1, mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (v->sfd < 0 || loop_fd_add(v->loop, v->sfd, EPOLLIN, signal_cb, v, &v->sfd_h) < 0) {
+		snprintf(err, errlen, "cannot set up signal handling: %s", strerror(errno));
+		goto err_loop;
+	}
+	/* Metrics (vblkctl metrics, --metrics) read what ctl's stats read,
+	 * on this thread; the frontend counters once srv exists. */
+	metrics_source_init(&ms, v->dev, v->b);
+	if (o->ctl_path) {
+		r = ctl_server_new_fd(o->ctl_path, uc->fds.control, v->loop, v->dev, &v->ctl, msg,
+				      sizeof(msg));
+		if (r < 0) {
+			snprintf(err, errlen, "--control: %s", msg);
+			goto err_loop;
+		}
+		uc->fds.control = -1;
+		r = ctl_server_add_cmd(v->ctl, "metrics", metrics_ctl_cmd, &ms);
+		if (r < 0) {
+			snprintf(err, errlen, "--control: %s", strerror(-r));
+			goto err_ctl;
+		}
+	}
+	if (o->metrics_addr) {
+		/* Upgraded in place: the old process's listener, no gap. */
+		r = metrics_http_new(o->metrics_addr, uc->fds.metrics, v->loop, &ms, &v->mh, msg,
+				     sizeof(msg));
+		if (r < 0) {
+			snprintf(err, errlen, "--metrics %s", msg);
+			goto err_ctl;
+		}
+		uc->fds.metrics = -1;
+		log_info("metrics at http://%s/metrics (port %u)", o->metrics_addr,
+			 metrics_http_port(v->mh));
+	}
+	sys_close(&uc->fds.control);
+	sys_close(&uc->fds.metrics);
+	r = o->sock ? vu_server_new_fd(o->sock, uc->fds.listen, v->loop, &blk_vu_ops, v->dev,
+				       &v->srv, msg, sizeof(msg)) : 0;
+	if (r < 0) {
+		snprintf(err, errlen, "--socket: %s", msg);
+		goto err_metrics;
+	}
+	ms.srv = v->srv;
+	r = nbds_new(v->disk, v->loop, &v->nbds);
+	if (r < 0)
+		snprintf(err, errlen, "cannot start the NBD server: %s", strerror(-r));
+	for (unsigned i = 0; r == 0 && i < o->nnbd; i++)
+		if ((r = nbds_add(v->nbds, &o->nbd[i], msg, sizeof(msg))) < 0)
+			snprintf(err, errlen, "--nbd %s", msg);
+	if (r == 0 && v->ctl &&
+	    ((r = ctl_server_add_cmd(v->ctl, "nbd-add", nbds_ctl_add, v->nbds)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "nbd-remove", nbds_ctl_remove, v->nbds)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "nbd-list", nbds_ctl_list, v->nbds)) < 0))
+		snprintf(err, errlen, "--control: %s", strerror(-r));
+	if (r < 0)
+		goto err_nbd;
+	if (v->ctl)
+		ctl_server_set_upgrade(v->ctl, upgrade_cb, v);
+	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */
+	if (v->srv)
+		blk_dev_set_config_notify(v->dev, config_changed_cb, v->srv);
+	v->gfd = gm_guard_init();
+	if (v->gfd < 0 || loop_fd_add(v->loop, v->gfd, EPOLLIN, guard_cb, v, &v->gfd_h) < 0) {
+		snprintf(err, errlen, "cannot set up the SIGBUS guard: %s",
+			 strerror(v->gfd < 0 ? -v->gfd : errno));
+		goto err_nbd;
+	}
+	return 0;
+
+err_nbd:
+	nbds_free(v->nbds);
+	v->nbds = NULL;
+	vu_server_free(v->srv);
+	v->srv = NULL;
+err_metrics:
+	metrics_http_free(v->mh);
+	v->mh = NULL;
+err_ctl:
+	if (v->ctl)
+		ctl_free_on_error(v->ctl, handover);
+	v->ctl = NULL;
+err_loop:
+	blk_dev_detach(v->dev);
+	if (v->sfd_h)
+		loop_fd_del(v->loop, v->sfd_h);
+	if (v->sfd >= 0)
+		close(v->sfd);
+	loop_free(v->loop);
+	return -1;
+}
+
+/* One line for the start-up log: what is served, how, where. */
+static void log_serving(const struct cfg *o, const struct vblkd *v)
+{
+	const struct bdev *b = v->file;
+	char msg[512];
+
+	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s, "
+		 "%u iothread%s) on %s",
+		 b->path, (unsigned long long)v->b->size, b->block_size, b->engine->name,
+		 b->engine->open ? "network" : b->fd < 0 ? "no file" : b->iopoll ?
+		 "O_DIRECT, polled" : b->direct ? "O_DIRECT" : "page cache",
+		 b->read_only ? ", read-only" : "", o->ko.num_queues,
+		 o->ko.num_queues > 1 ? "s" : "", o->ko.num_iothreads,
+		 o->ko.num_iothreads > 1 ? "s" : "", o->sock ? o->sock : "NBD only");
+	fmt_describe(v->b, v->file, msg, sizeof(msg));
+	log_info("format: %s", msg);
+	/* Not an error: this may be a migration's destination, started
+	 * while the source still writes (docs/architecture.md "Migration"). */
+	if (bdev_lock_busy(v->b))
+		log_info("disk %s is being written by another process now: rings "
+			 "start here once it stops (as at the end of a migration)", b->path);
+}
+
+/* After the main loop: everything down in the reverse order of start,
+ * in-flight I/O finished, the image's tables written back.  0, or -EIO
+ * if they could not be. */
+static int stop_all(struct vblkd *v)
+{
+	int r;
+
+	notify_stopping();
+	metrics_http_free(v->mh);
+	loop_fd_del(v->loop, v->gfd_h);
+	nbds_free(v->nbds);
+	vu_server_free(v->srv);
+	log_stats(v);
+	ctl_server_free(v->ctl);
+	blk_dev_free(v->dev);
+	disk_free(v->disk);
+	r = disk_close_image(v->b, v->file);
+	loop_fd_del(v->loop, v->sfd_h);
+	loop_free(v->loop);
+	close(v->sfd);
+	log_info("exited cleanly");
+	return r;
+}
+
+int main(int argc, char **argv)
+{
+	static struct cfg o;
+	static struct bdev file;
+	struct vblkd v = { .sfd = -1, .gfd = -1, .file = &file };
+	struct up_child uc;
+	char err[600];
+	bool handover;
+	sigset_t mask;
+	int r;
+
+	up_init(argv);
+	parse_args(argc, argv, &o);
 	/* Signals go to the main loop only: block them before any thread
 	 * starts so iothreads inherit the mask. */
 	sigemptyset(&mask);
@@ -617,219 +873,22 @@ int main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	/* Started by vblkctl upgrade: the old process hands us its sockets
-	 * and disk now, its rings once we are set up (up.h). */
-	r = up_child_begin(&uc, err, sizeof(err));
-	if (r < 0)
-		cli_die("%s", err);
-	handover = r == 1;
-	if (handover && uc.fds.disk >= 0) {
-		bo.take_fd = true;
-		bo.fd = uc.fds.disk;
-	}
-	fo.handover = handover;
-	if (handover && uc.fds.key >= 0) {
-		fo.key_handed = true;
-		fo.key_fd = uc.fds.key;
-	}
-	if (handover && (uc.fds.listen < 0 || !sock))
-		cli_die("upgrade: the old vblkd handed over no vhost-user socket");
-
-	r = bdev_open(&bo, &b, err, sizeof(err));
-	if (r < 0)
-		cli_die("%s", err);
-	/* The format over the file: what the guest sees (format.h). */
-	if (b.engine->open && fo.kind == FMT_QCOW2) {
-		bdev_close(&b);
-		cli_die("--format qcow2: vblkd reads qcow2 images from files and block devices "
-			"only, not from a %s disk: export the image's contents instead (qemu-nbd "
-			"-f qcow2, or qemu-img convert -O raw)", b.engine->name);
-	}
-	r = fmt_open(&b, &fo, &disk, err, sizeof(err));
-	if (fo.key_handed)
-		close(fo.key_fd);
-	if (r < 0) {
-		bdev_close(&b);
-		cli_die("%s", err);
-	}
-	if (fo.copy_on_read && !fmt_has_backing(disk)) {
-		fmt_close(disk, &b);
-		bdev_close(&b);
-		cli_die("--copy-on-read: %s is not a qcow2 image with a backing file: there is "
-			"nothing below it to copy; drop the option", b.path);
-	}
-	if (disk->max_ctxs && ko.num_iothreads > disk->max_ctxs) {
-		fmt_close(disk, &b);
-		bdev_close(&b);
-		cli_die("--iothreads %u: %s serves one disk from %u iothread%s (%s); drop "
-			"--iothreads (all queues then share that iothread)",
-			ko.num_iothreads, disk != &b ? "qcow2" : b.engine->name, disk->max_ctxs,
-			disk->max_ctxs > 1 ? "s" : "",
-			disk != &b ? "its metadata belongs to one thread, as in QEMU" :
-			!strcmp(b.engine->name, "rbd") ? "one librbd image handle per disk" :
-			"the NBD server does not allow several connections (multi-conn)");
-	}
-	/* QoS: a group's budget (joined after the disk opened, so a bad
-	 * disk leaves no group behind), or the disk's own.  Upgraded in
-	 * place, a member takes the group's limits as they are now. */
-	if (qos_group) {
-		r = qos_group_join(qos_group, NULL, handover || !have_limits ? NULL : &limits,
-				   &ko.qos, msg, sizeof(msg));
-		if (r < 0) {
-			fmt_close(disk, &b);
-			bdev_close(&b);
-			cli_die("%s", msg);
-		}
-	} else if (have_limits) {
-		r = qos_new(&limits, &ko.qos);
-		if (r < 0) {
-			fmt_close(disk, &b);
-			bdev_close(&b);
-			cli_die("cannot set up the QoS limits: %s", strerror(-r));
-		}
-	}
-	r = disk_new(disk, &(struct disk_opts){ .num_iothreads = ko.num_iothreads,
-						  .cpus = ko.cpus, .ncpus = ko.ncpus,
-						  .poll = ko.poll }, &v.disk);
-	if (r < 0) {
-		qos_free(ko.qos);
-		fmt_close(disk, &b);
-		bdev_close(&b);
-		cli_die("cannot start the iothreads: %s", strerror(-r));
-	}
-	r = blk_dev_new_on(v.disk, &ko, &v.dev);
-	if (r < 0) {
+	handover = begin_upgrade(&o, &uc);
+	start_disk(&o, handover, &v);
+	if (start_services(&o, &v, &uc, handover, &mask, err, sizeof(err)) < 0) {
+		blk_dev_free(v.dev);
 		disk_free(v.disk);
-		fmt_close(disk, &b);
-		bdev_close(&b);
-		cli_die("cannot start the device: %s", strerror(-r));
+		disk_close_image(v.b, v.file);
+		cli_die("%s", err);
 	}
-	if (have_limits || qos_group) {
-		struct qos_limits l;
-
-		qos_get(blk_dev_qos(v.dev), &l, NULL, sys_now_ns());
-		qos_limits_format(&l, msg, sizeof(msg));
-		log_info("QoS limits%s%s: %s", qos_group ? " of group " : "",
-			 qos_group ? qos_group : "", msg[0] ? msg : "none");
-	}
-	v.num_queues = ko.num_queues;
-	r = loop_new("main", &v.loop);
-	if (r < 0)
-		goto err_dev;
-	r = blk_dev_attach(v.dev, v.loop);
-	if (r < 0) {
-		snprintf(err, sizeof(err), "cannot watch the device's pauses: %s", strerror(-r));
-		goto err_loop;
-	}
-	v.sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-	if (v.sfd < 0 || loop_fd_add(v.loop, v.sfd, EPOLLIN, signal_cb, &v, &v.sfd_h) < 0) {
-		snprintf(err, sizeof(err), "cannot set up signal handling: %s",
-			 strerror(errno));
-		goto err_loop;
-	}
-	/* Metrics (vblkctl metrics, --metrics) read what ctl's stats read,
-	 * on this thread; the frontend counters once srv exists. */
-	metrics_source_init(&ms, v.dev, disk);
-	if (ctl_path) {
-		r = ctl_server_new_fd(ctl_path, uc.fds.control, v.loop, v.dev, &ctl, msg,
-				      sizeof(msg));
-		if (r < 0) {
-			snprintf(err, sizeof(err), "--control: %s", msg);
-			goto err_loop;
-		}
-		uc.fds.control = -1;
-		r = ctl_server_add_cmd(ctl, "metrics", metrics_ctl_cmd, &ms);
-		if (r < 0) {
-			snprintf(err, sizeof(err), "--control: %s", strerror(-r));
-			ctl_free_on_error(ctl, handover);
-			goto err_loop;
-		}
-	}
-	if (metrics_addr) {
-		/* Upgraded in place: the old process's listener, no gap. */
-		r = metrics_http_new(metrics_addr, uc.fds.metrics, v.loop, &ms, &mh, msg,
-				     sizeof(msg));
-		if (r < 0) {
-			snprintf(err, sizeof(err), "--metrics %s", msg);
-			ctl_free_on_error(ctl, handover);
-			goto err_loop;
-		}
-		uc.fds.metrics = -1;
-		log_info("metrics at http://%s/metrics (port %u)", metrics_addr,
-			 metrics_http_port(mh));
-	}
-	sys_close(&uc.fds.control);
-	sys_close(&uc.fds.metrics);
-	r = sock ? vu_server_new_fd(sock, uc.fds.listen, v.loop, &blk_vu_ops, v.dev, &srv,
-				    msg, sizeof(msg)) : 0;
-	if (r < 0) {
-		snprintf(err, sizeof(err), "--socket: %s", msg);
-		metrics_http_free(mh);
-		ctl_free_on_error(ctl, handover);
-		goto err_loop;
-	}
-	r = nbds_new(v.disk, v.loop, &v.nbds);
-	for (unsigned i = 0; r == 0 && i < nnbd; i++)
-		if ((r = nbds_add(v.nbds, &nbd[i], msg, sizeof(msg))) < 0)
-			snprintf(err, sizeof(err), "--nbd %s", msg);
-	for (unsigned i = 0; i < nnbd; i++)
-		nbds_export_opts_free(&nbd[i]);
-	if (r == 0 && ctl &&
-	    ((r = ctl_server_add_cmd(ctl, "nbd-add", nbds_ctl_add, v.nbds)) < 0 ||
-	     (r = ctl_server_add_cmd(ctl, "nbd-remove", nbds_ctl_remove, v.nbds)) < 0 ||
-	     (r = ctl_server_add_cmd(ctl, "nbd-list", nbds_ctl_list, v.nbds)) < 0))
-		snprintf(err, sizeof(err), "--control: %s", strerror(-r));
-	if (r < 0) {
-		if (!v.nbds)
-			snprintf(err, sizeof(err), "cannot start the NBD server: %s", strerror(-r));
-		nbds_free(v.nbds);
-		vu_server_free(srv);
-		metrics_http_free(mh);
-		ctl_free_on_error(ctl, handover);
-		goto err_loop;
-	}
-	v.srv = srv;
-	ms.srv = srv;
-	v.ctl = ctl;
-	v.mh = mh;
-	v.b = disk;
-	v.file = &b;
-	if (ctl)
-		ctl_server_set_upgrade(ctl, upgrade_cb, &v);
-	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */
-	if (srv)
-		blk_dev_set_config_notify(v.dev, config_changed_cb, srv);
-	v.gfd = gm_guard_init();
-	if (v.gfd < 0 || loop_fd_add(v.loop, v.gfd, EPOLLIN, guard_cb, &v, &v.gfd_h) < 0) {
-		snprintf(err, sizeof(err), "cannot set up the SIGBUS guard: %s",
-			 strerror(v.gfd < 0 ? -v.gfd : errno));
-		nbds_free(v.nbds);
-		vu_server_free(srv);
-		metrics_http_free(mh);
-		ctl_free_on_error(ctl, handover);
-		goto err_loop;
-	}
-
-	log_info("serving %s (%llu bytes, %u-byte blocks, %s, %s%s, %u queue%s, "
-		 "%u iothread%s) on %s",
-		 b.path, (unsigned long long)disk->size, b.block_size, b.engine->name,
-		 b.engine->open ? "network" : b.fd < 0 ? "no file" : b.iopoll ? "O_DIRECT, polled" : b.direct ? "O_DIRECT" : "page cache", b.read_only ? ", read-only" : "",
-		 ko.num_queues, ko.num_queues > 1 ? "s" : "", ko.num_iothreads,
-		 ko.num_iothreads > 1 ? "s" : "", sock ? sock : "NBD only");
-	/* Not an error: this may be a migration's destination, started
-	 * while the source still writes (docs/architecture.md "Migration"). */
-	fmt_describe(disk, &b, msg, sizeof(msg));
-	log_info("format: %s", msg);
-	if (bdev_lock_busy(disk))
-		log_info("disk %s is being written by another process now: rings "
-			 "start here once it stops (as at the end of a migration)", b.path);
-
-	if (handover && up_child_finish(&uc, srv, err, sizeof(err)) < 0)
+	for (unsigned i = 0; i < o.nnbd; i++)
+		nbds_export_opts_free(&o.nbd[i]);
+	log_serving(&o, &v);
+	if (handover && up_child_finish(&uc, v.srv, err, sizeof(err)) < 0)
 		cli_die("%s", err);
 
 	notify_ready();
 	r = loop_run(v.loop);
-
 	if (v.successor) {
 		/* Everything is the new process's now, the socket files and
 		 * the image lock included: leave without touching any of it. */
@@ -838,37 +897,5 @@ int main(int argc, char **argv)
 		fflush(NULL);
 		_exit(0);
 	}
-	notify_stopping();
-	metrics_http_free(mh);
-	loop_fd_del(v.loop, v.gfd_h);
-	nbds_free(v.nbds);
-	vu_server_free(srv);
-	log_stats(&v);
-	ctl_server_free(ctl);
-	blk_dev_free(v.dev);
-	disk_free(v.disk);
-	if (fmt_close(disk, &b) < 0)
-		r = -EIO;
-	if (!b.read_only && b.fd >= 0 && fdatasync(b.fd) < 0)
-		log_err("final fdatasync of %s failed: %s", b.path, strerror(errno));
-	bdev_close(&b);
-	loop_fd_del(v.loop, v.sfd_h);
-	loop_free(v.loop);
-	close(v.sfd);
-	log_info("exited cleanly");
-	return r < 0 ? 1 : 0;
-
-err_loop:
-	blk_dev_detach(v.dev);
-	if (v.sfd_h)
-		loop_fd_del(v.loop, v.sfd_h);
-	if (v.sfd >= 0)
-		close(v.sfd);
-	loop_free(v.loop);
-err_dev:
-	blk_dev_free(v.dev);
-	disk_free(v.disk);
-	fmt_close(disk, &b);
-	bdev_close(&b);
-	cli_die("%s", err);
+	return stop_all(&v) < 0 || r < 0 ? 1 : 0;
 }

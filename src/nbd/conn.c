@@ -51,6 +51,8 @@ struct nbds_req {
 	uint64_t cookie, offset;
 	uint32_t length;
 	void *buf;			/* read/write data, aligned */
+	size_t cap;			/* buf's size (a pooled request keeps it) */
+	struct nbds_req *pool_next;
 	size_t got;			/* write payload received */
 	int err;			/* NBD error to reply (0: none) */
 	struct out out;
@@ -104,6 +106,11 @@ struct nbds_conn {
 	struct nbds_req *cur;		/* the write whose payload is coming */
 	unsigned inflight;
 	size_t held;
+	/* Requests done with, buffers kept: no allocation per request once
+	 * a connection runs (NBDS_POOL_*). */
+	struct nbds_req *pool;
+	unsigned npool;
+	size_t pool_bytes;
 	struct out *oq, **oq_tail;
 	size_t oq_off;			/* bytes of oq's head sent */
 	bool want_out;			/* EPOLLOUT: the socket was full */
@@ -302,12 +309,70 @@ static void conn_flush(struct nbds_conn *c)
 
 /* ---- Requests ---- */
 
+/* At most this many requests and bytes of their buffers kept per
+ * connection, buffers up to this size. */
+#define NBDS_POOL_MAX		64u
+#define NBDS_POOL_BYTES		(4u << 20)
+#define NBDS_POOL_BUF_MAX	(256u << 10)
+
+static struct nbds_req *req_get(struct nbds_conn *c)
+{
+	struct nbds_req *r = c->pool;
+
+	if (r) {
+		void *buf = r->buf;
+		size_t cap = r->cap;
+
+		c->pool = r->pool_next;
+		c->npool--;
+		c->pool_bytes -= cap;
+		memset(r, 0, sizeof(*r));
+		r->buf = buf;
+		r->cap = cap;
+	} else if (!(r = calloc(1, sizeof(*r)))) {
+		return NULL;
+	}
+	r->c = c;
+	return r;
+}
+
+/* r's buffer, at least len bytes, 4 KiB-aligned (O_DIRECT). */
+static int req_buf(struct nbds_req *r, size_t len)
+{
+	size_t cap = (len + 4095) & ~(size_t)4095;
+
+	if (r->cap >= len)
+		return 0;
+	free(r->buf);
+	r->buf = NULL;
+	r->cap = 0;
+	if (posix_memalign(&r->buf, 4096, cap)) {
+		r->buf = NULL;
+		return -ENOMEM;
+	}
+	r->cap = cap;
+	return 0;
+}
+
+static void req_release(struct nbds_conn *c, struct nbds_req *r)
+{
+	if (!c->finished && c->npool < NBDS_POOL_MAX && r->cap <= NBDS_POOL_BUF_MAX &&
+	    c->pool_bytes + r->cap <= NBDS_POOL_BYTES) {
+		r->pool_next = c->pool;
+		c->pool = r;
+		c->npool++;
+		c->pool_bytes += r->cap;
+		return;
+	}
+	free(r->buf);
+	free(r);
+}
+
 static void req_free(struct out *o)
 {
 	struct nbds_req *r = container_of(o, struct nbds_req, out);
 
-	free(r->buf);
-	free(r);
+	req_release(r->c, r);
 }
 
 static uint32_t nbd_errno(int err)
@@ -527,7 +592,7 @@ static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
 	m->o.cnt = 1;
 	m->o.held = 0;
 	m->o.done = out_free_plain;
-	free(r);
+	req_release(c, r);
 	conn_queue(c, &m->o);
 	return 0;
 }
@@ -544,12 +609,11 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 	struct nbds_req *r;
 	uint32_t err = 0;
 
-	r = calloc(1, sizeof(*r));
+	r = req_get(c);
 	if (!r) {
 		c->broken = true;
 		return NULL;
 	}
-	r->c = c;
 	r->flags = be16toh(w->flags);
 	r->type = be16toh(w->type);
 	r->cookie = w->cookie;		/* opaque: sent back as it came */
@@ -586,10 +650,8 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 		if (!err && r->length) {
 			c->held += r->length;
 			r->out.held = r->length;
-			if (posix_memalign(&r->buf, 4096, r->length)) {
-				r->buf = NULL;
+			if (req_buf(r, r->length) < 0)
 				err = NBD_ENOMEM;
-			}
 		}
 		if (write) {
 			r->err = err;
@@ -617,7 +679,7 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 	case NBD_CMD_DISC:
 		/* "Terminating the transmission phase": what is in flight is
 		 * answered, then the connection closes. */
-		free(r);
+		req_release(c, r);
 		c->closing = true;
 		return NULL;
 	case NBD_CMD_FLUSH:
@@ -1312,6 +1374,14 @@ static void conn_finish(struct nbds_conn *c)
 		free(c->cur);
 		c->cur = NULL;
 	}
+	while (c->pool) {
+		struct nbds_req *r = c->pool;
+
+		c->pool = r->pool_next;
+		free(r->buf);
+		free(r);
+	}
+	c->npool = 0;
 	pthread_mutex_lock(&s->dead_lock);
 	c->next_dead = s->dead;
 	s->dead = c;

@@ -247,6 +247,27 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 	single(f, "vblkd_frontend_connections_total", "Frontend connections accepted.",
 	       COUNTER, PLAIN, s->frontend_connections);
 
+	/* The NBD server front (--nbd): its clients and requests. */
+	single(f, "vblkd_nbd_clients", "NBD clients connected now, all exports.",
+	       GAUGE, PLAIN, s->nbd.clients);
+	single(f, "vblkd_nbd_connections_total", "NBD connections accepted.",
+	       COUNTER, PLAIN, s->nbd.connections);
+	single(f, "vblkd_nbd_refused_total",
+	       "NBD connections refused (max-conn reached, the disk held elsewhere).",
+	       COUNTER, PLAIN, s->nbd.refused);
+	single(f, "vblkd_nbd_handshakes_failed_total",
+	       "NBD clients gone or dropped before their handshake ended.",
+	       COUNTER, PLAIN, s->nbd.handshake_failed);
+	single(f, "vblkd_nbd_requests_total", "NBD requests received.",
+	       COUNTER, PLAIN, s->nbd.requests);
+	single(f, "vblkd_nbd_bad_requests_total",
+	       "NBD requests answered with an error without reaching the disk.",
+	       COUNTER, PLAIN, s->nbd.bad_requests);
+	single(f, "vblkd_nbd_read_bytes_total", "Bytes NBD clients read.",
+	       COUNTER, PLAIN, s->nbd.read_bytes);
+	single(f, "vblkd_nbd_written_bytes_total", "Bytes NBD clients wrote.",
+	       COUNTER, PLAIN, s->nbd.write_bytes);
+
 	single(f, "vblkd_poll_max_seconds", "Cap of the adaptive polling window for kicks.",
 	       GAUGE, NS_AS_SECONDS, st->poll.max_ns);
 	single(f, "vblkd_completion_poll_max_seconds",
@@ -305,6 +326,8 @@ int metrics_render(const struct metrics_source *src, char **out)
 	};
 	int r;
 
+	if (src->nbds)
+		nbds_stats(src->nbds, &s.nbd);
 	r = blk_stats_snapshot(src->dev, &st);
 	if (r < 0)
 		return r;

@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nbd/nbds.h"
+
 struct bdev;
 struct blk_dev;
 struct blk_stats;
@@ -40,6 +42,7 @@ struct metrics_source {
 	struct blk_dev *dev;
 	const struct bdev *disk;	/* size (grows on resize), path, engine */
 	struct vu_server *srv;		/* NULL: no frontend counters (0) */
+	struct nbds *nbds;		/* NULL: no NBD server counters (0) */
 	uint64_t start_time_ns;		/* CLOCK_REALTIME at start */
 };
 
@@ -58,6 +61,7 @@ struct metrics_snapshot {
 	bool read_only;
 	bool frontend_connected;
 	uint64_t frontend_connections;	/* served so far */
+	struct nbds_stats nbd;		/* the NBD server's (nbds.h) */
 	uint64_t start_time_ns;		/* CLOCK_REALTIME */
 	uint64_t process_cpu_ns;	/* all threads */
 };

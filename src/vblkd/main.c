@@ -769,6 +769,7 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 		snprintf(err, errlen, "--control: %s", strerror(-r));
 	if (r < 0)
 		goto err_nbd;
+	ms.nbds = v->nbds;
 	if (v->ctl)
 		ctl_server_set_upgrade(v->ctl, upgrade_cb, v);
 	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */

@@ -220,6 +220,11 @@ EOF2
     kill -0 "$hpid" 2>/dev/null && fail vblkctl-nbd-remove-disconnects-its-clients ||
         pass vblkctl-nbd-remove-disconnects-its-clients
     kill "$hpid" 2>/dev/null; wait "$hpid" 2>/dev/null; hpid=""
+    out=$(ctl metrics 2>&1)
+    grep -qE '^vblkd_nbd_connections_total [1-9]' <<<"$out" &&
+        grep -qE '^vblkd_nbd_requests_total [1-9]' <<<"$out" &&
+        { ! command -v promtool >/dev/null || promtool check metrics <<<"$out" >/dev/null 2>&1; } &&
+        pass nbd-metrics || fail nbd-metrics "$(grep vblkd_nbd <<<"$out" | tr '\n' ' ')"
     out=$(ctl nbd remove nosuch 2>&1); rc=$?
     ((rc == 1)) && grep -q "no NBD export named 'nosuch'" <<<"$out" &&
         pass vblkctl-nbd-remove-unknown-one-line || fail vblkctl-nbd-remove-unknown-one-line "$out"

@@ -384,6 +384,11 @@ int fmt_block_status(struct bdev *disk, uint64_t off, uint64_t len, struct fmt_e
 	return raw_block_status(disk, off, len, e);
 }
 
+bool fmt_block_status_cheap(const struct bdev *disk)
+{
+	return qcow2_io_is(disk->engine);
+}
+
 void fmt_stats(const struct bdev *disk, struct fmt_stats *out)
 {
 	const struct qcow2 *q;

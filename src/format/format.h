@@ -171,6 +171,10 @@ struct fmt_extent {
 	unsigned depth;
 };
 int fmt_block_status(struct bdev *disk, uint64_t off, uint64_t len, struct fmt_extent *e);
+/* Whether fmt_block_status of disk costs no system call (a qcow2 image:
+ * its tables are in memory), so a front may ask it before every read.
+ * Any thread. */
+bool fmt_block_status_cheap(const struct bdev *disk);
 
 /* What a format keeps count of (all zero for raw). */
 struct fmt_stats {

@@ -121,6 +121,7 @@ struct nbds_conn {
 static void conn_update_events(struct nbds_conn *c);
 static void conn_maybe_finish(struct nbds_conn *c);
 static void put32(uint8_t *p, uint32_t v);
+static void put64(uint8_t *p, uint64_t v);
 static uint32_t get32(const uint8_t *p);
 
 static inline void ctr_add(_Atomic uint64_t *v, uint64_t n)
@@ -501,6 +502,57 @@ static void req_answer(struct nbds_conn *c, struct nbds_req *r, uint32_t err)
 	req_reply(c, r);
 }
 
+/* A read of a range that reads as zeroes throughout, on a disk whose
+ * extents cost nothing to ask (fmt_block_status_cheap: qcow2), needs no
+ * I/O and no data on the wire: one NBD_REPLY_TYPE_OFFSET_HOLE chunk
+ * ("Structured reply types"; not with NBD_CMD_FLAG_DF, whose reply is
+ * one data chunk). */
+static bool read_is_hole(struct nbds_conn *c, struct nbds_req *r)
+{
+	uint64_t off = r->offset, left = r->length;
+
+	if (!fmt_block_status_cheap(c->disk->b))
+		return false;
+	while (left) {
+		struct fmt_extent e;
+
+		if (fmt_block_status(c->disk->b, off, left, &e) < 0 || !(e.flags & FMT_EXT_ZERO))
+			return false;
+		off += e.length;
+		left -= e.length;
+	}
+	return true;
+}
+
+static void req_reply_hole(struct nbds_conn *c, struct nbds_req *r)
+{
+	struct {
+		struct out o;
+		uint8_t data[sizeof(struct nbd_chunk) + 12];
+	} *m = malloc(sizeof(*m));
+	struct nbd_chunk ch = { .magic = htobe32(NBD_STRUCTURED_REPLY_MAGIC),
+				.flags = htobe16(NBD_REPLY_FLAG_DONE),
+				.type = htobe16(NBD_REPLY_TYPE_OFFSET_HOLE),
+				.cookie = r->cookie, .length = htobe32(12) };
+
+	c->held -= r->out.held;
+	r->out.held = 0;
+	if (!m) {
+		req_answer(c, r, NBD_ENOMEM);
+		return;
+	}
+	memcpy(m->data, &ch, sizeof(ch));
+	put64(m->data + sizeof(ch), r->offset);
+	put32(m->data + sizeof(ch) + 8, r->length);
+	m->o.iov[0] = (struct iovec){ m->data, sizeof(m->data) };
+	m->o.cnt = 1;
+	m->o.held = 0;
+	m->o.done = out_free_plain;
+	ctr_add(&c->srv->read_bytes, r->length);
+	req_release(c, r);
+	conn_queue(c, &m->o);
+}
+
 #define NBDS_META_BASE_ID	1	/* base:allocation */
 #define NBDS_META_DEPTH_ID	2	/* qemu:allocation-depth */
 #define NBDS_MAX_EXTENTS	512u	/* per reply chunk (spec: <= 2^20) */
@@ -671,6 +723,10 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 		}
 		if (err || r->length == 0) {
 			req_answer(c, r, err);
+			return NULL;
+		}
+		if (c->structured && !(r->flags & NBD_CMD_FLAG_DF) && read_is_hole(c, r)) {
+			req_reply_hole(c, r);
 			return NULL;
 		}
 		req_submit(c, r, BDEV_READ);

@@ -188,6 +188,33 @@ if start "$tmp/q.log" --disk "$tmp/top.qcow2" --nbd "unix:$Q"; then
         qemu-io -f raw "${cmds[@]}" "$tmp/chain-oracle.raw" >/dev/null 2>&1 &&
         qemu-img compare -q -f raw -F raw "$tmp/chain-oracle.raw" "$(uri "$Q")" &&
         pass qcow2-writes-over-nbd-equal-the-oracle || fail qcow2-writes-over-nbd-equal-the-oracle
+    # A read of a range no layer holds: one hole chunk, no data on the wire
+    # (structured replies); a read of data: a data chunk.
+    python3 - "$Q" <<'EOF2' && pass qcow2-read-of-a-hole-is-a-hole-chunk ||
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+def rx(n):
+    b = b""
+    while len(b) < n:
+        d = s.recv(n - len(b)); assert d; b += d
+    return b
+rx(18); s.sendall(struct.pack(">I", 3))
+def opt(o, d=b""):
+    s.sendall(struct.pack(">QII", 0x49484156454F5054, o, len(d)) + d)
+    while True:
+        _, _, t, n = struct.unpack(">QIII", rx(20)); rx(n)
+        if t == 1: return
+opt(8); opt(7, struct.pack(">IH", 0, 0))
+def read(off, n):
+    s.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 0, 7, off, n))
+    _, fl, t, c, ln = struct.unpack(">IHHQI", rx(20)); p = rx(ln)
+    return t, p
+t1, p1 = read(24 << 20, 1 << 20)
+t2, p2 = read(0, 4096)
+ok = t1 == 2 and struct.unpack(">QI", p1) == (24 << 20, 1 << 20) and t2 == 1 and len(p2) == 8 + 4096
+sys.exit(0 if ok else 1)
+EOF2
+        fail qcow2-read-of-a-hole-is-a-hole-chunk
     stop || fail qcow2-sigterm-exits-0
     check qcow2-check-clean-after-nbd-writes qemu-img check -q "$tmp/top.qcow2"
     check qcow2-after-nbd-writes-equals-the-oracle \

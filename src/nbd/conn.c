@@ -313,8 +313,8 @@ static void conn_flush(struct nbds_conn *c)
 /* At most this many requests and bytes of their buffers kept per
  * connection, buffers up to this size. */
 #define NBDS_POOL_MAX		64u
-#define NBDS_POOL_BYTES		(4u << 20)
-#define NBDS_POOL_BUF_MAX	(256u << 10)
+#define NBDS_POOL_BYTES		(16u << 20)
+#define NBDS_POOL_BUF_MAX	(2u << 20)
 
 static struct nbds_req *req_get(struct nbds_conn *c)
 {

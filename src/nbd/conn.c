@@ -90,6 +90,11 @@ struct nbds_conn {
 	struct nbds_tls_sess *tls;
 	bool tls_up;
 	uint32_t tls_events;
+	/* TLS output staged into one record: tls_staged bytes of the queue
+	 * from oq_off, copied into tls_stage, sent again as they are after
+	 * -EAGAIN (GnuTLS's rule). */
+	uint8_t *tls_stage;
+	size_t tls_staged;
 	bool closing;			/* read no more; close when all is sent */
 	bool broken;			/* the socket failed: send nothing more */
 	bool finished;			/* handed to the main thread */
@@ -206,6 +211,7 @@ static void conn_drop_output(struct nbds_conn *c)
 	}
 	c->oq_tail = &c->oq;
 	c->oq_off = 0;
+	c->tls_staged = 0;
 }
 
 /* Retire what is sent whole from the head of the queue. */
@@ -228,21 +234,44 @@ static void conn_retire(struct nbds_conn *c)
 		c->oq_tail = &c->oq;
 }
 
-/* Through TLS: piece by piece (GnuTLS takes no iovecs; a record holds up
- * to 16 KiB), the same piece again after -EAGAIN, as GnuTLS requires. */
+/* Through TLS: the queue's bytes gathered into records of up to 16 KiB
+ * (GnuTLS takes no iovecs, and a record per piece would be two records
+ * and two sends per reply); a record refused with -EAGAIN is sent again
+ * as it was, as GnuTLS requires. */
+#define NBDS_TLS_RECORD (16u << 10)
 static void conn_flush_tls(struct nbds_conn *c)
 {
 	c->want_out = false;
-	while (c->oq && !c->broken) {
-		struct out *o = c->oq;
-		size_t skip = c->oq_off;
+	if (!c->tls_stage && !(c->tls_stage = malloc(NBDS_TLS_RECORD))) {
+		c->broken = true;
+		conn_drop_output(c);
+		return;
+	}
+	while ((c->oq || c->tls_staged) && !c->broken) {
 		ssize_t w;
-		unsigned i;
 
-		for (i = 0; i < o->cnt && skip >= o->iov[i].iov_len; i++)
-			skip -= o->iov[i].iov_len;
-		w = nbds__tls_send(c->tls, (uint8_t *)o->iov[i].iov_base + skip,
-				   o->iov[i].iov_len - skip);
+		if (!c->tls_staged) {
+			size_t skip = c->oq_off;
+
+			for (struct out *o = c->oq; o && c->tls_staged < NBDS_TLS_RECORD;
+			     o = o->next)
+				for (unsigned i = 0; i < o->cnt && c->tls_staged < NBDS_TLS_RECORD;
+				     i++) {
+					size_t n;
+
+					if (skip >= o->iov[i].iov_len) {
+						skip -= o->iov[i].iov_len;
+						continue;
+					}
+					n = MIN(o->iov[i].iov_len - skip,
+						NBDS_TLS_RECORD - c->tls_staged);
+					memcpy(c->tls_stage + c->tls_staged,
+					       (uint8_t *)o->iov[i].iov_base + skip, n);
+					c->tls_staged += n;
+					skip = 0;
+				}
+		}
+		w = nbds__tls_send(c->tls, c->tls_stage, c->tls_staged);
 		if (w == -EAGAIN) {
 			c->want_out = true;
 			return;
@@ -251,7 +280,12 @@ static void conn_flush_tls(struct nbds_conn *c)
 			c->broken = true;
 			break;
 		}
+		/* A record is sent whole; a shorter count (a record size
+		 * below 16 KiB negotiated) leaves the rest staged. */
 		c->oq_off += (size_t)w;
+		if ((size_t)w < c->tls_staged)
+			memmove(c->tls_stage, c->tls_stage + w, c->tls_staged - (size_t)w);
+		c->tls_staged -= (size_t)w;
 		conn_retire(c);
 	}
 	if (c->broken)
@@ -1423,6 +1457,8 @@ static void conn_finish(struct nbds_conn *c)
 	nbds__tls_sess_free(c->tls);
 	c->tls = NULL;
 	c->tls_up = false;
+	free(c->tls_stage);
+	c->tls_stage = NULL;
 	shutdown(c->fd, SHUT_RDWR);
 	sys_close(&c->fd);
 	if (c->cur) {

@@ -1351,6 +1351,13 @@ static void conn_read(struct nbds_conn *c)
 
 /* ---- Events ---- */
 
+/* Input we hold that no epoll event will announce: bytes in our buffer,
+ * or decrypted in the TLS session. */
+static bool conn_input_waits(const struct nbds_conn *c)
+{
+	return c->in_pos < c->in_len || (c->tls_up && nbds__tls_pending(c->tls));
+}
+
 static void conn_cb(void *opaque, uint32_t events)
 {
 	struct nbds_conn *c = opaque;
@@ -1382,7 +1389,7 @@ static void conn_cb(void *opaque, uint32_t events)
 	 * (or decrypted in the TLS session) with nothing more to come from
 	 * the socket, so no EPOLLIN would ever say so. */
 	if ((events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ||
-	    (conn_can_read(c) && (c->in_pos < c->in_len || (c->tls_up && nbds__tls_pending(c->tls)))))
+	    (conn_can_read(c) && conn_input_waits(c)))
 		conn_read(c);
 	if (events & EPOLLHUP)
 		c->closing = true;
@@ -1398,7 +1405,7 @@ static void conn_flush_bh(void *opaque)
 
 	conn_flush(c);
 	/* Completions may have made room: take what waits in the socket. */
-	if (!could_read || c->in_pos < c->in_len || (c->tls_up && nbds__tls_pending(c->tls)))
+	if (!could_read || conn_input_waits(c))
 		conn_read(c);
 	conn_flush(c);
 	conn_update_events(c);

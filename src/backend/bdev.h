@@ -80,6 +80,9 @@ struct bdev_io {
 	enum bdev_op op;
 	bool fua;		/* write: durable before completion (RWF_DSYNC) */
 	bool unmap;		/* write zeroes: may deallocate */
+	/* read: a format with a backing chain copies what the chain gives
+	 * into the image (copy on read for this read: vblkctl stream) */
+	bool copy_up;
 	uint64_t offset;
 	uint64_t length;	/* discard / write zeroes only */
 	struct iovec *iov;

@@ -162,11 +162,6 @@ void blk_set_poll_params(struct blk_dev *d, const struct loop_poll_params *p);
 void blk_dev_set_config_notify(struct blk_dev *d, int (*fn)(void *opaque), void *opaque);
 int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen);
 
-/* vblkctl stream: the disk's image (a qcow2 with a backing file) takes in
- * what its backing chain provides, at most rate bytes/s (0: no limit),
- * in the background (fmt_stream).  0, or -errno with one line in err.
- * Main thread. */
-int blk_dev_stream(struct blk_dev *d, uint64_t rate, char *err, size_t errlen);
 void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p);
 
 /* The pause (the error policy) as it is now.  Main thread. */

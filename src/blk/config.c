@@ -245,11 +245,6 @@ void blk_dev_set_config_notify(struct blk_dev *d, int (*fn)(void *opaque), void 
 	d->config_opaque = opaque;
 }
 
-int blk_dev_stream(struct blk_dev *d, uint64_t rate, char *err, size_t errlen)
-{
-	return fmt_stream(d->b, rate, err, errlen);
-}
-
 int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
 {
 	uint64_t old = d->b->size;

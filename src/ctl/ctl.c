@@ -408,29 +408,6 @@ static int cmd_resize(void *opaque, struct json_object *req, struct json_object 
 	return 0;
 }
 
-static int cmd_stream(void *opaque, struct json_object *req, struct json_object *reply,
-		      char *err, size_t errlen)
-{
-	uint64_t rate = 0;
-	bool ok = true;
-	int r;
-
-	if (get_u64(req, "rate", &rate) < 0) {
-		snprintf(err, errlen, "stream: \"rate\" must be bytes per second");
-		return -EINVAL;
-	}
-	r = blk_dev_stream(opaque, rate, err, errlen);
-	if (r < 0)
-		return r;
-	add(reply, "ok", json_object_new_boolean(1), &ok);
-	add(reply, "rate", json_object_new_uint64(rate), &ok);
-	if (!ok) {
-		snprintf(err, errlen, "streaming, but out of memory for the reply");
-		return -ENOMEM;
-	}
-	return 0;
-}
-
 /* The pause of the error policy, as "status" and "resume" tell it. */
 static void add_pause_state(struct blk_dev *d, struct json_object *reply, bool *ok)
 {
@@ -548,7 +525,6 @@ static const struct ctl_cmd builtin_cmds[] = {
 	{ "stats", cmd_stats, NULL },
 	{ "set-poll", cmd_set_poll, NULL },
 	{ "resize", cmd_resize, NULL },
-	{ "stream", cmd_stream, NULL },
 	{ "status", cmd_status, NULL },
 	{ "resume", cmd_resume, NULL },
 	{ "limits", cmd_limits, NULL },

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "format/format.h"
+#include "job/job.h"
 #include "util/log.h"
 
 int disk_open_image(const struct bdev_opts *bo, const struct fmt_opts *fo, unsigned num_iothreads,
@@ -230,6 +231,10 @@ void disk_release(struct disk *d)
 	}
 	if (--d->claims)
 		return;
+	/* Jobs write the image too: they end with the last claim, their
+	 * unit in flight drained by fmt_release with the fronts' I/O. */
+	job_disk_released(d, "the disk was let go (the VM stopped, moved away or was reset): "
+			  "start the job again once the disk is served here");
 	fmt_release(d->b);
 	bdev_unlock(d->b);
 }

@@ -449,14 +449,34 @@ bool fmt_has_backing(const struct bdev *disk)
 	return q->backing && !q->standalone;
 }
 
-int fmt_stream(struct bdev *disk, uint64_t rate, char *err, size_t errlen)
+static struct qcow2 *q2_of(struct bdev *disk)
+{
+	return container_of(disk, struct qcow2, disk);
+}
+
+int fmt_stream_check(struct bdev *disk, char *err, size_t errlen)
 {
 	if (!disk || !qcow2_io_is(disk->engine)) {
 		snprintf(err, errlen, "the disk is not a qcow2 image: there is no backing chain "
 			 "to stream");
 		return -EINVAL;
 	}
-	return qcow2_stream(container_of(disk, struct qcow2, disk), rate, err, errlen);
+	return qcow2_stream_check(q2_of(disk), err, errlen);
+}
+
+void fmt_stream_active(struct bdev *disk, bool on)
+{
+	qcow2_stream_active(q2_of(disk), on);
+}
+
+int fmt_stream_next(struct bdev *disk, uint64_t *pos, uint64_t *len, char *err, size_t errlen)
+{
+	return qcow2_stream_next(q2_of(disk), pos, len, err, errlen);
+}
+
+int fmt_stream_finish(struct bdev *disk, char *msg, size_t len)
+{
+	return qcow2_stream_finish(q2_of(disk), msg, len);
 }
 
 void fmt_describe(const struct bdev *disk, const struct bdev *file, char *buf, size_t len)

@@ -103,14 +103,25 @@ bool fmt_probe_magic(const void *buf, size_t len);
 bool fmt_has_backing(const struct bdev *disk);
 
 /*
- * Copy everything disk's backing chain still provides into the image, in
- * the background on its iothread, at most rate bytes per second (0: no
- * limit), while the guest runs (vblkctl stream); when done, the image's
- * header no longer names a backing file.  Progress: fmt_stats.  0, or
- * -errno with one line in err (not a qcow2 disk with a backing file, a
- * stream running already, no frontend connected).  Main thread.
+ * vblkctl stream, in units for the stream job (job/stream.c): everything
+ * disk's backing chain still provides is read with copy_up (bdev.h), which
+ * copies it into the image, then the header drops the backing file.
+ * fmt_stream_check (main thread): 0, or -errno with one line in err (not
+ * a qcow2 image with a backing file, not writable, not held here: no
+ * front has claimed it).  On the disk's iothread: fmt_stream_active marks
+ * a stream running or not (stats' streaming; fmt_quiesce refuses while
+ * one runs); fmt_stream_next looks from *pos (bytes, a cluster's start)
+ * for the next range the chain provides and the image does not: 1 and
+ * [*pos, *pos + *len) to read; 2: looked a few thousand clusters, none yet
+ * (*pos moved on: call again after the loop's turn); 0: none left (*pos is
+ * the size); -errno with one line in err (tables unreadable, corrupt).
+ * fmt_stream_finish: all of it copied: the image durable, then its header
+ * without the backing file; 0 with a summary in msg, or -errno and why.
  */
-int fmt_stream(struct bdev *disk, uint64_t rate, char *err, size_t errlen);
+int fmt_stream_check(struct bdev *disk, char *err, size_t errlen);
+void fmt_stream_active(struct bdev *disk, bool on);
+int fmt_stream_next(struct bdev *disk, uint64_t *pos, uint64_t *len, char *err, size_t errlen);
+int fmt_stream_finish(struct bdev *disk, char *msg, size_t len);
 
 /*
  * Upgrade in place (docs/architecture.md "Upgrade in place").  The new
@@ -118,7 +129,7 @@ int fmt_stream(struct bdev *disk, uint64_t rate, char *err, size_t errlen);
  * read may be stale until the old one stops.  Old process, every ring
  * stopped: fmt_quiesce writes the format's tables back, syncs, and gives
  * back the clusters it held in reserve; it may serve on afterwards (the
- * upgrade failed).  -EBUSY while vblkctl stream runs.  0 for raw and
+ * upgrade failed).  -EBUSY while a stream runs (fmt_stream_active).  0 for raw and
  * LUKS (nothing kept), or -errno with one line in err.  The new process,
  * the old one quiesced, reads the tables with fmt_claim (below) before
  * any request.  Main thread.

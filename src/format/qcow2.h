@@ -362,11 +362,12 @@ int qcow2_io_quiesce(struct qcow2 *q, char *err, size_t errlen);
 int qcow2_io_claim(struct qcow2 *q, char *err, size_t errlen);
 void qcow2_io_release(struct qcow2 *q);
 
-/* qcow2_io.c: vblkctl stream (main thread): start copying everything
- * the backing chain still provides into q, rate bytes/s (0: no limit),
- * on q's iothread; when done the header drops the backing file.  0, or
- * -errno with one line in err. */
-int qcow2_stream(struct qcow2 *q, uint64_t rate, char *err, size_t errlen);
+/* qcow2_io.c: vblkctl stream's units, for format.h's fmt_stream_*
+ * (there: what each does, which thread). */
+int qcow2_stream_check(struct qcow2 *q, char *err, size_t errlen);
+void qcow2_stream_active(struct qcow2 *q, bool on);
+int qcow2_stream_next(struct qcow2 *q, uint64_t *pos, uint64_t *len, char *err, size_t errlen);
+int qcow2_stream_finish(struct qcow2 *q, char *msg, size_t len);
 
 /* A second open of fd without O_DIRECT (metadata, compressed clusters
  * and copy-on-write reads have no alignment).  The new fd, or -errno. */

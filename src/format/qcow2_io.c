@@ -60,25 +60,9 @@ struct q2_sub {
 	struct q2_sub *next;	/* free list */
 };
 
-/* vblkctl stream: one cluster at a time, each a copy-on-read read of it
- * through q2_submit (so it waits for, and never races, a guest write
- * allocating the same cluster), paced to the rate. */
-struct q2_stream {
-	struct bdev_io io;
-	struct iovec iov;
-	uint8_t *buf;		/* one cluster */
-	uint64_t next, end;	/* guest clusters */
-	uint64_t rate;		/* bytes/s, 0: no limit */
-	uint64_t t0, passed;	/* start (loop ns), bytes gone past since */
-	struct loop_bh *bh;
-	struct loop_timer *timer;
-	bool active, busy;
-};
-
 struct qcow2_ctx {
 	struct qcow2 *q;
 	struct loop *loop;
-	struct q2_stream stream;
 	uint8_t *zeroes;	/* one cluster, for write zeroes done as writes */
 	struct iovec zero_iov;
 	struct bdev_ctx *fctx;	/* the file's */
@@ -755,167 +739,10 @@ static void req_finish(struct q2_req *r)
 	bdev_complete(io, res);
 }
 
-/* ---- vblkctl stream ---------------------------------------------------- */
+/* ---- vblkctl stream's units (format.h, fmt_stream_*) ---------------- */
 
-static void stream_end(struct qcow2_ctx *c, const char *why)
+int qcow2_stream_check(struct qcow2 *q, char *err, size_t errlen)
 {
-	struct q2_stream *s = &c->stream;
-
-	s->active = false;
-	c->q->streaming = false;
-	if (why)
-		log_warn("qcow2 image %s: stream stopped at %llu of %llu MiB: %s", c->q->path,
-			 (unsigned long long)(c->q->stream_pos >> 20),
-			 (unsigned long long)(c->q->disk.size >> 20), why);
-}
-
-/* Every cluster is ours: durable, then the header without the backing
- * file. */
-static void stream_finish(struct qcow2_ctx *c)
-{
-	struct qcow2 *q = c->q;
-	char *name = q->backing_name ? strdup(q->backing_name) : NULL;
-
-	if (qcow2_flush(q) < 0 || qcow2_drop_backing(q) < 0) {
-		free(name);
-		stream_end(c, "writing the image back failed");
-		return;
-	}
-	q->standalone = true;
-	stream_end(c, NULL);
-	log_info("qcow2 image %s: stream done, %llu MiB copied up; it no longer needs its "
-		 "backing file %s", q->path, (unsigned long long)(q->cor_bytes >> 20),
-		 name ? name : "");
-	free(name);
-}
-
-static void stream_step(void *opaque)
-{
-	struct qcow2_ctx *c = opaque;
-	struct q2_stream *s = &c->stream;
-	struct qcow2 *q = c->q;
-	unsigned looked = 0;
-
-	if (!s->active || s->busy)
-		return;
-	if (q->corrupt || q->broken) {
-		stream_end(c, q->corrupt ? "the image is corrupt" : "a metadata write failed");
-		return;
-	}
-	while (s->next < s->end) {
-		uint64_t off = s->next << q->cluster_bits, e;
-		enum kind k;
-
-		if (s->rate) {
-			uint64_t due = s->t0 + s->passed * 1000000000ull / s->rate;
-
-			/* The clock itself: loop_now is the iteration's wake-up,
-			 * which a timer at due can precede. */
-			if (sys_now_ns() < due) {
-				loop_timer_mod(s->timer, due);
-				return;
-			}
-		}
-		if (classify(q, s->next, &k, &e) < 0) {
-			stream_end(c, "the image's tables could not be read");
-			return;
-		}
-		if (k == K_UNALLOC && below(q, off)) {
-			size_t len = (size_t)MIN(q->cs, q->disk.size - off);
-
-			s->iov = (struct iovec){ s->buf, len };
-			s->io = (struct bdev_io){ .op = BDEV_READ, .offset = off, .iov = &s->iov,
-						  .iovcnt = 1, .cb = s->io.cb };
-			s->busy = true;
-			bdev_submit(&q->disk, (struct bdev_ctx *)c, &s->io);
-			return;
-		}
-		s->next++;
-		s->passed += q->cs;
-		q->stream_pos = MIN(s->next << q->cluster_bits, q->disk.size);
-		/* Allocated clusters cost only a look: a few thousand at a time,
-		 * then the loop gets a turn. */
-		if (++looked == 4096) {
-			loop_bh_schedule(s->bh);
-			return;
-		}
-	}
-	stream_finish(c);
-}
-
-static void stream_done(struct bdev_io *io, int res)
-{
-	struct qcow2_ctx *c = container_of(io, struct qcow2_ctx, stream.io);
-	struct q2_stream *s = &c->stream;
-	struct qcow2 *q = c->q;
-
-	s->busy = false;
-	if (!s->active)
-		return;
-	if (res < 0) {
-		stream_end(c, strerror(-res));
-		return;
-	}
-	s->next++;
-	s->passed += q->cs;
-	q->stream_pos = MIN(s->next << q->cluster_bits, q->disk.size);
-	loop_bh_schedule(s->bh);
-}
-
-struct stream_call {
-	struct qcow2_ctx *c;
-	uint64_t rate;
-	char *err;
-	size_t errlen;
-	int res;
-};
-
-static void stream_start_fn(void *opaque)
-{
-	struct stream_call *sc = opaque;
-	struct qcow2_ctx *c = sc->c;
-	struct q2_stream *s = &c->stream;
-	struct qcow2 *q = c->q;
-
-	if (s->active || s->busy) {
-		snprintf(sc->err, sc->errlen, "a stream is running already (%llu of %llu MiB)",
-			 (unsigned long long)(q->stream_pos >> 20),
-			 (unsigned long long)(q->disk.size >> 20));
-		sc->res = -EBUSY;
-		return;
-	}
-	if (!s->buf && posix_memalign((void **)&s->buf, 4096, q->cs)) {
-		sc->res = -ENOMEM;
-		snprintf(sc->err, sc->errlen, "out of memory");
-		return;
-	}
-	if (!s->bh && (sc->res = loop_bh_new(c->loop, stream_step, c, &s->bh)) < 0) {
-		snprintf(sc->err, sc->errlen, "cannot start the stream: %s", strerror(-sc->res));
-		return;
-	}
-	if (!s->timer && (sc->res = loop_timer_new(c->loop, stream_step, c, &s->timer)) < 0) {
-		snprintf(sc->err, sc->errlen, "cannot start the stream: %s", strerror(-sc->res));
-		return;
-	}
-	s->io.cb = stream_done;
-	s->next = 0;
-	s->end = (q->disk.size + q->cs - 1) >> q->cluster_bits;
-	s->rate = sc->rate;
-	s->t0 = sys_now_ns();
-	s->passed = 0;
-	s->active = true;
-	q->streaming = true;
-	q->stream_pos = 0;
-	log_info("qcow2 image %s: streaming its backing chain into it%s", q->path,
-		 sc->rate ? "" : ", no rate limit");
-	loop_bh_schedule(s->bh);
-	sc->res = 0;
-}
-
-int qcow2_stream(struct qcow2 *q, uint64_t rate, char *err, size_t errlen)
-{
-	struct stream_call sc = { q->ctx, rate, err, errlen, 0 };
-
 	if (!q->backing || q->standalone) {
 		snprintf(err, errlen, "qcow2 image %s has no backing file: nothing to stream",
 			 q->path);
@@ -932,8 +759,70 @@ int qcow2_stream(struct qcow2 *q, uint64_t rate, char *err, size_t errlen)
 			 "stream while the VM runs", q->path);
 		return -EAGAIN;
 	}
-	loop_call_sync(q->ctx->loop, stream_start_fn, &sc);
-	return sc.res;
+	return 0;
+}
+
+void qcow2_stream_active(struct qcow2 *q, bool on)
+{
+	q->streaming = on;
+	if (on)
+		q->stream_pos = 0;
+}
+
+/* Allocated clusters cost only a look: a few thousand at a time, then
+ * the loop gets a turn. */
+#define STREAM_LOOKS 4096
+
+int qcow2_stream_next(struct qcow2 *q, uint64_t *pos, uint64_t *len, char *err, size_t errlen)
+{
+	uint64_t next = *pos >> q->cluster_bits;
+	uint64_t end = (q->disk.size + q->cs - 1) >> q->cluster_bits, e;
+	unsigned looked = 0;
+	enum kind k;
+
+	if (q->corrupt || q->broken) {
+		snprintf(err, errlen, "%s", q->corrupt ? "the image is corrupt" :
+			 "a metadata write failed");
+		return -EIO;
+	}
+	for (; next < end; next++) {
+		uint64_t off = next << q->cluster_bits;
+
+		if (++looked > STREAM_LOOKS) {
+			*pos = q->stream_pos = off;
+			return 2;
+		}
+		if (classify(q, next, &k, &e) < 0) {
+			snprintf(err, errlen, "the image's tables could not be read");
+			return -EIO;
+		}
+		if (k == K_UNALLOC && below(q, off)) {
+			*pos = q->stream_pos = off;
+			*len = MIN(q->cs, q->disk.size - off);
+			return 1;
+		}
+	}
+	*pos = q->stream_pos = q->disk.size;
+	return 0;
+}
+
+/* Every cluster is ours: durable, then the header without the backing
+ * file. */
+int qcow2_stream_finish(struct qcow2 *q, char *msg, size_t len)
+{
+	char *name = q->backing_name ? strdup(q->backing_name) : NULL;
+
+	if (qcow2_flush(q) < 0 || qcow2_drop_backing(q) < 0) {
+		free(name);
+		snprintf(msg, len, "writing qcow2 image %s back failed", q->path);
+		return -EIO;
+	}
+	q->standalone = true;
+	snprintf(msg, len, "stream done, %llu MiB copied up; qcow2 image %s no longer needs "
+		 "its backing file %s", (unsigned long long)(q->cor_bytes >> 20), q->path,
+		 name ? name : "");
+	free(name);
+	return 0;
 }
 
 /* ---- Engine ops ------------------------------------------------------ */
@@ -974,16 +863,6 @@ fail:
 static void q2_ctx_free(struct bdev_ctx *bc)
 {
 	struct qcow2_ctx *c = ctx_of(bc);
-	struct q2_stream *st = &c->stream;
-
-	/* After the drain: no stream read in flight any more. */
-	if (st->active)
-		stream_end(c, "the frontend went away: run vblkctl stream again once it is back");
-	if (st->bh)
-		loop_bh_free(st->bh);
-	if (st->timer)
-		loop_timer_free(st->timer);
-	free(st->buf);
 
 	if (c->bctx)
 		c->q->backing->engine->ctx_free(c->bctx);
@@ -1047,7 +926,7 @@ writes:
 	}
 	/* The first write to the image (a copy on read writes too). */
 	if (q->autoclear &&
-	    (io->op != BDEV_READ || ((q->copy_on_read || io == &c->stream.io) && q->backing &&
+	    (io->op != BDEV_READ || ((q->copy_on_read || io->copy_up) && q->backing &&
 				     !q->standalone && q->rw && !q->corrupt && !q->broken))) {
 		int res = qcow2_begin_write(q);
 
@@ -1066,7 +945,7 @@ writes:
 	q->io_running++;
 	r->first = io->offset >> q->cluster_bits;
 	r->last = (io->offset + len - 1) >> q->cluster_bits;
-	r->cor = io->op == BDEV_READ && (q->copy_on_read || io == &c->stream.io) &&
+	r->cor = io->op == BDEV_READ && (q->copy_on_read || io->copy_up) &&
 		 q->backing && !q->standalone && q->rw;
 	if (io->op == BDEV_READ && !r->cor)
 		q2_read(r);
@@ -1201,14 +1080,9 @@ static void release_fn(void *opaque)
 	struct qcow2 *q = c->q;
 	struct qcow2_ctx *x = q->ctx;
 
-	if (x) {
-		/* The stream writes the image too: it ends with the claim,
-		 * its read in flight drained. */
-		if (x->stream.active)
-			stream_end(x, "the disk was let go (the VM stopped, moved away or was "
-				   "reset): run vblkctl stream again once it runs here");
+	/* A job's units too (job_disk_released failed the jobs first). */
+	if (x)
 		q2_drain((struct bdev_ctx *)x);
-	}
 	if (!q->rw || q->stale)
 		return;
 	/* Corrupt: what completed made durable, nothing else written (the

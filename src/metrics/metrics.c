@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -208,6 +209,60 @@ static void counter_set(FILE *f, const struct blk_stats *st, enum blk_counter_se
 	}
 }
 
+/* {id="stream-1",type="stream"} */
+static void job_labels(FILE *f, const char *name, const struct job_info *i)
+{
+	fputs(name, f);
+	fputs("{id=", f);
+	put_label_value(f, i->id);
+	fputs(",type=", f);
+	put_label_value(f, i->type);
+	fputs("} ", f);
+}
+
+static void job_families(FILE *f, const struct job_info *jobs, unsigned n)
+{
+	static const struct {
+		const char *name, *help;
+		enum blk_counter_kind kind;
+		size_t off;
+	} fam[] = {
+		{ "vblkd_job_done_bytes", "Bytes of its work a block job has done.", GAUGE,
+		  offsetof(struct job_info, done) },
+		{ "vblkd_job_total_bytes", "Bytes of work a block job has in all.", GAUGE,
+		  offsetof(struct job_info, total) },
+		{ "vblkd_job_copied_bytes_total", "Bytes a block job's units moved (the rate "
+		  "limit counts these).", COUNTER, offsetof(struct job_info, copied) },
+		{ "vblkd_job_rate_limit_bytes_per_second", "A block job's rate limit (0: none).",
+		  GAUGE, offsetof(struct job_info, rate) },
+		{ "vblkd_job_errors_total", "I/O errors a block job met (each paused or ended it).",
+		  COUNTER, offsetof(struct job_info, errors) },
+	};
+
+	header(f, "vblkd_job_info", "A block job (vblkctl job list), its state and result "
+	       "(always 1).", GAUGE);
+	for (unsigned i = 0; i < n; i++) {
+		fputs("vblkd_job_info{id=", f);
+		put_label_value(f, jobs[i].id);
+		fputs(",type=", f);
+		put_label_value(f, jobs[i].type);
+		fputs(",state=", f);
+		put_label_value(f, job_state_name(jobs[i].state));
+		fputs(",result=", f);
+		put_label_value(f, jobs[i].state != JOB_CONCLUDED ? "" : jobs[i].failed ? "failed" :
+				jobs[i].cancelled ? "cancelled" : "ok");
+		fputs("} 1\n", f);
+	}
+	for (unsigned k = 0; k < ARRAY_SIZE(fam); k++) {
+		header(f, fam[k].name, fam[k].help, fam[k].kind);
+		for (unsigned i = 0; i < n; i++) {
+			job_labels(f, fam[k].name, &jobs[i]);
+			put_value(f, PLAIN, *(const uint64_t *)(const void *)
+					    ((const char *)&jobs[i] + fam[k].off));
+		}
+	}
+}
+
 int metrics_format(const struct metrics_snapshot *s, char **out)
 {
 	const struct blk_stats *st = s->blk;
@@ -268,6 +323,9 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 	single(f, "vblkd_nbd_written_bytes_total", "Bytes NBD clients wrote.",
 	       COUNTER, PLAIN, s->nbd.write_bytes);
 
+	/* Block jobs (vblkctl job list): a series each, by id and type. */
+	job_families(f, s->jobs, s->njobs);
+
 	single(f, "vblkd_poll_max_seconds", "Cap of the adaptive polling window for kicks.",
 	       GAUGE, NS_AS_SECONDS, st->poll.max_ns);
 	single(f, "vblkd_completion_poll_max_seconds",
@@ -326,8 +384,12 @@ int metrics_render(const struct metrics_source *src, char **out)
 	};
 	int r;
 
+	struct job_info jobs[32];
+
 	if (src->nbds)
 		nbds_stats(src->nbds, &s.nbd);
+	s.njobs = MIN(job_list(jobs, 32), 32u);
+	s.jobs = jobs;
 	r = blk_stats_snapshot(src->dev, &st);
 	if (r < 0)
 		return r;

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "job/job.h"
 #include "nbd/nbds.h"
 
 struct bdev;
@@ -62,6 +63,8 @@ struct metrics_snapshot {
 	bool frontend_connected;
 	uint64_t frontend_connections;	/* served so far */
 	struct nbds_stats nbd;		/* the NBD server's (nbds.h) */
+	const struct job_info *jobs;	/* the block jobs (job.h), njobs */
+	unsigned njobs;
 	uint64_t start_time_ns;		/* CLOCK_REALTIME */
 	uint64_t process_cpu_ns;	/* all threads */
 };

@@ -82,7 +82,8 @@ int main(int argc, char **argv)
 	};
 	static const char commands[] =
 		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
-		"stream, nbd add|remove|list, upgrade or iostat";
+		"stream, job list|pause|resume|cancel|complete|set-rate|dismiss, nbd add|remove|list, "
+		"upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL;
 	char exec_abs[PATH_MAX], err[512];
@@ -125,6 +126,9 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH set-limits LIMITS [--group]\n"
 			       "       vblkctl --control PATH metrics\n"
 			       "       vblkctl --control PATH stream [--rate BYTES]\n"
+			       "       vblkctl --control PATH job list\n"
+			       "       vblkctl --control PATH job pause|resume|cancel|complete|dismiss ID\n"
+			       "       vblkctl --control PATH job set-rate ID BYTES\n"
 			       "       vblkctl --control PATH nbd add ADDR[,name=NAME][,read-only]"
 			       "[,max-conn=N][,tls=x509:DIR|psk:FILE]\n"
 			       "       vblkctl --control PATH nbd remove NAME\n"
@@ -151,7 +155,11 @@ int main(int argc, char **argv)
 			       "stream copies everything a qcow2 disk's backing chain still provides into\n"
 			       "the image, in the background while the guest runs (at most --rate bytes\n"
 			       "per second, K/M/G: e.g. 50M), then rewrites its header without the backing\n"
-			       "file: the image stands alone.  Progress: stats (image_stream_*).\n"
+			       "file: the image stands alone.  It runs as a block job (stream-N).\n"
+			       "job list shows the block jobs (id, type, state: created, running, paused,\n"
+			       "ready, concluded; bytes done of total, rate, errors); pause and resume\n"
+			       "one, cancel it, complete a ready one (a mirror), change its rate at once\n"
+			       "(set-rate, K/M/G; 0: no limit), dismiss a concluded one from the list.\n"
 			       "nbd add serves the disk over NBD on one more address (the fields of\n"
 			       "vblkd --nbd); nbd remove stops the export NAME ('' for the default name),\n"
 			       "its clients disconnected once their requests are done; nbd list shows\n"
@@ -177,7 +185,17 @@ int main(int argc, char **argv)
 	if (optind >= argc)
 		cli_die("give one command: %s", commands);
 	cmd = argv[optind];
-	if (!strcmp(cmd, "nbd")) {
+	if (!strcmp(cmd, "job")) {
+		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
+		int n = argc - optind;
+
+		if (!((!strcmp(sub, "list") && n == 2) ||
+		      ((!strcmp(sub, "pause") || !strcmp(sub, "resume") || !strcmp(sub, "cancel") ||
+			!strcmp(sub, "complete") || !strcmp(sub, "dismiss")) && n == 3) ||
+		      (!strcmp(sub, "set-rate") && n == 4)))
+			cli_die("job takes: list, pause ID, resume ID, cancel ID, complete ID, "
+				"dismiss ID, or set-rate ID BYTES");
+	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 
 		if (!((!strcmp(sub, "list") && optind + 2 == argc) ||
@@ -246,6 +264,20 @@ int main(int argc, char **argv)
 		if (check)
 			json_object_object_add(req, "check",
 					       json_object_new_boolean(!strcmp(check, "on")));
+	} else if (!strcmp(cmd, "job")) {
+		const char *sub = argv[optind + 1];
+		char name[32];
+
+		snprintf(name, sizeof(name), "job-%s", sub);
+		json_object_object_add(req, "cmd", json_object_new_string(name));
+		if (strcmp(sub, "list"))
+			json_object_object_add(req, "id", json_object_new_string(argv[optind + 2]));
+		if (!strcmp(sub, "set-rate")) {
+			if (parse_size(argv[optind + 3], &size) < 0)
+				cli_die("set-rate: '%s' is not a rate: bytes per second, or with K, M "
+					"or G (e.g. 50M; 0: no limit)", argv[optind + 3]);
+			json_object_object_add(req, "rate", json_object_new_uint64(size));
+		}
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = argv[optind + 1];
 

@@ -20,6 +20,7 @@
 #include "blk/blk.h"
 #include "ctl/ctl.h"
 #include "disk/disk.h"
+#include "job/job.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
 #include "nbd/nbds.h"
@@ -43,6 +44,7 @@ struct vblkd {
 	struct loop_fd *sfd_h;
 	struct vu_server *srv;		/* NULL: no --socket */
 	struct nbds *nbds;		/* the NBD exports (--nbd) */
+	struct job_ctl jobs;		/* vblkctl stream, vblkctl job */
 	int gfd;			/* SIGBUS guard eventfd (gm.h) */
 	struct loop_fd *gfd_h;
 	struct ctl_server *ctl;
@@ -317,6 +319,11 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 		snprintf(msg, msglen, "this vblkd serves NBD exports, which cannot be handed "
 			 "over yet: restart it instead");
 		return -EOPNOTSUPP;
+	}
+	if (job_active()) {
+		snprintf(msg, msglen, "a block job runs (vblkctl job list): upgrade once it has "
+			 "concluded, or cancel it");
+		return -EBUSY;
 	}
 	/* A LUKS disk's key goes over too: the new process reads no
 	 * passphrase (its key file may be gone, or was standard input).
@@ -767,6 +774,21 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 	     (r = ctl_server_add_cmd(v->ctl, "nbd-remove", nbds_ctl_remove, v->nbds)) < 0 ||
 	     (r = ctl_server_add_cmd(v->ctl, "nbd-list", nbds_ctl_list, v->nbds)) < 0))
 		snprintf(err, errlen, "--control: %s", strerror(-r));
+	/* Jobs stop or report on an I/O error as the guest's writes do. */
+	v->jobs = (struct job_ctl){ .disk = v->disk,
+				    .on_error = o->ko.werror == BLK_ERR_STOP ? JOB_ERR_STOP :
+						o->ko.werror == BLK_ERR_ENOSPC ? JOB_ERR_ENOSPC :
+						JOB_ERR_REPORT };
+	if (r == 0 && v->ctl &&
+	    ((r = ctl_server_add_cmd(v->ctl, "stream", job_ctl_stream, &v->jobs)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "job-list", job_ctl_list, &v->jobs)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "job-pause", job_ctl_verb, &v->jobs)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "job-resume", job_ctl_verb, &v->jobs)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "job-cancel", job_ctl_verb, &v->jobs)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "job-complete", job_ctl_verb, &v->jobs)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "job-set-rate", job_ctl_verb, &v->jobs)) < 0 ||
+	     (r = ctl_server_add_cmd(v->ctl, "job-dismiss", job_ctl_verb, &v->jobs)) < 0))
+		snprintf(err, errlen, "--control: %s", strerror(-r));
 	if (r < 0)
 		goto err_nbd;
 	ms.nbds = v->nbds;
@@ -843,6 +865,7 @@ static int stop_all(struct vblkd *v)
 	log_stats(v);
 	ctl_server_free(v->ctl);
 	blk_dev_free(v->dev);
+	job_free_all(v->disk);
 	disk_free(v->disk);
 	r = disk_close_image(v->b, v->file);
 	loop_fd_del(v->loop, v->sfd_h);

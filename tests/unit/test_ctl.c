@@ -908,7 +908,7 @@ static void test_server_added_command(void)
 		T_FAIL("count failing: %s", rep);
 	ASSERT_EQ(calls, 2);
 	rep = ask(main_loop, sock_path, "{\"cmd\": \"nope\"}\n");
-	if (!strstr(rep, "use stats, set-poll, resize, stream, status, resume, limits, set-limits, count, "
+	if (!strstr(rep, "use stats, set-poll, resize, status, resume, limits, set-limits, count, "
 			 "other\""))
 		T_FAIL("unknown: %s", rep);
 	rep = ask(main_loop, sock_path, "[\"count\"]\n");
@@ -984,7 +984,7 @@ static void test_server_upgrade_command(void)
 	if (strcmp(rep, "{ \"error\": \"the new vblkd said: no\" }\n"))
 		T_FAIL("refused: %s", rep);
 	rep = ask(main_loop, sock_path, "{\"cmd\": \"nope\"}\n");
-	ASSERT_TRUE(strstr(rep, "use stats, set-poll, resize, stream, status, resume, limits, set-limits, "
+	ASSERT_TRUE(strstr(rep, "use stats, set-poll, resize, status, resume, limits, set-limits, "
 			   "upgrade\"") != NULL);
 	ctl_server_free(s);
 	ASSERT_EQ(access(sock_path, F_OK), -1);

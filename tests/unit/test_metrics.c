@@ -86,6 +86,12 @@ static const char *const families[] = {
 	"vblkd_nbd_bad_requests_total",
 	"vblkd_nbd_read_bytes_total",
 	"vblkd_nbd_written_bytes_total",
+	"vblkd_job_info",
+	"vblkd_job_done_bytes",
+	"vblkd_job_total_bytes",
+	"vblkd_job_copied_bytes_total",
+	"vblkd_job_rate_limit_bytes_per_second",
+	"vblkd_job_errors_total",
 	"vblkd_poll_max_seconds",
 	"vblkd_completion_poll_max_seconds",
 	"vblkd_poll_grow",
@@ -339,13 +345,18 @@ static struct blk_stats fake_blk = {
 	.poll = { .max_ns = 65536, .grow = 2, .shrink = 0, .completion_max_ns = 262144 },
 };
 
+static const struct job_info fake_jobs[1] = {
+	{ .id = "stream-1", .type = "stream", .state = JOB_PAUSED, .done = 4096, .total = 65536,
+	  .rate = 1048576, .copied = 8192, .errors = 1 },
+};
+
 static struct metrics_snapshot fake(void)
 {
 	return (struct metrics_snapshot){
 		.blk = &fake_blk, .version = "1.2.3", .disk_path = "/dev/vg/disk1",
 		.engine = "io_uring", .disk_size = 1ull << 30, .frontend_connected = true,
 		.frontend_connections = 3, .start_time_ns = 1700000000123000000ull,
-		.process_cpu_ns = 2500000000ull,
+		.process_cpu_ns = 2500000000ull, .jobs = fake_jobs, .njobs = 1,
 	};
 }
 
@@ -403,6 +414,12 @@ static void test_format_lines_and_families(void)
 	expect_line(text, "vblkd_queue_requests_total{queue=\"1\"} 0");
 	expect_line(text, "vblkd_iothread_pinned_cpu{iothread=\"0\"} 0");
 	expect_line(text, "# TYPE vblkd_queue_requests_total counter");
+	expect_line(text, "vblkd_job_info{id=\"stream-1\",type=\"stream\",state=\"paused\","
+		    "result=\"\"} 1");
+	expect_line(text, "vblkd_job_done_bytes{id=\"stream-1\",type=\"stream\"} 4096");
+	expect_line(text, "vblkd_job_rate_limit_bytes_per_second{id=\"stream-1\",type=\"stream\"} "
+		    "1048576");
+	expect_line(text, "vblkd_job_errors_total{id=\"stream-1\",type=\"stream\"} 1");
 	free(text);
 }
 

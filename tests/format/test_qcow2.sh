@@ -336,6 +336,84 @@ else
     fail qcow2-stream-under-writes-image-stands-alone "vblkd did not start"
 fi
 
+# The stream as a block job (vblkctl job): paused, it copies nothing; a
+# second pause, a complete (a stream ends by itself) and a second stream
+# are refused with one line; the metrics show it; resumed with no rate
+# limit it concludes ok and the image stands alone; dismissed, the list
+# is empty.  Then a stream whose disk is let go (the ring stops) fails
+# with one line and leaves a clean image.
+jobq() {	# jobq ID FIELD: the field of job ID in vblkctl job list
+    "$CTL" --control "$tmp/c.sock" job list 2>/dev/null | python3 -c '
+import json, sys
+for j in json.load(sys.stdin)["jobs"]:
+    if j["id"] == sys.argv[1]: print(j[sys.argv[2]])' "$1" "$2"
+}
+qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$tmp/jv.qcow2" 8M
+rm -f "$tmp/c.sock"
+if start "$tmp/jv.log" --disk "$tmp/jv.qcow2" --control "$tmp/c.sock"; then
+    "$BENCH" --socket "$tmp/d.sock" --rw randread --size 4M --iodepth 1 --runtime 8 \
+        --ramp 0 >"$tmp/jv-bench.out" 2>&1 &
+    bpid=$!
+    sleep 0.3
+    id=$("$CTL" --control "$tmp/c.sock" stream --rate 1M |
+         python3 -c 'import json,sys; print(json.load(sys.stdin)["job"])')
+    sleep 0.3
+    "$CTL" --control "$tmp/c.sock" job pause "$id" >/dev/null
+    st1=$(jobq "$id" state); d1=$(jobq "$id" done)
+    sleep 0.5
+    d2=$(jobq "$id" done)
+    again=$("$CTL" --control "$tmp/c.sock" job pause "$id"); arc=$?
+    comp=$("$CTL" --control "$tmp/c.sock" job complete "$id"); crc=$?
+    second=$("$CTL" --control "$tmp/c.sock" stream); src=$?
+    "$CTL" --control "$tmp/c.sock" metrics >"$tmp/jv.metrics"
+    "$CTL" --control "$tmp/c.sock" job resume "$id" >/dev/null
+    "$CTL" --control "$tmp/c.sock" job set-rate "$id" 0 >/dev/null
+    for _ in $(seq 100); do [[ $(jobq "$id" state) == concluded ]] && break; sleep 0.1; done
+    res=$(jobq "$id" result)
+    "$CTL" --control "$tmp/c.sock" job dismiss "$id" >/dev/null
+    left=$("$CTL" --control "$tmp/c.sock" job list)
+    wait "$bpid"
+    stop
+    if [[ $st1 == paused && $d1 == "$d2" && $d1 -gt 0 && $arc == 1 && $again == *"is paused: it cannot pause"* &&
+          $crc == 1 && $comp == *"ends by itself"* && $src == 1 && $second == *"a stream job is paused already"* &&
+          $res == ok ]] &&
+       grep -q "^vblkd_job_info{id=\"$id\",type=\"stream\",state=\"paused\",result=\"\"} 1" "$tmp/jv.metrics" &&
+       grep -q "job $id (stream): paused at" "$tmp/jv.log" &&
+       grep -q "job $id (stream): concluded: stream done" "$tmp/jv.log" &&
+       [[ $left == *'"jobs": [ ]'* ]] &&
+       [[ $(qemu-img info "$tmp/jv.qcow2") != *"backing file"* ]] && qemu-img check -q "$tmp/jv.qcow2"; then
+        pass qcow2-stream-job-pause-resume-set-rate-dismiss
+    else
+        fail qcow2-stream-job-pause-resume-set-rate-dismiss \
+            "st=$st1 done $d1/$d2 pause=$arc:$again complete=$crc:$comp second=$src:$second result=$res left=$left; $(grep job "$tmp/jv.log" | tail -3)"
+    fi
+else
+    fail qcow2-stream-job-pause-resume-set-rate-dismiss "vblkd did not start"
+fi
+qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$tmp/jg.qcow2" 8M
+rm -f "$tmp/c.sock"
+if start "$tmp/jg.log" --disk "$tmp/jg.qcow2" --control "$tmp/c.sock"; then
+    "$BENCH" --socket "$tmp/d.sock" --rw randwrite --size 4M --iodepth 4 --runtime 1 \
+        --ramp 0 >"$tmp/jg-bench.out" 2>&1 &
+    bpid=$!
+    sleep 0.3
+    id=$("$CTL" --control "$tmp/c.sock" stream --rate 1M |
+         python3 -c 'import json,sys; print(json.load(sys.stdin)["job"])')
+    wait "$bpid"
+    for _ in $(seq 50); do [[ $(jobq "$id" state) == concluded ]] && break; sleep 0.1; done
+    res=$(jobq "$id" result); why=$(jobq "$id" error)
+    stop
+    if [[ $res == failed && $why == *"the disk was let go"* ]] &&
+       [[ $(grep -c "job $id (stream): failed at" "$tmp/jg.log") == 1 ]] &&
+       qemu-img check -q "$tmp/jg.qcow2"; then
+        pass qcow2-stream-job-fails-when-the-disk-is-let-go
+    else
+        fail qcow2-stream-job-fails-when-the-disk-is-let-go "$res: $why; $(grep job "$tmp/jg.log" | tail -2)"
+    fi
+else
+    fail qcow2-stream-job-fails-when-the-disk-is-let-go "vblkd did not start"
+fi
+
 # The base is opened read-only and locked against writers while served.
 start "$tmp/lock.log" --disk "$tmp/top.qcow2"
 if qemu-io -f raw -c "write 0 4k" "$tmp/base.raw" >"$tmp/qio.log" 2>&1; then

@@ -1011,25 +1011,17 @@ int blk_dev_new_on(struct disk *disk, const struct blk_opts *o, struct blk_dev *
 	unsigned i;
 	int r;
 
-	if (o->num_queues < 1 || o->num_queues > BLK_MAX_QUEUES || nt > BLK_MAX_QUEUES) {
-		qos_free(o->qos);
+	if (o->num_queues < 1 || o->num_queues > BLK_MAX_QUEUES || nt > BLK_MAX_QUEUES)
 		return -EINVAL;
-	}
 	d = calloc(1, sizeof(*d) + o->num_queues * sizeof(d->q[0]));
-	if (!d) {
-		qos_free(o->qos);
+	if (!d)
 		return -ENOMEM;
-	}
-	d->qos = o->qos;
-	if (!d->qos && (r = qos_new(NULL, &d->qos)) < 0) {
-		free(d);
-		return r;
-	}
-	d->qos_on = qos_active_flag(d->qos);
+	/* The disk's budget, read inline per request. */
+	d->qos = disk->qos;
+	d->qos_on = disk->qos_on;
 	/* Aligned: each iothread's busy time on a line of its own. */
 	d->iot = aligned_alloc(BLK_CACHELINE, nt * sizeof(*d->iot));
 	if (!d->iot) {
-		qos_free(d->qos);
 		free(d);
 		return -ENOMEM;
 	}
@@ -1075,7 +1067,6 @@ int blk_dev_new_on(struct disk *disk, const struct blk_opts *o, struct blk_dev *
 err_pause:
 	blk__pause_free(d);
 err_free:
-	qos_free(d->qos);
 	free(d->iot);
 	free(d);
 	return r;
@@ -1085,15 +1076,13 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out)
 {
 	struct disk_opts dopt = { .num_iothreads = o->num_iothreads, .cpus = o->cpus,
 				  .ncpus = o->ncpus, .poll = o->poll,
-				  .no_threads = o->no_threads };
+				  .no_threads = o->no_threads, .qos = o->qos };
 	struct disk *disk;
 	int r;
 
-	r = disk_new(b, &dopt, &disk);
-	if (r < 0) {
-		qos_free(o->qos);
+	r = disk_new(b, &dopt, &disk);		/* owns o->qos from here */
+	if (r < 0)
 		return r;
-	}
 	r = blk_dev_new_on(disk, o, out);
 	if (r < 0) {
 		disk_free(disk);
@@ -1116,7 +1105,6 @@ void blk_dev_free(struct blk_dev *d)
 		blk_queue_stop(d, i);
 	blk_iothreads_detach(d, d->num_iothreads);
 	blk__pause_free(d);
-	qos_free(d->qos);
 	if (d->own_disk)
 		disk_free(d->disk);
 	free(d->iot);

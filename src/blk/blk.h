@@ -76,10 +76,9 @@ struct blk_opts {
 	const unsigned *queue_map;	/* queue -> iothread; NULL: q mod N */
 	const int *cpus;		/* iothread i pinned to cpus[i % ncpus] */
 	unsigned ncpus;
-	/* The disk's QoS budget, made by the caller (qos_new, or
-	 * qos_group_join for --qos-group): the device owns it from
-	 * blk_dev_new on, and frees it with itself or on failure.  NULL: a
-	 * budget of its own with no limit (vblkctl set-limits may set one). */
+	/* blk_dev_new only (a disk of its own): the disk's QoS budget
+	 * (disk_opts.qos; the disk owns it from blk_dev_new on, also on
+	 * failure).  blk_dev_new_on uses the disk's. */
 	struct qos *qos;
 };
 
@@ -98,8 +97,8 @@ int blk_dev_new(struct bdev *b, const struct blk_opts *o, struct blk_dev **out);
 /* Stop every queue (draining I/O), let go of the iothreads (and free the
  * disk if it was the device's own), free. */
 void blk_dev_free(struct blk_dev *d);
-/* The disk's QoS budget (qos.h: its limits, levels, qos_set).  Any
- * thread, while the device lives. */
+/* The disk's QoS budget (qos.h: its limits, levels, qos_set; the disk's,
+ * disk.h).  Any thread, while the device lives. */
 struct qos *blk_dev_qos(struct blk_dev *d);
 
 /* Every counter and the polling knobs at one moment, in arrays of their

@@ -14,33 +14,13 @@
 #include <stdbool.h>
 
 #include "blk/blk_internal.h"
-#include "qos/qos.h"
+#include "disk/disk.h"
 #include "util/compiler.h"
 #include "util/sys.h"
 
-/* How long a throttled queue sleeps at least: sixteen I/Os' worth of the
- * budget, from 1 to 25 ms (a quarter of the tenth of a second a bucket
- * holds).  The budget then goes in batches (at 5,000 IOPS sixteen requests
- * per wake-up, not one; at 500, twelve): the rate is the same, since the
- * bucket keeps what leaked meanwhile, and a wake-up (and an interrupt)
- * is paid per batch, not per request.  A QD1 client gets the batch one
- * request after another, at once. */
-#define BLK_QOS_SLICE_MIN_NS 1000000ull
-#define BLK_QOS_SLICE_MAX_NS 25000000ull
-#define BLK_QOS_SLICE_IOS 16
 /* A queue wakes when qos.c says its turn comes, but never sooner than
  * this (a timer nearer than 100 us would be spun for). */
 #define BLK_QOS_BEHIND_MIN_NS 150000ull
-
-/* The slice for r: how long the queue sleeps at least at the head of
- * the line (qos_admit_turn). */
-static uint64_t slice_of(struct blk_queue *q, const struct blk_req *r)
-{
-	uint64_t slice = BLK_QOS_SLICE_IOS * qos_io_ns(q->dev->qos, r->io.op != BDEV_READ, r->bytes);
-
-	return slice < BLK_QOS_SLICE_MIN_NS ? BLK_QOS_SLICE_MIN_NS :
-	       slice > BLK_QOS_SLICE_MAX_NS ? BLK_QOS_SLICE_MAX_NS : slice;
-}
 
 /* Sleep as qos.c says: on a timer, never spun for (the loop spins for
  * timers due within 100 us), counted from now, not from the loop's
@@ -52,8 +32,7 @@ static void sleep_for(struct blk_queue *q, uint64_t w)
 
 static uint64_t admit(struct blk_queue *q, const struct blk_req *r, uint64_t now)
 {
-	return qos_admit_turn(q->dev->qos, r->io.op != BDEV_READ, r->bytes, now, &q->qos_turn,
-			      slice_of(q, r));
+	return disk_admit(q->dev->disk, &q->qos_turn, r->io.op != BDEV_READ, r->bytes, now);
 }
 
 /* The request goes to the disk, as blk_handle would have sent it. */
@@ -124,9 +103,7 @@ void blk__throttle_at_stop(struct blk_queue *q)
 	 * now, over budget, so that the drain completes it; a request taken
 	 * from the ring is never left behind. */
 	loop_timer_del(q->qos_timer);
-	qos_cancel(q->dev->qos, q->qos_turn.ticket);
-	q->qos_turn.ticket = 0;
-	q->qos_turn.credit = 0;
+	disk_admit_cancel(q->dev->disk, &q->qos_turn);
 	wait_end(q, sys_now_ns());
 	go(q, r);
 	q->dev->b->engine->kick(q->t->bctx);

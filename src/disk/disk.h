@@ -13,9 +13,16 @@
  * completion runs.  Nothing here is taken per request: the raw path of
  * a front stays bdev_submit on the iothread's own ctx.
  *
- * Not here yet (issue 45, the next steps): QoS admission, the error
- * policy's pause and per-operation accounting still live in the
- * virtio-blk front (src/blk/); the NBD front goes straight to the engine.
+ * QoS: the disk's budget (qos.h, its limits set at start or by vblkctl
+ * set-limits) is the disk's, and every front's requests are admitted
+ * through it (disk_admit): a front whose request must wait stops taking
+ * work and parks it (virtio-blk: stops popping its ring; NBD: stops
+ * reading its socket), then submits it when the budget says.  With no
+ * limit set, disk_qos_on is false and nothing is asked.
+ *
+ * Not here yet (issue 45, the next steps): the error policy's pause and
+ * per-operation accounting still live in the virtio-blk front
+ * (src/blk/).
  *
  * Threading: disk_new/disk_free/disk_claim/disk_release on the main
  * thread; a disk_iothread's ctx belongs to its loop's thread.
@@ -28,6 +35,7 @@
 
 #include "backend/bdev.h"
 #include "loop/loop.h"
+#include "qos/qos.h"
 
 #define DISK_MAX_IOTHREADS 64
 
@@ -39,6 +47,11 @@ struct disk_opts {
 	/* Fuzzing: the iothreads' loops are never run; their work (every
 	 * loop_call_sync) runs on the caller's thread. */
 	bool no_threads;
+	/* The QoS budget, made by the caller (qos_new, qos_group_join): the
+	 * disk owns it from disk_new on, and frees it with itself or on
+	 * failure.  NULL: one of its own with no limit (vblkctl set-limits
+	 * may set one). */
+	struct qos *qos;
 };
 
 struct disk_iothread {
@@ -59,6 +72,10 @@ struct disk {
 	 * thread. */
 	unsigned extra_fronts;
 	unsigned next_pick;		/* disk_pick_iothread; main thread */
+	/* The QoS budget, never NULL; qos_on its "any limit set" flag, read
+	 * per request (disk_qos_on). */
+	struct qos *qos;
+	const _Atomic uint32_t *qos_on;
 };
 
 /*
@@ -108,6 +125,28 @@ static inline void disk_submit(struct disk *d, struct disk_iothread *t, struct b
 {
 	bdev_submit(d->b, t->bctx, io);
 }
+
+/* True if any QoS limit is set: only then does a front ask disk_admit.
+ * Any thread. */
+static inline bool disk_qos_on(const struct disk *d)
+{
+	return atomic_load_explicit(d->qos_on, memory_order_relaxed);
+}
+
+/*
+ * QoS admission of one request of a front's queue (or connection), whose
+ * place in the disk's line is turn: 0, it goes now (counted); or the ns
+ * to wait before asking again with the same turn, the front keeping the
+ * request and taking no other meanwhile (qos_admit_turn: over-budget
+ * requests go in the order they came, across fronts and queues).  A front
+ * waits in slices (disk.c: about sixteen requests' worth of the budget,
+ * 1 to 25 ms), so the budget goes in batches, a wake-up paid per batch.
+ * disk_admit_cancel: the request will not ask again (its queue stops).
+ * On the front's iothread.
+ */
+uint64_t disk_admit(struct disk *d, struct qos_turn *turn, bool is_write, uint64_t bytes,
+		    uint64_t now);
+void disk_admit_cancel(struct disk *d, struct qos_turn *turn);
 
 /* Push what was submitted on t to the kernel (the engine's kick). */
 static inline void disk_kick(struct disk *d, struct disk_iothread *t)

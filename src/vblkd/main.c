@@ -670,15 +670,16 @@ static void start_disk(struct cfg *o, bool handover, struct vblkd *v)
 	}
 	if (r < 0)
 		goto err_image;
+	/* The disk owns the budget from here, also on failure. */
 	r = disk_new(v->b, &(struct disk_opts){ .num_iothreads = o->ko.num_iothreads,
 						  .cpus = o->ko.cpus, .ncpus = o->ko.ncpus,
-						  .poll = o->ko.poll }, &v->disk);
+						  .poll = o->ko.poll, .qos = o->ko.qos }, &v->disk);
+	o->ko.qos = NULL;
 	if (r < 0) {
-		qos_free(o->ko.qos);
 		snprintf(err, sizeof(err), "cannot start the iothreads: %s", strerror(-r));
 		goto err_image;
 	}
-	r = blk_dev_new_on(v->disk, &o->ko, &v->dev);	/* owns ko.qos from here */
+	r = blk_dev_new_on(v->disk, &o->ko, &v->dev);
 	if (r < 0) {
 		disk_free(v->disk);
 		snprintf(err, sizeof(err), "cannot start the device: %s", strerror(-r));

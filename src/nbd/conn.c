@@ -1352,7 +1352,8 @@ static void conn_read(struct nbds_conn *c)
 /* ---- Events ---- */
 
 /* Input we hold that no epoll event will announce: bytes in our buffer,
- * or decrypted in the TLS session. */
+ * or in the TLS session's (decrypted, or received and not yet handed to
+ * GnuTLS). */
 static bool conn_input_waits(const struct nbds_conn *c)
 {
 	return c->in_pos < c->in_len || (c->tls_up && nbds__tls_pending(c->tls));

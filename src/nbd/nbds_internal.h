@@ -53,7 +53,8 @@ int nbds__tls_handshake(struct nbds_tls_sess *ss, uint32_t *events);
 /* >0 bytes, 0 end of stream, -EAGAIN, or -EIO. */
 ssize_t nbds__tls_recv(struct nbds_tls_sess *ss, void *buf, size_t len);
 ssize_t nbds__tls_send(struct nbds_tls_sess *ss, const void *buf, size_t len);
-/* Decrypted bytes wait inside the session (the socket will not say so). */
+/* Input waits inside the session, decrypted or received from the socket
+ * but not yet decrypted: the socket will not say so. */
 bool nbds__tls_pending(struct nbds_tls_sess *ss);
 void nbds__tls_bye(struct nbds_tls_sess *ss);
 

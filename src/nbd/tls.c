@@ -7,13 +7,16 @@
  * the connection's iothread drives the handshake from its events.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "nbd/nbds_internal.h"
+#include "util/compiler.h"
 #include "util/log.h"
 
 #ifdef HAVE_GNUTLS
@@ -25,9 +28,76 @@ struct nbds_tls {
 	gnutls_psk_server_credentials_t pskc;
 };
 
+/* What one receive may take from the socket for the session: a client
+ * pipelining small requests sends one record each (~50 bytes for a read
+ * request), and GnuTLS reads a record's header and its body with a
+ * receive each; through this buffer one recv() brings in hundreds. */
+#define NBDS_TLS_RBUF	(64u << 10)
+
 struct nbds_tls_sess {
 	gnutls_session_t s;
+	int fd;
+	/* Bytes [rpos, rlen) of rbuf came from the socket and are not yet
+	 * GnuTLS's. */
+	uint8_t *rbuf;
+	size_t rpos, rlen;
 };
+
+/* GnuTLS's pull: from rbuf, refilled by one recv() when empty.  -1 with
+ * the session's errno (EAGAIN: nothing now, the socket will say when),
+ * 0 at the end of the stream, as recv(2). */
+static ssize_t tls_pull(gnutls_transport_ptr_t p, void *data, size_t len)
+{
+	struct nbds_tls_sess *ss = p;
+	size_t n;
+
+	if (ss->rpos == ss->rlen) {
+		ssize_t r = recv(ss->fd, ss->rbuf, NBDS_TLS_RBUF, MSG_DONTWAIT);
+
+		if (r <= 0) {
+			if (r < 0)
+				gnutls_transport_set_errno(ss->s, errno == EWOULDBLOCK ? EAGAIN : errno);
+			return r;
+		}
+		ss->rpos = 0;
+		ss->rlen = (size_t)r;
+	}
+	n = MIN(len, ss->rlen - ss->rpos);
+	memcpy(data, ss->rbuf + ss->rpos, n);
+	ss->rpos += n;
+	return (ssize_t)n;
+}
+
+/* Asked only with a timeout set, and ours are 0 (the session is
+ * non-blocking, the iothread waits in epoll): never waits here either.
+ * >0 when something can be read now, 0 when not, -1 on error. */
+static int tls_pull_timeout(gnutls_transport_ptr_t p, unsigned int ms)
+{
+	struct nbds_tls_sess *ss = p;
+	struct pollfd pfd = { .fd = ss->fd, .events = POLLIN };
+	int r;
+
+	(void)ms;
+	if (ss->rpos < ss->rlen)
+		return 1;
+	r = poll(&pfd, 1, 0);
+	if (r < 0)
+		gnutls_transport_set_errno(ss->s, errno);
+	return r;
+}
+
+/* GnuTLS's push: records out in one sendmsg, as its own would do, with
+ * MSG_NOSIGNAL (a client gone mid-reply must not raise SIGPIPE). */
+static ssize_t tls_push(gnutls_transport_ptr_t p, const giovec_t *iov, int iovcnt)
+{
+	struct nbds_tls_sess *ss = p;
+	struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt };
+	ssize_t r = sendmsg(ss->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+	if (r < 0)
+		gnutls_transport_set_errno(ss->s, errno == EWOULDBLOCK ? EAGAIN : errno);
+	return r;
+}
 
 static int file_ok(const char *path, char *err, size_t errlen, const char *spec)
 {
@@ -125,8 +195,15 @@ int nbds__tls_sess_new(struct nbds_tls *t, int fd, struct nbds_tls_sess **out)
 
 	if (!ss)
 		return -ENOMEM;
+	ss->fd = fd;
+	ss->rbuf = malloc(NBDS_TLS_RBUF);
+	if (!ss->rbuf) {
+		free(ss);
+		return -ENOMEM;
+	}
 	r = gnutls_init(&ss->s, GNUTLS_SERVER | GNUTLS_NONBLOCK | GNUTLS_NO_SIGNAL);
 	if (r < 0) {
+		free(ss->rbuf);
 		free(ss);
 		return -ENOMEM;
 	}
@@ -140,10 +217,15 @@ int nbds__tls_sess_new(struct nbds_tls *t, int fd, struct nbds_tls_sess **out)
 	if (r < 0) {
 		log_warn("nbd: cannot set up a TLS session: %s", gnutls_strerror(r));
 		gnutls_deinit(ss->s);
+		free(ss->rbuf);
 		free(ss);
 		return -EIO;
 	}
-	gnutls_transport_set_int(ss->s, fd);
+	/* The handshake's bytes come through these too. */
+	gnutls_transport_set_ptr(ss->s, ss);
+	gnutls_transport_set_pull_function(ss->s, tls_pull);
+	gnutls_transport_set_pull_timeout_function(ss->s, tls_pull_timeout);
+	gnutls_transport_set_vec_push_function(ss->s, tls_push);
 	gnutls_handshake_set_timeout(ss->s, 0);
 	*out = ss;
 	return 0;
@@ -154,6 +236,7 @@ void nbds__tls_sess_free(struct nbds_tls_sess *ss)
 	if (!ss)
 		return;
 	gnutls_deinit(ss->s);
+	free(ss->rbuf);
 	free(ss);
 }
 
@@ -203,7 +286,9 @@ ssize_t nbds__tls_send(struct nbds_tls_sess *ss, const void *buf, size_t len)
 
 bool nbds__tls_pending(struct nbds_tls_sess *ss)
 {
-	return gnutls_record_check_pending(ss->s) > 0;
+	/* Also records received into rbuf: the socket has nothing more to
+	 * say about them. */
+	return ss->rpos < ss->rlen || gnutls_record_check_pending(ss->s) > 0;
 }
 
 void nbds__tls_bye(struct nbds_tls_sess *ss)

@@ -322,6 +322,9 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 	       COUNTER, PLAIN, s->nbd.read_bytes);
 	single(f, "vblkd_nbd_written_bytes_total", "Bytes NBD clients wrote.",
 	       COUNTER, PLAIN, s->nbd.write_bytes);
+	single(f, "vblkd_nbd_throttled_requests_total",
+	       "NBD requests that waited for the disk's QoS budget (--limit).",
+	       COUNTER, PLAIN, s->nbd.throttled);
 
 	/* Block jobs (vblkctl job list): a series each, by id and type. */
 	job_families(f, s->jobs, s->njobs);

@@ -53,6 +53,7 @@ struct nbds_req {
 	void *buf;			/* read/write data, aligned */
 	size_t cap;			/* buf's size (a pooled request keeps it) */
 	struct nbds_req *pool_next;
+	struct nbds_req *thr_next;	/* parked for the QoS budget */
 	size_t got;			/* write payload received */
 	int err;			/* NBD error to reply (0: none) */
 	struct out out;
@@ -107,6 +108,12 @@ struct nbds_conn {
 	uint8_t *opt_data;
 	size_t opt_got;
 	uint64_t skip_left;
+	/* QoS (disk_admit): requests the budget cannot take now, in the
+	 * order they came (counted in inflight); while any waits, nothing
+	 * more is read (the client's socket fills: its back-pressure). */
+	struct nbds_req *thr_head, **thr_tail;
+	struct qos_turn qos_turn;
+	struct loop_timer *qos_timer;
 	/* Transmission. */
 	struct nbds_req *cur;		/* the write whose payload is coming */
 	unsigned inflight;
@@ -510,6 +517,76 @@ static void req_done(struct bdev_io *io, int res)
 	loop_bh_schedule(c->flush_bh);
 }
 
+/* ---- QoS: the disk's budget (disk.h, disk_admit) ---- */
+
+/* A connection waits for its turn at least this long (a timer nearer
+ * than 100 us would be spun for). */
+#define NBDS_QOS_MIN_WAIT_NS 150000ull
+
+static uint64_t req_admit(struct nbds_conn *c, struct nbds_req *r, uint64_t now)
+{
+	/* Flushes are not throttled (qos.h); trim and write zeroes count
+	 * as writes of their bytes, as QEMU's throttle filter has it. */
+	if (r->io.op == BDEV_FLUSH)
+		return 0;
+	return disk_admit(c->disk, &c->qos_turn, r->io.op != BDEV_READ, r->length, now);
+}
+
+/* True if r must wait (parked: it goes from qos_timer_cb), behind what
+ * waits already. */
+static bool req_throttled(struct nbds_conn *c, struct nbds_req *r)
+{
+	uint64_t w = 0;
+
+	if (!c->thr_head && !(w = req_admit(c, r, loop_now(c->t->loop))))
+		return false;
+	r->thr_next = NULL;
+	*c->thr_tail = r;
+	c->thr_tail = &r->thr_next;
+	ctr_add(&c->srv->throttled, 1);
+	if (w)
+		loop_timer_mod(c->qos_timer, sys_now_ns() + MAX(w, NBDS_QOS_MIN_WAIT_NS));
+	return true;
+}
+
+/* What waits goes while the budget lets it; the rest waits on.  over:
+ * all of it now (the connection is shut down: a request taken is never
+ * left behind). */
+static void conn_unthrottle(struct nbds_conn *c, bool over)
+{
+	uint64_t now = sys_now_ns(), w = 0;
+
+	while (c->thr_head && (over || !(w = req_admit(c, c->thr_head, now)))) {
+		struct nbds_req *r = c->thr_head;
+
+		c->thr_head = r->thr_next;
+		if (!c->thr_head)
+			c->thr_tail = &c->thr_head;
+		disk_submit(c->disk, c->t, &r->io);
+	}
+	if (over) {
+		disk_admit_cancel(c->disk, &c->qos_turn);
+		loop_timer_del(c->qos_timer);
+	} else if (c->thr_head) {
+		loop_timer_mod(c->qos_timer, now + MAX(w, NBDS_QOS_MIN_WAIT_NS));
+	}
+	disk_kick(c->disk, c->t);
+}
+
+static void qos_timer_cb(void *opaque)
+{
+	struct nbds_conn *c = opaque;
+
+	if (c->finished)
+		return;
+	conn_unthrottle(c, false);
+	if (!c->thr_head) {
+		/* The turn ends with this pass; reading goes on. */
+		c->qos_turn.credit = 0;
+		loop_bh_schedule(c->flush_bh);
+	}
+}
+
 static void req_submit(struct nbds_conn *c, struct nbds_req *r, enum bdev_op op)
 {
 	r->io = (struct bdev_io){ .op = op, .offset = r->offset, .cb = req_done };
@@ -524,6 +601,8 @@ static void req_submit(struct nbds_conn *c, struct nbds_req *r, enum bdev_op op)
 		r->io.fua = r->flags & NBD_CMD_FLAG_FUA;
 	}
 	c->inflight++;
+	if (unlikely(disk_qos_on(c->disk) || c->thr_head) && req_throttled(c, r))
+		return;
 	disk_submit(c->disk, c->t, &r->io);
 }
 
@@ -1153,7 +1232,7 @@ static void conn_option(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 static bool conn_can_read(const struct nbds_conn *c)
 {
 	return (!c->tls || c->tls_up) && !c->closing && !c->broken && c->inflight < NBDS_MAX_INFLIGHT &&
-	       c->held < NBDS_MAX_HELD;
+	       c->held < NBDS_MAX_HELD && !c->thr_head;
 }
 
 static void conn_fail(struct nbds_conn *c, const char *why)
@@ -1457,8 +1536,10 @@ static void conn_finish(struct nbds_conn *c)
 	c->h = NULL;
 	conn_drop_output(c);
 	loop_timer_free(c->hs_timer);
+	loop_timer_free(c->qos_timer);
 	loop_bh_free(c->flush_bh);
 	c->hs_timer = NULL;
+	c->qos_timer = NULL;
 	c->flush_bh = NULL;
 	if (c->tls_up && !c->broken)
 		nbds__tls_bye(c->tls);
@@ -1539,16 +1620,21 @@ static void do_start(void *opaque)
 		htobe16(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES) };
 	int r;
 
+	c->thr_tail = &c->thr_head;
 	r = loop_bh_new(l, conn_flush_bh, c, &c->flush_bh);
 	if (r == 0)
 		r = loop_timer_new(l, hs_timer_cb, c, &c->hs_timer);
+	if (r == 0)
+		r = loop_timer_new(l, qos_timer_cb, c, &c->qos_timer);
 	if (r == 0)
 		r = loop_fd_add(l, c->fd, EPOLLIN, conn_cb, c, &c->h);
 	if (r < 0) {
 		loop_bh_free(c->flush_bh);
 		loop_timer_free(c->hs_timer);
+		loop_timer_free(c->qos_timer);
 		c->flush_bh = NULL;
 		c->hs_timer = NULL;
+		c->qos_timer = NULL;
 		sc->ret = r;
 		return;
 	}
@@ -1576,6 +1662,9 @@ static void do_shutdown(void *opaque)
 		return;
 	c->closing = true;
 	c->broken = true;
+	/* What waits for the QoS budget goes now, over it. */
+	if (c->thr_head)
+		conn_unthrottle(c, true);
 	/* What it has in flight completes first: its buffers are the
 	 * engine's until then.  This drains every I/O of the iothread, the
 	 * other fronts' too, which only takes as long as they last. */

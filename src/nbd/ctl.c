@@ -92,6 +92,7 @@ int nbds_ctl_list(void *opaque, struct json_object *req, struct json_object *rep
 	ADD(bad_requests);
 	ADD(read_bytes);
 	ADD(write_bytes);
+	ADD(throttled);
 #undef ADD
 	json_object_object_add(reply, "exports", arr);
 	json_object_object_add(reply, "stats", st);

@@ -78,6 +78,7 @@ unsigned nbds_list(struct nbds *s, struct nbds_export_info *out, unsigned max);
 struct nbds_stats {
 	uint64_t connections, clients, refused, handshake_failed;
 	uint64_t requests, bad_requests, read_bytes, write_bytes;
+	uint64_t throttled;	/* requests that waited for the QoS budget */
 };
 void nbds_stats(struct nbds *s, struct nbds_stats *st);
 

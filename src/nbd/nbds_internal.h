@@ -87,6 +87,7 @@ struct nbds {
 	/* Counters: any thread adds (relaxed). */
 	_Atomic uint64_t connections, refused, handshake_failed;
 	_Atomic uint64_t requests, bad_requests, read_bytes, write_bytes;
+	_Atomic uint64_t throttled;
 };
 
 /* ---- conn.c ---- */

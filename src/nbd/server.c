@@ -389,6 +389,7 @@ void nbds_stats(struct nbds *s, struct nbds_stats *st)
 				   .refused = LD(refused),
 				   .handshake_failed = LD(handshake_failed),
 				   .requests = LD(requests), .bad_requests = LD(bad_requests),
-				   .read_bytes = LD(read_bytes), .write_bytes = LD(write_bytes) };
+				   .read_bytes = LD(read_bytes), .write_bytes = LD(write_bytes),
+				   .throttled = LD(throttled) };
 #undef LD
 }

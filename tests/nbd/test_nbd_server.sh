@@ -356,6 +356,35 @@ else
 fi
 
 # ---- Start-up errors: one line, non-zero, nothing left behind ----------------
+# ---- QoS: NBD clients take from the disk's budget ----------------------------
+# --limit bps-total=16M: nbdcopy of 16 MiB in (writes), then out (reads),
+# waits for the budget (the throttled counter and metric move), the bytes
+# are right; the limit removed at run time (vblkctl set-limits) and the
+# counter stays where it was for a copy that needs no budget.
+head -c $((16 << 20)) /dev/urandom >"$tmp/q.src"
+truncate -s 16M "$tmp/q.raw"
+Q=$tmp/q.sock
+throttled() { "$VBLKCTL" --control "$tmp/q.ctl" nbd list | python3 -c \
+    'import json,sys; print(json.load(sys.stdin)["stats"]["throttled"])'; }
+if start "$tmp/q.log" --disk "$tmp/q.raw" --nbd "unix:$Q" --control "$tmp/q.ctl" \
+        --limit bps-total=16M; then
+    nbdcopy "$tmp/q.src" "$(uri "$Q")" && nbdcopy "$(uri "$Q")" "$tmp/q.out"; crc=$?
+    t1=$(throttled)
+    m=$("$VBLKCTL" --control "$tmp/q.ctl" metrics | grep '^vblkd_nbd_throttled_requests_total ')
+    "$VBLKCTL" --control "$tmp/q.ctl" set-limits bps-total=0 >/dev/null
+    nbdcopy "$(uri "$Q")" "$tmp/q.out2"
+    t2=$(throttled)
+    stop
+    if ((crc == 0)) && cmp -s "$tmp/q.src" "$tmp/q.out" && cmp -s "$tmp/q.src" "$tmp/q.out2" &&
+       ((t1 > 0)) && [[ $m == "vblkd_nbd_throttled_requests_total $t1" && $t2 == "$t1" ]]; then
+        pass nbd-qos-budget-throttles-clients
+    else
+        fail nbd-qos-budget-throttles-clients "rc=$crc throttled=$t1/$t2 metric='$m'"
+    fi
+else
+    fail nbd-qos-budget-throttles-clients "$(tail -2 "$tmp/q.log")"
+fi
+
 bad() {	# bad NAME EXPECTED-REGEX ARGS...
     local name=$1 re=$2 out rc; shift 2
     out=$(timeout 10 "$VBLKD" "$@" 2>&1); rc=$?

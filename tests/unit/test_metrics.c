@@ -86,6 +86,7 @@ static const char *const families[] = {
 	"vblkd_nbd_bad_requests_total",
 	"vblkd_nbd_read_bytes_total",
 	"vblkd_nbd_written_bytes_total",
+	"vblkd_nbd_throttled_requests_total",
 	"vblkd_job_info",
 	"vblkd_job_done_bytes",
 	"vblkd_job_total_bytes",

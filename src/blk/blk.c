@@ -584,7 +584,7 @@ static void blk_queue_process(struct blk_queue *q)
 	if (!q->started || !q->enabled || q->vq.broken)
 		return;
 	if (unlikely(blk__queue_waits(q))) {
-		/* Paused: no kick needed until resumed (blk_dev_resume looks
+		/* Paused: no kick needed until resumed (disk_resume looks
 		 * at the ring again), so none is asked for. */
 		vq_disable_notify(&q->vq);
 		return;
@@ -1051,9 +1051,7 @@ int blk_dev_new_on(struct disk *disk, const struct blk_opts *o, struct blk_dev *
 		q->irq.max_ns = o->irq_moderation_max_ns;
 		q->held_tail = &q->held_head;
 	}
-	r = blk__pause_init(d, o);
-	if (r < 0)
-		goto err_free;
+	blk__held_init(d);
 	for (i = 0; i < nt; i++) {
 		r = blk_iothread_attach(d, i);
 		if (r < 0) {
@@ -1065,7 +1063,7 @@ int blk_dev_new_on(struct disk *disk, const struct blk_opts *o, struct blk_dev *
 	return 0;
 
 err_pause:
-	blk__pause_free(d);
+	blk__held_free(d);
 err_free:
 	free(d->iot);
 	free(d);
@@ -1097,6 +1095,11 @@ struct qos *blk_dev_qos(struct blk_dev *d)
 	return d->qos;
 }
 
+struct disk *blk_dev_disk(struct blk_dev *d)
+{
+	return d->disk;
+}
+
 void blk_dev_free(struct blk_dev *d)
 {
 	if (!d)
@@ -1104,7 +1107,7 @@ void blk_dev_free(struct blk_dev *d)
 	for (unsigned i = 0; i < d->num_queues; i++)
 		blk_queue_stop(d, i);
 	blk_iothreads_detach(d, d->num_iothreads);
-	blk__pause_free(d);
+	blk__held_free(d);
 	if (d->own_disk)
 		disk_free(d->disk);
 	free(d->iot);

@@ -18,6 +18,7 @@
 
 #include "backend/bdev.h"
 #include "blk/counters.h"
+#include "disk/disk.h"
 #include "loop/loop.h"
 #include "vhost/vu.h"
 
@@ -31,35 +32,10 @@
 /* Default cap of interrupt moderation (blk_opts.irq_moderation_max_ns). */
 #define BLK_IRQ_MODERATION_DEFAULT_NS 500000u
 
-/* The error policy (docs/architecture.md "Errors that pause"): QEMU's
- * -drive werror=/rerror=.  What a request that failed on the disk does:
- * the guest gets the error (report), or the request is held and the disk
- * pauses until blk_dev_resume (stop: on any error; enospc: on "No space
- * left on device", any other error is reported). */
-enum blk_err_policy {
-	BLK_ERR_REPORT,
-	BLK_ERR_STOP,
-	BLK_ERR_ENOSPC,
-};
-
-/* Why the disk paused (the label of vblkd_disk_pauses_total): ENOSPC,
- * EDQUOT, or any other error ("eio": a storage outage, a dead disk). */
-enum blk_pause_reason {
-	BLK_PAUSE_ENOSPC,
-	BLK_PAUSE_EDQUOT,
-	BLK_PAUSE_EIO,
-	BLK_PAUSE_NR,
-};
-
 struct qos;
 
 struct blk_opts {
 	unsigned num_queues;		/* 1..BLK_MAX_QUEUES */
-	/* Error policy for reads (rerror) and for writes, flushes,
-	 * discards and write zeroes (werror); BLK_ERR_REPORT is 0. */
-	enum blk_err_policy rerror, werror;
-	/* While paused, resume by itself this often (0: only when told). */
-	uint64_t error_retry_ns;
 	const char *serial;		/* GET_ID, at most 20 bytes used */
 	bool no_event_idx;		/* do not offer VIRTIO_RING_F_EVENT_IDX */
 	bool no_early_notify;		/* calls only at the end of a section (ablation) */
@@ -108,7 +84,7 @@ struct blk_stats {
 	unsigned num_queues, num_iothreads;
 	struct blk_disk_stats disk;
 	struct blk_op_stats ops[ACCT_NR_OPS];	/* all queues together */
-	struct blk_pause_stats pauses[BLK_PAUSE_NR];
+	struct blk_pause_stats pauses[DISK_PAUSE_NR];
 	struct blk_queue_stats *queues;		/* num_queues entries */
 	struct blk_iothread_stats *iothreads;	/* num_iothreads entries */
 	struct loop_poll_params poll;
@@ -127,7 +103,7 @@ static inline const void *blk_stats_elems(const struct blk_stats *s, enum blk_co
 		*n = 1;
 		return &s->disk;
 	case BLK_COUNTERS_PAUSE:
-		*n = BLK_PAUSE_NR;
+		*n = DISK_PAUSE_NR;
 		return s->pauses;
 	case BLK_COUNTERS_QUEUE:
 		*n = s->num_queues;
@@ -163,29 +139,9 @@ int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen);
 
 void blk_get_poll_params(struct blk_dev *d, struct loop_poll_params *p);
 
-/* The pause (the error policy) as it is now.  Main thread. */
-struct blk_pause_state {
-	bool paused;
-	char reason[200];		/* e.g. "No space left on device (write at
-					 * offset 4096, queue 0)"; "" if running */
-	uint64_t since;			/* Unix time the pause began (paused) */
-	uint64_t held;			/* requests held, all queues */
-	uint64_t pauses[BLK_PAUSE_NR];	/* pauses so far, by reason */
-};
-void blk_dev_pause_state(struct blk_dev *d, struct blk_pause_state *st);
-/* The label of a reason: "enospc", "edquot", "eio".  Any thread. */
-const char *blk_pause_reason_name(enum blk_pause_reason r);
-/* Resume a paused disk: every held request is submitted again, in the
- * order it was held, before the rings are looked at again; one that fails
- * again pauses again.  Returns the number submitted again (0: nothing was
- * held).  Main thread. */
-int blk_dev_resume(struct blk_dev *d);
-/* Hear of pauses on the main loop (sd_notify STATUS, the retry timer of
- * blk_opts.error_retry_ns).  Returns 0 or -errno.  Main thread, once. */
-int blk_dev_attach(struct blk_dev *d, struct loop *main_loop);
-/* Undo blk_dev_attach (before that loop is freed; blk_dev_free does it
- * too).  Main thread. */
-void blk_dev_detach(struct blk_dev *d);
+/* The disk the device is a front of (its pause, QoS, jobs: disk.h).
+ * Any thread. */
+struct disk *blk_dev_disk(struct blk_dev *d);
 
 extern const struct vu_dev_ops blk_vu_ops;
 

@@ -144,22 +144,8 @@ struct blk_dev {
 	int (*config_changed)(void *opaque);
 	void *config_opaque;
 
-	/* The error policy (pause.c).  paused: set by the iothread that
-	 * holds the first request, cleared by the main thread (resume); every
-	 * iothread reads it when it looks at its rings. */
-	enum blk_err_policy rerror, werror;
-	uint64_t retry_ns;
-	atomic_bool paused;
-	_Atomic uint64_t held;		/* requests held, all queues */
-	pthread_mutex_t pause_lock;	/* the fields below */
-	char pause_reason[200];
-	int pause_errno;
-	uint64_t paused_since;		/* Unix time */
-	uint64_t pauses[BLK_PAUSE_NR];
-	int pause_efd;			/* iothread -> main: paused */
-	struct loop *main_loop;		/* blk_dev_attach's */
-	struct loop_fd *pause_h;
-	struct loop_timer *retry_timer;
+	/* The error policy's front (held.c): resumed by disk_resume. */
+	struct disk_front front;
 
 	/* QoS: the disk's budget, its own or a group's (qos.h); set by
 	 * blk_dev_new, never NULL; the limits change under it (qos_set).
@@ -185,12 +171,11 @@ static inline void stat_inc(_Atomic uint64_t *c)
 	stat_add(c, 1);
 }
 
-/* A queue that must not take new requests: it holds failed ones, or the
- * disk is paused (pause.c).  Iothread. */
+/* A queue that must not take new requests: it holds failed ones, waits
+ * for the QoS budget, or the disk is paused (disk.h).  Iothread. */
 static inline bool blk__queue_waits(const struct blk_queue *q)
 {
-	return q->nheld || q->throttled ||
-	       atomic_load_explicit(&q->dev->paused, memory_order_relaxed);
+	return q->nheld || q->throttled || disk_paused(q->dev->disk);
 }
 
 /* ---- throttle.c: QoS on the queues (iothread) ---- */
@@ -226,9 +211,9 @@ void blk__req_complete(struct blk_req *r, uint8_t status);
  * in-flight region, for whoever starts the ring next). */
 void blk__req_drop(struct blk_req *r);
 
-/* ---- pause.c: the error policy ---- */
+/* ---- held.c: the error policy's held requests (disk.h: disk_hold) ---- */
 
-/* Does the policy stop on err for an I/O of op?  Any thread. */
+/* Does the disk's policy stop on err for an I/O of op?  Any thread. */
 bool blk__error_stops(const struct blk_dev *d, enum bdev_op op, int err);
 /* Hold r (failed with err), pause the disk.  Iothread of r's queue. */
 void blk__hold_request(struct blk_queue *q, struct blk_req *r, int err);
@@ -237,13 +222,9 @@ void blk__hold_request(struct blk_queue *q, struct blk_req *r, int err);
  * there (the next start, in this process or the next, submits them
  * again); else they fail with IOERR, logged.  Iothread. */
 void blk__held_at_stop(struct blk_queue *q);
-/* Upgrade in place: the pause's blob in the device state (config.c).
- * save: bytes written (0: not paused or no room); load: main thread,
- * before the rings start. */
-size_t blk__pause_save(struct blk_dev *d, uint8_t *buf, size_t len);
-void blk__pause_load(struct blk_dev *d, const uint8_t *buf, size_t len);
-int blk__pause_init(struct blk_dev *d, const struct blk_opts *o);
-void blk__pause_free(struct blk_dev *d);
+/* The device as a front of the disk's error policy.  Main thread. */
+void blk__held_init(struct blk_dev *d);
+void blk__held_free(struct blk_dev *d);
 
 /* ---- config.c: vu_dev_ops of the config space and features (main thread) ---- */
 

@@ -152,7 +152,7 @@ size_t blk__save_state(void *opaque, uint8_t *buf, size_t len)
 	buf[2] = atomic_load(&d->b->cache_lost) ? BLK_STATE_CACHE_LOST : 0;
 	/* The pause's reason is cut to leave room for the limits. */
 	room = len - 3 - (k >= 0 ? (size_t)k + 1 : 0);
-	n = room ? blk__pause_save(d, buf + 3, room) : 0;
+	n = room ? disk_pause_save(d->disk, buf + 3, room) : 0;
 	if (n)
 		buf[2] |= BLK_STATE_PAUSED;
 	n += 3;
@@ -201,7 +201,7 @@ int blk__load_state(void *opaque, const uint8_t *buf, size_t len)
 		log_err("disk %s: a flush failed before the upgrade: every flush fails, as "
 			"it did", d->b->path);
 	if (len > 2 && (buf[2] & BLK_STATE_PAUSED))
-		blk__pause_load(d, buf + 3, len - 3);
+		disk_pause_load(d->disk, buf + 3, len - 3);
 	if (have_qos && !qos_group_name(d->qos)) {
 		char text[256];
 

@@ -99,7 +99,7 @@
 	  "1 once the image was found corrupt (qcow2: marked so in its header; writes "	\
 	  "fail until qemu-img check -r all repairs it).")
 
-/* Pauses by reason (enum blk_pause_reason, blk_pause_reason_name): "disk":
+/* Pauses by reason (enum disk_pause_reason, disk_pause_reason_name): "disk":
  * {"pauses": {"enospc": {"count": N}, ...}}, series labelled
  * reason="enospc". */
 #define BLK_PAUSE_COUNTERS(X)									\

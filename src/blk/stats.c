@@ -38,7 +38,7 @@ static const char *op_name(unsigned i)
 
 static const char *pause_name(unsigned i)
 {
-	return blk_pause_reason_name((enum blk_pause_reason)i);
+	return disk_pause_reason_name((enum disk_pause_reason)i);
 }
 
 const struct blk_counter_set blk_counter_sets[BLK_COUNTER_SETS] = {
@@ -186,12 +186,12 @@ static void get_stats(struct blk_dev *d, struct blk_stats *s)
 	}
 	ops_from(s->ops, &sum);
 	{
-		struct blk_pause_state ps;
+		struct disk_pause_state ps;
 
-		blk_dev_pause_state(d, &ps);
+		disk_pause_state(d->disk, &ps);
 		s->disk.paused = ps.paused;
 		s->disk.held_requests = ps.held;
-		for (unsigned i = 0; i < BLK_PAUSE_NR; i++)
+		for (unsigned i = 0; i < DISK_PAUSE_NR; i++)
 			s->pauses[i].count = ps.pauses[i];
 	}
 	{

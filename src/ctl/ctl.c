@@ -411,18 +411,18 @@ static int cmd_resize(void *opaque, struct json_object *req, struct json_object 
 /* The pause of the error policy, as "status" and "resume" tell it. */
 static void add_pause_state(struct blk_dev *d, struct json_object *reply, bool *ok)
 {
-	struct blk_pause_state st;
+	struct disk_pause_state st;
 	struct json_object *p = json_object_new_object();
 
-	blk_dev_pause_state(d, &st);
+	disk_pause_state(blk_dev_disk(d), &st);
 	add(reply, "state", json_object_new_string(st.paused ? "paused" : "running"), ok);
 	if (st.paused) {
 		add(reply, "reason", json_object_new_string(st.reason), ok);
 		add(reply, "since", json_object_new_uint64(st.since), ok);
 	}
 	add(reply, "held_requests", json_object_new_uint64(st.held), ok);
-	for (unsigned i = 0; p && i < BLK_PAUSE_NR; i++)
-		add(p, blk_pause_reason_name(i), json_object_new_uint64(st.pauses[i]), ok);
+	for (unsigned i = 0; p && i < DISK_PAUSE_NR; i++)
+		add(p, disk_pause_reason_name(i), json_object_new_uint64(st.pauses[i]), ok);
 	add(reply, "pauses", p, ok);
 }
 
@@ -442,7 +442,7 @@ static int cmd_status(void *opaque, struct json_object *req, struct json_object 
 static int cmd_resume(void *opaque, struct json_object *req, struct json_object *reply,
 		      char *err, size_t errlen)
 {
-	int n = blk_dev_resume(opaque);
+	int n = disk_resume(blk_dev_disk(opaque));
 	bool ok = true;
 
 	add(reply, "ok", json_object_new_boolean(1), &ok);

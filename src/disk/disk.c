@@ -176,10 +176,12 @@ int disk_new(struct bdev *b, const struct disk_opts *o, struct disk **out)
 	}
 	d->qos_on = qos_active_flag(d->qos);
 	d->iot = calloc(nt, sizeof(*d->iot));
-	if (!d->iot) {
+	r = d->iot ? disk__pause_init(d, o) : -ENOMEM;
+	if (r < 0) {
 		qos_free(d->qos);
+		free(d->iot);
 		free(d);
-		return -ENOMEM;
+		return r;
 	}
 	d->b = b;
 	for (unsigned i = 0; i < nt; i++) {
@@ -187,6 +189,7 @@ int disk_new(struct bdev *b, const struct disk_opts *o, struct disk **out)
 		if (r < 0) {
 			while (i--)
 				iothread_stop(d, &d->iot[i]);
+			disk__pause_free(d);
 			qos_free(d->qos);
 			free(d->iot);
 			free(d);
@@ -206,6 +209,7 @@ void disk_free(struct disk *d)
 		log_err("disk %s freed with %u claims held", d->b->path, d->claims);
 	for (unsigned i = 0; i < d->num_iothreads; i++)
 		iothread_stop(d, &d->iot[i]);
+	disk__pause_free(d);
 	qos_free(d->qos);
 	free(d->iot);
 	free(d);

@@ -20,9 +20,14 @@
  * reading its socket), then submits it when the budget says.  With no
  * limit set, disk_qos_on is false and nothing is asked.
  *
- * Not here yet (issue 45, the next steps): the error policy's pause and
- * per-operation accounting still live in the virtio-blk front
- * (src/blk/).
+ * The error policy (pause.c, QEMU's werror=/rerror=): a front whose
+ * request failed with an error the policy stops on holds it
+ * (disk_hold), and the disk pauses: every front stops taking work
+ * (disk_paused) until disk_resume has each front (disk_front) submit what
+ * it holds again.
+ *
+ * Not here yet (issue 45, the next step): per-operation accounting still
+ * lives in the virtio-blk front (src/blk/).
  *
  * Threading: disk_new/disk_free/disk_claim/disk_release on the main
  * thread; a disk_iothread's ctx belongs to its loop's thread.
@@ -30,14 +35,46 @@
 #ifndef VBLK_DISK_H
 #define VBLK_DISK_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend/bdev.h"
 #include "loop/loop.h"
 #include "qos/qos.h"
 
 #define DISK_MAX_IOTHREADS 64
+
+/* The error policy (docs/architecture.md "Errors that pause"): QEMU's
+ * -drive werror=/rerror=.  What a request that failed on the disk does:
+ * the client gets the error (report), or the request is held and the disk
+ * pauses until disk_resume (stop: on any error; enospc: on "No space
+ * left on device", any other error is reported). */
+enum disk_err_policy {
+	DISK_ERR_REPORT,
+	DISK_ERR_STOP,
+	DISK_ERR_ENOSPC,
+};
+
+/* Why the disk paused (the label of vblkd_disk_pauses_total): ENOSPC,
+ * EDQUOT, or any other error ("eio": a storage outage, a dead disk). */
+enum disk_pause_reason {
+	DISK_PAUSE_ENOSPC,
+	DISK_PAUSE_EDQUOT,
+	DISK_PAUSE_EIO,
+	DISK_PAUSE_NR,
+};
+
+/* A front as the error policy sees it: resume submits again, in order,
+ * what it holds (on its iothreads, before it looks for new work again) and
+ * returns how many.  Main thread. */
+struct disk_front {
+	unsigned (*resume)(void *opaque);
+	void *opaque;
+	struct disk_front *next;
+};
 
 struct disk_opts {
 	unsigned num_iothreads;	/* 0 or 1: one */
@@ -52,6 +89,11 @@ struct disk_opts {
 	 * failure.  NULL: one of its own with no limit (vblkctl set-limits
 	 * may set one). */
 	struct qos *qos;
+	/* Error policy for reads (rerror) and for writes, flushes,
+	 * discards and write zeroes (werror); DISK_ERR_REPORT is 0. */
+	enum disk_err_policy rerror, werror;
+	/* While paused, resume by itself this often (0: only when told). */
+	uint64_t error_retry_ns;
 };
 
 struct disk_iothread {
@@ -76,6 +118,23 @@ struct disk {
 	 * per request (disk_qos_on). */
 	struct qos *qos;
 	const _Atomic uint32_t *qos_on;
+
+	/* The error policy (pause.c).  paused: set by the iothread that
+	 * holds the first request, cleared by the main thread (resume); every
+	 * front reads it when it looks for work. */
+	enum disk_err_policy rerror, werror;
+	uint64_t retry_ns;
+	atomic_bool paused;
+	_Atomic uint64_t held;		/* requests held, all fronts */
+	pthread_mutex_t pause_lock;	/* the fields below */
+	char pause_reason[200];
+	uint64_t paused_since;		/* Unix time */
+	uint64_t pauses[DISK_PAUSE_NR];
+	int pause_efd;			/* iothread -> main: paused */
+	struct loop *main_loop;		/* disk_attach's */
+	struct loop_fd *pause_h;
+	struct loop_timer *retry_timer;
+	struct disk_front *fronts;	/* main thread */
 };
 
 /*
@@ -147,6 +206,59 @@ static inline bool disk_qos_on(const struct disk *d)
 uint64_t disk_admit(struct disk *d, struct qos_turn *turn, bool is_write, uint64_t bytes,
 		    uint64_t now);
 void disk_admit_cancel(struct disk *d, struct qos_turn *turn);
+
+/* ---- The error policy (pause.c) ---- */
+
+/* Does the policy stop on err (positive errno) for an I/O of op?  Any
+ * thread. */
+bool disk_error_stops(const struct disk *d, enum bdev_op op, int err);
+/* "read", "write", "flush", "discard", "write zeroes". */
+const char *disk_op_name(enum bdev_op op);
+/* A front holds a request that failed with err (what: "write at offset
+ * 4096, queue 0", for the reason): counted, and the disk pauses if it
+ * runs.  disk_unhold: n held requests went (submitted again at resume,
+ * or failed as their queue stopped).  The front's iothread. */
+void disk_hold(struct disk *d, int err, const char *what);
+void disk_unhold(struct disk *d, uint64_t n);
+/* True while paused: a front takes no new request.  Any thread. */
+static inline bool disk_paused(const struct disk *d)
+{
+	return atomic_load_explicit(&d->paused, memory_order_relaxed);
+}
+/* The fronts that hold requests (resumed by disk_resume).  Main thread. */
+void disk_front_add(struct disk *d, struct disk_front *f);
+void disk_front_del(struct disk *d, struct disk_front *f);
+/* Resume a paused disk: every front submits what it holds again, in the
+ * order it was held, before it looks for work again; one that fails again
+ * pauses again.  Returns the number submitted again (0: nothing was
+ * held).  Main thread. */
+int disk_resume(struct disk *d);
+/* The pause as it is now.  Main thread. */
+struct disk_pause_state {
+	bool paused;
+	char reason[200];		/* e.g. "No space left on device (write at
+					 * offset 4096, queue 0)"; "" if running */
+	uint64_t since;			/* Unix time the pause began (paused) */
+	uint64_t held;			/* requests held, all fronts */
+	uint64_t pauses[DISK_PAUSE_NR];	/* pauses so far, by reason */
+};
+void disk_pause_state(struct disk *d, struct disk_pause_state *st);
+/* The label of a reason: "enospc", "edquot", "eio".  Any thread. */
+const char *disk_pause_reason_name(enum disk_pause_reason r);
+/* Hear of pauses on the main loop (sd_notify STATUS, the retry timer of
+ * disk_opts.error_retry_ns).  Returns 0 or -errno.  Main thread, once.
+ * disk_detach undoes it (before that loop is freed; disk_free does it
+ * too). */
+int disk_attach(struct disk *d, struct loop *main_loop);
+void disk_detach(struct disk *d);
+/* Upgrade in place: the pause's blob in the device state.  save: bytes
+ * written (0: not paused or no room); load: main thread, before any
+ * front starts. */
+size_t disk_pause_save(struct disk *d, uint8_t *buf, size_t len);
+void disk_pause_load(struct disk *d, const uint8_t *buf, size_t len);
+/* disk.c's: set up and tear down the policy's state. */
+int disk__pause_init(struct disk *d, const struct disk_opts *o);
+void disk__pause_free(struct disk *d);
 
 /* Push what was submitted on t to the kernel (the engine's kick). */
 static inline void disk_kick(struct disk *d, struct disk_iothread *t)

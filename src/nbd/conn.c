@@ -9,6 +9,7 @@
  */
 #include <endian.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -54,6 +55,7 @@ struct nbds_req {
 	size_t cap;			/* buf's size (a pooled request keeps it) */
 	struct nbds_req *pool_next;
 	struct nbds_req *thr_next;	/* parked for the QoS budget */
+	struct nbds_req *held_next;	/* held by the error policy */
 	size_t got;			/* write payload received */
 	int err;			/* NBD error to reply (0: none) */
 	struct out out;
@@ -114,6 +116,11 @@ struct nbds_conn {
 	struct nbds_req *thr_head, **thr_tail;
 	struct qos_turn qos_turn;
 	struct loop_timer *qos_timer;
+	/* The error policy (disk.h, disk_hold): failed requests it stops
+	 * on, in order (counted in inflight), submitted again at resume;
+	 * nothing more is read while any is held or the disk is paused. */
+	struct nbds_req *held_head, **held_tail;
+	unsigned nheld;
 	/* Transmission. */
 	struct nbds_req *cur;		/* the write whose payload is coming */
 	unsigned inflight;
@@ -496,11 +503,33 @@ static void req_reply(struct nbds_conn *c, struct nbds_req *r)
 	conn_queue(c, &r->out);
 }
 
+/* r failed with err and the disk's policy stops on it: held (still in
+ * flight for the connection), the disk paused. */
+static void req_hold(struct nbds_conn *c, struct nbds_req *r, int err)
+{
+	char what[96];
+
+	r->held_next = NULL;
+	*c->held_tail = r;
+	c->held_tail = &r->held_next;
+	c->nheld++;
+	snprintf(what, sizeof(what), "NBD %s at offset %llu", disk_op_name(r->io.op),
+		 (unsigned long long)(r->io.op == BDEV_FLUSH ? 0 : r->offset));
+	disk_hold(c->disk, err, what);
+}
+
 static void req_done(struct bdev_io *io, int res)
 {
 	struct nbds_req *r = container_of(io, struct nbds_req, io);
 	struct nbds_conn *c = r->c;
 
+	/* Not a flush that says acknowledged writes may be lost: the
+	 * client must hear that, not a success after a retry. */
+	if (unlikely(res < 0) && !io->lost && !c->broken &&
+	    disk_error_stops(c->disk, io->op, -res)) {
+		req_hold(c, r, -res);
+		return;
+	}
 	c->inflight--;
 	if (res < 0) {
 		r->err = nbd_errno(-res);
@@ -1232,7 +1261,7 @@ static void conn_option(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 static bool conn_can_read(const struct nbds_conn *c)
 {
 	return (!c->tls || c->tls_up) && !c->closing && !c->broken && c->inflight < NBDS_MAX_INFLIGHT &&
-	       c->held < NBDS_MAX_HELD && !c->thr_head;
+	       c->held < NBDS_MAX_HELD && !c->thr_head && !c->held_head && !disk_paused(c->disk);
 }
 
 static void conn_fail(struct nbds_conn *c, const char *why)
@@ -1621,6 +1650,7 @@ static void do_start(void *opaque)
 	int r;
 
 	c->thr_tail = &c->thr_head;
+	c->held_tail = &c->held_head;
 	r = loop_bh_new(l, conn_flush_bh, c, &c->flush_bh);
 	if (r == 0)
 		r = loop_timer_new(l, hs_timer_cb, c, &c->hs_timer);
@@ -1654,6 +1684,29 @@ int nbds__conn_start(struct nbds_conn *c)
 	return sc.ret;
 }
 
+/* Held requests fail (EIO to a client that may still read it). */
+static void conn_fail_held(struct nbds_conn *c)
+{
+	struct nbds_req *r = c->held_head;
+
+	if (!r)
+		return;
+	log_warn("nbd: %u request%s held by the error policy failed: the connection "
+		 "closes", c->nheld, c->nheld == 1 ? "" : "s");
+	disk_unhold(c->disk, c->nheld);
+	c->held_head = NULL;
+	c->held_tail = &c->held_head;
+	c->nheld = 0;
+	while (r) {
+		struct nbds_req *next = r->held_next;
+
+		c->inflight--;
+		r->err = NBD_EIO;
+		req_reply(c, r);
+		r = next;
+	}
+}
+
 static void do_shutdown(void *opaque)
 {
 	struct nbds_conn *c = opaque;
@@ -1662,15 +1715,56 @@ static void do_shutdown(void *opaque)
 		return;
 	c->closing = true;
 	c->broken = true;
-	/* What waits for the QoS budget goes now, over it. */
+	/* What waits for the QoS budget goes now, over it; what the error
+	 * policy holds fails (its client is gone or being sent away). */
 	if (c->thr_head)
 		conn_unthrottle(c, true);
+	conn_fail_held(c);
 	/* What it has in flight completes first: its buffers are the
 	 * engine's until then.  This drains every I/O of the iothread, the
 	 * other fronts' too, which only takes as long as they last. */
 	disk_kick(c->disk, c->t);
 	c->disk->b->engine->drain(c->t->bctx);
 	conn_finish(c);
+}
+
+struct resume_call {
+	struct nbds_conn *c;
+	unsigned n;
+};
+
+/* The disk resumed: what is held goes again, in order; then the
+ * connection looks for work again (flush_bh: reads if it can). */
+static void do_resume(void *opaque)
+{
+	struct resume_call *rc = opaque;
+	struct nbds_conn *c = rc->c;
+	struct nbds_req *r = c->held_head;
+
+	if (c->finished)
+		return;
+	c->held_head = NULL;
+	c->held_tail = &c->held_head;
+	disk_unhold(c->disk, c->nheld);
+	c->nheld = 0;
+	while (r) {
+		struct nbds_req *next = r->held_next;
+
+		c->inflight--;
+		req_submit(c, r, r->io.op);
+		rc->n++;
+		r = next;
+	}
+	disk_kick(c->disk, c->t);
+	loop_bh_schedule(c->flush_bh);
+}
+
+unsigned nbds__conn_resume(struct nbds_conn *c)
+{
+	struct resume_call rc = { c, 0 };
+
+	loop_call_sync(c->t->loop, do_resume, &rc);
+	return rc.n;
 }
 
 void nbds__conn_shutdown(struct nbds_conn *c)

@@ -13,6 +13,7 @@
 #include <sys/uio.h>
 
 #include "backend/bdev.h"
+#include "disk/disk.h"
 #include "nbd/nbd_proto.h"
 #include "nbd/nbds.h"
 
@@ -88,6 +89,8 @@ struct nbds {
 	_Atomic uint64_t connections, refused, handshake_failed;
 	_Atomic uint64_t requests, bad_requests, read_bytes, write_bytes;
 	_Atomic uint64_t throttled;
+	/* The server as a front of the disk's error policy. */
+	struct disk_front front;
 };
 
 /* ---- conn.c ---- */
@@ -100,6 +103,9 @@ int nbds__conn_start(struct nbds_conn *c);
 /* Main thread: close c now on its iothread (its requests drained
  * first); it then comes back through the dead list. */
 void nbds__conn_shutdown(struct nbds_conn *c);
+/* The disk resumed (disk_resume): the connection submits what the error
+ * policy held again and reads on.  The number submitted.  Main thread. */
+unsigned nbds__conn_resume(struct nbds_conn *c);
 /* Main thread, c on the dead list and off its iothread: free it. */
 void nbds__conn_free(struct nbds_conn *c);
 struct nbds_export *nbds__conn_export(const struct nbds_conn *c);

@@ -202,6 +202,17 @@ static void listen_cb(void *opaque, uint32_t events)
 
 /* ---- Exports ---- */
 
+/* disk_front.resume: every connection's held requests.  Main thread. */
+static unsigned front_resume(void *opaque)
+{
+	struct nbds *s = opaque;
+	unsigned n = 0;
+
+	for (struct nbds_conn *c = s->conns; c; c = *nbds__conn_next(c))
+		n += nbds__conn_resume(c);
+	return n;
+}
+
 int nbds_new(struct disk *d, struct loop *main_loop, struct nbds **out)
 {
 	struct nbds *s = calloc(1, sizeof(*s));
@@ -222,6 +233,8 @@ int nbds_new(struct disk *d, struct loop *main_loop, struct nbds **out)
 		close(s->dead_efd);
 		goto err;
 	}
+	s->front = (struct disk_front){ .resume = front_resume, .opaque = s };
+	disk_front_add(d, &s->front);
 	*out = s;
 	return 0;
 err:
@@ -268,6 +281,7 @@ void nbds_free(struct nbds *s)
 			export_free(ex);
 	}
 	disconnect(s, NULL);
+	disk_front_del(s->disk, &s->front);
 	loop_fd_del(s->main_loop, s->dead_h);
 	close(s->dead_efd);
 	pthread_mutex_destroy(&s->dead_lock);

@@ -391,6 +391,9 @@ struct cfg {
 	struct fmt_opts fo;
 	struct loop_poll_params poll;
 	struct blk_opts ko;
+	/* The disk's error policy (disk_opts'). */
+	enum disk_err_policy rerror, werror;
+	uint64_t error_retry_ns;
 	const char *sock, *ctl_path, *map_arg, *metrics_addr, *qos_group;
 	struct qos_limits limits;
 	bool have_limits;
@@ -459,7 +462,8 @@ static void parse_args(int argc, char **argv, struct cfg *o)
 		.bo = { .cache = BDEV_CACHE_AUTO },
 		.poll = { .max_ns = BLK_POLL_DEFAULT_NS, .grow = 2, .shrink = 2,
 			  .completion_max_ns = BLK_COMPLETION_POLL_DEFAULT_NS },
-		.ko = { .num_queues = 1, .werror = BLK_ERR_ENOSPC,
+		.werror = DISK_ERR_ENOSPC,
+		.ko = { .num_queues = 1,
 			.irq_moderation_max_ns = BLK_IRQ_MODERATION_DEFAULT_NS },
 		.fo = { .kind = FMT_AUTO },
 	};
@@ -547,17 +551,17 @@ static void parse_args(int argc, char **argv, struct cfg *o)
 							      1000000);
 			break;
 		case 'w':
-			o->ko.werror = (enum blk_err_policy)word_arg("--werror", optarg,
+			o->werror = (enum disk_err_policy)word_arg("--werror", optarg,
 				(const char *const[]){ "report", "stop", "enospc" });
 			break;
 		case 'e':
 			if (!strcmp(optarg, "report") || !strcmp(optarg, "stop"))
-				o->ko.rerror = optarg[0] == 's' ? BLK_ERR_STOP : BLK_ERR_REPORT;
+				o->rerror = optarg[0] == 's' ? DISK_ERR_STOP : DISK_ERR_REPORT;
 			else
 				cli_die("--rerror '%s' is not one of report, stop", optarg);
 			break;
 		case 'f':
-			o->ko.error_retry_ns = parse_uint("--error-retry-s", optarg, 0, 86400) *
+			o->error_retry_ns = parse_uint("--error-retry-s", optarg, 0, 86400) *
 					    1000000000ull;
 			break;
 		case 'o':
@@ -673,7 +677,9 @@ static void start_disk(struct cfg *o, bool handover, struct vblkd *v)
 	/* The disk owns the budget from here, also on failure. */
 	r = disk_new(v->b, &(struct disk_opts){ .num_iothreads = o->ko.num_iothreads,
 						  .cpus = o->ko.cpus, .ncpus = o->ko.ncpus,
-						  .poll = o->ko.poll, .qos = o->ko.qos }, &v->disk);
+						  .poll = o->ko.poll, .qos = o->ko.qos,
+						  .rerror = o->rerror, .werror = o->werror,
+						  .error_retry_ns = o->error_retry_ns }, &v->disk);
 	o->ko.qos = NULL;
 	if (r < 0) {
 		snprintf(err, sizeof(err), "cannot start the iothreads: %s", strerror(-r));
@@ -716,7 +722,7 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 		snprintf(err, errlen, "cannot start the main loop: %s", strerror(-r));
 		return -1;
 	}
-	r = blk_dev_attach(v->dev, v->loop);
+	r = disk_attach(v->disk, v->loop);
 	if (r < 0) {
 		snprintf(err, errlen, "cannot watch the device's pauses: %s", strerror(-r));
 		goto err_loop;
@@ -777,8 +783,8 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 		snprintf(err, errlen, "--control: %s", strerror(-r));
 	/* Jobs stop or report on an I/O error as the guest's writes do. */
 	v->jobs = (struct job_ctl){ .disk = v->disk,
-				    .on_error = o->ko.werror == BLK_ERR_STOP ? JOB_ERR_STOP :
-						o->ko.werror == BLK_ERR_ENOSPC ? JOB_ERR_ENOSPC :
+				    .on_error = o->werror == DISK_ERR_STOP ? JOB_ERR_STOP :
+						o->werror == DISK_ERR_ENOSPC ? JOB_ERR_ENOSPC :
 						JOB_ERR_REPORT };
 	if (r == 0 && v->ctl &&
 	    ((r = ctl_server_add_cmd(v->ctl, "stream", job_ctl_stream, &v->jobs)) < 0 ||
@@ -819,7 +825,7 @@ err_ctl:
 		ctl_free_on_error(v->ctl, handover);
 	v->ctl = NULL;
 err_loop:
-	blk_dev_detach(v->dev);
+	disk_detach(v->disk);
 	if (v->sfd_h)
 		loop_fd_del(v->loop, v->sfd_h);
 	if (v->sfd >= 0)

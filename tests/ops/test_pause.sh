@@ -10,7 +10,10 @@
 # no in-flight region, so the ring stop fails the held requests, as
 # documented, and the new process is still paused); --werror report: the
 # client gets the errors and nothing pauses; a resume with nothing held
-# says so.  Needs root (mounts tmpfs).
+# says so.  The NBD server is a front of the same policy: an nbdcopy into
+# the export on the full file system pauses the disk ("NBD write" in the
+# reason), waits without an error, and after the resume its bytes are all
+# there.  Needs root (mounts tmpfs).
 # Prints PASS:/FAIL:/SKIP: lines for tests/run.
 set -uo pipefail
 BUILD=${1:?usage: test_pause.sh BUILD_DIR}
@@ -188,3 +191,36 @@ fs 8M && start --werror report && {
     fi
     stop
 }
+
+# 5. The NBD server under the same policy: nbdcopy into the export fills
+#    the file system, the disk pauses with the NBD write as the reason,
+#    the copy waits (no error), resumes, and reads back equal.
+if command -v nbdcopy >/dev/null; then
+    head -c $((32 << 20)) /dev/urandom >"$tmp/nbd.src"
+    if fs 8M && start --nbd "unix:$tmp/n.sock"; then
+        nbdcopy "$tmp/nbd.src" "nbd+unix:///?socket=$tmp/n.sock" 2>"$tmp/nbdcopy.err" &
+        bpid=$!
+        if wait_state paused 20; then
+            st=$(ctl status)
+            if [[ $(field "$st" reason) == *"No space left on device (NBD write at offset"* ]] &&
+               (($(field "$st" held_requests) > 0)) && kill -0 "$bpid" 2>/dev/null; then
+                pass nbd-write-pauses-and-holds
+            else
+                fail nbd-write-pauses-and-holds "$st"
+            fi
+            grow
+            rep=$(ctl resume)
+            rc=0; wait "$bpid" || rc=$?; bpid=""
+            if (($(field "$rep" resubmitted) > 0)) && ((rc == 0)) &&
+               nbdcopy "nbd+unix:///?socket=$tmp/n.sock" "$tmp/nbd.out" &&
+               cmp -s "$tmp/nbd.src" <(head -c $((32 << 20)) "$tmp/nbd.out"); then
+                pass nbd-resumed-copy-complete
+            else
+                fail nbd-resumed-copy-complete "rc=$rc $rep $(cat "$tmp/nbdcopy.err")"
+            fi
+        else
+            fail nbd-write-pauses-and-holds "not paused within 20 s: $(ctl status) $(tail -3 "$tmp/vblkd.log")"
+        fi
+        stop
+    fi
+fi

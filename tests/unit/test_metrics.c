@@ -402,7 +402,7 @@ static void test_format_lines_and_families(void)
 		else if (i < 4)	/* the families per operation */
 			ASSERT_EQ(n, ARRAY_SIZE(ops));
 		else if (!strcmp(p.fam[i], "vblkd_disk_pauses_total"))	/* per reason */
-			ASSERT_EQ(n, BLK_PAUSE_NR);
+			ASSERT_EQ(n, DISK_PAUSE_NR);
 		else
 			ASSERT_EQ(n, 1);
 	}

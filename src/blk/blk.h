@@ -84,6 +84,7 @@ struct blk_stats {
 	unsigned num_queues, num_iothreads;
 	struct blk_disk_stats disk;
 	struct blk_op_stats ops[ACCT_NR_OPS];	/* all queues together */
+	struct blk_op_stats nbd_ops[ACCT_NR_OPS];	/* the NBD front's */
 	struct blk_pause_stats pauses[DISK_PAUSE_NR];
 	struct blk_queue_stats *queues;		/* num_queues entries */
 	struct blk_iothread_stats *iothreads;	/* num_iothreads entries */
@@ -99,6 +100,9 @@ static inline const void *blk_stats_elems(const struct blk_stats *s, enum blk_co
 	case BLK_COUNTERS_OP:
 		*n = ACCT_NR_OPS;
 		return s->ops;
+	case BLK_COUNTERS_NBD_OP:
+		*n = ACCT_NR_OPS;
+		return s->nbd_ops;
 	case BLK_COUNTERS_DISK:
 		*n = 1;
 		return &s->disk;

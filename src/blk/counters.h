@@ -107,8 +107,11 @@
 	  "Times the disk paused (the error policy), by the error that paused it.")
 
 /*
- * Per operation (enum acct_op, acct_op_name): "disk": {"ops": {"read":
- * {...}, ...}}, series labelled op="read".  Kept per queue by acct_done,
+ * Per operation (enum acct_op, acct_op_name), per front: the virtio-blk
+ * device's in "disk": {"ops": {"read": {...}, ...}}, the NBD server's in
+ * "disk": {"nbd_ops": {...}}; series labelled front="virtio-blk" or
+ * front="nbd", and op="read".  For NBD: from reading a request's header
+ * (its payload received) to queueing its reply.  Kept per queue by acct_done,
  * summed over queues at a snapshot.  A request counts once it completes,
  * in requests or errors; the time and the histogram are of the successful
  * ones (requests is the histogram's _count), from taking the request off
@@ -284,6 +287,7 @@ enum blk_counter_set_id {
 	/* The disk's first: an operator reads them first (the metrics show
 	 * them before anything else, the stats JSON as its first member). */
 	BLK_COUNTERS_OP,
+	BLK_COUNTERS_NBD_OP,
 	BLK_COUNTERS_DISK,
 	BLK_COUNTERS_PAUSE,
 	BLK_COUNTERS_QUEUE,
@@ -301,6 +305,12 @@ struct blk_counter_set {
 	const struct blk_counter *rows;
 	unsigned nrows;
 	size_t size;			/* of one element's stats struct */
+	/* The front whose requests these are: every series gets the label
+	 * front="<front>" (NULL: none). */
+	const char *front;
+	/* -1, or the set whose families this one's series join (the same
+	 * rows, another front): rendered there, after that set's own. */
+	int family_of;
 };
 
 /* In the order "vblkctl stats" and the metrics show them.  Read-only. */

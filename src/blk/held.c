@@ -120,7 +120,7 @@ void blk__held_at_stop(struct blk_queue *q)
 
 void blk__held_init(struct blk_dev *d)
 {
-	d->front = (struct disk_front){ .resume = front_resume, .opaque = d };
+	d->front = (struct disk_front){ .name = "virtio-blk", .resume = front_resume, .opaque = d };
 	disk_front_add(d->disk, &d->front);
 }
 

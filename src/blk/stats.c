@@ -43,15 +43,20 @@ static const char *pause_name(unsigned i)
 
 const struct blk_counter_set blk_counter_sets[BLK_COUNTER_SETS] = {
 	[BLK_COUNTERS_OP] = { "disk", "op", "ops", BLK_COUNTERS_DISK, op_name, op_rows,
-			      ARRAY_SIZE(op_rows), sizeof(struct blk_op_stats) },
+			      ARRAY_SIZE(op_rows), sizeof(struct blk_op_stats), "virtio-blk", -1 },
+	[BLK_COUNTERS_NBD_OP] = { "disk", "op", "nbd_ops", BLK_COUNTERS_DISK, op_name, op_rows,
+				  ARRAY_SIZE(op_rows), sizeof(struct blk_op_stats), "nbd",
+				  BLK_COUNTERS_OP },
 	[BLK_COUNTERS_DISK] = { "disk", NULL, "disk", -1, NULL, disk_rows, ARRAY_SIZE(disk_rows),
-				sizeof(struct blk_disk_stats) },
+				sizeof(struct blk_disk_stats), NULL, -1 },
 	[BLK_COUNTERS_PAUSE] = { "disk", "reason", "pauses", BLK_COUNTERS_DISK, pause_name,
-				 pause_rows, ARRAY_SIZE(pause_rows), sizeof(struct blk_pause_stats) },
+				 pause_rows, ARRAY_SIZE(pause_rows), sizeof(struct blk_pause_stats),
+				 NULL, -1 },
 	[BLK_COUNTERS_QUEUE] = { "queue", "queue", "queues", -1, NULL, queue_rows,
-				 ARRAY_SIZE(queue_rows), sizeof(struct blk_queue_stats) },
+				 ARRAY_SIZE(queue_rows), sizeof(struct blk_queue_stats), NULL, -1 },
 	[BLK_COUNTERS_IOTHREAD] = { "iothread", "iothread", "iothreads", -1, NULL, iothread_rows,
-				    ARRAY_SIZE(iothread_rows), sizeof(struct blk_iothread_stats) },
+				    ARRAY_SIZE(iothread_rows), sizeof(struct blk_iothread_stats),
+				    NULL, -1 },
 };
 
 /* Every member a row, every row 8 bytes (a hist row ACCT_BUCKETS times
@@ -185,6 +190,12 @@ static void get_stats(struct blk_dev *d, struct blk_stats *s)
 		ts[i].cpu = d->iot[i].cpu;
 	}
 	ops_from(s->ops, &sum);
+	{
+		struct acct nbd = { 0 };
+
+		disk_front_acct(d->disk, "nbd", &nbd);
+		ops_from(s->nbd_ops, &nbd);
+	}
 	{
 		struct disk_pause_state ps;
 

@@ -284,6 +284,30 @@ void disk_release(struct disk *d)
 	bdev_unlock(d->b);
 }
 
+/* ---- Fronts ---- */
+
+void disk_front_add(struct disk *d, struct disk_front *f)
+{
+	f->next = d->fronts;
+	d->fronts = f;
+}
+
+void disk_front_del(struct disk *d, struct disk_front *f)
+{
+	for (struct disk_front **p = &d->fronts; *p; p = &(*p)->next)
+		if (*p == f) {
+			*p = f->next;
+			return;
+		}
+}
+
+void disk_front_acct(struct disk *d, const char *name, struct acct *sum)
+{
+	for (struct disk_front *f = d->fronts; f; f = f->next)
+		if (f->acct && !strcmp(f->name, name))
+			f->acct(f->opaque, sum);
+}
+
 unsigned disk_pick_iothread(struct disk *d)
 {
 	unsigned n = d->num_iothreads;

@@ -26,8 +26,9 @@
  * (disk_paused) until disk_resume has each front (disk_front) submit what
  * it holds again.
  *
- * Not here yet (issue 45, the next step): per-operation accounting still
- * lives in the virtio-blk front (src/blk/).
+ * Accounting: each front counts its own requests per operation (acct.h,
+ * on its iothreads) and hands the sum over through its disk_front (acct):
+ * the counters' per-operation families carry a front label.
  *
  * Threading: disk_new/disk_free/disk_claim/disk_release on the main
  * thread; a disk_iothread's ctx belongs to its loop's thread.
@@ -67,11 +68,16 @@ enum disk_pause_reason {
 	DISK_PAUSE_NR,
 };
 
-/* A front as the error policy sees it: resume submits again, in order,
- * what it holds (on its iothreads, before it looks for new work again) and
- * returns how many.  Main thread. */
+/* A front as the disk sees it: resume submits again, in order, what it
+ * holds for the error policy (on its iothreads, before it looks for new
+ * work again) and returns how many; acct adds its per-operation
+ * accounting (acct.h) into sum, for the front="name" series (NULL: the
+ * front reports its own).  Main thread. */
+struct acct;
 struct disk_front {
+	const char *name;		/* "virtio-blk", "nbd" */
 	unsigned (*resume)(void *opaque);
+	void (*acct)(void *opaque, struct acct *sum);
 	void *opaque;
 	struct disk_front *next;
 };
@@ -225,9 +231,12 @@ static inline bool disk_paused(const struct disk *d)
 {
 	return atomic_load_explicit(&d->paused, memory_order_relaxed);
 }
-/* The fronts that hold requests (resumed by disk_resume).  Main thread. */
+/* The disk's fronts (resumed by disk_resume; their accounting summed by
+ * disk_front_acct).  Main thread. */
 void disk_front_add(struct disk *d, struct disk_front *f);
 void disk_front_del(struct disk *d, struct disk_front *f);
+/* Add the accounting of every front named name into sum.  Main thread. */
+void disk_front_acct(struct disk *d, const char *name, struct acct *sum);
 /* Resume a paused disk: every front submits what it holds again, in the
  * order it was held, before it looks for work again; one that fails again
  * pauses again.  Returns the number submitted again (0: nothing was

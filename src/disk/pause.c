@@ -98,21 +98,6 @@ void disk_unhold(struct disk *d, uint64_t n)
 	atomic_fetch_sub_explicit(&d->held, n, memory_order_relaxed);
 }
 
-void disk_front_add(struct disk *d, struct disk_front *f)
-{
-	f->next = d->fronts;
-	d->fronts = f;
-}
-
-void disk_front_del(struct disk *d, struct disk_front *f)
-{
-	for (struct disk_front **p = &d->fronts; *p; p = &(*p)->next)
-		if (*p == f) {
-			*p = f->next;
-			return;
-		}
-}
-
 int disk_resume(struct disk *d)
 {
 	unsigned n = 0;

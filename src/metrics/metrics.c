@@ -119,6 +119,11 @@ static void series(FILE *f, const char *name, const struct blk_counter_set *set,
 	fputs(name, f);
 	if (set->label || le >= 0) {
 		fputc('{', f);
+		if (set->front) {
+			fputs("front=", f);
+			put_label_value(f, set->front);
+			fputc(',', f);
+		}
 		if (set->label) {
 			fprintf(f, "%s=", set->label);
 			if (set->elem_name)
@@ -176,16 +181,42 @@ static void histogram(FILE *f, const char *name, const struct blk_counter_set *s
 	fprintf(f, "%" PRIu64 "\n", cum);
 }
 
+/* Row i of set id: a series per element. */
+static void set_series(FILE *f, const struct blk_stats *st, enum blk_counter_set_id id,
+		       unsigned i, const char *name)
+{
+	const struct blk_counter_set *set = &blk_counter_sets[id];
+	const struct blk_counter *c = &set->rows[i];
+	unsigned n;
+	const char *elems = blk_stats_elems(st, id, &n);
+
+	for (unsigned j = 0; j < n; j++) {
+		const void *elem = elems + (size_t)j * set->size;
+
+		if (c->kind == BLK_COUNTER_HISTOGRAM) {
+			histogram(f, name, set, c, j, elem);
+			continue;
+		}
+		series(f, name, set, j, -1);
+		if (c->is_signed)
+			fprintf(f, "%" PRId64 "\n", blk_counter_s64(c, elem));
+		else
+			put_value(f, c->unit, blk_counter_u64(c, elem));
+	}
+}
+
 /* Each row of a counter set (blk/counters.h) with a metric as a family
- * vblkd_<prefix>_<metric>, one series per element (series()); a SUM row
- * is its histogram's _sum. */
+ * vblkd_<prefix>_<metric>, one series per element (series()), then the
+ * series of the sets that join its families (another front's); a SUM
+ * row is its histogram's _sum.  A set that joins another's is rendered
+ * there only. */
 static void counter_set(FILE *f, const struct blk_stats *st, enum blk_counter_set_id id)
 {
 	const struct blk_counter_set *set = &blk_counter_sets[id];
-	unsigned n;
-	const char *elems = blk_stats_elems(st, id, &n);
 	char name[128];
 
+	if (set->family_of >= 0)
+		return;
 	for (unsigned i = 0; i < set->nrows; i++) {
 		const struct blk_counter *c = &set->rows[i];
 
@@ -193,19 +224,10 @@ static void counter_set(FILE *f, const struct blk_stats *st, enum blk_counter_se
 			continue;
 		snprintf(name, sizeof(name), "vblkd_%s_%s", set->prefix, c->metric);
 		header(f, name, c->help, c->kind);
-		for (unsigned j = 0; j < n; j++) {
-			const void *elem = elems + (size_t)j * set->size;
-
-			if (c->kind == BLK_COUNTER_HISTOGRAM) {
-				histogram(f, name, set, c, j, elem);
-				continue;
-			}
-			series(f, name, set, j, -1);
-			if (c->is_signed)
-				fprintf(f, "%" PRId64 "\n", blk_counter_s64(c, elem));
-			else
-				put_value(f, c->unit, blk_counter_u64(c, elem));
-		}
+		set_series(f, st, id, i, name);
+		for (unsigned k = 0; k < BLK_COUNTER_SETS; k++)
+			if (blk_counter_sets[k].family_of == (int)id)
+				set_series(f, st, (enum blk_counter_set_id)k, i, name);
 	}
 }
 

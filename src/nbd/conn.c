@@ -56,6 +56,7 @@ struct nbds_req {
 	struct nbds_req *pool_next;
 	struct nbds_req *thr_next;	/* parked for the QoS budget */
 	struct nbds_req *held_next;	/* held by the error policy */
+	uint64_t t0;			/* submitted (loop time), for accounting */
 	size_t got;			/* write payload received */
 	int err;			/* NBD error to reply (0: none) */
 	struct out out;
@@ -121,6 +122,9 @@ struct nbds_conn {
 	 * nothing more is read while any is held or the disk is paused. */
 	struct nbds_req *held_head, **held_tail;
 	unsigned nheld;
+	/* Per-operation accounting (acct.h), as the virtio-blk queues keep
+	 * it: the disk's front="nbd" series (nbds__conn_acct). */
+	struct acct acct;
 	/* Transmission. */
 	struct nbds_req *cur;		/* the write whose payload is coming */
 	unsigned inflight;
@@ -503,6 +507,11 @@ static void req_reply(struct nbds_conn *c, struct nbds_req *r)
 	conn_queue(c, &r->out);
 }
 
+/* A bdev_op is its acct_op (req_done counts with it). */
+_Static_assert(ACCT_READ == (int)BDEV_READ && ACCT_WRITE == (int)BDEV_WRITE &&
+	       ACCT_FLUSH == (int)BDEV_FLUSH && ACCT_DISCARD == (int)BDEV_DISCARD &&
+	       ACCT_WRITE_ZEROES == (int)BDEV_WRITE_ZEROES, "acct_op and bdev_op differ");
+
 /* r failed with err and the disk's policy stops on it: held (still in
  * flight for the connection), the disk paused. */
 static void req_hold(struct nbds_conn *c, struct nbds_req *r, int err)
@@ -531,6 +540,8 @@ static void req_done(struct bdev_io *io, int res)
 		return;
 	}
 	c->inflight--;
+	acct_done(&c->acct, (enum acct_op)io->op, res == 0,
+		  io->op == BDEV_FLUSH ? 0 : r->length, loop_now(c->t->loop) - r->t0);
 	if (res < 0) {
 		r->err = nbd_errno(-res);
 		log_debug("nbd: request at %llu failed: %s", (unsigned long long)r->offset,
@@ -630,6 +641,7 @@ static void req_submit(struct nbds_conn *c, struct nbds_req *r, enum bdev_op op)
 		r->io.fua = r->flags & NBD_CMD_FLAG_FUA;
 	}
 	c->inflight++;
+	r->t0 = loop_now(c->t->loop);
 	if (unlikely(disk_qos_on(c->disk) || c->thr_head) && req_throttled(c, r))
 		return;
 	disk_submit(c->disk, c->t, &r->io);
@@ -691,6 +703,8 @@ static void req_reply_hole(struct nbds_conn *c, struct nbds_req *r)
 	m->o.held = 0;
 	m->o.done = out_free_plain;
 	ctr_add(&c->srv->read_bytes, r->length);
+	/* A read served from the image's tables: done at once. */
+	acct_done(&c->acct, ACCT_READ, true, r->length, 0);
 	req_release(c, r);
 	conn_queue(c, &m->o);
 }
@@ -1731,6 +1745,7 @@ static void do_shutdown(void *opaque)
 struct resume_call {
 	struct nbds_conn *c;
 	unsigned n;
+	struct acct *sum;	/* nbds__conn_acct */
 };
 
 /* The disk resumed: what is held goes again, in order; then the
@@ -1757,6 +1772,21 @@ static void do_resume(void *opaque)
 	}
 	disk_kick(c->disk, c->t);
 	loop_bh_schedule(c->flush_bh);
+}
+
+static void do_acct(void *opaque)
+{
+	struct resume_call *rc = opaque;
+
+	acct_add(rc->sum, &rc->c->acct);
+}
+
+void nbds__conn_acct(struct nbds_conn *c, struct acct *sum)
+{
+	struct resume_call rc = { .c = c, .sum = sum };
+
+	/* Its iothread's, also once finished (the disk's loops outlive it). */
+	loop_call_sync(c->t->loop, do_acct, &rc);
 }
 
 unsigned nbds__conn_resume(struct nbds_conn *c)

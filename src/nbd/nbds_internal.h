@@ -12,6 +12,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "acct/acct.h"
 #include "backend/bdev.h"
 #include "disk/disk.h"
 #include "nbd/nbd_proto.h"
@@ -89,8 +90,11 @@ struct nbds {
 	_Atomic uint64_t connections, refused, handshake_failed;
 	_Atomic uint64_t requests, bad_requests, read_bytes, write_bytes;
 	_Atomic uint64_t throttled;
-	/* The server as a front of the disk's error policy. */
+	/* The server as a front of the disk (its error policy, its
+	 * accounting). */
 	struct disk_front front;
+	/* Accounting of the connections gone (main thread, reap). */
+	struct acct retired;
 };
 
 /* ---- conn.c ---- */
@@ -106,6 +110,10 @@ void nbds__conn_shutdown(struct nbds_conn *c);
 /* The disk resumed (disk_resume): the connection submits what the error
  * policy held again and reads on.  The number submitted.  Main thread. */
 unsigned nbds__conn_resume(struct nbds_conn *c);
+/* Add the connection's per-operation accounting into sum.  Main thread,
+ * until it is freed. */
+struct acct;
+void nbds__conn_acct(struct nbds_conn *c, struct acct *sum);
 /* Main thread, c on the dead list and off its iothread: free it. */
 void nbds__conn_free(struct nbds_conn *c);
 struct nbds_export *nbds__conn_export(const struct nbds_conn *c);

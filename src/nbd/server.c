@@ -116,6 +116,7 @@ static void reap(struct nbds *s)
 			;
 		if (*pp)
 			*pp = *nbds__conn_next(c);
+		nbds__conn_acct(c, &s->retired);
 		nbds__conn_free(c);
 		s->disk->extra_fronts--;
 		disk_release(s->disk);
@@ -213,6 +214,17 @@ static unsigned front_resume(void *opaque)
 	return n;
 }
 
+/* disk_front.acct: the connections gone, and each live one.  Main
+ * thread. */
+static void front_acct(void *opaque, struct acct *sum)
+{
+	struct nbds *s = opaque;
+
+	acct_add(sum, &s->retired);
+	for (struct nbds_conn *c = s->conns; c; c = *nbds__conn_next(c))
+		nbds__conn_acct(c, sum);
+}
+
 int nbds_new(struct disk *d, struct loop *main_loop, struct nbds **out)
 {
 	struct nbds *s = calloc(1, sizeof(*s));
@@ -233,7 +245,8 @@ int nbds_new(struct disk *d, struct loop *main_loop, struct nbds **out)
 		close(s->dead_efd);
 		goto err;
 	}
-	s->front = (struct disk_front){ .resume = front_resume, .opaque = s };
+	s->front = (struct disk_front){ .name = "nbd", .resume = front_resume,
+					.acct = front_acct, .opaque = s };
 	disk_front_add(d, &s->front);
 	*out = s;
 	return 0;

@@ -374,12 +374,23 @@ if start "$tmp/q.log" --disk "$tmp/q.raw" --nbd "unix:$Q" --control "$tmp/q.ctl"
     "$VBLKCTL" --control "$tmp/q.ctl" set-limits bps-total=0 >/dev/null
     nbdcopy "$(uri "$Q")" "$tmp/q.out2"
     t2=$(throttled)
+    acct=$("$VBLKCTL" --control "$tmp/q.ctl" stats | python3 -c '
+import json, sys
+o = json.load(sys.stdin)["disk"]["nbd_ops"]
+print(o["write"]["bytes"], o["read"]["bytes"], o["write"]["errors"])')
+    am=$("$VBLKCTL" --control "$tmp/q.ctl" metrics | grep -c '^vblkd_disk_requests_total{front="nbd",op="write"} [1-9]')
     stop
     if ((crc == 0)) && cmp -s "$tmp/q.src" "$tmp/q.out" && cmp -s "$tmp/q.src" "$tmp/q.out2" &&
        ((t1 > 0)) && [[ $m == "vblkd_nbd_throttled_requests_total $t1" && $t2 == "$t1" ]]; then
         pass nbd-qos-budget-throttles-clients
     else
         fail nbd-qos-budget-throttles-clients "rc=$crc throttled=$t1/$t2 metric='$m'"
+    fi
+    # Accounting: the NBD front's bytes per operation, in stats and metrics.
+    if [[ $acct == "$((16 << 20)) $((32 << 20)) 0" && $am == 1 ]]; then
+        pass nbd-requests-accounted-as-front-nbd
+    else
+        fail nbd-requests-accounted-as-front-nbd "nbd_ops write/read bytes, errors: $acct; metric lines $am"
     fi
 else
     fail nbd-qos-budget-throttles-clients "$(tail -2 "$tmp/q.log")"

@@ -173,8 +173,8 @@ for k in m0:
         bad.append("%s went back: %s -> %s" % (k, m0[k], m1[k]))
 checks = {
     "requests = submitted": d('vblkd_queue_requests_total{%s}' % q) == r["requests_submitted"] > 100,
-    "reads + writes = submitted": d('vblkd_disk_requests_total{op="read"}') +
-        d('vblkd_disk_requests_total{op="write"}') == r["requests_submitted"],
+    "reads + writes = submitted": d('vblkd_disk_requests_total{front="virtio-blk",op="read"}') +
+        d('vblkd_disk_requests_total{front="virtio-blk",op="write"}') == r["requests_submitted"],
     "disk busy moved": d("vblkd_disk_busy_seconds_total") > 0,
     "kicks moved": d('vblkd_queue_kicks_total{%s}' % q) > 0,
     "calls moved": d('vblkd_queue_calls_total{%s}' % q) > 0,
@@ -357,14 +357,14 @@ for op in ("read", "write", "flush", "discard", "write_zeroes", "get_id"):
     if r and (r["errors"] or r["bad_used"] or n < 10):
         bad.append("%s: vblk-bench says errors %d, bad used %d, %d completed"
                    % (op, r["errors"], r["bad_used"], n))
-    lab = '{op="%s"}' % op
+    lab = '{front="virtio-blk",op="%s"}' % op
     st = disk["ops"][op]
     want = {
         "vblkd_disk_requests_total" + lab: str(n),
         "vblkd_disk_bytes_total" + lab: str(n * size),
         "vblkd_disk_errors_total" + lab: "0",
         "vblkd_disk_request_duration_seconds_count" + lab: str(n),
-        'vblkd_disk_request_duration_seconds_bucket{op="%s",le="+Inf"}' % op: str(n),
+        'vblkd_disk_request_duration_seconds_bucket{front="virtio-blk",op="%s",le="+Inf"}' % op: str(n),
         "vblkd_disk_request_duration_seconds_sum" + lab: seconds(st["total_ns"]),
     }
     for k, v in want.items():

@@ -163,6 +163,13 @@ static void test_rows_well_formed(void)
 			size += 8 * width(&set->rows[i]);
 			if (!set->rows[i].metric || set->rows[i].kind == BLK_COUNTER_SUM)
 				continue;
+			/* Another front's series in that set's families: its
+			 * rows are that set's. */
+			if (set->family_of >= 0) {
+				ASSERT_TRUE(set->front && blk_counter_sets[set->family_of].front);
+				ASSERT_TRUE(blk_counter_sets[set->family_of].rows == set->rows);
+				continue;
+			}
 			ASSERT_TRUE(nfams < ARRAY_SIZE(fams));
 			snprintf(fams[nfams], sizeof(fams[0]), "vblkd_%s_%s", set->prefix,
 				 set->rows[i].metric);
@@ -353,12 +360,16 @@ static void expect_line(const char *text, const char *line)
  * <label>="j" / <label>="<name>". */
 static void labels_of(const struct blk_counter_set *set, unsigned j, char *out, size_t len)
 {
+	char front[64] = "";
+
+	if (set->front)
+		snprintf(front, sizeof(front), "front=\"%s\",", set->front);
 	if (!set->label)
 		snprintf(out, len, "%s", "");
 	else if (set->elem_name)
-		snprintf(out, len, "%s=\"%s\"", set->label, set->elem_name(j));
+		snprintf(out, len, "%s%s=\"%s\"", front, set->label, set->elem_name(j));
 	else
-		snprintf(out, len, "%s=\"%u\"", set->label, j);
+		snprintf(out, len, "%s%s=\"%u\"", front, set->label, j);
 }
 
 /* A histogram's series for element j: every bucket cumulative with the

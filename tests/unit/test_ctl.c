@@ -322,7 +322,7 @@ static const char *const disk_keys[] = { "in_flight", "busy_ns", "iothreads", "p
 					 "image_cache_misses", "image_clusters_allocated",
 					 "image_cow_bytes", "image_cor_bytes", "image_streaming",
 					 "image_stream_pos", "image_clusters_reused", "image_corrupt",
-					 "ops", "pauses" };
+					 "ops", "nbd_ops", "pauses" };
 
 static const char *const ops[] = { "read", "write", "flush", "discard", "write_zeroes",
 				   "get_id" };

@@ -399,8 +399,8 @@ static void test_format_lines_and_families(void)
 			n += !strcmp(p.s[j].name, name);
 		if (!strncmp(p.fam[i], "vblkd_queue_", 12))
 			ASSERT_EQ(n, 2);
-		else if (i < 4)	/* the families per operation */
-			ASSERT_EQ(n, ARRAY_SIZE(ops));
+		else if (i < 4)	/* the families per operation, of both fronts */
+			ASSERT_EQ(n, 2 * ARRAY_SIZE(ops));
 		else if (!strcmp(p.fam[i], "vblkd_disk_pauses_total"))	/* per reason */
 			ASSERT_EQ(n, DISK_PAUSE_NR);
 		else
@@ -482,7 +482,7 @@ static void test_fields_map_to_families(void)
 }
 
 /* The disk's families, pinned: first in the text, a series per operation
- * (op="read", ...) of requests, bytes and errors; the latency histogram
+ * (front="virtio-blk",op="read", ...) of requests, bytes and errors; the latency histogram
  * with the buckets cumulative at le 1e-06 ... 16.777216 and +Inf, _sum in
  * seconds, _count; in flight and busy time without labels. */
 static void test_disk_families_pinned(void)
@@ -508,16 +508,16 @@ static void test_disk_families_pinned(void)
 	if (strncmp(text, "# HELP vblkd_disk_requests_total ", 33))
 		T_FAIL("the text starts with %.60s", text);
 	expect_line(text, "# TYPE vblkd_disk_request_duration_seconds histogram");
-	expect_line(text, "vblkd_disk_requests_total{op=\"read\"} 5");
-	expect_line(text, "vblkd_disk_bytes_total{op=\"read\"} 20480");
-	expect_line(text, "vblkd_disk_errors_total{op=\"read\"} 2");
-	expect_line(text, "vblkd_disk_requests_total{op=\"write_zeroes\"} 1");
-	expect_line(text, "vblkd_disk_bytes_total{op=\"write_zeroes\"} 1048576");
-	expect_line(text, "vblkd_disk_errors_total{op=\"get_id\"} 7");
+	expect_line(text, "vblkd_disk_requests_total{front=\"virtio-blk\",op=\"read\"} 5");
+	expect_line(text, "vblkd_disk_bytes_total{front=\"virtio-blk\",op=\"read\"} 20480");
+	expect_line(text, "vblkd_disk_errors_total{front=\"virtio-blk\",op=\"read\"} 2");
+	expect_line(text, "vblkd_disk_requests_total{front=\"virtio-blk\",op=\"write_zeroes\"} 1");
+	expect_line(text, "vblkd_disk_bytes_total{front=\"virtio-blk\",op=\"write_zeroes\"} 1048576");
+	expect_line(text, "vblkd_disk_errors_total{front=\"virtio-blk\",op=\"get_id\"} 7");
 	for (unsigned i = 0; i < ARRAY_SIZE(ops); i++) {
 		char lab[64];
 
-		snprintf(lab, sizeof(lab), "op=\"%s\"", ops[i]);
+		snprintf(lab, sizeof(lab), "front=\"virtio-blk\",op=\"%s\"", ops[i]);
 		sample(&p, "vblkd_disk_requests_total", lab);
 		sample(&p, "vblkd_disk_request_duration_seconds_count", lab);
 	}
@@ -525,17 +525,20 @@ static void test_disk_families_pinned(void)
 	for (unsigned i = 0; i < ACCT_BUCKETS; i++) {
 		cum += fake_blk.ops[ACCT_READ].latency[i];
 		snprintf(want, sizeof(want), "vblkd_disk_request_duration_seconds_bucket"
-			 "{op=\"read\",le=\"%s\"} %" PRIu64, les[i], cum);
+			 "{front=\"virtio-blk\",op=\"read\",le=\"%s\"} %" PRIu64, les[i], cum);
 		expect_line(text, want);
 		snprintf(want, sizeof(want), "vblkd_disk_request_duration_seconds_bucket"
-			 "{op=\"write_zeroes\",le=\"%s\"} %u", les[i], i == ACCT_BUCKETS - 1);
+			 "{front=\"virtio-blk\",op=\"write_zeroes\",le=\"%s\"} %u", les[i], i == ACCT_BUCKETS - 1);
 		expect_line(text, want);
 	}
-	expect_line(text, "vblkd_disk_request_duration_seconds_sum{op=\"read\"} 0.000012345");
-	expect_line(text, "vblkd_disk_request_duration_seconds_count{op=\"read\"} 5");
-	expect_line(text, "vblkd_disk_request_duration_seconds_sum{op=\"write_zeroes\"} 1.5");
-	expect_line(text, "vblkd_disk_request_duration_seconds_count{op=\"write_zeroes\"} 1");
-	expect_line(text, "vblkd_disk_request_duration_seconds_count{op=\"get_id\"} 0");
+	expect_line(text, "vblkd_disk_request_duration_seconds_sum{front=\"virtio-blk\",op=\"read\"} 0.000012345");
+	expect_line(text, "vblkd_disk_request_duration_seconds_count{front=\"virtio-blk\",op=\"read\"} 5");
+	expect_line(text, "vblkd_disk_request_duration_seconds_sum{front=\"virtio-blk\",op=\"write_zeroes\"} 1.5");
+	expect_line(text, "vblkd_disk_request_duration_seconds_count{front=\"virtio-blk\",op=\"write_zeroes\"} 1");
+	expect_line(text, "vblkd_disk_request_duration_seconds_count{front=\"virtio-blk\",op=\"get_id\"} 0");
+	/* The NBD front's series in the same families, after the device's. */
+	expect_line(text, "vblkd_disk_requests_total{front=\"nbd\",op=\"read\"} 0");
+	expect_line(text, "vblkd_disk_request_duration_seconds_count{front=\"nbd\",op=\"flush\"} 0");
 	expect_line(text, "vblkd_disk_requests_in_flight 3");
 	expect_line(text, "vblkd_disk_busy_seconds_total 2.5");
 	free(text);
@@ -665,9 +668,9 @@ static void test_real_device_counters_monotone(void)
 	/* Nothing connected: no request, none in flight, never busy. */
 	ASSERT_EQ(sample(&a, "vblkd_disk_requests_in_flight", "")->value, 0);
 	ASSERT_EQ(sample(&a, "vblkd_disk_busy_seconds_total", "")->value, 0);
-	ASSERT_EQ(sample(&b, "vblkd_disk_requests_total", "op=\"read\"")->value, 0);
+	ASSERT_EQ(sample(&b, "vblkd_disk_requests_total", "front=\"virtio-blk\",op=\"read\"")->value, 0);
 	ASSERT_EQ(sample(&b, "vblkd_disk_request_duration_seconds_bucket",
-			 "op=\"write\",le=\"+Inf\"")->value, 0);
+			 "front=\"virtio-blk\",op=\"write\",le=\"+Inf\"")->value, 0);
 	ASSERT_EQ(sample(&a, "vblkd_frontend_connected", "")->value, 0);
 	expect_line(t1, "vblkd_disk_info{path=\"(null)\",engine=\"null\"} 1");
 	free(t1);

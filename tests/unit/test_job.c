@@ -93,9 +93,14 @@ static int fake_complete(struct job *j, void *priv, char *msg, size_t len)
 	return 0;
 }
 
+/* On the loop, nothing in flight: the unit's bottom half goes too. */
 static void fake_end(struct job *j, void *priv)
 {
-	((struct fake *)priv)->ends++;
+	struct fake *f = priv;
+
+	f->ends++;
+	loop_bh_free(f->bh);
+	f->bh = NULL;
 }
 
 static const struct job_ops fake_ops = {
@@ -254,7 +259,7 @@ static void test_ready_complete(void)
 	struct fake g = { .units = 10 };
 	struct job *j = make(&f, &mirror_ops, disk_a, 0, JOB_ERR_REPORT, true);
 	struct job *k;
-	char err[256];
+	char err[256], id[32];
 	struct job_info i = wait_state(job_id(j), JOB_READY);
 
 	ASSERT_EQ(f.next, 10);
@@ -285,8 +290,9 @@ static void test_ready_complete(void)
 	ASSERT_EQ(job_dismiss(job_id(j), err, sizeof(err)), -EINVAL);
 	ASSERT_EQ(job_cancel(job_id(j), err, sizeof(err)), 0);
 	wait_state(job_id(j), JOB_CONCLUDED);
-	ASSERT_EQ(job_dismiss(job_id(j), err, sizeof(err)), 0);
-	ASSERT_EQ(job_pause(job_id(j), err, sizeof(err)), -ENOENT);
+	snprintf(id, sizeof(id), "%s", job_id(j));	/* j is freed next */
+	ASSERT_EQ(job_dismiss(id, err, sizeof(err)), 0);
+	ASSERT_EQ(job_pause(id, err, sizeof(err)), -ENOENT);
 	ASSERT_TRUE(strstr(err, "no job") != NULL);
 	loop_call_sync(l, bh_free_fn, g.bh);
 }
@@ -353,5 +359,10 @@ int main(void)
 	RUN(test_rate);
 	RUN(test_disk_released);
 	RUN(test_keeps_eight_concluded);
+	job_free_all(disk_a);
+	job_free_all(disk_b);
+	ASSERT_EQ(job_list(NULL, 0), 0);
+	loop_thread_join(l);
+	loop_free(l);
 	return T_EXIT_PASS;
 }

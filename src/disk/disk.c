@@ -210,6 +210,7 @@ void disk_free(struct disk *d)
 	for (unsigned i = 0; i < d->num_iothreads; i++)
 		iothread_stop(d, &d->iot[i]);
 	disk__pause_free(d);
+	disk__bitmaps_free(d);
 	qos_free(d->qos);
 	free(d->iot);
 	free(d);

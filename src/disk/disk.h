@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 #include "backend/bdev.h"
+#include "bitmap/dbm.h"
 #include "loop/loop.h"
 #include "qos/qos.h"
 
@@ -141,6 +142,15 @@ struct disk {
 	struct loop_fd *pause_h;
 	struct loop_timer *retry_timer;
 	struct disk_front *fronts;	/* main thread */
+
+	/* Dirty bitmaps (dirty.c): an immutable array, replaced by main
+	 * (release), read by every front's writes (acquire); NULL: none. */
+	_Atomic(struct disk_bitmaps *) bitmaps;
+};
+
+struct disk_bitmaps {
+	unsigned n;
+	struct dbm *b[];
 };
 
 /*
@@ -268,6 +278,51 @@ void disk_pause_load(struct disk *d, const uint8_t *buf, size_t len);
 /* disk.c's: set up and tear down the policy's state. */
 int disk__pause_init(struct disk *d, const struct disk_opts *o);
 void disk__pause_free(struct disk *d);
+
+/* ---- Dirty bitmaps (dirty.c) ---- */
+
+void disk__dirty_slow(struct disk_bitmaps *l, uint64_t off, uint64_t len);
+/* A front writes [off, off + len) (a write, discard or write zeroes):
+ * every enabled bitmap marks it, before the I/O is submitted.  With no
+ * bitmap, one load and a branch.  The front's iothread. */
+static inline void disk_dirty(struct disk *d, uint64_t off, uint64_t len)
+{
+	struct disk_bitmaps *l = atomic_load_explicit(&d->bitmaps, memory_order_acquire);
+
+	if (__builtin_expect(l != NULL, 0))
+		disk__dirty_slow(l, off, len);
+}
+/*
+ * vblkctl bitmap: add one (granularity 0: 64 KiB; disabled: marks
+ * nothing until enabled), remove (refused while an NBD client reads it),
+ * clear, enable or disable, merge sources into dst.  0, or -errno with one
+ * line in err (nothing changed).  Main thread.
+ */
+int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabled, char *err,
+		    size_t errlen);
+int disk_bitmap_remove(struct disk *d, const char *name, char *err, size_t errlen);
+int disk_bitmap_clear(struct disk *d, const char *name, char *err, size_t errlen);
+int disk_bitmap_enable(struct disk *d, const char *name, bool on, char *err, size_t errlen);
+int disk_bitmap_merge(struct disk *d, const char *const *srcs, unsigned n, const char *dst,
+		      char *err, size_t errlen);
+struct disk_bitmap_info {
+	char name[DBM_NAME_MAX + 1];
+	uint32_t granularity;
+	uint64_t size, dirty;		/* bytes */
+	bool enabled, persistent;
+	unsigned users;
+};
+/* Up to max bitmaps' info; returns how many there are.  Main thread. */
+unsigned disk_bitmap_list(struct disk *d, struct disk_bitmap_info *out, unsigned max);
+/* The bitmap named name, valid until the end of the calling loop
+ * callback (an iothread's) or until the next bitmap command (main).
+ * NULL: none. */
+struct dbm *disk_bitmap_find(struct disk *d, const char *name);
+/* The disk grew to size: every bitmap covers it (the grown part clean).
+ * 0 or -ENOMEM (the bitmaps keep the old size: writes past it are not
+ * marked, logged).  Main thread. */
+int disk_bitmaps_grow(struct disk *d, uint64_t size);
+void disk__bitmaps_free(struct disk *d);
 
 /* Push what was submitted on t to the kernel (the engine's kick). */
 static inline void disk_kick(struct disk *d, struct disk_iothread *t)

@@ -77,15 +77,18 @@ int main(int argc, char **argv)
 		{ "json", no_argument, NULL, 'j' },
 		{ "group", no_argument, NULL, 'G' },
 		{ "rate", required_argument, NULL, 'r' },
+		{ "granularity", required_argument, NULL, 'R' },
+		{ "disabled", no_argument, NULL, 'D' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	static const char commands[] =
 		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
-		"stream, job list|pause|resume|cancel|complete|set-rate|dismiss, nbd add|remove|list, "
-		"upgrade or iostat";
+		"stream, job list|pause|resume|cancel|complete|set-rate|dismiss, "
+		"bitmap add|remove|clear|enable|disable|merge|list, nbd add|remove|list, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
-	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL;
+	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL, *gran = NULL;
+	bool disabled = false;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
@@ -114,6 +117,8 @@ int main(int argc, char **argv)
 		case 'j': json = true; break;
 		case 'G': group = true; break;
 		case 'r': rate = optarg; break;
+		case 'R': gran = optarg; break;
+		case 'D': disabled = true; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
@@ -129,6 +134,11 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH job list\n"
 			       "       vblkctl --control PATH job pause|resume|cancel|complete|dismiss ID\n"
 			       "       vblkctl --control PATH job set-rate ID BYTES\n"
+			       "       vblkctl --control PATH bitmap add NAME [--granularity BYTES] "
+			       "[--disabled]\n"
+			       "       vblkctl --control PATH bitmap remove|clear|enable|disable NAME\n"
+			       "       vblkctl --control PATH bitmap merge SOURCE... TARGET\n"
+			       "       vblkctl --control PATH bitmap list\n"
 			       "       vblkctl --control PATH nbd add ADDR[,name=NAME][,read-only]"
 			       "[,max-conn=N][,tls=x509:DIR|psk:FILE]\n"
 			       "       vblkctl --control PATH nbd remove NAME\n"
@@ -160,6 +170,13 @@ int main(int argc, char **argv)
 			       "ready, concluded; bytes done of total, rate, errors); pause and resume\n"
 			       "one, cancel it, complete a ready one (a mirror), change its rate at once\n"
 			       "(set-rate, K/M/G; 0: no limit), dismiss a concluded one from the list.\n"
+			       "bitmap add starts a dirty bitmap: every write, discard or write zeroes\n"
+			       "of the guest or an NBD client from then on marks the chunks it touches\n"
+			       "(--granularity, a power of two from 4K to 2G, default 64K); an NBD client\n"
+			       "reads it as the meta context qemu:dirty-bitmap:NAME.  clear empties it,\n"
+			       "disable stops marking (enable again), merge ORs sources into TARGET,\n"
+			       "list shows each with its dirty bytes.  Kept in memory only (not yet\n"
+			       "across a restart).\n"
 			       "nbd add serves the disk over NBD on one more address (the fields of\n"
 			       "vblkd --nbd); nbd remove stops the export NAME ('' for the default name),\n"
 			       "its clients disconnected once their requests are done; nbd list shows\n"
@@ -195,6 +212,18 @@ int main(int argc, char **argv)
 		      (!strcmp(sub, "set-rate") && n == 4)))
 			cli_die("job takes: list, pause ID, resume ID, cancel ID, complete ID, "
 				"dismiss ID, or set-rate ID BYTES");
+	} else if (!strcmp(cmd, "bitmap")) {
+		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
+		int n = argc - optind;
+
+		if (!((!strcmp(sub, "list") && n == 2) ||
+		      ((!strcmp(sub, "add") || !strcmp(sub, "remove") || !strcmp(sub, "clear") ||
+			!strcmp(sub, "enable") || !strcmp(sub, "disable")) && n == 3) ||
+		      (!strcmp(sub, "merge") && n >= 4)))
+			cli_die("bitmap takes: add NAME, remove NAME, clear NAME, enable NAME, "
+				"disable NAME, merge SOURCE... TARGET, or list");
+		if (strcmp(sub, "add") && (gran || disabled))
+			cli_die("--granularity and --disabled go with bitmap add");
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 
@@ -278,6 +307,30 @@ int main(int argc, char **argv)
 					"or G (e.g. 50M; 0: no limit)", argv[optind + 3]);
 			json_object_object_add(req, "rate", json_object_new_uint64(size));
 		}
+	} else if (!strcmp(cmd, "bitmap")) {
+		const char *sub = argv[optind + 1];
+		char name[32];
+
+		snprintf(name, sizeof(name), "bitmap-%s", sub);
+		json_object_object_add(req, "cmd", json_object_new_string(name));
+		if (!strcmp(sub, "merge")) {
+			struct json_object *arr = json_object_new_array();
+
+			for (int i = optind + 2; i < argc - 1; i++)
+				json_object_array_add(arr, json_object_new_string(argv[i]));
+			json_object_object_add(req, "sources", arr);
+			json_object_object_add(req, "target", json_object_new_string(argv[argc - 1]));
+		} else if (strcmp(sub, "list")) {
+			json_object_object_add(req, "name", json_object_new_string(argv[optind + 2]));
+		}
+		if (gran) {
+			if (parse_size(gran, &size) < 0 || size == 0 || size > UINT32_MAX)
+				cli_die("--granularity '%s' is not a size: bytes, or with K, M or G "
+					"(e.g. 64K)", gran);
+			json_object_object_add(req, "granularity", json_object_new_uint64(size));
+		}
+		if (disabled)
+			json_object_object_add(req, "disabled", json_object_new_boolean(1));
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = argv[optind + 1];
 

@@ -20,6 +20,7 @@
 #include "blk/blk.h"
 #include "ctl/ctl.h"
 #include "disk/disk.h"
+#include "disk/disk_ctl.h"
 #include "job/job.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
@@ -707,6 +708,41 @@ err_image:
 	cli_die("%s", err);
 }
 
+/* The control socket's commands of the subsystems beside ctl's own: the
+ * NBD exports, block jobs, dirty bitmaps.  0 or -errno. */
+static int add_commands(struct vblkd *v)
+{
+	const struct {
+		const char *name;
+		ctl_cmd_fn fn;
+		void *opaque;
+	} cmds[] = {
+		{ "nbd-add", nbds_ctl_add, v->nbds },
+		{ "nbd-remove", nbds_ctl_remove, v->nbds },
+		{ "nbd-list", nbds_ctl_list, v->nbds },
+		{ "stream", job_ctl_stream, &v->jobs },
+		{ "job-list", job_ctl_list, &v->jobs },
+		{ "job-pause", job_ctl_verb, &v->jobs },
+		{ "job-resume", job_ctl_verb, &v->jobs },
+		{ "job-cancel", job_ctl_verb, &v->jobs },
+		{ "job-complete", job_ctl_verb, &v->jobs },
+		{ "job-set-rate", job_ctl_verb, &v->jobs },
+		{ "job-dismiss", job_ctl_verb, &v->jobs },
+		{ "bitmap-add", disk_ctl_bitmap, v->disk },
+		{ "bitmap-remove", disk_ctl_bitmap, v->disk },
+		{ "bitmap-clear", disk_ctl_bitmap, v->disk },
+		{ "bitmap-enable", disk_ctl_bitmap, v->disk },
+		{ "bitmap-disable", disk_ctl_bitmap, v->disk },
+		{ "bitmap-merge", disk_ctl_bitmap, v->disk },
+		{ "bitmap-list", disk_ctl_bitmap_list, v->disk },
+	};
+	int r = 0;
+
+	for (unsigned i = 0; r == 0 && i < ARRAY_SIZE(cmds); i++)
+		r = ctl_server_add_cmd(v->ctl, cmds[i].name, cmds[i].fn, cmds[i].opaque);
+	return r;
+}
+
 /* The main loop and what runs on it: signals, the pause watch, the
  * control socket, metrics, the vhost-user server, the NBD exports, the
  * SIGBUS guard.  0, or -1 with one line in err and all of it undone. */
@@ -776,25 +812,12 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 	for (unsigned i = 0; r == 0 && i < o->nnbd; i++)
 		if ((r = nbds_add(v->nbds, &o->nbd[i], msg, sizeof(msg))) < 0)
 			snprintf(err, errlen, "--nbd %s", msg);
-	if (r == 0 && v->ctl &&
-	    ((r = ctl_server_add_cmd(v->ctl, "nbd-add", nbds_ctl_add, v->nbds)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "nbd-remove", nbds_ctl_remove, v->nbds)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "nbd-list", nbds_ctl_list, v->nbds)) < 0))
-		snprintf(err, errlen, "--control: %s", strerror(-r));
 	/* Jobs stop or report on an I/O error as the guest's writes do. */
 	v->jobs = (struct job_ctl){ .disk = v->disk,
 				    .on_error = o->werror == DISK_ERR_STOP ? JOB_ERR_STOP :
 						o->werror == DISK_ERR_ENOSPC ? JOB_ERR_ENOSPC :
 						JOB_ERR_REPORT };
-	if (r == 0 && v->ctl &&
-	    ((r = ctl_server_add_cmd(v->ctl, "stream", job_ctl_stream, &v->jobs)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "job-list", job_ctl_list, &v->jobs)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "job-pause", job_ctl_verb, &v->jobs)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "job-resume", job_ctl_verb, &v->jobs)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "job-cancel", job_ctl_verb, &v->jobs)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "job-complete", job_ctl_verb, &v->jobs)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "job-set-rate", job_ctl_verb, &v->jobs)) < 0 ||
-	     (r = ctl_server_add_cmd(v->ctl, "job-dismiss", job_ctl_verb, &v->jobs)) < 0))
+	if (r == 0 && v->ctl && (r = add_commands(v)) < 0)
 		snprintf(err, errlen, "--control: %s", strerror(-r));
 	if (r < 0)
 		goto err_nbd;

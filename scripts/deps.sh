@@ -28,8 +28,9 @@ build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev lib
 # tests/format: QEMU's tools and cryptsetup as oracles, python3-cryptography
 # (Debian's /usr/bin/python3) for the LUKS data oracle, gdb's gcore;
 # tests/nbd: libnbd's nbdinfo and nbdcopy (libnbd-bin) as the NBD server's,
-# certtool and psktool (gnutls-bin) for its TLS keys.
-format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb libnbd-bin python3 gnutls-bin)
+# python3-libnbd for a client that holds a dirty bitmap's context, certtool
+# and psktool (gnutls-bin) for its TLS keys.
+format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb libnbd-bin python3 python3-libnbd gnutls-bin)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3)

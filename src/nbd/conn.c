@@ -87,8 +87,11 @@ struct nbds_conn {
 	enum cstate st;
 	bool transmission;
 	bool structured, no_zeroes;
-	/* Metadata contexts selected (NBD_OPT_SET_META_CONTEXT). */
-	bool meta_base, meta_depth;
+	/* Metadata contexts selected (NBD_OPT_SET_META_CONTEXT); a dirty
+	 * bitmap by name (looked up at each use: dirty.c's rule), counted in
+	 * its users while selected. */
+	bool meta_base, meta_depth, meta_dirty;
+	char meta_bitmap[DBM_NAME_MAX + 1];
 	/* TLS: the session once STARTTLS was accepted; the handshake runs
 	 * until tls_up, waiting for tls_events. */
 	struct nbds_tls_sess *tls;
@@ -642,6 +645,8 @@ static void req_submit(struct nbds_conn *c, struct nbds_req *r, enum bdev_op op)
 	}
 	c->inflight++;
 	r->t0 = loop_now(c->t->loop);
+	if (op == BDEV_WRITE || op == BDEV_DISCARD || op == BDEV_WRITE_ZEROES)
+		disk_dirty(c->disk, r->offset, r->length);
 	if (unlikely(disk_qos_on(c->disk) || c->thr_head) && req_throttled(c, r))
 		return;
 	disk_submit(c->disk, c->t, &r->io);
@@ -711,6 +716,7 @@ static void req_reply_hole(struct nbds_conn *c, struct nbds_req *r)
 
 #define NBDS_META_BASE_ID	1	/* base:allocation */
 #define NBDS_META_DEPTH_ID	2	/* qemu:allocation-depth */
+#define NBDS_META_DIRTY_ID	3	/* qemu:dirty-bitmap:NAME */
 #define NBDS_MAX_EXTENTS	512u	/* per reply chunk (spec: <= 2^20) */
 
 /* One context's descriptors from the disk's extents: neighbours with the
@@ -747,7 +753,8 @@ static unsigned extents_to_descs(const struct fmt_extent *x, unsigned n, bool de
 static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
 {
 	unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : NBDS_MAX_EXTENTS, n = 0;
-	unsigned nctx = c->meta_base + c->meta_depth, ndesc[2] = { 0 };
+	unsigned nctx = c->meta_base + c->meta_depth + c->meta_dirty, ndesc[2] = { 0 };
+	struct dbm *bm = c->meta_dirty ? disk_bitmap_find(c->disk, c->meta_bitmap) : NULL;
 	struct fmt_extent *x = malloc(max * sizeof(*x));
 	uint64_t off = r->offset, left = r->length;
 	struct {
@@ -759,7 +766,11 @@ static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
 
 	if (!x)
 		return NBD_ENOMEM;
-	while (left && n < max) {
+	if (c->meta_dirty && !bm) {
+		free(x);
+		return NBD_EINVAL;	/* removed: refused while selected, so rare */
+	}
+	while ((c->meta_base || c->meta_depth) && left && n < max) {
 		int res = fmt_block_status(c->disk->b, off, left, &x[n]);
 
 		if (res < 0) {
@@ -771,7 +782,7 @@ static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
 		n++;
 	}
 	/* Room for every descriptor unmerged, per context. */
-	size = nctx * (sizeof(struct nbd_chunk) + 4 + 8 * (size_t)n);
+	size = nctx * (sizeof(struct nbd_chunk) + 4 + 8 * (size_t)MAX(n, max));
 	m = malloc(sizeof(*m) + size);
 	if (!m) {
 		free(x);
@@ -794,6 +805,33 @@ static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
 		memcpy(p, &ch, sizeof(ch));
 		put32(p + sizeof(ch), depth ? NBDS_META_DEPTH_ID : NBDS_META_BASE_ID);
 		p += sizeof(ch) + 4 + 8 * ndesc[i];
+	}
+	if (bm) {
+		/* The bitmap's own runs, dirty or clean, from the request's
+		 * offset (its extents need not match the others'). */
+		struct nbd_chunk ch;
+		uint64_t o = r->offset, rest = r->length, len;
+		unsigned k = 0;
+
+		while (rest && k < max) {
+			bool dirty = dbm_extent(bm, o, MIN(rest, (uint64_t)UINT32_MAX & ~4095ull),
+						&len);
+
+			put32(p + sizeof(ch) + 4 + 8 * k, (uint32_t)len);
+			put32(p + sizeof(ch) + 4 + 8 * k + 4, dirty ? NBD_STATE_DIRTY : 0);
+			k++;
+			o += len;
+			rest -= len;
+		}
+		ch = (struct nbd_chunk){
+			.magic = htobe32(NBD_STRUCTURED_REPLY_MAGIC),
+			.flags = htobe16(NBD_REPLY_FLAG_DONE),
+			.type = htobe16(NBD_REPLY_TYPE_BLOCK_STATUS),
+			.cookie = r->cookie,
+			.length = htobe32(4 + 8 * k) };
+		memcpy(p, &ch, sizeof(ch));
+		put32(p + sizeof(ch), NBDS_META_DIRTY_ID);
+		p += sizeof(ch) + 4 + 8 * k;
 	}
 	free(x);
 	m->o.iov[0] = (struct iovec){ m->data, (size_t)(p - m->data) };
@@ -931,7 +969,8 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 		req_answer(c, r, err);
 		return NULL;
 	case NBD_CMD_BLOCK_STATUS:
-		if (!err && (!(c->meta_base || c->meta_depth) || r->length == 0 || end > size))
+		if (!err && (!(c->meta_base || c->meta_depth || c->meta_dirty) || r->length == 0 ||
+			     end > size))
 			err = NBD_EINVAL;
 		if (err || (err = req_block_status(c, r)) != 0) {
 			req_answer(c, r, err);
@@ -1070,6 +1109,18 @@ static void opt_info(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 static void conn_fail(struct nbds_conn *c, const char *why);
 
 /* One step of the TLS handshake (after NBD_OPT_STARTTLS's ACK). */
+/* No metadata context selected; a bitmap's use count given back. */
+static void meta_reset(struct nbds_conn *c)
+{
+	if (c->meta_dirty) {
+		struct dbm *b = disk_bitmap_find(c->disk, c->meta_bitmap);
+
+		if (b)
+			atomic_fetch_sub(&b->users, 1);
+	}
+	c->meta_base = c->meta_depth = c->meta_dirty = false;
+}
+
 static void conn_tls_step(struct nbds_conn *c)
 {
 	int r = nbds__tls_handshake(c->tls, &c->tls_events);
@@ -1083,7 +1134,7 @@ static void conn_tls_step(struct nbds_conn *c)
 	/* "the server MUST NOT preserve any negotiation state" */
 	c->tls_up = true;
 	c->structured = false;
-	c->meta_base = c->meta_depth = false;
+	meta_reset(c);
 }
 
 /* "TLS support": ACK in the clear, every byte of it out, then the
@@ -1108,11 +1159,18 @@ static void conn_starttls(struct nbds_conn *c)
 	conn_tls_step(c);
 }
 
-/* Which of our contexts a query names ("Metadata querying"): for LIST a
- * bare namespace selects its contexts too; an unknown namespace nothing. */
-static void meta_match(const uint8_t *q, uint32_t len, bool list, bool *base, bool *depth)
+#define QEMU_DIRTY "qemu:dirty-bitmap:"
+
+/* Which of our contexts a query names ("Metadata querying"; QEMU's
+ * docs/interop/nbd.rst for the qemu: namespace): for LIST a bare
+ * namespace, and "qemu:dirty-bitmap:" with no name, select every context
+ * there; an unknown one nothing.  A bitmap is named whole; SET takes the
+ * first one named (one per connection, as qemu-nbd -B exports one). */
+static void meta_match(struct nbds_conn *c, const uint8_t *q, uint32_t len, bool list,
+		       bool *base, bool *depth, bool *all_bitmaps, char *bitmap)
 {
 	static const char b[] = "base:allocation", d[] = "qemu:allocation-depth";
+	const size_t dl = sizeof(QEMU_DIRTY) - 1;
 
 	if ((len == sizeof(b) - 1 && !memcmp(q, b, len)) ||
 	    (list && len == 5 && !memcmp(q, "base:", 5)))
@@ -1120,19 +1178,45 @@ static void meta_match(const uint8_t *q, uint32_t len, bool list, bool *base, bo
 	if ((len == sizeof(d) - 1 && !memcmp(q, d, len)) ||
 	    (list && len == 5 && !memcmp(q, "qemu:", 5)))
 		*depth = true;
+	if (list && ((len == 5 && !memcmp(q, "qemu:", 5)) ||
+		     (len == dl && !memcmp(q, QEMU_DIRTY, dl))))
+		*all_bitmaps = true;
+	if (len > dl && len - dl <= DBM_NAME_MAX && !memcmp(q, QEMU_DIRTY, dl) && !bitmap[0]) {
+		char name[DBM_NAME_MAX + 1];
+
+		memcpy(name, q + dl, len - dl);
+		name[len - dl] = 0;
+		if (disk_bitmap_find(c->disk, name))
+			memcpy(bitmap, name, len - dl + 1);
+	}
 }
 
-/* NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT: base:allocation
- * and qemu:allocation-depth (as qemu-nbd -A). */
+/* One NBD_REP_META_CONTEXT: id, then the name (prefix and rest). */
+static void meta_reply(struct nbds_conn *c, uint32_t id, const char *prefix, const char *name)
+{
+	uint8_t buf[4 + sizeof(QEMU_DIRTY) + DBM_NAME_MAX];
+	size_t pl = strlen(prefix), n = strlen(name);
+
+	put32(buf, id);
+	memcpy(buf + 4, prefix, pl);
+	memcpy(buf + 4 + pl, name, n);
+	opt_reply(c, NBD_REP_META_CONTEXT, buf, (uint32_t)(4 + pl + n));
+}
+
+/* NBD_OPT_LIST_META_CONTEXT / NBD_OPT_SET_META_CONTEXT: base:allocation,
+ * qemu:allocation-depth (as qemu-nbd -A) and the disk's dirty bitmaps as
+ * qemu:dirty-bitmap:NAME (as qemu-nbd -B). */
 static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 {
 	bool set = c->opt == NBD_OPT_SET_META_CONTEXT, base = false, depth = false;
+	bool all_bitmaps = false;
+	char bitmap[DBM_NAME_MAX + 1] = "";
 	uint32_t nlen, nq, pos;
 
 	/* "replaces all previously-set metadata contexts (including when
 	 * this command fails)" */
 	if (set)
-		c->meta_base = c->meta_depth = false;
+		meta_reset(c);
 	if (!c->structured) {
 		opt_error(c, NBD_REP_ERR_INVALID, "negotiate structured replies first");
 		return;
@@ -1150,7 +1234,7 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 			opt_error(c, NBD_REP_ERR_INVALID, "malformed meta context query");
 			return;
 		}
-		meta_match(d + pos + 4, ql, !set, &base, &depth);
+		meta_match(c, d + pos + 4, ql, !set, &base, &depth, &all_bitmaps, bitmap);
 		pos += 4 + ql;
 	}
 	if (pos != len) {
@@ -1162,22 +1246,31 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 		return;
 	}
 	if (!set && nq == 0)
-		base = depth = true;
-	for (unsigned i = 0; i < 2; i++) {
-		const char *name = i ? "qemu:allocation-depth" : "base:allocation";
-		uint8_t buf[4 + 32];
-		size_t n = strlen(name);
+		base = depth = all_bitmaps = true;
+	/* IDs: 0 in a list (the spec's SHOULD), ours in a selection. */
+	if (base)
+		meta_reply(c, set ? NBDS_META_BASE_ID : 0, "base:allocation", "");
+	if (depth)
+		meta_reply(c, set ? NBDS_META_DEPTH_ID : 0, "qemu:allocation-depth", "");
+	if (all_bitmaps) {
+		struct disk_bitmaps *l = atomic_load_explicit(&c->disk->bitmaps,
+							      memory_order_acquire);
 
-		if (!(i ? depth : base))
-			continue;
-		/* IDs: 0 in a list (the spec's SHOULD), ours in a selection. */
-		put32(buf, set ? (i ? NBDS_META_DEPTH_ID : NBDS_META_BASE_ID) : 0);
-		memcpy(buf + 4, name, n);
-		opt_reply(c, NBD_REP_META_CONTEXT, buf, (uint32_t)(4 + n));
+		for (unsigned i = 0; l && i < l->n; i++)
+			meta_reply(c, 0, QEMU_DIRTY, l->b[i]->name);
+	} else if (bitmap[0]) {
+		meta_reply(c, set ? NBDS_META_DIRTY_ID : 0, QEMU_DIRTY, bitmap);
 	}
 	if (set) {
 		c->meta_base = base;
 		c->meta_depth = depth;
+		if (bitmap[0]) {
+			struct dbm *b = disk_bitmap_find(c->disk, bitmap);
+
+			atomic_fetch_add(&b->users, 1);
+			strcpy(c->meta_bitmap, bitmap);
+			c->meta_dirty = true;
+		}
 	}
 	opt_reply(c, NBD_REP_ACK, NULL, 0);
 }
@@ -1574,6 +1667,7 @@ static void conn_finish(struct nbds_conn *c)
 	struct nbds *s = c->srv;
 
 	c->finished = true;
+	meta_reset(c);
 	if (c->h)
 		loop_fd_del(c->t->loop, c->h);
 	c->h = NULL;

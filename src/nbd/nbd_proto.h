@@ -107,6 +107,9 @@
 /* "base:allocation metadata context" */
 #define NBD_STATE_HOLE		(1u << 0)
 #define NBD_STATE_ZERO		(1u << 1)
+/* QEMU's docs/interop/nbd.rst, "qemu:dirty-bitmap:<name>": bit 0 set
+ * for a dirty range. */
+#define NBD_STATE_DIRTY		(1u << 0)
 
 /* Client's option request header. */
 struct nbd_opt_hdr {

@@ -5,8 +5,9 @@
 # own reading of the same image (a qcow2 chain included); writes through
 # the export equal to the same writes on a raw oracle; a read-only export
 # refused writes; the guest's vhost-user front and NBD clients on one
-# disk at once; clean start-up errors; SIGTERM with clients connected;
-# and malformed clients, each answered as doc/proto.md says, a good
+# disk at once; dirty bitmaps as qemu:dirty-bitmap contexts, exactly what
+# changed; QoS and accounting; clean start-up errors; SIGTERM with clients
+# connected; and malformed clients, each answered as doc/proto.md says, a good
 # client served after every one (nbd_clients.py).
 # Usage: test_nbd_server.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
 set -uo pipefail
@@ -356,6 +357,86 @@ else
 fi
 
 # ---- Start-up errors: one line, non-zero, nothing left behind ----------------
+# ---- Dirty bitmaps: what the guest and NBD clients wrote ---------------------
+# b4 (4 KiB), b64 (64 KiB) and a disabled one; the guest (vblk-bench,
+# verified random writes) and an NBD client (qemu-io) write: b4 over NBD
+# (nbdinfo --map=qemu:dirty-bitmap:b4) is exactly the 4 KiB blocks whose
+# bytes changed, b64 those blocks at its granularity, the disabled one
+# clean; QEMU reads the same (qemu-img map with x-dirty-bitmap); a bitmap
+# a client has selected is not removed; cleared, it is clean.
+head -c $((32 << 20)) /dev/urandom >"$tmp/bm.raw"
+cp "$tmp/bm.raw" "$tmp/bm-before.raw"
+BM=$tmp/bm.sock
+if start "$tmp/bm.log" --disk "$tmp/bm.raw" --socket "$tmp/bm-vu.sock" --nbd "unix:$BM" \
+        --control "$tmp/bm.ctl"; then
+    bctl() { "$VBLKCTL" --control "$tmp/bm.ctl" "$@"; }
+    bctl bitmap add b4 --granularity 4K >/dev/null && bctl bitmap add b64 >/dev/null &&
+        bctl bitmap add off --disabled >/dev/null
+    "$BENCH" --socket "$tmp/bm-vu.sock" --rw randwrite --size 8M --iodepth 4 --runtime 1 \
+        --ramp 0 --verify >"$tmp/bm-bench.out" 2>&1
+    qemu-io -f raw -c 'write -P 0x11 20M 8k' -c 'write -P 0x12 24M 100k' "$(uri "$BM")" >/dev/null
+    for b in b4 b64 off; do nbdinfo --json --map="qemu:dirty-bitmap:$b" "$(uri "$BM")" >"$tmp/bm-$b.map"; done
+    qemu-img map --output=json --image-opts \
+        "driver=nbd,server.type=unix,server.path=$BM,x-dirty-bitmap=qemu:dirty-bitmap:b4" \
+        >"$tmp/bm-qemu.map" 2>&1
+    # A client that selected b4 (python3-libnbd) keeps it from removal.
+    /usr/bin/python3 - "$BM" "$tmp/bm-held" <<'PYEOF' &
+import nbd, sys, time, os
+h = nbd.NBD()
+h.add_meta_context("qemu:dirty-bitmap:b4")
+h.connect_unix(sys.argv[1])
+assert h.can_meta_context("qemu:dirty-bitmap:b4")
+open(sys.argv[2], "w").close()
+while os.path.exists(sys.argv[2]):
+    time.sleep(0.02)
+h.shutdown()
+PYEOF
+    ppid=$!
+    for _ in $(seq 250); do [[ -e $tmp/bm-held ]] && break; sleep 0.02; done
+    busy=$(bctl bitmap remove b4); brc=$?
+    rm -f "$tmp/bm-held"; wait "$ppid"; prc=$?
+    for _ in $(seq 100); do bctl bitmap list | grep -q '"in_use": true' || break; sleep 0.05; done
+    gone=$(bctl bitmap remove b4); grc=$?
+    bctl bitmap clear b64 >/dev/null
+    left=$(bctl bitmap list)
+    stop
+    if ! cmp -s "$tmp/bm-before.raw" "$tmp/bm.raw" &&
+       /usr/bin/python3 - "$tmp" <<'PYEOF'
+import json, sys
+t = sys.argv[1]
+a = open(t + "/bm-before.raw", "rb").read(); b = open(t + "/bm.raw", "rb").read()
+changed = [i for i in range(len(a) // 4096) if a[i*4096:(i+1)*4096] != b[i*4096:(i+1)*4096]]
+def dirty(name, gran):
+    s = set()
+    for e in json.load(open("%s/bm-%s.map" % (t, name))):
+        if e["type"] & 1:
+            s.update(range(e["offset"] // gran, (e["offset"] + e["length"]) // gran))
+    return s
+want4, want64 = set(changed), {i * 4096 // 65536 for i in changed}
+q = {i for e in json.load(open(t + "/bm-qemu.map")) if not e["data"]
+     for i in range(e["start"] // 4096, (e["start"] + e["length"]) // 4096)}
+bad = []
+if dirty("b4", 4096) != want4: bad.append("b4 %d vs %d blocks" % (len(dirty("b4", 4096)), len(want4)))
+if dirty("b64", 65536) != want64: bad.append("b64")
+if dirty("off", 65536): bad.append("disabled bitmap marked")
+if q != want4: bad.append("qemu-img map differs")
+if len(changed) < 100: bad.append("only %d blocks changed" % len(changed))
+if bad:
+    print(bad); sys.exit(1)
+PYEOF
+    then pass nbd-dirty-bitmaps-are-what-changed
+    else fail nbd-dirty-bitmaps-are-what-changed "$(tail -1 "$tmp/bm-bench.out")"
+    fi
+    if ((brc == 1 && prc == 0 && grc == 0)) && [[ $busy == *"in use by 1 NBD client"* ]] &&
+       [[ $left == *'"name": "b64", "granularity": 65536, "dirty_bytes": 0,'* && $left != *'"b4"'* ]]; then
+        pass nbd-dirty-bitmap-in-use-not-removed-then-removed-cleared
+    else
+        fail nbd-dirty-bitmap-in-use-not-removed-then-removed-cleared "$brc:$busy / $prc / $grc:$gone / $left"
+    fi
+else
+    fail nbd-dirty-bitmaps-are-what-changed "$(tail -2 "$tmp/bm.log")"
+fi
+
 # ---- QoS: NBD clients take from the disk's budget ----------------------------
 # --limit bps-total=16M: nbdcopy of 16 MiB in (writes), then out (reads),
 # waits for the budget (the throttled counter and metric move), the bytes

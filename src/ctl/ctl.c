@@ -1,4 +1,5 @@
 #include "ctl/ctl.h"
+#include "util/jfield.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -289,19 +290,6 @@ int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 
 /* ---- Requests ---- */
 
-/* Field key of req as an unsigned integer: 1 found, 0 absent, -EINVAL
- * present but not a non-negative JSON integer (a string, 1.5, null...). */
-static int get_u64(struct json_object *req, const char *key, uint64_t *v)
-{
-	struct json_object *f;
-
-	if (!json_object_object_get_ex(req, key, &f))
-		return 0;
-	if (!json_object_is_type(f, json_type_int) || json_object_get_int64(f) < 0)
-		return -EINVAL;
-	*v = json_object_get_uint64(f);
-	return 1;
-}
 
 /* Field key of req as a boolean: 1 found, 0 absent, -EINVAL present but
  * not true or false. */
@@ -332,7 +320,7 @@ static int poll_knob(struct json_object *req, const char *key, uint64_t lo, uint
 		     uint64_t *v, char *err, size_t errlen)
 {
 	uint64_t x;
-	int r = get_u64(req, key, &x);
+	int r = jfield_u64(req, key, &x);
 
 	if (r < 0 || (r && (x < lo || x > hi))) {
 		snprintf(err, errlen, "%s must be %" PRIu64 "..%" PRIu64, key, lo, hi);
@@ -391,7 +379,7 @@ static int cmd_resize(void *opaque, struct json_object *req, struct json_object 
 	bool ok = true;
 	int r;
 
-	if (get_u64(req, "size", &size) != 1) {
+	if (jfield_u64(req, "size", &size) != 1) {
 		snprintf(err, errlen, "resize needs \"size\": BYTES");
 		return -EINVAL;
 	}

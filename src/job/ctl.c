@@ -9,19 +9,8 @@
 #include <string.h>
 
 #include "job/job.h"
+#include "util/jfield.h"
 
-/* Field key as a non-negative integer: 1 found, 0 absent, -EINVAL. */
-static int get_u64(struct json_object *req, const char *key, uint64_t *v)
-{
-	struct json_object *f;
-
-	if (!json_object_object_get_ex(req, key, &f))
-		return 0;
-	if (!json_object_is_type(f, json_type_int) || json_object_get_int64(f) < 0)
-		return -EINVAL;
-	*v = json_object_get_uint64(f);
-	return 1;
-}
 
 static struct json_object *info_json(const struct job_info *i)
 {
@@ -52,7 +41,7 @@ int job_ctl_stream(void *opaque, struct json_object *req, struct json_object *re
 	char id[32];
 	int r;
 
-	if (get_u64(req, "rate", &rate) < 0) {
+	if (jfield_u64(req, "rate", &rate) < 0) {
 		snprintf(err, errlen, "stream: \"rate\" must be bytes per second");
 		return -EINVAL;
 	}
@@ -113,7 +102,7 @@ int job_ctl_verb(void *opaque, struct json_object *req, struct json_object *repl
 	} else if (!strcmp(name, "job-dismiss")) {
 		r = job_dismiss(id, err, errlen);
 	} else if (!strcmp(name, "job-set-rate")) {
-		if (get_u64(req, "rate", &rate) != 1) {
+		if (jfield_u64(req, "rate", &rate) != 1) {
 			snprintf(err, errlen, "job-set-rate needs \"rate\": bytes per second "
 				 "(0: no limit)");
 			return -EINVAL;

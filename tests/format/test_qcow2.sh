@@ -348,15 +348,22 @@ import json, sys
 for j in json.load(sys.stdin)["jobs"]:
     if j["id"] == sys.argv[1]: print(j[sys.argv[2]])' "$1" "$2"
 }
-qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$tmp/jv.qcow2" 8M
-rm -f "$tmp/c.sock"
-if start "$tmp/jv.log" --disk "$tmp/jv.qcow2" --control "$tmp/c.sock"; then
-    "$BENCH" --socket "$tmp/d.sock" --rw randread --size 4M --iodepth 1 --runtime 8 \
-        --ramp 0 >"$tmp/jv-bench.out" 2>&1 &
+# stream_under NAME BENCH-ARGS...: a fresh overlay NAME.qcow2 on mid served
+# with a control socket, vblk-bench running on it in the background
+# ($bpid), a stream at 1 MiB/s started: its id in $id.  1: vblkd did not
+# start.
+stream_under() {
+    local name=$1; shift
+    qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$tmp/$name.qcow2" 8M
+    rm -f "$tmp/c.sock"
+    start "$tmp/$name.log" --disk "$tmp/$name.qcow2" --control "$tmp/c.sock" || return 1
+    "$BENCH" --socket "$tmp/d.sock" --size 4M --ramp 0 "$@" >"$tmp/$name-bench.out" 2>&1 &
     bpid=$!
     sleep 0.3
     id=$("$CTL" --control "$tmp/c.sock" stream --rate 1M |
          python3 -c 'import json,sys; print(json.load(sys.stdin)["job"])')
+}
+if stream_under jv --rw randread --iodepth 1 --runtime 8; then
     sleep 0.3
     "$CTL" --control "$tmp/c.sock" job pause "$id" >/dev/null
     st1=$(jobq "$id" state); d1=$(jobq "$id" done)
@@ -390,15 +397,7 @@ if start "$tmp/jv.log" --disk "$tmp/jv.qcow2" --control "$tmp/c.sock"; then
 else
     fail qcow2-stream-job-pause-resume-set-rate-dismiss "vblkd did not start"
 fi
-qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$tmp/jg.qcow2" 8M
-rm -f "$tmp/c.sock"
-if start "$tmp/jg.log" --disk "$tmp/jg.qcow2" --control "$tmp/c.sock"; then
-    "$BENCH" --socket "$tmp/d.sock" --rw randwrite --size 4M --iodepth 4 --runtime 1 \
-        --ramp 0 >"$tmp/jg-bench.out" 2>&1 &
-    bpid=$!
-    sleep 0.3
-    id=$("$CTL" --control "$tmp/c.sock" stream --rate 1M |
-         python3 -c 'import json,sys; print(json.load(sys.stdin)["job"])')
+if stream_under jg --rw randwrite --iodepth 4 --runtime 1; then
     wait "$bpid"
     for _ in $(seq 50); do [[ $(jobq "$id" state) == concluded ]] && break; sleep 0.1; done
     res=$(jobq "$id" result); why=$(jobq "$id" error)

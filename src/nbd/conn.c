@@ -1515,11 +1515,20 @@ static ssize_t conn_recv(struct nbds_conn *c, void *buf, size_t len)
 
 static void conn_read(struct nbds_conn *c)
 {
+	/* A plain stream socket that filled less than we asked for had
+	 * nothing more queued: parse it and stop, without the receive that
+	 * would only say -EAGAIN (one syscall per request of a QD1 client).
+	 * Safe because the fd is level-triggered: what comes meanwhile is
+	 * an EPOLLIN at the next epoll_wait.  Not through TLS, whose session
+	 * may hold decrypted records (conn_input_waits). */
+	bool drained = false;
+
 	for (;;) {
+		size_t want;
 		ssize_t n;
 
 		conn_parse(c);
-		if (!conn_can_read(c))
+		if (drained || !conn_can_read(c))
 			break;
 		if (c->in_pos == c->in_len)
 			c->in_pos = c->in_len = 0;
@@ -1527,10 +1536,11 @@ static void conn_read(struct nbds_conn *c)
 		 * into its buffer. */
 		if (c->st == CS_REQ_DATA && c->in_pos == c->in_len &&
 		    c->cur->length - c->cur->got >= NBDS_INBUF / 2) {
-			n = conn_recv(c, (uint8_t *)c->cur->buf + c->cur->got,
-				      c->cur->length - c->cur->got);
+			want = c->cur->length - c->cur->got;
+			n = conn_recv(c, (uint8_t *)c->cur->buf + c->cur->got, want);
 			if (n > 0) {
 				c->cur->got += (size_t)n;
+				drained = !c->tls_up && (size_t)n < want;
 				continue;
 			}
 		} else {
@@ -1539,9 +1549,11 @@ static void conn_read(struct nbds_conn *c)
 				c->in_len -= c->in_pos;
 				c->in_pos = 0;
 			}
-			n = conn_recv(c, c->in + c->in_len, NBDS_INBUF - c->in_len);
+			want = NBDS_INBUF - c->in_len;
+			n = conn_recv(c, c->in + c->in_len, want);
 			if (n > 0) {
 				c->in_len += (size_t)n;
+				drained = !c->tls_up && (size_t)n < want;
 				continue;
 			}
 		}

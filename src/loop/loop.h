@@ -62,7 +62,10 @@ void loop_fd_del(struct loop *l, struct loop_fd *h);
  * Poll handler of an fd handler: lets the loop find the fd's work by
  * busy-polling memory instead of waiting for the fd.
  *   poll(): is there work?  Cheap, no syscalls, no side effects (but
- *           see busy()).
+ *           see busy(); and a socket, which has no memory to look at,
+ *           is polled by receiving from it: one syscall a pass, what
+ *           came kept for run(), never while the handler is quiet():
+ *           nbd/conn.c).
  *   run():  do the work (notifications stay off while polling).
  *   begin(): polling starts: ask the other side not to notify.
  *   end():  polling stops: ask for notifications again, with a full

@@ -128,6 +128,11 @@ struct nbds_conn {
 	/* Per-operation accounting (acct.h), as the virtio-blk queues keep
 	 * it: the disk's front="nbd" series (nbds__conn_acct). */
 	struct acct acct;
+	/* Polling (conn_poll_ops): requests taken, for the loop's pay
+	 * check; the last receive of conn_poll was short (nothing more
+	 * queued, conn_read need not ask again). */
+	uint64_t taken;
+	bool in_drained;
 	/* Transmission. */
 	struct nbds_req *cur;		/* the write whose payload is coming */
 	unsigned inflight;
@@ -145,6 +150,7 @@ struct nbds_conn {
 };
 
 static void conn_update_events(struct nbds_conn *c);
+static const struct loop_poll_ops conn_poll_ops;
 static void conn_maybe_finish(struct nbds_conn *c);
 static void put32(uint8_t *p, uint32_t v);
 static void put64(uint8_t *p, uint64_t v);
@@ -1013,6 +1019,9 @@ static void conn_enter_transmission(struct nbds_conn *c)
 	c->transmission = true;
 	c->st = CS_REQ_HDR;
 	loop_timer_del(c->hs_timer);
+	/* Plain: its client's next request may be polled for. */
+	if (!c->tls && c->h)
+		loop_fd_set_poll(c->h, &conn_poll_ops);
 	log_info("nbd: a client started using export '%s' (%s replies)", c->ex->o.name,
 		 c->structured ? "structured" : "simple");
 }
@@ -1477,6 +1486,7 @@ static void conn_parse(struct nbds_conn *c)
 				conn_fail(c, "sent a bad request magic");
 				return;
 			}
+			c->taken++;
 			c->cur = req_start(c, &w);
 			break;
 		}
@@ -1521,8 +1531,9 @@ static void conn_read(struct nbds_conn *c)
 	 * Safe because the fd is level-triggered: what comes meanwhile is
 	 * an EPOLLIN at the next epoll_wait.  Not through TLS, whose session
 	 * may hold decrypted records (conn_input_waits). */
-	bool drained = false;
+	bool drained = c->in_drained;
 
+	c->in_drained = false;
 	for (;;) {
 		size_t want;
 		ssize_t n;
@@ -1639,6 +1650,81 @@ static void conn_flush_bh(void *opaque)
 	conn_update_events(c);
 	conn_maybe_finish(c);
 }
+
+/*
+ * The poll handler of a plain connection in transmission (loop.h "Poll
+ * handler"): with nothing in flight, the client's next request is what
+ * comes next, a few microseconds after our reply reaches it (a QD1
+ * client); the loop finds it by receiving within its adaptive window
+ * instead of sleeping in epoll_wait and being woken by it (on a VM, a
+ * wake-up from a halted vCPU costs tens of microseconds).  A socket has
+ * no memory to peek at: poll() is a recv(MSG_DONTWAIT) into our buffer,
+ * one syscall a pass, and keeps what it got.  Not while requests are in
+ * flight (their completions are what comes next, and a window spun for
+ * them, for a device, must not be slowed by a syscall a pass), nor
+ * through TLS (GnuTLS reads through its own pull function).  begin() and
+ * end() have nothing to switch: the fd stays level-triggered in epoll,
+ * so what came while the loop polled is an event as it sleeps.
+ */
+static bool conn_poll_quiet(void *opaque)
+{
+	const struct nbds_conn *c = opaque;
+
+	return c->inflight || c->finished || !conn_can_read(c);
+}
+
+static bool conn_poll(void *opaque)
+{
+	struct nbds_conn *c = opaque;
+	size_t want;
+	ssize_t n;
+
+	if (conn_poll_quiet(c) || conn_input_waits(c))
+		return false;
+	c->in_pos = c->in_len = 0;
+	want = NBDS_INBUF;
+	n = recv(c->fd, c->in, want, MSG_DONTWAIT);
+	if (n > 0) {
+		c->in_len = (size_t)n;
+		c->in_drained = (size_t)n < want;
+		return true;
+	}
+	/* The end of input or an error: conn_read's receive meets it again
+	 * (a socket's EOF stays; an error ends in EOF) and acts on it. */
+	return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void conn_poll_run(void *opaque)
+{
+	/* As an EPOLLIN: conn_read parses what conn_poll received, or
+	 * meets the end of input or the error conn_poll found. */
+	conn_cb(opaque, EPOLLIN);
+}
+
+static void conn_poll_begin(void *opaque)
+{
+}
+
+static bool conn_poll_end(void *opaque)
+{
+	return false;
+}
+
+static uint64_t conn_poll_work(void *opaque)
+{
+	const struct nbds_conn *c = opaque;
+
+	return c->taken;
+}
+
+static const struct loop_poll_ops conn_poll_ops = {
+	.poll = conn_poll,
+	.run = conn_poll_run,
+	.begin = conn_poll_begin,
+	.end = conn_poll_end,
+	.quiet = conn_poll_quiet,
+	.work = conn_poll_work,
+};
 
 static void conn_update_events(struct nbds_conn *c)
 {

@@ -146,12 +146,14 @@ static void run(void *opaque)
 			return;
 		}
 	}
+	/* Busy before the step: a unit may complete inside it (a format
+	 * that finds nothing to do completes the I/O at submission), and
+	 * job_step_done must find it busy then, not be undone after. */
+	j->busy = true;
 	r = j->ops->step(j, j->priv);
-
-	if (r == JOB_STEP_IO) {
-		j->busy = true;
-		return;
-	}
+	if (r == JOB_STEP_IO)
+		return;		/* job_step_done clears busy, maybe already has */
+	j->busy = false;
 	if (r == JOB_STEP_YIELD) {
 		loop_bh_schedule(j->bh);
 		return;

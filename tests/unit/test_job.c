@@ -1,7 +1,8 @@
 /*
  * Description: the block job framework (job/job.h) with a made-up type
  * whose units complete from a bottom half on a real loop thread: a job
- * runs its units to the end and concludes with the type's summary; pause
+ * runs its units to the end and concludes with the type's summary (also
+ * when each unit completes inside the step that started it); pause
  * takes effect after the unit in flight and resume goes on from there;
  * an I/O error pauses the job under the stop policy (the error kept,
  * resume retries the same unit) and fails it under report (enospc: only
@@ -41,6 +42,7 @@ struct fake {
 	unsigned steps, ends, completes;
 	bool ready_type;
 	bool more;		/* ready: one more unit came in */
+	bool sync;		/* units complete inside step (at submission) */
 };
 
 static struct loop *l;
@@ -72,7 +74,10 @@ static int fake_step(struct job *j, void *priv)
 	}
 	if (f->next >= f->units)
 		return JOB_STEP_END;
-	loop_bh_schedule(f->bh);
+	if (f->sync)
+		unit_done(f);
+	else
+		loop_bh_schedule(f->bh);
 	return JOB_STEP_IO;
 }
 
@@ -182,6 +187,30 @@ static void test_runs_to_the_end(void)
 	ASSERT_EQ(f.next, 50);
 	ASSERT_EQ(f.ends, 1);
 	ASSERT_TRUE(!strcmp(i.type, "fake"));
+}
+
+/* The stream job stalled when a qcow2 cluster that reads as zeroes below
+ * completed its copy-up read at submission: the unit's completion ran
+ * inside step, and the framework marked the job busy after it, forever
+ * (found by the guest test's stream under fio verify). */
+static void test_unit_completing_inside_step(void)
+{
+	struct fake f = { .units = 300, .sync = true };
+	struct job *j = make(&f, &fake_ops, disk_a, 0, JOB_ERR_REPORT, true);
+	struct job_info i = wait_state(job_id(j), JOB_CONCLUDED);
+
+	ASSERT_TRUE(!i.failed && !i.cancelled);
+	ASSERT_EQ(f.next, 300);
+	ASSERT_EQ(i.copied, 300 * UNIT);
+	/* With a rate: paced, and the pause lands between units. */
+	f = (struct fake){ .units = 1000, .sync = true };
+	j = make(&f, &fake_ops, disk_a, 40 * UNIT, JOB_ERR_REPORT, true);
+	usleep(100000);
+	ASSERT_EQ(job_pause(job_id(j), (char[128]){ 0 }, 128), 0);
+	i = wait_state(job_id(j), JOB_PAUSED);
+	ASSERT_TRUE(f.next >= 1 && f.next < 20);
+	ASSERT_EQ(job_cancel(job_id(j), (char[128]){ 0 }, 128), 0);
+	ASSERT_TRUE(wait_state(job_id(j), JOB_CONCLUDED).cancelled);
 }
 
 static void test_pause_resume(void)
@@ -352,6 +381,7 @@ int main(void)
 	ASSERT_EQ(loop_new("jobs", &l), 0);
 	ASSERT_EQ(loop_thread_start(l), 0);
 	RUN(test_runs_to_the_end);
+	RUN(test_unit_completing_inside_step);
 	RUN(test_pause_resume);
 	RUN(test_error_stop_then_retry);
 	RUN(test_error_report_and_enospc);

@@ -1083,6 +1083,15 @@ static void release_fn(void *opaque)
 	/* A job's units too (job_disk_released failed the jobs first). */
 	if (x)
 		q2_drain((struct bdev_ctx *)x);
+	/* Drained, a failed stream has concluded (its unit completed in the
+	 * drain).  One still marked running is stuck: it submits nothing
+	 * more, and the tables must be written back whatever it says
+	 * (qcow2_quiesce refuses while a stream runs, for upgrades). */
+	if (q->streaming) {
+		log_err("qcow2 image %s: a stream job was still marked running when the disk was "
+			"let go; the tables are written back regardless", q->path);
+		q->streaming = false;
+	}
 	if (!q->rw || q->stale)
 		return;
 	/* Corrupt: what completed made durable, nothing else written (the

@@ -2,8 +2,9 @@
  * fuzz_qcow2: a hostile qcow2 image (header, extensions, L1, refcount
  * table and blocks, L2 tables, compressed clusters) opened through the
  * format layer (fmt_open, as vblkd opens --disk), then a few guest
- * requests on it (reads, writes, discards, write zeroes, flushes, a grow)
- * and the close that writes the metadata back.  No input may crash,
+ * requests on it (reads, writes, discards, write zeroes, flushes, a grow),
+ * its persistent bitmaps loaded and stored back (qcow2_bitmap.c) and the
+ * close that writes the metadata back.  No input may crash,
  * hang, leak or write outside the image file's memory; what the image
  * says is only believed after it is checked; an image refused (at open,
  * or at the claim before the first request) is left as it was, byte for
@@ -30,6 +31,7 @@
 #include "fuzz_img.h"
 
 #include "backend/bdev.h"
+#include "bitmap/dbm.h"
 #include "format/format.h"
 #include "loop/loop.h"
 
@@ -76,6 +78,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct bdev_ctx *ctx = NULL;
 	const uint8_t *image;
 	bool refused = false;
+	struct dbm **bm = NULL;
+	unsigned nbm = 0;
 	uint16_t n;
 	char err[512];
 
@@ -106,6 +110,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		refused = true;
 		goto free_ctx;
 	}
+	/* The bitmaps the image holds, as the disk takes them. */
+	if (fmt_bitmaps_load(disk, &bm, &nbm, err, sizeof(err)) < 0)
+		FUZZ_CHECK(err[0] != '\0' && !strchr(err, '\n'));
+	for (unsigned i = 0; i < nbm; i++)
+		fmt_bitmaps_taken(disk, bm[i]->name);
 	for (unsigned i = 0; i < MAX_REQS && in.left >= 8; i++) {
 		uint8_t op, pad, o[3];
 		uint16_t len;
@@ -158,15 +167,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			continue;
 		}
 		}
+		/* As the disk marks its bitmaps (disk_dirty). */
+		if (io.op != BDEV_READ && io.op != BDEV_FLUSH)
+			for (unsigned b = 0; b < nbm; b++)
+				dbm_mark(bm[b], io.offset, iov.iov_len);
 		bdev_submit(disk, ctx, &io);
 		disk->engine->kick(ctx);
 		disk->engine->drain(ctx);
 		FUZZ_CHECK(completed == before + 1);
 	}
+	/* As the release stores them (one that grew past them is not). */
+	{
+		unsigned k = 0;
+
+		for (unsigned i = 0; i < nbm; i++)
+			if (bm[i]->size == disk->size)
+				bm[k++] = bm[i];
+			else
+				dbm_free(bm[i]);
+		nbm = k;
+		err[0] = '\0';
+		if (fmt_bitmaps_store(disk, bm, nbm, true, err, sizeof(err)) < 0)
+			FUZZ_CHECK(err[0] != '\0' && !strchr(err, '\n'));
+	}
 free_ctx:
 	disk->engine->ctx_free(ctx);
 close:
 	(void)fmt_close(disk, &file);
+	for (unsigned i = 0; i < nbm; i++)
+		dbm_free(bm[i]);
+	free(bm);
 	/* Nothing is written before the claim (qcow2.c, qcow2_open): one
 	 * refused leaves the image as it was. */
 	if (refused)

@@ -463,6 +463,17 @@ def qcow2_seeds():
                        check=True)
         img = open(os.path.join(d, 'v3-512-snapshot'), 'rb').read()
         s['v3-512-snapshot'] = struct.pack('<H', len(img)) + img + mix
+        # Persistent bitmaps (qcow2.txt, "Bitmaps extension"): one QEMU
+        # tracks (auto), one disabled at 512-byte granularity, written to.
+        make('v3-512-bitmaps', 'cluster_size=512', io=['write -P 0x33 0 2k'])
+        bp = os.path.join(d, 'v3-512-bitmaps')
+        subprocess.run(['qemu-img', 'bitmap', '--add', bp, 'b0'], check=True)
+        subprocess.run(['qemu-img', 'bitmap', '--add', '-g', '512', '--disable', bp, 'b1'],
+                       check=True)
+        subprocess.run(['qemu-io', '-f', 'qcow2', '-c', 'write -P 0x44 64k 4k', bp], check=True,
+                       stdout=subprocess.DEVNULL)
+        img = open(bp, 'rb').read()
+        s['v3-512-bitmaps'] = struct.pack('<H', len(img)) + img + mix
         # A compressed cluster (deflate): convert -c of a written image.
         raw = os.path.join(d, 'c.raw')
         with open(raw, 'wb') as f:

@@ -28,7 +28,7 @@ int dbm_new(const char *name, uint64_t size, uint32_t gran, struct dbm **out)
 	struct dbm *b;
 	uint64_t nwords;
 
-	if (!dbm_name_ok(name) || gran < DBM_MIN_GRANULARITY || gran > DBM_MAX_GRANULARITY ||
+	if (!dbm_name_ok(name) || gran < DBM_MIN_GRANULARITY_ANY || gran > DBM_MAX_GRANULARITY ||
 	    (gran & (gran - 1)))
 		return -EINVAL;
 	b = calloc(1, sizeof(*b));

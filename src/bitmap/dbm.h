@@ -19,7 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DBM_MIN_GRANULARITY 4096u
+#define DBM_MIN_GRANULARITY 4096u	/* what vblkctl bitmap add takes */
+#define DBM_MIN_GRANULARITY_ANY 512u	/* what an image may hold (QEMU's least) */
 #define DBM_MAX_GRANULARITY (1u << 31)
 #define DBM_DEFAULT_GRANULARITY 65536u
 #define DBM_NAME_MAX 63		/* QEMU's BDRV_BITMAP_MAX_NAME_SIZE is 1023;
@@ -32,7 +33,7 @@ struct dbm {
 	uint64_t nbits;
 	_Atomic uint64_t *words;
 	atomic_bool enabled;	/* marks are taken (else ignored) */
-	bool persistent;	/* kept with the image (issue 46; not yet) */
+	bool persistent;	/* kept with the image (fmt_bitmaps_store) */
 	/* NBD connections that selected it (advisory: removal is refused
 	 * while any has; they look it up by name at each use). */
 	_Atomic unsigned users;
@@ -41,8 +42,9 @@ struct dbm {
 /* A valid name: 1..DBM_NAME_MAX of [A-Za-z0-9_.-].  Any thread. */
 bool dbm_name_ok(const char *name);
 
-/* A clean bitmap named name over size bytes at granularity gran.  0,
- * -EINVAL (a bad name or granularity), -ENOMEM. */
+/* A clean bitmap named name over size bytes at granularity gran (a power
+ * of two, DBM_MIN_GRANULARITY_ANY to DBM_MAX_GRANULARITY).  0, -EINVAL (a
+ * bad name or granularity), -ENOMEM. */
 int dbm_new(const char *name, uint64_t size, uint32_t gran, struct dbm **out);
 void dbm_free(struct dbm *b);
 

@@ -5,6 +5,7 @@
  * (docs/architecture.md "Device status and resize").  Main thread.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -219,14 +220,21 @@ int blk__handover_quiesce(void *opaque, char *err, size_t errlen)
 {
 	struct blk_dev *d = opaque;
 
+	/* Persistent bitmaps too, for the new process to load (a failed
+	 * upgrade serves on: the next change marks them in use again). */
+	if (disk_bitmaps_store(d->disk) < 0) {
+		snprintf(err, errlen, "the disk's persistent bitmaps could not be stored");
+		return -EIO;
+	}
 	return fmt_quiesce(d->b, err, errlen);
 }
 
 int blk__handover_reload(void *opaque, char *err, size_t errlen)
 {
 	struct blk_dev *d = opaque;
+	int r = fmt_claim(d->b, err, errlen);
 
-	return fmt_claim(d->b, err, errlen);
+	return r < 0 ? r : disk__bitmaps_claimed(d->disk, err, errlen);
 }
 
 void blk__set_features(void *opaque, uint64_t features)

@@ -3,7 +3,8 @@
  * dirty.c; added by vblkd with ctl_server_add_cmd, opaque the disk).
  * Main thread.
  *
- *   {"cmd": "bitmap-add", "name": N, "granularity": BYTES, "disabled": B}
+ *   {"cmd": "bitmap-add", "name": N, "granularity": BYTES, "disabled": B,
+ *    "persistent": B}
  *   {"cmd": "bitmap-remove"|"bitmap-clear"|"bitmap-enable"|
  *    "bitmap-disable", "name": N}
  *   {"cmd": "bitmap-merge", "sources": [N, ...], "target": N}
@@ -92,7 +93,7 @@ int disk_ctl_bitmap(void *opaque, struct json_object *req, struct json_object *r
 		}
 		if (!strcmp(cmd, "bitmap-add")) {
 			uint64_t gran = 0;
-			bool disabled = false;
+			bool disabled = false, persistent = false;
 
 			if (json_object_object_get_ex(req, "granularity", &v)) {
 				if (!json_object_is_type(v, json_type_int) ||
@@ -111,7 +112,16 @@ int disk_ctl_bitmap(void *opaque, struct json_object *req, struct json_object *r
 				}
 				disabled = json_object_get_boolean(v);
 			}
-			r = disk_bitmap_add(d, name, (uint32_t)gran, disabled, err, errlen);
+			if (json_object_object_get_ex(req, "persistent", &v)) {
+				if (!json_object_is_type(v, json_type_boolean)) {
+					snprintf(err, errlen, "bitmap-add: \"persistent\" is true or "
+						 "false");
+					return -EINVAL;
+				}
+				persistent = json_object_get_boolean(v);
+			}
+			r = disk_bitmap_add(d, name, (uint32_t)gran, disabled, persistent, err,
+					    errlen);
 		} else if (!strcmp(cmd, "bitmap-remove")) {
 			r = disk_bitmap_remove(d, name, err, errlen);
 		} else if (!strcmp(cmd, "bitmap-clear")) {

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "disk/disk.h"
+#include "format/format.h"
 #include "util/barrier.h"
 #include "util/log.h"
 
@@ -78,8 +79,8 @@ static int publish(struct disk *d, struct dbm *add, const struct dbm *drop)
 	return 0;
 }
 
-int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabled, char *err,
-		    size_t errlen)
+int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabled,
+		    bool persistent, char *err, size_t errlen)
 {
 	struct dbm *b;
 	int r;
@@ -99,21 +100,42 @@ int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabl
 		snprintf(err, errlen, "a bitmap named '%s' exists already", name);
 		return -EEXIST;
 	}
+	if (persistent && (r = fmt_bitmaps_can(d->b, err, errlen)) < 0)
+		return r;
 	r = dbm_new(name, READ_ONCE(d->b->size), gran, &b);
 	if (r < 0) {
 		snprintf(err, errlen, "out of memory for bitmap '%s'", name);
 		return r;
 	}
 	atomic_store(&b->enabled, !disabled);
+	b->persistent = persistent;
+	if (persistent)
+		d->bm_unsaved = true;
 	r = publish(d, b, NULL);
 	if (r < 0) {
 		dbm_free(b);
 		snprintf(err, errlen, "out of memory");
 		return r;
 	}
-	log_info("bitmap %s added (%u-byte granularity%s)", name, gran,
-		 disabled ? ", disabled" : "");
+	log_info("bitmap %s added (%u-byte granularity%s%s)", name, gran,
+		 disabled ? ", disabled" : "", persistent ? ", persistent" : "");
 	return 0;
+}
+
+/* A persistent bitmap is about to gain bits the image's copy lacks (an
+ * enable, a merge into it): that copy is marked in use first, so a crash
+ * from here on does not leave it looking right (format.h). */
+static int touch(struct disk *d, char *err, size_t errlen)
+{
+	int r;
+
+	d->bm_unsaved = true;
+	if (!d->claims)
+		return 0;
+	r = fmt_bitmaps_touch(d->b);
+	if (r < 0)
+		snprintf(err, errlen, "cannot mark the image's bitmaps in use: %s", strerror(-r));
+	return r;
 }
 
 static struct dbm *get(struct disk *d, const char *name, char *err, size_t errlen)
@@ -142,6 +164,8 @@ int disk_bitmap_remove(struct disk *d, const char *name, char *err, size_t errle
 		snprintf(err, errlen, "out of memory");
 		return r;
 	}
+	if (b->persistent)
+		d->bm_unsaved = true;
 	dbm_free(b);
 	log_info("bitmap %s removed", name);
 	return 0;
@@ -153,6 +177,9 @@ int disk_bitmap_clear(struct disk *d, const char *name, char *err, size_t errlen
 
 	if (!b)
 		return -ENOENT;
+	/* The image's copy keeps more bits than this: no harm after a crash. */
+	if (b->persistent)
+		d->bm_unsaved = true;
 	dbm_clear(b);
 	log_info("bitmap %s cleared", name);
 	return 0;
@@ -161,9 +188,12 @@ int disk_bitmap_clear(struct disk *d, const char *name, char *err, size_t errlen
 int disk_bitmap_enable(struct disk *d, const char *name, bool on, char *err, size_t errlen)
 {
 	struct dbm *b = get(d, name, err, errlen);
+	int r;
 
 	if (!b)
 		return -ENOENT;
+	if (b->persistent && (r = touch(d, err, errlen)) < 0)
+		return r;
 	atomic_store(&b->enabled, on);
 	/* A write begun before a disable may still mark it; none begun
 	 * after an enable is missed once this returns. */
@@ -176,12 +206,15 @@ int disk_bitmap_merge(struct disk *d, const char *const *srcs, unsigned n, const
 		      char *err, size_t errlen)
 {
 	struct dbm *t = get(d, dst, err, errlen);
+	int r;
 
 	if (!t)
 		return -ENOENT;
 	for (unsigned i = 0; i < n; i++)
 		if (!get(d, srcs[i], err, errlen))
 			return -ENOENT;
+	if (t->persistent && (r = touch(d, err, errlen)) < 0)
+		return r;
 	for (unsigned i = 0; i < n; i++)
 		if (strcmp(srcs[i], dst))
 			dbm_merge(t, disk_bitmap_find(d, srcs[i]));
@@ -238,6 +271,131 @@ int disk_bitmaps_grow(struct disk *d, uint64_t size)
 		}
 	free(old);
 	return 0;
+}
+
+/* ---- Persistent bitmaps (format.h, fmt_bitmaps_*) ---- */
+
+/* The image's bitmaps, as loaded, into the list: one of ours of the same
+ * name is replaced (the image is the truth once another process stored
+ * bitmaps in it), a non-persistent one of that name stays (the image's is
+ * left alone, and marked in use at the first write). */
+static int adopt(struct disk *d, struct dbm **v, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct dbm *old = disk_bitmap_find(d, v[i]->name);
+		int r;
+
+		if (old && !old->persistent) {
+			log_warn("bitmap %s of the image is not taken: a bitmap of that name that "
+				 "is not persistent exists here", v[i]->name);
+			dbm_free(v[i]);
+			continue;
+		}
+		if (old)
+			atomic_store(&v[i]->users, atomic_load(&old->users));
+		if ((r = publish(d, v[i], old)) < 0) {
+			while (i < n)
+				dbm_free(v[i++]);
+			return r;
+		}
+		dbm_free(old);
+		fmt_bitmaps_taken(d->b, v[i]->name);
+		log_info("bitmap %s loaded from the image (%u-byte granularity, %llu bytes "
+			 "dirty%s)", v[i]->name, dbm_granularity(v[i]),
+			 (unsigned long long)dbm_dirty_bytes(v[i]),
+			 atomic_load(&v[i]->enabled) ? "" : ", disabled");
+	}
+	return 0;
+}
+
+int disk_bitmaps_open(struct disk *d, char *err, size_t errlen)
+{
+	struct dbm **v;
+	unsigned n;
+	int r = fmt_bitmaps_load(d->b, &v, &n, err, errlen);
+
+	if (r < 0)
+		return r;
+	r = adopt(d, v, n);
+	free(v);
+	if (r < 0)
+		snprintf(err, errlen, "out of memory for the image's bitmaps");
+	return r;
+}
+
+/* The image just became ours (disk_claim): if another process stored
+ * bitmaps in it since we read or stored them, those are the truth: ours
+ * of other names missed its writes and go. */
+int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen)
+{
+	struct disk_bitmaps *l;
+	struct dbm **v;
+	unsigned n;
+	int r;
+
+	if (!fmt_bitmaps_changed(d->b)) {
+		l = list_of(d);
+		for (unsigned i = 0; l && i < l->n; i++)
+			if (l->b[i]->persistent)
+				fmt_bitmaps_taken(d->b, l->b[i]->name);
+		return 0;
+	}
+	if ((r = fmt_bitmaps_load(d->b, &v, &n, err, errlen)) < 0)
+		return r;
+	for (struct dbm *b;;) {
+		l = list_of(d);
+		b = NULL;
+		for (unsigned i = 0; l && i < l->n && !b; i++) {
+			bool found = false;
+
+			for (unsigned j = 0; j < n && !found; j++)
+				found = !strcmp(v[j]->name, l->b[i]->name);
+			if (l->b[i]->persistent && !found)
+				b = l->b[i];
+		}
+		if (!b)
+			break;
+		log_warn("bitmap %s dropped: the image was written and its bitmaps stored by "
+			 "another process since, without it", b->name);
+		if ((r = publish(d, NULL, b)) < 0)
+			break;
+		dbm_free(b);
+	}
+	if (r == 0)
+		r = adopt(d, v, n);
+	else
+		for (unsigned j = 0; j < n; j++)
+			dbm_free(v[j]);
+	free(v);
+	if (r < 0)
+		snprintf(err, errlen, "out of memory for the image's bitmaps");
+	d->bm_unsaved = false;
+	return r;
+}
+
+int disk_bitmaps_store(struct disk *d)
+{
+	struct disk_bitmaps *l = list_of(d);
+	struct dbm **v = calloc(l ? l->n : 1, sizeof(*v));
+	unsigned n = 0;
+	char err[256];
+	int r;
+
+	if (!v)
+		return -ENOMEM;
+	for (unsigned i = 0; l && i < l->n; i++)
+		if (l->b[i]->persistent && l->b[i]->size == READ_ONCE(d->b->size))
+			v[n++] = l->b[i];
+		else if (l->b[i]->persistent)
+			log_err("bitmap %s is not stored: it does not cover the disk's new size",
+				l->b[i]->name);
+	r = fmt_bitmaps_store(d->b, v, n, d->bm_unsaved, err, sizeof(err));
+	free(v);
+	if (r < 0)
+		log_err("%s", err);
+	else
+		d->bm_unsaved = false;
+	return r;
 }
 
 void disk__bitmaps_free(struct disk *d)

@@ -207,6 +207,16 @@ void disk_free(struct disk *d)
 		return;
 	if (d->claims)
 		log_err("disk %s freed with %u claims held", d->b->path, d->claims);
+	/* Persistent bitmaps changed while nothing held the disk: stored if
+	 * the image can be ours for a moment. */
+	if (!d->claims && d->bm_unsaved && !d->b->read_only) {
+		char err[256];
+
+		if (disk_claim(d, 0, err, sizeof(err)) == 0)
+			disk_release(d);
+		else
+			log_err("persistent bitmaps not stored: %s", err);
+	}
 	for (unsigned i = 0; i < d->num_iothreads; i++)
 		iothread_stop(d, &d->iot[i]);
 	disk__pause_free(d);
@@ -261,6 +271,8 @@ int disk_claim(struct disk *d, unsigned wait_ms, char *err, size_t errlen)
 		return r;
 	}
 	r = fmt_claim(d->b, err, errlen);
+	if (r == 0 && (r = disk__bitmaps_claimed(d, err, errlen)) < 0)
+		fmt_release(d->b);
 	if (r < 0) {
 		bdev_unlock(d->b);
 		return r;
@@ -281,6 +293,7 @@ void disk_release(struct disk *d)
 	 * unit in flight drained by fmt_release with the fronts' I/O. */
 	job_disk_released(d, "the disk was let go (the VM stopped, moved away or was reset): "
 			  "start the job again once the disk is served here");
+	(void)disk_bitmaps_store(d);
 	fmt_release(d->b);
 	bdev_unlock(d->b);
 }

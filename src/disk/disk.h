@@ -146,6 +146,8 @@ struct disk {
 	/* Dirty bitmaps (dirty.c): an immutable array, replaced by main
 	 * (release), read by every front's writes (acquire); NULL: none. */
 	_Atomic(struct disk_bitmaps *) bitmaps;
+	/* A persistent bitmap changed since the last store (main thread). */
+	bool bm_unsaved;
 };
 
 struct disk_bitmaps {
@@ -298,8 +300,8 @@ static inline void disk_dirty(struct disk *d, uint64_t off, uint64_t len)
  * clear, enable or disable, merge sources into dst.  0, or -errno with one
  * line in err (nothing changed).  Main thread.
  */
-int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabled, char *err,
-		    size_t errlen);
+int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabled,
+		    bool persistent, char *err, size_t errlen);
 int disk_bitmap_remove(struct disk *d, const char *name, char *err, size_t errlen);
 int disk_bitmap_clear(struct disk *d, const char *name, char *err, size_t errlen);
 int disk_bitmap_enable(struct disk *d, const char *name, bool on, char *err, size_t errlen);
@@ -322,6 +324,20 @@ struct dbm *disk_bitmap_find(struct disk *d, const char *name);
  * 0 or -ENOMEM (the bitmaps keep the old size: writes past it are not
  * marked, logged).  Main thread. */
 int disk_bitmaps_grow(struct disk *d, uint64_t size);
+/*
+ * Persistent bitmaps (issue 46: kept with the image, format.h): a
+ * persistent bitmap lives in memory while vblkd has the disk and is
+ * stored in the image whenever the disk is let go (disk_release: the VM
+ * stopped or moved away, vblkd exits; an upgrade's hand-over).
+ * disk_bitmaps_open: the image's bitmaps loaded, after disk_new (0, or
+ * -errno with one line in err).  disk_bitmaps_store: the persistent ones
+ * written to the image now (every ring stopped); 0 or -errno, logged.
+ * At a claim (disk__bitmaps_claimed) the image's bitmaps are loaded again
+ * if another process stored some since.  Main thread.
+ */
+int disk_bitmaps_open(struct disk *d, char *err, size_t errlen);
+int disk_bitmaps_store(struct disk *d);
+int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen);
 void disk__bitmaps_free(struct disk *d);
 
 /* Push what was submitted on t to the kernel (the engine's kick). */

@@ -429,6 +429,70 @@ void fmt_release(struct bdev *disk)
 		qcow2_io_release(container_of(disk, struct qcow2, disk));
 }
 
+static struct qcow2 *qcow2_of(struct bdev *disk)
+{
+	return disk && qcow2_io_is(disk->engine) ? container_of(disk, struct qcow2, disk) : NULL;
+}
+
+int fmt_bitmaps_can(struct bdev *disk, char *err, size_t errlen)
+{
+	struct qcow2 *q = qcow2_of(disk);
+
+	if (!q) {
+		snprintf(err, errlen, "persistent bitmaps are kept in qcow2 images only (not yet "
+			 "beside a raw, LUKS or network disk): add it without --persistent, or "
+			 "serve a qcow2 image");
+		return -EOPNOTSUPP;
+	}
+	if (!q->rw || q->version < 3) {
+		snprintf(err, errlen, "qcow2 image %s %s: it cannot keep a persistent bitmap%s",
+			 q->path, !q->rw ? "is served read-only" : "is version 2",
+			 q->rw ? " (qemu-img amend -o compat=1.1 upgrades it)" : "");
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+int fmt_bitmaps_load(struct bdev *disk, struct dbm ***out, unsigned *n, char *err,
+		     size_t errlen)
+{
+	struct qcow2 *q = qcow2_of(disk);
+
+	*out = NULL;
+	*n = 0;
+	return q ? qcow2_io_bitmaps_load(q, out, n, err, errlen) : 0;
+}
+
+bool fmt_bitmaps_changed(struct bdev *disk)
+{
+	struct qcow2 *q = qcow2_of(disk);
+
+	return q && q->bm_changed;
+}
+
+void fmt_bitmaps_taken(struct bdev *disk, const char *name)
+{
+	struct qcow2 *q = qcow2_of(disk);
+
+	if (q)
+		qcow2_bm_taken(q, name);
+}
+
+int fmt_bitmaps_touch(struct bdev *disk)
+{
+	struct qcow2 *q = qcow2_of(disk);
+
+	return q ? qcow2_io_bitmaps_touch(q) : 0;
+}
+
+int fmt_bitmaps_store(struct bdev *disk, struct dbm *const *b, unsigned n, bool changed,
+		      char *err, size_t errlen)
+{
+	struct qcow2 *q = qcow2_of(disk);
+
+	return q ? qcow2_io_bitmaps_store(q, b, n, changed, err, errlen) : 0;
+}
+
 int fmt_key_export(const struct bdev *disk)
 {
 #ifdef HAVE_LUKS

@@ -154,6 +154,36 @@ int fmt_claim(struct bdev *disk, char *err, size_t errlen);
 void fmt_release(struct bdev *disk);
 
 /*
+ * Persistent dirty bitmaps (issue 46; qcow2: qcow2_bitmap.c, QEMU's
+ * bitmaps extension).  fmt_bitmaps_can: 0 if disk can keep persistent
+ * bitmaps, else -EOPNOTSUPP with one line in err (a raw disk: not yet; a
+ * read-only or version 2 qcow2 image).  fmt_bitmaps_load: the image's
+ * bitmaps vblkd can track, as new dbm (persistent, enabled as the image
+ * says), the caller's; 0 or -errno with one line in err.
+ * fmt_bitmaps_changed: another process stored bitmaps in the image since
+ * we read or stored them last (the caller loads them again); after a
+ * claim.  fmt_bitmaps_taken: the caller holds the image's bitmap name (a
+ * loaded one it kept).  fmt_bitmaps_touch: a persistent bitmap is about to
+ * change in memory: the image's copies marked in use first (as at the
+ * first write), if the image is ours.  fmt_bitmaps_store: b[0..n) are the
+ * disk's persistent bitmaps (changed: one changed in memory since the
+ * last store; else they are stored only if the image was written since
+ * it became ours): written to the image (not in use), the
+ * image's bitmaps vblkd did not take carried on, those it held and no
+ * longer has removed; before fmt_release or fmt_quiesce, every ring
+ * stopped; 0 or -errno with one line in err.  Main thread.
+ */
+struct dbm;
+int fmt_bitmaps_can(struct bdev *disk, char *err, size_t errlen);
+int fmt_bitmaps_load(struct bdev *disk, struct dbm ***out, unsigned *n, char *err,
+		     size_t errlen);
+bool fmt_bitmaps_changed(struct bdev *disk);
+void fmt_bitmaps_taken(struct bdev *disk, const char *name);
+int fmt_bitmaps_touch(struct bdev *disk);
+int fmt_bitmaps_store(struct bdev *disk, struct dbm *const *b, unsigned n, bool changed,
+		      char *err, size_t errlen);
+
+/*
  * Upgrade in place: a LUKS disk's volume key in a sealed memfd for the
  * old process to hand to the new one (fmt_opts.key_handed), which then
  * needs no passphrase.  The fd (the caller closes it), -ENOENT for a

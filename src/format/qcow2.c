@@ -114,6 +114,16 @@ static void meta_failed(struct qcow2 *q, const char *doing, uint64_t off, int re
 		q->path, doing, (unsigned long long)off, strerror(-res));
 }
 
+int qcow2_meta_write(struct qcow2 *q, const void *buf, size_t len, uint64_t off, unsigned kind)
+{
+	return meta_write(q, buf, len, off, kind);
+}
+
+int qcow2_sync(struct qcow2 *q)
+{
+	return sync_file(q);
+}
+
 bool qcow2_detect(const void *buf, size_t len)
 {
 	return len >= 4 && be32_at(buf) == QCOW2_MAGIC;
@@ -140,6 +150,12 @@ static bool host_ok(const struct qcow2 *q, uint64_t off, uint64_t len)
 	if (in_range(off, len, q->rt_off, (uint64_t)q->rt_clusters * q->cs))
 		return false;
 	return true;
+}
+
+bool qcow2_meta_clash(const struct qcow2 *q, uint64_t off, uint64_t len)
+{
+	return in_range(off, len, q->l1_off, (uint64_t)q->l1_size * 8) ||
+	       in_range(off, len, q->rt_off, (uint64_t)q->rt_clusters * q->cs);
 }
 
 void qcow2_corrupt(struct qcow2 *q, const char *what, uint64_t guest, uint64_t host)
@@ -601,6 +617,15 @@ static uint64_t alloc_end(struct qcow2 *q, uint64_t n, int *res)
 	return off;
 }
 
+uint64_t qcow2_alloc_run(struct qcow2 *q, uint64_t n, int *res)
+{
+	if (q->corrupt || q->broken) {
+		*res = -EIO;
+		return 0;
+	}
+	return alloc_end(q, n, res);
+}
+
 /* Append x to the growing array *v (*n used of *cap). */
 static int u64_push(uint64_t **v, size_t *n, size_t *cap, uint64_t x)
 {
@@ -775,6 +800,11 @@ static int flush_refcounts(struct qcow2 *q)
 fail:
 	meta_failed(q, "writing refcounts", q->rt_off, r);
 	return r;
+}
+
+int qcow2_flush_refcounts(struct qcow2 *q)
+{
+	return flush_refcounts(q);
 }
 
 static int l1_write(struct qcow2 *q)
@@ -1301,6 +1331,7 @@ static void qcow2_free(struct qcow2 *q)
 	free(q->quarantine);
 	free(q->reuse);
 	qcow2_meta_free(&q->meta);
+	qcow2_bm_free(q);
 	free(q->zbuf);
 	free(q->path);
 	free(q->backing_name);
@@ -1313,7 +1344,8 @@ static void qcow2_free(struct qcow2 *q)
 }
 
 /* Header extensions (qcow2.txt, "Header extensions"): the backing
- * format; an encryption header is refused. */
+ * format; an encryption header is refused; the bitmaps extension is
+ * qcow2_bm_scan's. */
 static int parse_extensions(struct qcow2 *q, const uint8_t *h, char *err, size_t errlen)
 {
 	uint64_t p = q->version >= 3 ? q->header_len : 72;
@@ -1333,9 +1365,6 @@ static int parse_extensions(struct qcow2 *q, const uint8_t *h, char *err, size_t
 			q->backing_fmt = strndup((const char *)h + p + 8, len);
 			if (!q->backing_fmt)
 				return -ENOMEM;
-		} else if (type == 0x23852875u && len >= 24) {	/* bitmaps */
-			q->bitmaps_dir_size = be64_at(h + p + 8 + 8);
-			q->bitmaps_dir_off = be64_at(h + p + 8 + 16);
 		} else if (type == 0x0537be77u) {	/* full disk encryption header */
 			snprintf(err, errlen, "qcow2 image %s is encrypted (LUKS inside qcow2), which "
 				 "vblkd cannot serve yet: convert it with qemu-img convert", q->path);
@@ -1757,6 +1786,7 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	}
 	if ((r = parse_extensions(q, h, err, errlen)) < 0)
 		goto fail;
+	qcow2_bm_scan(q, h);
 	q->meta_direct = file->direct && q->cs < (uint64_t)sysconf(_SC_PAGESIZE);
 	{
 		uint64_t boff = be64_at(h + 8);
@@ -1782,6 +1812,10 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	/* Handed over: the tables are read at qcow2_reload, when the old
 	 * process has stopped changing them. */
 	if (!o->handover && (r = load_tables(q, err, errlen)) < 0)
+		goto fail;
+	/* The bitmaps (read again at the claim, if another process may have
+	 * stored them meanwhile). */
+	if (!o->handover && (r = qcow2_bm_read(q, err, errlen)) < 0)
 		goto fail;
 	if (o->handover)
 		q->rt_entries = (uint64_t)q->rt_clusters * q->cs / 8;
@@ -1904,6 +1938,24 @@ int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
 	q->l1 = q->rt = NULL;
 	if ((r = load_tables(q, err, errlen)) < 0)
 		goto out;
+	/* The bitmaps extension may lie past the first 4 KiB. */
+	if (q->cs > 4096) {
+		uint8_t *big = realloc(h, q->cs);
+
+		if (!big) {
+			r = -ENOMEM;
+			goto out;
+		}
+		h = big;
+		if ((r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0) {
+			snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
+			goto out;
+		}
+	}
+	qcow2_bm_scan(q, h);
+	if ((r = qcow2_bm_read(q, err, errlen)) < 0)
+		goto out;
+	q->write_begun = false;
 	/* Whatever we cached at open may be old. */
 	cache_free(&q->l2c);
 	cache_free(&q->rbc);
@@ -1934,18 +1986,28 @@ out:
 
 int qcow2_begin_write(struct qcow2 *q)
 {
-	uint8_t z[8] = { 0 };
+	/* Bit 0 stays: we keep the bitmaps extension (qcow2_bitmap.c). */
+	uint64_t keep = q->bm_valid ? 1 : 0;
+	uint8_t v[8];
 	int r;
 
-	if (!q->autoclear)
+	if (q->write_begun)
 		return 0;
 	if (q->corrupt || q->broken)
 		return -EIO;
-	if ((r = meta_write(q, z, 8, 88, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0) {
-		meta_failed(q, "clearing the autoclear bits", 88, r);
+	if (q->autoclear & ~keep) {
+		be64_put(v, q->autoclear & keep);
+		if ((r = meta_write(q, v, 8, 88, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0) {
+			meta_failed(q, "clearing the autoclear bits", 88, r);
+			return r;
+		}
+		q->autoclear &= keep;
+	}
+	if ((r = qcow2_bm_mark_in_use(q)) < 0) {
+		meta_failed(q, "marking the bitmaps in use", q->bm_dir_off, r);
 		return r;
 	}
-	q->autoclear = 0;
+	q->write_begun = true;
 	return 0;
 }
 

@@ -78,6 +78,7 @@ enum {
 	Q2M_SNAPSHOTS,		/* the snapshot table */
 	Q2M_SNAP_L1,		/* a snapshot's L1 table */
 	Q2M_BITMAPS,		/* the bitmap directory */
+	Q2M_BITMAP,		/* a bitmap's table or data (qcow2_bitmap.c) */
 	Q2M_KINDS
 };
 
@@ -134,7 +135,21 @@ struct qcow2_cache {
 	uint64_t hits, misses;
 };
 
+/* A bitmap of the image's directory (qcow2_bitmap.c). */
+struct qcow2_bm {
+	char *name;
+	uint64_t table_off;
+	uint32_t table_size;
+	uint32_t flags;
+	uint8_t type, gran_bits;
+	uint32_t dir_pos, ent_len;	/* its entry in the directory */
+	uint64_t *table;	/* as on disk, host byte order */
+	bool usable;		/* vblkd can track it (consistent, a dirty bitmap, ...) */
+	bool ours;		/* the disk holds it: stored at the release */
+};
+
 struct qcow2_ctx;
+struct dbm;
 
 struct qcow2 {
 	struct bdev disk;	/* what blk serves; first (container_of) */
@@ -219,8 +234,22 @@ struct qcow2 {
 	uint64_t io_seq, io_running;
 	uint64_t quarantine_seq, quarantine_left;
 	uint64_t reused;	/* clusters taken again (stats) */
-	/* The bitmaps extension's directory (qcow2.txt, "Bitmaps extension"). */
+	/* The bitmaps extension (qcow2.txt, "Bitmaps extension";
+	 * qcow2_bitmap.c): as the header says (qcow2_bm_scan), ... */
 	uint64_t bitmaps_dir_off, bitmaps_dir_size;
+	uint32_t bm_ext_pos;	/* where in cluster 0; 0: no extension */
+	uint32_t bm_count;
+	/* ... and the directory as read and checked (qcow2_bm_read): valid
+	 * (autoclear bit 0 set, well formed), its bytes, its bitmaps. */
+	bool bm_valid;
+	bool bm_changed;	/* not the directory read or written last */
+	uint8_t *bm_dir;
+	uint64_t bm_dir_off, bm_dir_len;
+	struct qcow2_bm *bm;
+	uint32_t nbm;
+	/* The first write since the image became ours or its bitmaps were
+	 * stored has happened (qcow2_begin_write). */
+	bool write_begun;
 
 	/* Backing chain: the disk below (a format's disk, or a raw file),
 	 * its file, and a plain fd for synchronous reads of it. */
@@ -247,12 +276,43 @@ struct qcow2 {
 
 /* qcow2.c */
 /* Before anything is written to the image (a guest's write, discard or
- * write zeroes, a copy on read, a stream, a grow): the autoclear bits
- * cleared, synced (qcow2.txt, autoclear_features: a writer that keeps
- * none of what they vouch for, the bitmaps, clears them first).  Not at
- * the claim: an image a VM only reads is not changed.  0 or -errno (the
- * write must not happen).  Iothread. */
+ * write zeroes, a copy on read, a stream, a grow) or a persistent bitmap
+ * changes: the autoclear bits cleared but the bitmaps' (qcow2.txt,
+ * autoclear_features: a writer clears what it does not keep), and the
+ * bitmaps marked in use (qcow2_bm_mark_in_use), synced; once until the
+ * next claim or store.  Not at the claim: an image a VM only reads is not
+ * changed.  0 or -errno (the write must not happen).  Iothread. */
 int qcow2_begin_write(struct qcow2 *q);
+/* For qcow2_bitmap.c: a metadata write (checked against the metadata
+ * map), fdatasync, refcounts written and synced, n contiguous clusters at
+ * the end (refcounts set, not yet durable), whether a range overlaps the
+ * L1 or refcount table. */
+int qcow2_meta_write(struct qcow2 *q, const void *buf, size_t len, uint64_t off, unsigned kind);
+int qcow2_sync(struct qcow2 *q);
+int qcow2_flush_refcounts(struct qcow2 *q);
+uint64_t qcow2_alloc_run(struct qcow2 *q, uint64_t n, int *res);
+bool qcow2_meta_clash(const struct qcow2 *q, uint64_t off, uint64_t len);
+
+/* qcow2_bitmap.c (persistent bitmaps; the top of the file says how).
+ * scan: the extension's place and fields from cluster 0 (h).  read: the
+ * directory and tables read and checked (0, or -EINVAL with one line in
+ * err: the image is refused); bm_changed says whether it is the one read
+ * or written last.  meta: every table and data cluster to add.  load: the
+ * bitmaps vblkd can track as new dbm (persistent; enabled = 'auto'), the
+ * caller's; taken: the disk holds that one (stored at the release).
+ * mark_in_use: ours and other auto bitmaps in_use in the file.  store:
+ * b[0..n) are the disk's persistent bitmaps, the image's others carried
+ * on, if the image was written since the claim or changed says a bitmap
+ * was; 0 or -errno with one line in err. */
+void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h);
+int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen);
+void qcow2_bm_free(struct qcow2 *q);
+int qcow2_bm_meta(struct qcow2 *q, int (*add)(struct qcow2 *q, uint64_t off, uint64_t len));
+int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *n, char *err, size_t errlen);
+void qcow2_bm_taken(struct qcow2 *q, const char *name);
+int qcow2_bm_mark_in_use(struct qcow2 *q);
+int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed, char *err,
+		   size_t errlen);
 
 /* An inconsistency in q's metadata: logged once (what, and where: the
  * guest offset unless QCOW2_NO_GUEST, the host offset), q->corrupt set,
@@ -361,6 +421,12 @@ int qcow2_reload(struct qcow2 *q, char *err, size_t errlen);
 int qcow2_io_quiesce(struct qcow2 *q, char *err, size_t errlen);
 int qcow2_io_claim(struct qcow2 *q, char *err, size_t errlen);
 void qcow2_io_release(struct qcow2 *q);
+/* fmt_bitmaps_* on q's iothread (format.h). */
+int qcow2_io_bitmaps_load(struct qcow2 *q, struct dbm ***out, unsigned *n, char *err,
+			  size_t errlen);
+int qcow2_io_bitmaps_touch(struct qcow2 *q);
+int qcow2_io_bitmaps_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed,
+			   char *err, size_t errlen);
 
 /* qcow2_io.c: vblkctl stream's units, for format.h's fmt_stream_*
  * (there: what each does, which thread). */

@@ -925,7 +925,7 @@ writes:
 		return;
 	}
 	/* The first write to the image (a copy on read writes too). */
-	if (q->autoclear &&
+	if (unlikely(!q->write_begun) &&
 	    (io->op != BDEV_READ || ((q->copy_on_read || io->copy_up) && q->backing &&
 				     !q->standalone && q->rw && !q->corrupt && !q->broken))) {
 		int res = qcow2_begin_write(q);
@@ -1001,6 +1001,10 @@ static void q2_spin_stats(const struct bdev_ctx *bc, struct bdev_spin_stats *s)
 struct q2_call {
 	struct qcow2 *q;
 	uint64_t size;		/* grow */
+	struct dbm *const *b;	/* bitmaps: store */
+	struct dbm ***out;	/* bitmaps: load */
+	unsigned n, *nout;
+	bool changed;
 	char *err;
 	size_t errlen;
 	int res;
@@ -1108,6 +1112,49 @@ void qcow2_io_release(struct qcow2 *q)
 	char err[256];
 
 	on_iothread(&(struct q2_call){ .q = q, .err = err, .errlen = sizeof(err) }, release_fn);
+}
+
+static void bm_load_fn(void *opaque)
+{
+	struct q2_call *c = opaque;
+
+	c->res = qcow2_bm_load(c->q, c->out, c->nout, c->err, c->errlen);
+}
+
+int qcow2_io_bitmaps_load(struct qcow2 *q, struct dbm ***out, unsigned *n, char *err,
+			  size_t errlen)
+{
+	return on_iothread(&(struct q2_call){ .q = q, .out = out, .nout = n, .err = err,
+					      .errlen = errlen }, bm_load_fn);
+}
+
+static void bm_touch_fn(void *opaque)
+{
+	struct q2_call *c = opaque;
+
+	c->res = c->q->stale || !c->q->rw ? 0 : qcow2_begin_write(c->q);
+}
+
+int qcow2_io_bitmaps_touch(struct qcow2 *q)
+{
+	return on_iothread(&(struct q2_call){ .q = q }, bm_touch_fn);
+}
+
+static void bm_store_fn(void *opaque)
+{
+	struct q2_call *c = opaque;
+
+	/* What was written goes first (the data the bitmaps describe). */
+	if (c->q->ctx)
+		q2_drain((struct bdev_ctx *)c->q->ctx);
+	c->res = qcow2_bm_store(c->q, c->b, c->n, c->changed, c->err, c->errlen);
+}
+
+int qcow2_io_bitmaps_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed,
+			   char *err, size_t errlen)
+{
+	return on_iothread(&(struct q2_call){ .q = q, .b = b, .n = n, .changed = changed,
+					      .err = err, .errlen = errlen }, bm_store_fn);
 }
 
 bool qcow2_io_is(const struct bdev_engine *e)

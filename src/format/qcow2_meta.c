@@ -39,6 +39,7 @@ static const char *const kind_names[] = {
 	[Q2M_SNAPSHOTS] = "the snapshot table",
 	[Q2M_SNAP_L1] = "a snapshot's L1 table",
 	[Q2M_BITMAPS] = "the bitmap directory",
+	[Q2M_BITMAP] = "a bitmap's table or data",
 };
 _Static_assert(ARRAY_SIZE(kind_names) == Q2M_KINDS, "a name for every kind");
 
@@ -209,6 +210,11 @@ static int add_snapshots(struct qcow2 *q)
 	return add_range(q, q->snapshots_off, off - q->snapshots_off, Q2M_SNAPSHOTS, true);
 }
 
+static int add_bitmap(struct qcow2 *q, uint64_t off, uint64_t len)
+{
+	return add_range(q, off, len, Q2M_BITMAP, true);
+}
+
 int qcow2_meta_build(struct qcow2 *q)
 {
 	int r;
@@ -229,13 +235,11 @@ int qcow2_meta_build(struct qcow2 *q)
 	}
 	if (q->nb_snapshots && (r = add_snapshots(q)) < 0)
 		return r;
-	/* qcow2.txt, "Bitmaps extension": valid only while autoclear bit 0
-	 * says so (we clear it when the image is ours; its clusters stay
-	 * allocated). */
-	if ((q->autoclear & 1) && q->bitmaps_dir_size && q->bitmaps_dir_off % q->cs == 0 &&
-	    q->bitmaps_dir_off >= q->cs && q->bitmaps_dir_size <= QCOW2_MAX_BITMAP_DIR_BYTES &&
-	    q->bitmaps_dir_off + q->bitmaps_dir_size <= MAX(q->file_size, q->next_free) &&
-	    (r = add_range(q, q->bitmaps_dir_off, q->bitmaps_dir_size, Q2M_BITMAPS, true)) < 0)
+	/* qcow2.txt, "Bitmaps extension": the directory, each bitmap's table
+	 * and data clusters, as qcow2_bm_read checked and read them (none
+	 * when autoclear bit 0 is clear: the extension is not valid then). */
+	if (q->bm_valid && q->bm_dir_len &&
+	    (r = add_range(q, q->bm_dir_off, q->bm_dir_len, Q2M_BITMAPS, true)) < 0)
 		return r;
-	return 0;
+	return qcow2_bm_meta(q, add_bitmap);
 }

@@ -79,6 +79,7 @@ int main(int argc, char **argv)
 		{ "rate", required_argument, NULL, 'r' },
 		{ "granularity", required_argument, NULL, 'R' },
 		{ "disabled", no_argument, NULL, 'D' },
+		{ "persistent", no_argument, NULL, 'T' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -88,7 +89,7 @@ int main(int argc, char **argv)
 		"bitmap add|remove|clear|enable|disable|merge|list, nbd add|remove|list, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL, *gran = NULL;
-	bool disabled = false;
+	bool disabled = false, persistent = false;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
@@ -119,6 +120,7 @@ int main(int argc, char **argv)
 		case 'r': rate = optarg; break;
 		case 'R': gran = optarg; break;
 		case 'D': disabled = true; break;
+		case 'T': persistent = true; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
@@ -135,7 +137,7 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH job pause|resume|cancel|complete|dismiss ID\n"
 			       "       vblkctl --control PATH job set-rate ID BYTES\n"
 			       "       vblkctl --control PATH bitmap add NAME [--granularity BYTES] "
-			       "[--disabled]\n"
+			       "[--disabled] [--persistent]\n"
 			       "       vblkctl --control PATH bitmap remove|clear|enable|disable NAME\n"
 			       "       vblkctl --control PATH bitmap merge SOURCE... TARGET\n"
 			       "       vblkctl --control PATH bitmap list\n"
@@ -175,8 +177,9 @@ int main(int argc, char **argv)
 			       "(--granularity, a power of two from 4K to 2G, default 64K); an NBD client\n"
 			       "reads it as the meta context qemu:dirty-bitmap:NAME.  clear empties it,\n"
 			       "disable stops marking (enable again), merge ORs sources into TARGET,\n"
-			       "list shows each with its dirty bytes.  Kept in memory only (not yet\n"
-			       "across a restart).\n"
+			       "list shows each with its dirty bytes.  --persistent keeps it in the\n"
+			       "image (a qcow2 image's own bitmaps, as QEMU's): stored whenever the\n"
+			       "disk is let go, loaded at the next start; others live in memory.\n"
 			       "nbd add serves the disk over NBD on one more address (the fields of\n"
 			       "vblkd --nbd); nbd remove stops the export NAME ('' for the default name),\n"
 			       "its clients disconnected once their requests are done; nbd list shows\n"
@@ -222,8 +225,8 @@ int main(int argc, char **argv)
 		      (!strcmp(sub, "merge") && n >= 4)))
 			cli_die("bitmap takes: add NAME, remove NAME, clear NAME, enable NAME, "
 				"disable NAME, merge SOURCE... TARGET, or list");
-		if (strcmp(sub, "add") && (gran || disabled))
-			cli_die("--granularity and --disabled go with bitmap add");
+		if (strcmp(sub, "add") && (gran || disabled || persistent))
+			cli_die("--granularity, --disabled and --persistent go with bitmap add");
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 
@@ -331,6 +334,8 @@ int main(int argc, char **argv)
 		}
 		if (disabled)
 			json_object_object_add(req, "disabled", json_object_new_boolean(1));
+		if (persistent)
+			json_object_object_add(req, "persistent", json_object_new_boolean(1));
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = argv[optind + 1];
 

@@ -686,6 +686,12 @@ static void start_disk(struct cfg *o, bool handover, struct vblkd *v)
 		snprintf(err, sizeof(err), "cannot start the iothreads: %s", strerror(-r));
 		goto err_image;
 	}
+	/* Persistent bitmaps the image holds (an upgrade's new process reads
+	 * them at its claim). */
+	if (!handover && (r = disk_bitmaps_open(v->disk, err, sizeof(err))) < 0) {
+		disk_free(v->disk);
+		goto err_image;
+	}
 	r = blk_dev_new_on(v->disk, &o->ko, &v->dev);
 	if (r < 0) {
 		disk_free(v->disk);

@@ -1,0 +1,811 @@
+/*
+ * Persistent dirty bitmaps in a qcow2 image (issue 46): QEMU's own
+ * bitmaps extension (qcow2.txt, "Bitmaps extension", "Bitmaps"), so that
+ * qemu-img info, qemu-img bitmap, qemu-nbd -B and QEMU read what vblkd
+ * kept, and vblkd carries on what QEMU made.
+ *
+ * The directory is read and checked at open and at every claim (another
+ * process may have written the image meanwhile); a directory that is not
+ * well formed refuses the image, as QEMU refuses it.  A bitmap vblkd can
+ * track (a dirty-tracking bitmap, consistent, of a granularity and name
+ * it takes) is loaded into the disk's bitmaps (fmt_bitmaps_load); the
+ * others are carried on as they are, their clusters untouched.
+ *
+ * While the image is ours and about to change (the first write, or a
+ * change to a persistent bitmap), every bitmap we hold and every other
+ * 'auto' bitmap is marked in_use in the file: until it is stored again it
+ * is not to be trusted (qcow2.txt, "Dirty tracking bitmaps"), as QEMU
+ * does.  At the release (the VM stops, moves away, vblkd exits, an
+ * upgrade hands over) the disk's persistent bitmaps are stored: data and
+ * tables into new clusters, refcounts durable, then a new directory, then
+ * the header pointing at it, then the old clusters freed; a crash at any
+ * point leaves the old directory or the new one, and at worst leaked
+ * clusters (qemu-img check: leaks, no corruption).
+ *
+ * Owned like the tables: q's iothread, or the main thread while none
+ * runs.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bitmap/dbm.h"
+#include "format/qcow2.h"
+#include "util/compiler.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+#define BM_EXT_TYPE 0x23852875u
+#define BM_EXT_LEN 24u
+#define BM_FLAG_IN_USE (1u << 0)
+#define BM_FLAG_AUTO (1u << 1)
+#define BM_FLAG_EXTRA_OK (1u << 2)
+#define BM_FLAGS_KNOWN 7u
+#define BM_TYPE_DIRTY 1u
+/* QEMU's limits (block/qcow2-bitmap.c, BME_*; block/qcow2.h). */
+#define BM_MIN_GRAN_BITS 9u
+#define BM_MAX_GRAN_BITS 31u
+#define BM_MAX_NAME 1023u
+#define BM_MAX_TABLE 0x8000000u		/* entries */
+#define BM_MAX_PHYS (512ull << 20)	/* bytes of one bitmap's data */
+#define BM_MAX_PHYS_ALL (1ull << 30)	/* of all the bitmaps vblkd takes: ours */
+#define BM_MAX_COUNT 65535u
+#define BM_ENT_FIXED 24u
+/* A bitmap table entry: bits 1-8 and 56-63 reserved. */
+#define BM_TE_RESERVED 0xff000000000001feull
+
+static uint16_t be16_at(const uint8_t *p)
+{
+	return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static void be32_put(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+static uint64_t div_up(uint64_t a, uint64_t b)
+{
+	return (a + b - 1) / b;
+}
+
+/* Bytes of bitmap data for a disk of size at 2^gran_bits per bit. */
+static uint64_t data_bytes(uint64_t size, unsigned gran_bits)
+{
+	return div_up(div_up(size, 1ull << gran_bits), 8);
+}
+
+void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h)
+{
+	uint64_t p = q->version >= 3 ? q->header_len : 72;
+
+	q->bm_ext_pos = 0;
+	q->bm_count = 0;
+	q->bitmaps_dir_off = q->bitmaps_dir_size = 0;
+	while (p + 8 <= q->cs) {
+		uint32_t type = be32_at(h + p), len = be32_at(h + p + 4);
+
+		if (type == 0 || len > q->cs - p - 8)
+			return;
+		if (type == BM_EXT_TYPE && len >= BM_EXT_LEN) {
+			q->bm_ext_pos = (uint32_t)p;
+			q->bm_count = be32_at(h + p + 8);
+			q->bitmaps_dir_size = be64_at(h + p + 8 + 8);
+			q->bitmaps_dir_off = be64_at(h + p + 8 + 16);
+		}
+		p += 8 + (((uint64_t)len + 7) & ~7ull);
+	}
+}
+
+static void bm_free_list(struct qcow2_bm *bm, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		free(bm[i].name);
+		free(bm[i].table);
+	}
+	free(bm);
+}
+
+void qcow2_bm_free(struct qcow2 *q)
+{
+	bm_free_list(q->bm, q->nbm);
+	q->bm = NULL;
+	q->nbm = 0;
+	free(q->bm_dir);
+	q->bm_dir = NULL;
+	q->bm_dir_len = 0;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+	const struct qcow2_bm *x = *(struct qcow2_bm *const *)a, *y = *(struct qcow2_bm *const *)b;
+
+	return strcmp(x->name, y->name);
+}
+
+static bool names_unique(struct qcow2_bm *bm, uint32_t n)
+{
+	struct qcow2_bm **v;
+	bool ok = true;
+
+	if (n < 2)
+		return true;
+	v = malloc(n * sizeof(*v));
+	if (!v)
+		return true;	/* not checked: QEMU's store would find it */
+	for (uint32_t i = 0; i < n; i++)
+		v[i] = &bm[i];
+	qsort(v, n, sizeof(*v), name_cmp);
+	for (uint32_t i = 1; i < n && ok; i++)
+		ok = strcmp(v[i - 1]->name, v[i]->name) != 0;
+	free(v);
+	return ok;
+}
+
+/* The file's end, rounded to a cluster: nothing of the image lies past it. */
+static uint64_t file_end(const struct qcow2 *q)
+{
+	return MAX(q->next_free, (q->file_size + q->cs - 1) & ~(q->cs - 1));
+}
+
+static bool place_ok(const struct qcow2 *q, uint64_t off, uint64_t len)
+{
+	return off >= q->cs && off % q->cs == 0 && off + len > off && off + len <= file_end(q);
+}
+
+/* One entry of the directory at d[pos..]: parsed into e, its table read.
+ * 0, or -EINVAL with the reason in why. */
+static int parse_entry(struct qcow2 *q, const uint8_t *d, uint64_t len, uint64_t pos,
+		       struct qcow2_bm *e, char *why, size_t whylen)
+{
+	const uint8_t *p = d + pos;
+	uint32_t extra, nlen;
+	uint64_t tbytes, want;
+	uint8_t *buf;
+	int r;
+
+	if (len - pos < BM_ENT_FIXED) {
+		snprintf(why, whylen, "its bitmap directory ends inside an entry");
+		return -EINVAL;
+	}
+	e->table_off = be64_at(p);
+	e->table_size = be32_at(p + 8);
+	e->flags = be32_at(p + 12);
+	e->type = p[16];
+	e->gran_bits = p[17];
+	nlen = be16_at(p + 18);
+	extra = be32_at(p + 20);
+	e->dir_pos = (uint32_t)pos;
+	e->ent_len = (uint32_t)((BM_ENT_FIXED + (uint64_t)extra + nlen + 7) & ~7ull);
+	if (nlen == 0 || nlen > BM_MAX_NAME || extra > len || e->ent_len > len - pos) {
+		snprintf(why, whylen, "bitmap directory entry at %llu has a name of %u bytes and "
+			 "%u bytes of extra data, more than the directory holds",
+			 (unsigned long long)pos, nlen, extra);
+		return -EINVAL;
+	}
+	e->name = strndup((const char *)p + BM_ENT_FIXED + extra, nlen);
+	if (!e->name)
+		return -ENOMEM;
+	if (strlen(e->name) != nlen) {
+		snprintf(why, whylen, "a bitmap's name holds a NUL byte");
+		return -EINVAL;
+	}
+	if (e->flags & ~BM_FLAGS_KNOWN) {
+		snprintf(why, whylen, "bitmap '%.80s' has unknown flags %#x", e->name, e->flags);
+		return -EINVAL;
+	}
+	tbytes = (uint64_t)e->table_size * 8;
+	if (!e->table_size || e->table_size > BM_MAX_TABLE || !place_ok(q, e->table_off, tbytes) ||
+	    qcow2_meta_clash(q, e->table_off, tbytes)) {
+		snprintf(why, whylen, "bitmap '%.80s''s table (%u entries at %#llx) is empty, too "
+			 "big, misaligned, outside the file or over the image's tables", e->name,
+			 e->table_size, (unsigned long long)e->table_off);
+		return -EINVAL;
+	}
+	/* A bitmap vblkd can take: the size of its table is checked as
+	 * QEMU checks it when it loads one. */
+	e->usable = e->type == BM_TYPE_DIRTY && !(e->flags & BM_FLAG_IN_USE) &&
+		    (!extra || (e->flags & BM_FLAG_EXTRA_OK)) && e->gran_bits >= BM_MIN_GRAN_BITS &&
+		    e->gran_bits <= BM_MAX_GRAN_BITS && dbm_name_ok(e->name);
+	if (e->usable) {
+		uint64_t db = data_bytes(q->size, e->gran_bits);
+
+		want = div_up(db, q->cs);
+		if (db > BM_MAX_PHYS || want != e->table_size) {
+			snprintf(why, whylen, "bitmap '%.80s' has a table of %u entries where a "
+				 "%llu-byte disk at %u-byte granularity needs %llu%s", e->name,
+				 e->table_size, (unsigned long long)q->size, 1u << e->gran_bits,
+				 (unsigned long long)want, db > BM_MAX_PHYS ? " (too big)" : "");
+			return -EINVAL;
+		}
+	}
+	e->table = malloc(tbytes);
+	buf = malloc(tbytes);
+	if (!e->table || !buf) {
+		free(buf);
+		return -ENOMEM;
+	}
+	if ((r = sys_pread_full(q->mfd, buf, tbytes, e->table_off)) < 0) {
+		free(buf);
+		snprintf(why, whylen, "bitmap '%.80s''s table cannot be read: %s", e->name,
+			 strerror(-r));
+		return r;
+	}
+	for (uint32_t i = 0; i < e->table_size; i++) {
+		uint64_t t = be64_at(buf + 8 * i), off = t & QCOW2_OFFSET_MASK;
+
+		e->table[i] = t;
+		/* qcow2.txt, "Bitmap table": bit 0 only without an offset. */
+		if ((t & BM_TE_RESERVED) || (off && (t & 1)) ||
+		    (off && (!place_ok(q, off, q->cs) || qcow2_meta_clash(q, off, q->cs)))) {
+			free(buf);
+			snprintf(why, whylen, "bitmap '%.80s''s table entry %u (%#llx) is not valid "
+				 "or points outside the file or over the image's tables", e->name, i,
+				 (unsigned long long)t);
+			return -EINVAL;
+		}
+	}
+	free(buf);
+	return 0;
+}
+
+int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen)
+{
+	struct qcow2_bm *bm = NULL, *old = q->bm;
+	uint32_t n = 0, nold = q->nbm;
+	uint64_t size = q->bitmaps_dir_size, off = q->bitmaps_dir_off, pos = 0;
+	uint8_t *d = NULL;
+	char why[256] = "";
+	int r = 0;
+
+	/* qcow2.txt, "autoclear_features" bit 0: the extension is valid only
+	 * while it is set (a writer that did not know it cleared it). */
+	if (!(q->autoclear & 1) || !q->bm_ext_pos) {
+		q->bm_changed = q->bm_dir_len != 0;
+		q->bm_valid = false;
+		qcow2_bm_free(q);
+		return 0;
+	}
+	if (!size || size > QCOW2_MAX_BITMAP_DIR_BYTES || !q->bm_count ||
+	    q->bm_count > BM_MAX_COUNT || !place_ok(q, off, size) || qcow2_meta_clash(q, off, size)) {
+		snprintf(why, sizeof(why), "its bitmap directory (%u bitmaps, %llu bytes at %#llx) "
+			 "is empty, too big, misaligned or outside the file", q->bm_count,
+			 (unsigned long long)size, (unsigned long long)off);
+		r = -EINVAL;
+		goto fail;
+	}
+	d = malloc(size);
+	bm = calloc(q->bm_count, sizeof(*bm));
+	if (!d || !bm) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	if ((r = sys_pread_full(q->mfd, d, size, off)) < 0) {
+		snprintf(why, sizeof(why), "its bitmap directory cannot be read: %s", strerror(-r));
+		goto fail;
+	}
+	while (pos < size) {
+		if (n == q->bm_count) {
+			snprintf(why, sizeof(why), "its bitmap directory holds more than the %u "
+				 "bitmaps the header counts", q->bm_count);
+			r = -EINVAL;
+			goto fail;
+		}
+		if ((r = parse_entry(q, d, size, pos, &bm[n++], why, sizeof(why))) < 0)
+			goto fail;
+		pos += bm[n - 1].ent_len;
+	}
+	{
+		uint64_t all = 0;
+
+		for (uint32_t i = 0; i < n; i++)
+			if (bm[i].usable)
+				all += data_bytes(q->size, bm[i].gran_bits);
+		if (all > BM_MAX_PHYS_ALL) {
+			snprintf(why, sizeof(why), "its bitmaps would take %llu MiB of memory, more "
+				 "than the %llu MiB vblkd gives them", (unsigned long long)(all >> 20),
+				 (unsigned long long)(BM_MAX_PHYS_ALL >> 20));
+			r = -EINVAL;
+			goto fail;
+		}
+	}
+	if (n != q->bm_count || !names_unique(bm, n)) {
+		snprintf(why, sizeof(why), n != q->bm_count ?
+			 "its bitmap directory holds fewer bitmaps than its header counts" :
+			 "two of its bitmaps have the same name");
+		r = -EINVAL;
+		goto fail;
+	}
+	/* The same directory where it was: nobody stored bitmaps since we
+	 * read or wrote it, and what we hold is still theirs to be. */
+	q->bm_changed = !(q->bm_dir && q->bm_dir_off == off && q->bm_dir_len == size &&
+			  !memcmp(q->bm_dir, d, size));
+	for (uint32_t i = 0; !q->bm_changed && i < n; i++)
+		for (uint32_t j = 0; j < nold; j++)
+			if (old[j].ours && !strcmp(old[j].name, bm[i].name))
+				bm[i].ours = true;
+	qcow2_bm_free(q);
+	q->bm = bm;
+	q->nbm = n;
+	q->bm_dir = d;
+	q->bm_dir_len = size;
+	q->bm_dir_off = off;
+	q->bm_valid = true;
+	return 0;
+fail:
+	if (r == -ENOMEM)
+		snprintf(err, errlen, "out of memory for the bitmaps of qcow2 image %s", q->path);
+	else
+		snprintf(err, errlen, "qcow2 image %s is corrupt: %s: check it with qemu-img check "
+			 "(qemu-img bitmap --remove drops a bitmap)", q->path, why);
+	if (bm)
+		bm_free_list(bm, q->bm_count);
+	free(d);
+	return r < 0 ? r : -EINVAL;
+}
+
+int qcow2_bm_meta(struct qcow2 *q, int (*add)(struct qcow2 *q, uint64_t off, uint64_t len))
+{
+	int r;
+
+	for (uint32_t i = 0; i < q->nbm; i++) {
+		const struct qcow2_bm *e = &q->bm[i];
+
+		if ((r = add(q, e->table_off, (uint64_t)e->table_size * 8)) < 0)
+			return r;
+		for (uint32_t j = 0; j < e->table_size; j++)
+			if ((e->table[j] & QCOW2_OFFSET_MASK) &&
+			    (r = add(q, e->table[j] & QCOW2_OFFSET_MASK, q->cs)) < 0)
+				return r;
+	}
+	return 0;
+}
+
+/* ---- Loading ------------------------------------------------------- */
+
+/* Bytes [boff, boff + n) of a bitmap's data into its words (the data is
+ * bit i of byte i / 8 for chunk i, least significant first: qcow2.txt,
+ * "Bitmap data"), the tail past nbits dropped. */
+static void bytes_to_words(struct dbm *b, const uint8_t *src, uint64_t boff, uint64_t n)
+{
+	for (uint64_t k = 0; k < n; k++) {
+		uint64_t byte = boff + k, w = byte / 8;
+		uint64_t v = (uint64_t)src[k] << (8 * (byte % 8));
+
+		if (byte * 8 >= b->nbits)
+			break;
+		if (byte * 8 + 8 > b->nbits)
+			v &= ((1ull << (b->nbits % 8)) - 1) << (8 * (byte % 8));
+		if (v)
+			atomic_fetch_or_explicit(&b->words[w], v, memory_order_relaxed);
+	}
+}
+
+int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err, size_t errlen)
+{
+	struct dbm **v = calloc(q->nbm ? q->nbm : 1, sizeof(*v));
+	uint8_t *buf = malloc(q->cs);
+	unsigned n = 0;
+	int r = 0;
+
+	if (!v || !buf) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = 0; i < q->nbm; i++) {
+		struct qcow2_bm *e = &q->bm[i];
+		uint64_t db;
+		struct dbm *b;
+
+		e->ours = false;
+		if (!e->usable) {
+			log_warn("qcow2 image %s: bitmap '%.80s' is kept but not used: %s", q->path,
+				 e->name, (e->flags & BM_FLAG_IN_USE) ?
+				 "it is marked in use (whoever wrote the image last did not store it: "
+				 "it may miss writes); remove it with qemu-img bitmap --remove, or add "
+				 "one of that name to replace it" :
+				 e->type != BM_TYPE_DIRTY ? "it is not a dirty-tracking bitmap" :
+				 (e->gran_bits < BM_MIN_GRAN_BITS || e->gran_bits > BM_MAX_GRAN_BITS) ?
+				 "its granularity is outside 512 bytes to 2 GiB" :
+				 !dbm_name_ok(e->name) ? "vblkd takes names of up to 63 of A-Z a-z 0-9 "
+				 "_ . - only" : "it has extra data vblkd does not know");
+			continue;
+		}
+		if ((r = dbm_new(e->name, q->size, 1u << e->gran_bits, &b)) < 0)
+			goto fail;
+		v[n++] = b;
+		b->persistent = true;
+		atomic_store(&b->enabled, (e->flags & BM_FLAG_AUTO) != 0);
+		db = data_bytes(q->size, e->gran_bits);
+		for (uint32_t c = 0; c < e->table_size; c++) {
+			uint64_t t = e->table[c], off = t & QCOW2_OFFSET_MASK;
+			uint64_t len = MIN(q->cs, db - (uint64_t)c * q->cs);
+
+			if (off) {
+				if ((r = sys_pread_full(q->mfd, buf, len, off)) < 0) {
+					snprintf(err, errlen, "cannot read bitmap '%s' of qcow2 image "
+						 "%s: %s", e->name, q->path, strerror(-r));
+					goto out;
+				}
+			} else {
+				memset(buf, (t & 1) ? 0xff : 0, len);
+			}
+			bytes_to_words(b, buf, (uint64_t)c * q->cs, len);
+		}
+	}
+	free(buf);
+	*out = v;
+	*nout = n;
+	return 0;
+fail:
+	snprintf(err, errlen, "out of memory for the bitmaps of qcow2 image %s", q->path);
+out:
+	for (unsigned i = 0; i < n; i++)
+		dbm_free(v[i]);
+	free(v);
+	free(buf);
+	return r;
+}
+
+void qcow2_bm_taken(struct qcow2 *q, const char *name)
+{
+	for (uint32_t i = 0; i < q->nbm; i++)
+		if (!strcmp(q->bm[i].name, name))
+			q->bm[i].ours = true;
+}
+
+/* ---- In use --------------------------------------------------------- */
+
+int qcow2_bm_mark_in_use(struct qcow2 *q)
+{
+	bool any = false;
+	uint8_t *d;
+	int r;
+
+	if (!q->bm_valid || !q->nbm)
+		return 0;
+	d = malloc(q->bm_dir_len);
+	if (!d)
+		return -ENOMEM;
+	memcpy(d, q->bm_dir, q->bm_dir_len);
+	for (uint32_t i = 0; i < q->nbm; i++) {
+		struct qcow2_bm *e = &q->bm[i];
+
+		/* Ours change in memory from here; another auto bitmap would
+		 * miss our writes: both untrusted in the file until stored. */
+		if ((e->flags & BM_FLAG_IN_USE) || !(e->ours || (e->flags & BM_FLAG_AUTO)))
+			continue;
+		if (!e->ours)
+			log_warn("qcow2 image %s: bitmap '%s' is not tracked by vblkd (%s): marked "
+				 "in use, as it will miss the writes from now on", q->path, e->name,
+				 e->type != BM_TYPE_DIRTY ? "not a dirty bitmap" :
+				 !dbm_name_ok(e->name) ? "a name vblkd does not take" :
+				 "a bitmap of this name exists already");
+		e->flags |= BM_FLAG_IN_USE;
+		be32_put(d + e->dir_pos + 12, e->flags);
+		any = true;
+	}
+	if (!any) {
+		free(d);
+		return 0;
+	}
+	r = qcow2_meta_write(q, d, q->bm_dir_len, q->bm_dir_off, Q2M_BITMAPS);
+	if (r == 0)
+		r = qcow2_sync(q);
+	free(q->bm_dir);
+	q->bm_dir = d;
+	return r;
+}
+
+/* ---- Storing -------------------------------------------------------- */
+
+/* The header's bitmaps extension as ext (24 bytes), or none: cluster 0
+ * rewritten in one piece (the other extensions kept in order, then the
+ * end marker, then the backing file name, which moves), the autoclear
+ * bit 0 set or cleared with it, synced.  qcow2.txt, "Header extensions". */
+static int header_set_ext(struct qcow2 *q, const uint8_t *ext)
+{
+	uint64_t p = q->version >= 3 ? q->header_len : 72, w = p;
+	uint8_t *h = malloc(q->cs), *n = calloc(1, q->cs);
+	uint64_t boff, blen, ac;
+	int r;
+
+	if (q->version < 3) {
+		r = -EOPNOTSUPP;
+		goto out;
+	}
+	if (!h || !n) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if ((r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0)
+		goto out;
+	memcpy(n, h, p);
+	boff = be64_at(h + 8);
+	blen = be32_at(h + 16);
+	while (p + 8 <= q->cs) {
+		uint32_t type = be32_at(h + p), len = be32_at(h + p + 4);
+		uint64_t sz = 8 + (((uint64_t)len + 7) & ~7ull);
+
+		if (type == 0 || sz > q->cs - p)
+			break;
+		if (type != BM_EXT_TYPE) {
+			memcpy(n + w, h + p, sz);
+			w += sz;
+		}
+		p += sz;
+	}
+	q->bm_ext_pos = 0;
+	if (ext) {
+		if (w + 8 + BM_EXT_LEN + 8 > q->cs) {
+			r = -ENOSPC;
+			goto out;
+		}
+		be32_put(n + w, BM_EXT_TYPE);
+		be32_put(n + w + 4, BM_EXT_LEN);
+		memcpy(n + w + 8, ext, BM_EXT_LEN);
+		q->bm_ext_pos = (uint32_t)w;
+		w += 8 + BM_EXT_LEN;
+	}
+	w += 8;			/* the end marker: zeroes */
+	if (boff && blen) {
+		if (boff + blen > q->cs || w + blen > q->cs) {
+			r = -ENOSPC;
+			goto out;
+		}
+		memcpy(n + w, h + boff, blen);
+		be64_put(n + 8, w);
+	}
+	ac = ext ? q->autoclear | 1 : q->autoclear & ~1ull;
+	be64_put(n + 88, ac);
+	if ((r = qcow2_meta_write(q, n, q->cs, 0, Q2M_HEADER)) < 0 || (r = qcow2_sync(q)) < 0)
+		goto out;
+	q->autoclear = ac;
+out:
+	free(h);
+	free(n);
+	return r;
+}
+
+/* Words of b as bitmap data bytes [boff, boff + n) (see bytes_to_words). */
+static bool words_to_bytes(const struct dbm *b, uint8_t *dst, uint64_t boff, uint64_t n)
+{
+	bool any = false;
+
+	for (uint64_t k = 0; k < n; k++) {
+		uint64_t byte = boff + k;
+		uint64_t w = atomic_load_explicit(&b->words[byte / 8], memory_order_relaxed);
+
+		dst[k] = (uint8_t)(w >> (8 * (byte % 8)));
+		any |= dst[k] != 0;
+	}
+	return any;
+}
+
+/* One bitmap's data and table into new clusters: the table's offset in
+ * *toff, its entries in *tsize.  Refcounts not yet durable. */
+static int store_one(struct qcow2 *q, const struct dbm *b, uint8_t *buf, uint64_t *toff,
+		     uint32_t *tsize)
+{
+	uint64_t db = data_bytes(b->size, b->gran_bits), nt = div_up(db, q->cs);
+	uint64_t tbytes = nt * 8, tc = div_up(tbytes, q->cs);
+	uint8_t *t;
+	int r = 0;
+
+	if (!nt)
+		return -EINVAL;
+	t = calloc(1, tc * q->cs);
+	if (!t)
+		return -ENOMEM;
+	for (uint64_t c = 0; c < nt; c++) {
+		uint64_t len = MIN(q->cs, db - c * q->cs), off;
+
+		memset(buf, 0, q->cs);
+		if (!words_to_bytes(b, buf, c * q->cs, len))
+			continue;	/* all clean: no cluster, reads as zeroes */
+		off = qcow2_alloc(q, &r);
+		if (!off)
+			goto out;
+		if ((r = qcow2_meta_add(&q->meta, off >> q->cluster_bits, Q2M_BITMAP)) < 0 ||
+		    (r = qcow2_meta_write(q, buf, q->cs, off, Q2M_BITMAP)) < 0)
+			goto out;
+		be64_put(t + 8 * c, off);
+	}
+	*toff = qcow2_alloc_run(q, tc, &r);
+	if (!*toff)
+		goto out;
+	for (uint64_t c = 0; c < tc; c++)
+		if ((r = qcow2_meta_add(&q->meta, (*toff >> q->cluster_bits) + c, Q2M_BITMAP)) < 0)
+			goto out;
+	r = qcow2_meta_write(q, t, tc * q->cs, *toff, Q2M_BITMAP);
+	*tsize = (uint32_t)nt;
+out:
+	free(t);
+	return r;
+}
+
+static void free_clusters(struct qcow2 *q, uint64_t off, uint64_t len)
+{
+	for (uint64_t c = off >> q->cluster_bits; len && c <= (off + len - 1) >> q->cluster_bits;
+	     c++) {
+		qcow2_meta_del(&q->meta, c);
+		qcow2_free_later(q, c << q->cluster_bits);
+	}
+}
+
+static bool in_list(struct dbm *const *b, unsigned n, const char *name)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (!strcmp(b[i]->name, name))
+			return true;
+	return false;
+}
+
+int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed, char *err,
+		   size_t errlen)
+{
+	uint64_t dlen = 0, doff = 0, dc = 0;
+	uint32_t count = 0;
+	uint8_t *d = NULL, *buf = NULL, ext[BM_EXT_LEN] = { 0 };
+	bool *keep = NULL, said = false;
+	const char *doing = "storing its bitmaps";
+	int r = 0;
+
+	/* Nothing written, no bitmap changed: the image's copies are right
+	 * (an image a VM only reads is not changed). */
+	if (!q->rw || q->stale || (!changed && !q->write_begun))
+		return 0;
+	if (q->corrupt || q->broken) {
+		snprintf(err, errlen, "qcow2 image %s: its persistent bitmaps were not stored (the "
+			 "image is corrupt or a metadata write failed)", q->path);
+		return -EIO;
+	}
+	/* Nothing of ours, nothing of ours in the file: nothing to write. */
+	if (!n && !q->bm_changed) {
+		bool ours = false;
+
+		for (uint32_t i = 0; i < q->nbm; i++)
+			ours |= q->bm[i].ours;
+		if (!ours)
+			return 0;
+	}
+	if (n && q->version < 3) {
+		snprintf(err, errlen, "qcow2 image %s is version 2, which has no bitmaps: its "
+			 "persistent bitmaps were not stored", q->path);
+		return -EOPNOTSUPP;
+	}
+	keep = calloc(q->nbm ? q->nbm : 1, sizeof(*keep));
+	buf = malloc(q->cs);
+	if (!keep || !buf) {
+		r = -ENOMEM;
+		goto out;
+	}
+	/* Carried on as they are: what is not ours, unless one of ours took
+	 * its name (made again here). */
+	for (uint32_t i = 0; i < q->nbm; i++) {
+		keep[i] = !q->bm[i].ours && !in_list(b, n, q->bm[i].name);
+		if (!q->bm[i].ours && !keep[i])
+			log_warn("qcow2 image %s: bitmap '%s' of the image is replaced by vblkd's "
+				 "bitmap of that name", q->path, q->bm[i].name);
+		if (keep[i]) {
+			dlen += q->bm[i].ent_len;
+			count++;
+		}
+	}
+	for (unsigned i = 0; i < n; i++) {
+		dlen += (BM_ENT_FIXED + strlen(b[i]->name) + 7) & ~7ull;
+		count++;
+	}
+	d = calloc(1, dlen ? dlen : 1);
+	if (!d) {
+		r = -ENOMEM;
+		goto out;
+	}
+	/* The directory: kept entries as they were, then ours, each with its
+	 * data and table written first. */
+	{
+		uint64_t w = 0;
+
+		for (uint32_t i = 0; i < q->nbm; i++)
+			if (keep[i]) {
+				memcpy(d + w, q->bm_dir + q->bm[i].dir_pos, q->bm[i].ent_len);
+				w += q->bm[i].ent_len;
+			}
+		for (unsigned i = 0; i < n; i++) {
+			uint64_t toff = 0;
+
+			uint32_t tsize = 0, flags = atomic_load(&b[i]->enabled) ? BM_FLAG_AUTO : 0;
+			size_t nl = strlen(b[i]->name);
+
+			if ((r = store_one(q, b[i], buf, &toff, &tsize)) < 0) {
+				doing = "writing a bitmap's data";
+				goto out;
+			}
+			be64_put(d + w, toff);
+			be32_put(d + w + 8, tsize);
+			be32_put(d + w + 12, flags);
+			d[w + 16] = BM_TYPE_DIRTY;
+			d[w + 17] = (uint8_t)b[i]->gran_bits;
+			d[w + 18] = (uint8_t)(nl >> 8);
+			d[w + 19] = (uint8_t)nl;
+			memcpy(d + w + BM_ENT_FIXED, b[i]->name, nl);
+			w += (BM_ENT_FIXED + nl + 7) & ~7ull;
+		}
+	}
+	/* Data, tables and their refcounts durable before anything points
+	 * at them. */
+	if ((r = qcow2_flush_refcounts(q)) < 0 || (r = qcow2_sync(q)) < 0) {
+		doing = "writing a bitmap's refcounts";
+		goto out;
+	}
+	if (count) {
+		dc = div_up(dlen, q->cs);
+		doff = qcow2_alloc_run(q, dc, &r);
+		if (!doff)
+			goto out;
+		for (uint64_t c = 0; c < dc; c++)
+			if ((r = qcow2_meta_add(&q->meta, (doff >> q->cluster_bits) + c,
+						Q2M_BITMAPS)) < 0)
+				goto out;
+		if ((r = qcow2_meta_write(q, d, dlen, doff, Q2M_BITMAPS)) < 0 ||
+		    (r = qcow2_flush_refcounts(q)) < 0 || (r = qcow2_sync(q)) < 0) {
+			doing = "writing the bitmap directory";
+			goto out;
+		}
+		be32_put(ext, count);
+		be64_put(ext + 8, dlen);
+		be64_put(ext + 16, doff);
+	}
+	/* The switch: the header names the new directory (or none). */
+	if ((r = header_set_ext(q, count ? ext : NULL)) < 0) {
+		doing = r == -ENOSPC ? "adding the bitmaps extension (the first cluster is full)" :
+			"writing the header's bitmaps extension";
+		goto out;
+	}
+	q->bitmaps_dir_off = doff;
+	q->bitmaps_dir_size = dlen;
+	q->bm_count = count;
+	/* The old directory, and the tables and data of what was replaced or
+	 * dropped, go once the tables are durable (qcow2_flush). */
+	if (q->bm_dir_len)
+		free_clusters(q, q->bm_dir_off, q->bm_dir_len);
+	for (uint32_t i = 0; i < q->nbm; i++) {
+		const struct qcow2_bm *e = &q->bm[i];
+
+		if (keep[i])
+			continue;
+		free_clusters(q, e->table_off, (uint64_t)e->table_size * 8);
+		for (uint32_t j = 0; j < e->table_size; j++)
+			if (e->table[j] & QCOW2_OFFSET_MASK)
+				free_clusters(q, e->table[j] & QCOW2_OFFSET_MASK, q->cs);
+	}
+	/* What the file says now; ours are what was just stored. */
+	qcow2_bm_free(q);
+	if ((r = qcow2_flush(q)) < 0) {
+		doing = "freeing the old bitmaps";
+		goto out;
+	}
+	if ((r = qcow2_bm_read(q, err, errlen)) < 0) {
+		said = true;
+		goto out;
+	}
+	for (unsigned i = 0; i < n; i++)
+		qcow2_bm_taken(q, b[i]->name);
+	q->bm_changed = false;
+	q->write_begun = false;	/* clean: the next change marks in_use again */
+	if (n)
+		log_info("qcow2 image %s: %u persistent bitmap%s stored", q->path, n,
+			 n == 1 ? "" : "s");
+out:
+	if (r < 0 && !said)
+		snprintf(err, errlen, "qcow2 image %s: %s failed: %s; the bitmaps stay marked in "
+			 "use in the image", q->path, doing, strerror(-r));
+	free(d);
+	free(buf);
+	free(keep);
+	return r;
+}

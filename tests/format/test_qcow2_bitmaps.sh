@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# Persistent dirty bitmaps in qcow2 images (issue 46), judged by QEMU's own
+# tools: a bitmap QEMU made (qemu-img bitmap --add) is loaded, tracks what
+# vblkd's clients write and is stored back, not dropped (before: vblkd
+# cleared the autoclear bit, QEMU then dropped the bitmap and its clusters
+# leaked); one made with vblkctl bitmap add --persistent is listed by
+# qemu-img info and exported by qemu-nbd -B with the same dirty extents
+# vblkd reported; it survives a restart; QEMU carries vblkd's bitmaps on;
+# a kill -9 leaves them marked in use, as QEMU leaves its own; a bitmap
+# directory that is not well formed refuses the image with one line and
+# leaves it as it was; --persistent where it cannot be kept is refused.
+# Usage: test_qcow2_bitmaps.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
+set -uo pipefail
+BUILD=${1:?usage: test_qcow2_bitmaps.sh BUILD_DIR}
+VBLKD=$BUILD/vblkd VBLKCTL=$BUILD/vblkctl
+tmp=$(mktemp -d /tmp/vblk-qbm.XXXXXX)
+dpid="" hpid="" npid=""
+cleanup() {
+    for p in $dpid $hpid $npid; do kill -9 "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [[ -n ${KEEP:-} ]] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+pass() { echo "PASS: $1"; }
+fail() { echo "FAIL: $1${2:+: $2}"; }
+
+for t in qemu-img qemu-io qemu-nbd nbdinfo; do
+    command -v $t >/dev/null || {
+        echo "SKIP: qcow2-bitmaps (no $t: scripts/deps.sh installs qemu-utils, libnbd-bin)"
+        exit 0; }
+done
+
+SOCK=$tmp/n.sock CTL=$tmp/c.ctl IMG=$tmp/img.qcow2
+uri() { echo "nbd+unix:///?socket=${1:-$SOCK}"; }
+ctl() { "$VBLKCTL" --control "$CTL" "$@"; }
+# start LOG [ARGS...]: vblkd serving $IMG over NBD only, ready.
+start() {
+    local log=$1; shift
+    rm -f "$SOCK" "$CTL"
+    "$VBLKD" --disk "$IMG" --nbd "unix:$SOCK" --control "$CTL" "$@" >"$log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 500); do
+        [[ -S $SOCK && -S $CTL ]] && grep -q serving "$log" && return 0
+        kill -0 "$dpid" 2>/dev/null || return 1
+        sleep 0.01
+    done
+    return 1
+}
+stop() { kill -TERM "$dpid" 2>/dev/null; wait "$dpid"; local rc=$?; dpid=""; return $rc; }
+# dirty MAP-FILE: the dirty extents of an nbdinfo --map, one "off len" per line.
+dirty() { awk '$3 == 1 { print $1, $2 }' "$1"; }
+# info IMAGE: "name:gran:flags" per bitmap, sorted, from qemu-img info.
+info() {
+    qemu-img info -U --output=json "$1" | python3 -c '
+import json, sys
+d = json.load(sys.stdin).get("format-specific", {}).get("data", {})
+for b in sorted(d.get("bitmaps", []), key=lambda b: b["name"]):
+    print("%s:%d:%s" % (b["name"], b["granularity"], ",".join(sorted(b["flags"]))))'
+}
+# corruptions IMAGE: qemu-img check's count of errors (leaks not counted).
+corruptions() {
+    qemu-img check --output=json "$1" 2>/dev/null |
+        python3 -c 'import json,sys; print(json.load(sys.stdin).get("corruptions", 0))'
+}
+
+# ---- QEMU's bitmaps loaded, kept, stored; ours listed by QEMU -------------------
+qemu-img create -q -f qcow2 "$IMG" 64M
+qemu-io -f qcow2 -c 'write -P 1 0 1M' "$IMG" >/dev/null
+qemu-img bitmap --add "$IMG" qb
+qemu-img bitmap --add -g 4096 --disable "$IMG" qoff
+if start "$tmp/a.log"; then
+    l0=$(ctl bitmap list)
+    ctl bitmap add mine --persistent --granularity 8K >/dev/null
+    ctl bitmap add temp >/dev/null
+    qemu-io -f raw -c 'write -P 2 8M 100k' -c 'write -P 3 30M 4k' -c 'write -z 40M 64k' \
+        "$(uri)" >/dev/null
+    for b in qb mine qoff; do nbdinfo --map="qemu:dirty-bitmap:$b" "$(uri)" >"$tmp/v-$b.map"; done
+    l1=$(ctl bitmap list)
+    stop; rc=$?
+    have=$(info "$IMG")
+    want=$'mine:8192:auto\nqb:65536:auto\nqoff:4096:'
+    if ((rc == 0)) && [[ $l0 == *'"name": "qb"'*'"enabled": true, "persistent": true'* &&
+          $l0 == *'"name": "qoff"'*'"enabled": false, "persistent": true'* &&
+          $have == "$want" ]] && [[ $(corruptions "$IMG") == 0 ]] &&
+       qemu-img check -q "$IMG" && [[ -n $(dirty "$tmp/v-qb.map") && -z $(dirty "$tmp/v-qoff.map") ]]; then
+        pass qemu-bitmaps-kept-ours-stored-image-clean
+    else
+        fail qemu-bitmaps-kept-ours-stored-image-clean "rc=$rc info: $have; list: $l0; check: $(qemu-img check "$IMG" 2>&1 | head -3)"
+    fi
+    # qemu-nbd -B exports what vblkd stored: the same dirty extents.
+    qemu-nbd -r -t -f qcow2 -B qb -B mine -k "$tmp/q.sock" "$IMG" &
+    npid=$!
+    for _ in $(seq 300); do [[ -S $tmp/q.sock ]] && break; sleep 0.01; done
+    for b in qb mine; do nbdinfo --map="qemu:dirty-bitmap:$b" "$(uri "$tmp/q.sock")" >"$tmp/q-$b.map"; done
+    kill "$npid"; wait "$npid" 2>/dev/null; npid=""
+    if [[ $(dirty "$tmp/v-qb.map") == "$(dirty "$tmp/q-qb.map")" &&
+          $(dirty "$tmp/v-mine.map") == "$(dirty "$tmp/q-mine.map")" &&
+          $(dirty "$tmp/v-mine.map") == $'8388608 106496\n31457280 8192\n41943040 65536' ]]; then
+        pass qemu-nbd-exports-the-same-dirty-extents
+    else
+        fail qemu-nbd-exports-the-same-dirty-extents "vblkd: $(dirty "$tmp/v-mine.map" | tr '\n' ' ') qemu-nbd: $(dirty "$tmp/q-mine.map" | tr '\n' ' ')"
+    fi
+else
+    fail qemu-bitmaps-kept-ours-stored-image-clean "$(tail -2 "$tmp/a.log")"
+fi
+
+# ---- A restart loads them; QEMU's writes are carried into them ----------------
+# QEMU (qemu-io on the image) writes with the bitmaps loaded and stores
+# them; vblkd then reads QEMU's bits; a bitmap removed here goes from the
+# image at the stop.
+qemu-io -f qcow2 -c 'write -P 4 50M 4k' "$IMG" >/dev/null
+if start "$tmp/b.log"; then
+    nbdinfo --map="qemu:dirty-bitmap:mine" "$(uri)" >"$tmp/b-mine.map"
+    l=$(ctl bitmap list)
+    ctl bitmap remove qoff >/dev/null
+    ctl bitmap clear qb >/dev/null
+    stop
+    if [[ $(dirty "$tmp/b-mine.map") == $'8388608 106496\n31457280 8192\n41943040 65536\n52428800 8192' &&
+          $l == *'"name": "qb", "granularity": 65536, "dirty_bytes": 327680'* &&
+          $(info "$IMG") == $'mine:8192:auto\nqb:65536:auto' ]] && qemu-img check -q "$IMG"; then
+        pass restart-loads-bits-qemu-writes-carried-removed-goes
+    else
+        fail restart-loads-bits-qemu-writes-carried-removed-goes "map: $(dirty "$tmp/b-mine.map" | tr '\n' ' '); list: $l; info: $(info "$IMG")"
+    fi
+else
+    fail restart-loads-bits-qemu-writes-carried-removed-goes "$(tail -2 "$tmp/b.log")"
+fi
+
+# ---- kill -9 with a client writing: marked in use, as QEMU does --------------
+# The next vblkd keeps them in the image but does not use them (one line
+# each), and a bitmap added under the same name replaces one.
+if start "$tmp/c.log"; then
+    /usr/bin/python3 - "$SOCK" "$tmp/held" <<'PYEOF' &
+import nbd, sys, time, os
+h = nbd.NBD()
+h.connect_unix(sys.argv[1])
+h.pwrite(b"x" * 4096, 20 << 20)
+open(sys.argv[2], "w").close()
+time.sleep(30)
+PYEOF
+    hpid=$!
+    for _ in $(seq 500); do [[ -e $tmp/held ]] && break; sleep 0.01; done
+    kill -9 "$dpid"; wait "$dpid" 2>/dev/null; dpid=""
+    kill -9 "$hpid"; wait "$hpid" 2>/dev/null; hpid=""
+    crashed=$(info "$IMG")
+    if start "$tmp/d.log"; then
+        l=$(ctl bitmap list)
+        ctl bitmap add qb --persistent >/dev/null
+        stop
+        if [[ $crashed == $'mine:8192:auto,in-use\nqb:65536:auto,in-use' && $l == '{ "bitmaps": [ ] }' &&
+              $(grep -c "kept but not used: it is marked in use" "$tmp/d.log") == 2 &&
+              $(info "$IMG") == $'mine:8192:auto,in-use\nqb:65536:auto' &&
+              $(corruptions "$IMG") == 0 ]]; then
+            pass kill-9-leaves-in-use-kept-not-used-replaced-by-name
+        else
+            fail kill-9-leaves-in-use-kept-not-used-replaced-by-name "after crash: $crashed; list: $l; then: $(info "$IMG")"
+        fi
+    else
+        fail kill-9-leaves-in-use-kept-not-used-replaced-by-name "$(tail -2 "$tmp/d.log")"
+    fi
+else
+    fail kill-9-leaves-in-use-kept-not-used-replaced-by-name "$(tail -2 "$tmp/c.log")"
+fi
+
+# ---- Hostile bitmap directories: refused in one line, image unchanged ---------
+# Each damage on a fresh image with two bitmaps (QEMU refuses all of them
+# too): a table offset out of the file, a table of the wrong size, a
+# name length past the directory, unknown flags, two bitmaps of one name,
+# a data cluster over the L1 table.
+qemu-img create -q -f qcow2 "$tmp/h0.qcow2" 16M
+qemu-img bitmap --add "$tmp/h0.qcow2" b1
+qemu-img bitmap --add "$tmp/h0.qcow2" b2
+qemu-io -f qcow2 -c 'write 0 64k' "$tmp/h0.qcow2" >/dev/null
+damage() {	# damage KIND FILE
+    /usr/bin/python3 - "$1" "$2" <<'PYEOF'
+import struct, sys
+kind, path = sys.argv[1], sys.argv[2]
+f = open(path, "r+b"); h = f.read(65536)
+cs = 1 << struct.unpack(">I", h[20:24])[0]
+l1 = struct.unpack(">Q", h[40:48])[0]
+p = struct.unpack(">I", h[100:104])[0]
+while True:
+    t, n = struct.unpack(">II", h[p:p + 8])
+    if t == 0x23852875: break
+    p += 8 + (n + 7) // 8 * 8
+nb, _, dsz, doff = struct.unpack(">IIQQ", h[p + 8:p + 32])
+f.seek(doff); d = bytearray(f.read(dsz))
+e1 = 0; e2 = (24 + struct.unpack(">H", d[18:20])[0] + 7) // 8 * 8
+if kind == "table-outside": d[0:8] = struct.pack(">Q", 1 << 40)
+if kind == "table-size": d[8:12] = struct.pack(">I", 7)
+if kind == "name-past-end": d[e2 + 18:e2 + 20] = struct.pack(">H", 1000)
+if kind == "unknown-flags": d[12:16] = struct.pack(">I", 0x80 | 2)
+if kind == "same-names": d[e2 + 24:e2 + 26] = d[24:26]
+if kind == "data-over-l1":
+    # b1's table entry 0 points at the L1 table's cluster.
+    toff = struct.unpack(">Q", d[0:8])[0]
+    f.seek(toff); f.write(struct.pack(">Q", l1 // cs * cs))
+f.seek(doff); f.write(d); f.close()
+PYEOF
+}
+hbad=()
+for k in table-outside table-size name-past-end unknown-flags same-names data-over-l1; do
+    cp "$tmp/h0.qcow2" "$tmp/h.qcow2"
+    damage "$k" "$tmp/h.qcow2"
+    s0=$(sha256sum "$tmp/h.qcow2" | cut -d' ' -f1)
+    qemu-img info "$tmp/h.qcow2" >/dev/null 2>&1 && qok=1 || qok=0
+    out=$(timeout 10 "$VBLKD" --disk "$tmp/h.qcow2" --nbd "unix:$tmp/h.sock" 2>&1); rc=$?
+    if ((rc == 0 || rc == 124)) || (($(wc -l <<<"$out") != 1)) || [[ $out != *"is corrupt"*bitmap* ]] ||
+       [[ $(sha256sum "$tmp/h.qcow2" | cut -d' ' -f1) != "$s0" ]]; then
+        hbad+=("$k: rc=$rc qemu-img info ok=$qok: $out")
+    fi
+done
+((${#hbad[@]} == 0)) && pass hostile-bitmap-directories-refused-one-line-unchanged ||
+    fail hostile-bitmap-directories-refused-one-line-unchanged "${hbad[*]}"
+
+# ---- --persistent where it cannot be kept ------------------------------------
+qemu-img create -q -f qcow2 -o compat=0.10 "$tmp/v2.qcow2" 16M
+truncate -s 16M "$tmp/r.raw"
+rbad=()
+for d in "$tmp/v2.qcow2:version 2" "$tmp/r.raw:qcow2 images only"; do
+    IMG=${d%%:*}
+    if start "$tmp/p.log"; then
+        out=$(ctl bitmap add p --persistent 2>&1); rc=$?
+        l=$(ctl bitmap list)
+        stop
+        { ((rc != 0)) && (($(wc -l <<<"$out") == 1)) && [[ $out == *"${d#*:}"* && $l == '{ "bitmaps": [ ] }' ]]; } ||
+            rbad+=("$IMG: rc=$rc $out $l")
+    else
+        rbad+=("$IMG: $(tail -1 "$tmp/p.log")")
+    fi
+done
+((${#rbad[@]} == 0)) && pass persistent-refused-where-it-cannot-be-kept ||
+    fail persistent-refused-where-it-cannot-be-kept "${rbad[*]}"

@@ -115,6 +115,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(err[0] != '\0' && !strchr(err, '\n'));
 	for (unsigned i = 0; i < nbm; i++)
 		fmt_bitmaps_taken(disk, bm[i]->name);
+	/* Held: the first write stores them in use and writes ahead. */
+	(void)fmt_bitmaps_hold(disk, bm, nbm, false);
 	for (unsigned i = 0; i < MAX_REQS && in.left >= 8; i++) {
 		uint8_t op, pad, o[3];
 		uint16_t len;
@@ -178,14 +180,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	/* As the release stores them (one that grew past them is not). */
 	{
-		unsigned k = 0;
+		struct dbm **drop = calloc(nbm ? nbm : 1, sizeof(*drop));
+		unsigned k = 0, nd = 0;
 
+		FUZZ_CHECK(drop != NULL);
 		for (unsigned i = 0; i < nbm; i++)
 			if (bm[i]->size == disk->size)
 				bm[k++] = bm[i];
 			else
-				dbm_free(bm[i]);
+				drop[nd++] = bm[i];
 		nbm = k;
+		/* The format lets go of them before they are freed. */
+		(void)fmt_bitmaps_hold(disk, bm, nbm, false);
+		for (unsigned i = 0; i < nd; i++)
+			dbm_free(drop[i]);
+		free(drop);
 		err[0] = '\0';
 		if (fmt_bitmaps_store(disk, bm, nbm, true, err, sizeof(err)) < 0)
 			FUZZ_CHECK(err[0] != '\0' && !strchr(err, '\n'));

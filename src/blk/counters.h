@@ -95,6 +95,10 @@
 	  "Bytes of the disk the last stream has gone past (its progress).")		\
 	X(image_clusters_reused, u64, READ, COUNTER, PLAIN, "image_clusters_reused_total",	\
 	  "Image clusters freed (discard, copy on write) and allocated again (qcow2).")	\
+	X(image_bitmap_regions, u64, READ, COUNTER, PLAIN,					\
+	  "image_bitmap_regions_written_ahead_total",						\
+	  "Regions of the disk whose bits were set in the image's persistent bitmaps "	\
+	  "before their first write (qcow2; one sync each: what keeps them across a crash).")	\
 	X(image_corrupt, u64, READ, GAUGE, PLAIN, "image_corrupt",				\
 	  "1 once the image was found corrupt (qcow2: marked so in its header; writes "	\
 	  "fail until qemu-img check -r all repairs it).")

@@ -125,6 +125,7 @@ static void do_stats(void *opaque)
 		c->disk->image_streaming = fs.streaming;
 		c->disk->image_stream_pos = fs.stream_pos;
 		c->disk->image_clusters_reused = fs.clusters_reused;
+		c->disk->image_bitmap_regions = fs.bitmap_regions;
 		c->disk->image_corrupt = fs.corrupt;
 	}
 	for (unsigned i = 0; i < d->num_queues; i++) {

@@ -79,6 +79,8 @@ static int publish(struct disk *d, struct dbm *add, const struct dbm *drop)
 	return 0;
 }
 
+static int hold(struct disk *d, bool force, char *err, size_t errlen);
+
 int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabled,
 		    bool persistent, char *err, size_t errlen)
 {
@@ -109,32 +111,44 @@ int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabl
 	}
 	atomic_store(&b->enabled, !disabled);
 	b->persistent = persistent;
-	if (persistent)
-		d->bm_unsaved = true;
 	r = publish(d, b, NULL);
 	if (r < 0) {
 		dbm_free(b);
 		snprintf(err, errlen, "out of memory");
 		return r;
 	}
+	/* In the image from now (if it is ours): a crash keeps it. */
+	if (persistent && hold(d, true, NULL, 0) < 0)
+		log_err("bitmap %s: not yet in the image (it will be at the release)", name);
 	log_info("bitmap %s added (%u-byte granularity%s%s)", name, gran,
 		 disabled ? ", disabled" : "", persistent ? ", persistent" : "");
 	return 0;
 }
 
-/* A persistent bitmap is about to gain bits the image's copy lacks (an
- * enable, a merge into it): that copy is marked in use first, so a crash
- * from here on does not leave it looking right (format.h). */
-static int touch(struct disk *d, char *err, size_t errlen)
+/* The format keeps (points at) the disk's persistent bitmaps: told of
+ * every change of the set before a bitmap is freed.  force: a persistent
+ * bitmap was added, removed, enabled, disabled or merged into: the image
+ * reflects it at once if it is ours (format.h, fmt_bitmaps_hold: a crash
+ * from here on finds it as it is now, and covering every write). */
+static int hold(struct disk *d, bool force, char *err, size_t errlen)
 {
+	struct disk_bitmaps *l = list_of(d);
+	struct dbm **p = calloc(l ? l->n + 1 : 1, sizeof(*p));
+	unsigned n = 0;
 	int r;
 
-	d->bm_unsaved = true;
-	if (!d->claims)
-		return 0;
-	r = fmt_bitmaps_touch(d->b);
-	if (r < 0)
-		snprintf(err, errlen, "cannot mark the image's bitmaps in use: %s", strerror(-r));
+	if (force)
+		d->bm_unsaved = true;
+	if (!p)
+		return -ENOMEM;
+	for (unsigned i = 0; l && i < l->n; i++)
+		if (l->b[i]->persistent)
+			p[n++] = l->b[i];
+	r = fmt_bitmaps_hold(d->b, p, n, force && d->claims);
+	free(p);
+	if (r < 0 && err)
+		snprintf(err, errlen, "cannot write the persistent bitmaps to the image: %s",
+			 strerror(-r));
 	return r;
 }
 
@@ -164,8 +178,9 @@ int disk_bitmap_remove(struct disk *d, const char *name, char *err, size_t errle
 		snprintf(err, errlen, "out of memory");
 		return r;
 	}
+	/* The format lets go of it before it is freed. */
 	if (b->persistent)
-		d->bm_unsaved = true;
+		(void)hold(d, true, NULL, 0);
 	dbm_free(b);
 	log_info("bitmap %s removed", name);
 	return 0;
@@ -192,12 +207,12 @@ int disk_bitmap_enable(struct disk *d, const char *name, bool on, char *err, siz
 
 	if (!b)
 		return -ENOENT;
-	if (b->persistent && (r = touch(d, err, errlen)) < 0)
-		return r;
 	atomic_store(&b->enabled, on);
 	/* A write begun before a disable may still mark it; none begun
 	 * after an enable is missed once this returns. */
 	grace(d);
+	if (b->persistent && (r = hold(d, true, err, errlen)) < 0)
+		return r;
 	log_info("bitmap %s %s", name, on ? "enabled" : "disabled");
 	return 0;
 }
@@ -213,11 +228,11 @@ int disk_bitmap_merge(struct disk *d, const char *const *srcs, unsigned n, const
 	for (unsigned i = 0; i < n; i++)
 		if (!get(d, srcs[i], err, errlen))
 			return -ENOENT;
-	if (t->persistent && (r = touch(d, err, errlen)) < 0)
-		return r;
 	for (unsigned i = 0; i < n; i++)
 		if (strcmp(srcs[i], dst))
 			dbm_merge(t, disk_bitmap_find(d, srcs[i]));
+	if (t->persistent && (r = hold(d, true, err, errlen)) < 0)
+		return r;
 	log_info("bitmap %s: %u bitmap%s merged in", dst, n, n == 1 ? "" : "s");
 	return 0;
 }
@@ -265,10 +280,12 @@ int disk_bitmaps_grow(struct disk *d, uint64_t size)
 	grace(d);
 	/* What was marked on the old ones before the grace, carried over. */
 	for (unsigned i = 0; i < n; i++)
-		if (l->b[i] != old->b[i]) {
+		if (l->b[i] != old->b[i])
 			dbm_merge(l->b[i], old->b[i]);
+	(void)hold(d, true, NULL, 0);
+	for (unsigned i = 0; i < n; i++)
+		if (l->b[i] != old->b[i])
 			dbm_free(old->b[i]);
-		}
 	free(old);
 	return 0;
 }
@@ -298,6 +315,7 @@ static int adopt(struct disk *d, struct dbm **v, unsigned n)
 				dbm_free(v[i++]);
 			return r;
 		}
+		(void)hold(d, false, NULL, 0);
 		dbm_free(old);
 		fmt_bitmaps_taken(d->b, v[i]->name);
 		log_info("bitmap %s loaded from the image (%u-byte granularity, %llu bytes "
@@ -318,6 +336,8 @@ int disk_bitmaps_open(struct disk *d, char *err, size_t errlen)
 		return r;
 	r = adopt(d, v, n);
 	free(v);
+	if (r == 0)
+		r = hold(d, false, NULL, 0);
 	if (r < 0)
 		snprintf(err, errlen, "out of memory for the image's bitmaps");
 	return r;
@@ -338,7 +358,7 @@ int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen)
 		for (unsigned i = 0; l && i < l->n; i++)
 			if (l->b[i]->persistent)
 				fmt_bitmaps_taken(d->b, l->b[i]->name);
-		return 0;
+		return hold(d, false, err, errlen);
 	}
 	if ((r = fmt_bitmaps_load(d->b, &v, &n, err, errlen)) < 0)
 		return r;
@@ -359,11 +379,12 @@ int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen)
 			 "another process since, without it", b->name);
 		if ((r = publish(d, NULL, b)) < 0)
 			break;
+		(void)hold(d, false, NULL, 0);
 		dbm_free(b);
 	}
-	if (r == 0)
-		r = adopt(d, v, n);
-	else
+	if (r == 0 && (r = adopt(d, v, n)) == 0)
+		r = hold(d, false, NULL, 0);
+	else if (r < 0)
 		for (unsigned j = 0; j < n; j++)
 			dbm_free(v[j]);
 	free(v);
@@ -402,6 +423,7 @@ void disk__bitmaps_free(struct disk *d)
 {
 	struct disk_bitmaps *l = list_of(d);
 
+	(void)fmt_bitmaps_hold(d->b, NULL, 0, false);
 	for (unsigned i = 0; l && i < l->n; i++)
 		dbm_free(l->b[i]);
 	free(l);

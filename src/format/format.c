@@ -406,6 +406,7 @@ void fmt_stats(const struct bdev *disk, struct fmt_stats *out)
 	out->streaming = q->streaming;
 	out->stream_pos = q->stream_pos;
 	out->clusters_reused = q->reused;
+	out->bitmap_regions = q->wal_writes;
 	out->corrupt = q->corrupt;
 }
 
@@ -478,11 +479,11 @@ void fmt_bitmaps_taken(struct bdev *disk, const char *name)
 		qcow2_bm_taken(q, name);
 }
 
-int fmt_bitmaps_touch(struct bdev *disk)
+int fmt_bitmaps_hold(struct bdev *disk, struct dbm *const *b, unsigned n, bool force)
 {
 	struct qcow2 *q = qcow2_of(disk);
 
-	return q ? qcow2_io_bitmaps_touch(q) : 0;
+	return q ? qcow2_io_bitmaps_hold(q, b, n, force) : 0;
 }
 
 int fmt_bitmaps_store(struct bdev *disk, struct dbm *const *b, unsigned n, bool changed,

@@ -163,9 +163,12 @@ void fmt_release(struct bdev *disk);
  * fmt_bitmaps_changed: another process stored bitmaps in the image since
  * we read or stored them last (the caller loads them again); after a
  * claim.  fmt_bitmaps_taken: the caller holds the image's bitmap name (a
- * loaded one it kept).  fmt_bitmaps_touch: a persistent bitmap is about to
- * change in memory: the image's copies marked in use first (as at the
- * first write), if the image is ours.  fmt_bitmaps_store: b[0..n) are the
+ * loaded one it kept).  fmt_bitmaps_hold: the disk's persistent bitmaps
+ * are b[0..n) from now on (the format keeps the pointers until the next
+ * hold: call it again before one is freed); force: they changed (added,
+ * removed, enabled, merged into): the image reflects them now if it is
+ * ours (stored in use and written ahead from here: a crash finds them
+ * covering every write).  fmt_bitmaps_store: b[0..n) are the
  * disk's persistent bitmaps (changed: one changed in memory since the
  * last store; else they are stored only if the image was written since
  * it became ours): written to the image (not in use), the
@@ -179,7 +182,7 @@ int fmt_bitmaps_load(struct bdev *disk, struct dbm ***out, unsigned *n, char *er
 		     size_t errlen);
 bool fmt_bitmaps_changed(struct bdev *disk);
 void fmt_bitmaps_taken(struct bdev *disk, const char *name);
-int fmt_bitmaps_touch(struct bdev *disk);
+int fmt_bitmaps_hold(struct bdev *disk, struct dbm *const *b, unsigned n, bool force);
 int fmt_bitmaps_store(struct bdev *disk, struct dbm *const *b, unsigned n, bool changed,
 		      char *err, size_t errlen);
 
@@ -227,6 +230,7 @@ struct fmt_stats {
 	uint64_t streaming;		/* 1 while vblkctl stream runs */
 	uint64_t stream_pos;		/* bytes of the disk it has gone past */
 	uint64_t clusters_reused;	/* freed, then allocated again */
+	uint64_t bitmap_regions;	/* written ahead in persistent bitmaps */
 	uint64_t corrupt;		/* 1: found corrupt, writes refused */
 };
 

@@ -1986,9 +1986,11 @@ out:
 
 int qcow2_begin_write(struct qcow2 *q)
 {
-	/* Bit 0 stays: we keep the bitmaps extension (qcow2_bitmap.c). */
-	uint64_t keep = q->bm_valid ? 1 : 0;
+	/* Bit 0 stays: we keep the bitmaps extension (qcow2_bitmap.c); bit
+	 * 63 is ours (the write-ahead below sets it again). */
+	uint64_t keep = q->bm_valid ? QCOW2_AUTOCLEAR_BITMAPS : 0;
 	uint8_t v[8];
+	char err[256];
 	int r;
 
 	if (q->write_begun)
@@ -2003,7 +2005,15 @@ int qcow2_begin_write(struct qcow2 *q)
 		}
 		q->autoclear &= keep;
 	}
-	if ((r = qcow2_bm_mark_in_use(q)) < 0) {
+	/* The disk's persistent bitmaps stored as they are, in use and
+	 * written ahead from here; without any, the image's other bitmaps in
+	 * use (they would miss these writes). */
+	if (q->nheld && q->version >= 3) {
+		if ((r = qcow2_bm_store(q, q->held, q->nheld, true, true, err, sizeof(err))) < 0) {
+			log_err("%s", err);
+			return r;
+		}
+	} else if ((r = qcow2_bm_mark_in_use(q)) < 0) {
 		meta_failed(q, "marking the bitmaps in use", q->bm_dir_off, r);
 		return r;
 	}

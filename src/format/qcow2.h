@@ -49,6 +49,11 @@ static inline void be64_put(uint8_t *p, uint64_t v)
 #define QCOW2_INCOMPAT_COMPRESS  (1ull << 3)
 #define QCOW2_INCOMPAT_EXTL2     (1ull << 4)
 #define QCOW2_INCOMPAT_KNOWN     0x1full
+#define QCOW2_AUTOCLEAR_BITMAPS  (1ull << 0)
+/* Ours (qcow2_bitmap.c, "Crash"): the vblkd write-ahead extension is
+ * valid.  An autoclear bit: a writer that does not know it (QEMU) clears
+ * it, and with it what the extension vouches for. */
+#define QCOW2_AUTOCLEAR_VBLK_WAL (1ull << 63)
 
 /* qcow2.txt, "Cluster mapping": L1 and L2 entries. */
 #define QCOW2_OFLAG_COPIED     (1ull << 63)	/* refcount is exactly one */
@@ -145,7 +150,17 @@ struct qcow2_bm {
 	uint32_t dir_pos, ent_len;	/* its entry in the directory */
 	uint64_t *table;	/* as on disk, host byte order */
 	bool usable;		/* vblkd can track it (consistent, a dirty bitmap, ...) */
+	bool recovered;		/* in use, but written ahead by vblkd (qcow2_bitmap.c) */
+	bool stale_size;	/* ... but for a disk of another size */
 	bool ours;		/* the disk holds it: stored at the release */
+};
+
+/* A held, enabled bitmap's data clusters while write-ahead is on. */
+struct qcow2_wal_bm {
+	uint32_t gran_bits;
+	uint64_t nbits;
+	uint64_t *data;		/* host offsets of its data clusters, in order */
+	uint64_t ndata;
 };
 
 struct qcow2_ctx;
@@ -250,6 +265,23 @@ struct qcow2 {
 	/* The first write since the image became ours or its bitmaps were
 	 * stored has happened (qcow2_begin_write). */
 	bool write_begun;
+	/* The disk's persistent bitmaps (qcow2_bm_hold; the disk's, valid
+	 * until the next hold). */
+	struct dbm **held;
+	unsigned nheld;
+	/* Write-ahead (qcow2_bitmap.c, "Crash"): the extension as the header
+	 * has it (names of the bitmaps it vouches for, region size), and,
+	 * while on, the regions whose bits are set in the image already and
+	 * where each held, enabled bitmap's data clusters are. */
+	char **wal_names;
+	uint32_t wal_nnames, wal_ext_bits;
+	bool wal_on;
+	uint32_t wal_bits;	/* log2 of the region size */
+	uint64_t wal_nregions;
+	uint64_t *wal_done;
+	struct qcow2_wal_bm *wal_bm;
+	unsigned wal_nbm;
+	uint64_t wal_writes;	/* regions written ahead (stats, tests) */
 
 	/* Backing chain: the disk below (a format's disk, or a raw file),
 	 * its file, and a plain fd for synchronous reads of it. */
@@ -311,8 +343,26 @@ int qcow2_bm_meta(struct qcow2 *q, int (*add)(struct qcow2 *q, uint64_t off, uin
 int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *n, char *err, size_t errlen);
 void qcow2_bm_taken(struct qcow2 *q, const char *name);
 int qcow2_bm_mark_in_use(struct qcow2 *q);
-int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed, char *err,
-		   size_t errlen);
+int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed, bool wal,
+		   char *err, size_t errlen);
+/* hold: the disk's persistent bitmaps are b[0..n) (copied); force: the
+ * image is to reflect them now if it is ours (write-ahead started again).
+ * wal_cover: before a write to [off, off + len) while write-ahead is on:
+ * the regions it touches written ahead if they were not (0 or -errno: the
+ * write must not happen).  Iothread. */
+int qcow2_bm_hold(struct qcow2 *q, struct dbm *const *b, unsigned n, bool force);
+int qcow2_bm_wal_cover_slow(struct qcow2 *q, uint64_t off, uint64_t len);
+static inline int qcow2_bm_wal_cover(struct qcow2 *q, uint64_t off, uint64_t len)
+{
+	uint64_t r0 = off >> q->wal_bits, r1 = (off + len - 1) >> q->wal_bits;
+
+	if (r1 >= q->wal_nregions)
+		r1 = q->wal_nregions - 1;
+	for (uint64_t r = r0; r <= r1; r++)
+		if (!(q->wal_done[r / 64] & (1ull << (r % 64))))
+			return qcow2_bm_wal_cover_slow(q, off, len);
+	return 0;
+}
 
 /* An inconsistency in q's metadata: logged once (what, and where: the
  * guest offset unless QCOW2_NO_GUEST, the host offset), q->corrupt set,
@@ -424,7 +474,7 @@ void qcow2_io_release(struct qcow2 *q);
 /* fmt_bitmaps_* on q's iothread (format.h). */
 int qcow2_io_bitmaps_load(struct qcow2 *q, struct dbm ***out, unsigned *n, char *err,
 			  size_t errlen);
-int qcow2_io_bitmaps_touch(struct qcow2 *q);
+int qcow2_io_bitmaps_hold(struct qcow2 *q, struct dbm *const *b, unsigned n, bool force);
 int qcow2_io_bitmaps_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed,
 			   char *err, size_t errlen);
 

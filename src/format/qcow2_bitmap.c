@@ -22,6 +22,20 @@
  * point leaves the old directory or the new one, and at worst leaked
  * clusters (qemu-img check: leaks, no corruption).
  *
+ * Crash: QEMU's in_use bitmaps are lost to a crash (the next backup is a
+ * full one).  Ours are written ahead instead.  At the first change the
+ * held bitmaps are stored with every data cluster allocated and in_use
+ * set, and the header gets our extension ("vbl1": the region size and
+ * the names it vouches for) and autoclear bit 63.  Then the first write
+ * to each region of the disk (1/1024 of it, at least 1 MiB and 8 chunks)
+ * sets the region's bits in every enabled held bitmap's data in the image
+ * and syncs before the write goes on: the image's bits cover every write,
+ * by whole regions, at any crash, kill -9 or power cut (at most 1024
+ * syncs per store; none once a region is marked).  The next open takes
+ * such an in_use bitmap as it is, if bit 63 is still set: a writer that
+ * does not know it (QEMU) clears it, and the bitmaps it did not track are
+ * then in_use for us too.
+ *
  * Owned like the tables: q's iothread, or the main thread while none
  * runs.
  */
@@ -37,6 +51,9 @@
 #include "util/sys.h"
 
 #define BM_EXT_TYPE 0x23852875u
+#define WAL_EXT_TYPE 0x76626c31u	/* "vbl1": ours */
+#define WAL_MAX_NAMES 255u
+#define WAL_REGIONS 1024u
 #define BM_EXT_LEN 24u
 #define BM_FLAG_IN_USE (1u << 0)
 #define BM_FLAG_AUTO (1u << 1)
@@ -79,6 +96,49 @@ static uint64_t data_bytes(uint64_t size, unsigned gran_bits)
 	return div_up(div_up(size, 1ull << gran_bits), 8);
 }
 
+static void wal_names_free(struct qcow2 *q)
+{
+	for (uint32_t i = 0; i < q->wal_nnames; i++)
+		free(q->wal_names[i]);
+	free(q->wal_names);
+	q->wal_names = NULL;
+	q->wal_nnames = 0;
+}
+
+/* Our extension: u32 region bits, u32 count, then count names (u8
+ * length, bytes).  One that does not parse vouches for nothing. */
+static void wal_scan(struct qcow2 *q, const uint8_t *p, uint32_t len)
+{
+	uint32_t n, at = 8;
+
+	wal_names_free(q);
+	if (len < 8 || (n = be32_at(p + 4)) > WAL_MAX_NAMES)
+		return;
+	q->wal_names = calloc(n ? n : 1, sizeof(*q->wal_names));
+	if (!q->wal_names)
+		return;
+	q->wal_ext_bits = be32_at(p);
+	for (uint32_t i = 0; i < n; i++) {
+		if (at >= len || p[at] == 0 || p[at] > len - at - 1 ||
+		    !(q->wal_names[i] = strndup((const char *)p + at + 1, p[at]))) {
+			wal_names_free(q);
+			return;
+		}
+		q->wal_nnames = i + 1;
+		at += 1 + p[at];
+	}
+}
+
+static bool wal_vouches(const struct qcow2 *q, const char *name)
+{
+	if (!(q->autoclear & QCOW2_AUTOCLEAR_VBLK_WAL))
+		return false;
+	for (uint32_t i = 0; i < q->wal_nnames; i++)
+		if (!strcmp(q->wal_names[i], name))
+			return true;
+	return false;
+}
+
 void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h)
 {
 	uint64_t p = q->version >= 3 ? q->header_len : 72;
@@ -86,6 +146,7 @@ void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h)
 	q->bm_ext_pos = 0;
 	q->bm_count = 0;
 	q->bitmaps_dir_off = q->bitmaps_dir_size = 0;
+	wal_names_free(q);
 	while (p + 8 <= q->cs) {
 		uint32_t type = be32_at(h + p), len = be32_at(h + p + 4);
 
@@ -97,6 +158,8 @@ void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h)
 			q->bitmaps_dir_size = be64_at(h + p + 8 + 8);
 			q->bitmaps_dir_off = be64_at(h + p + 8 + 16);
 		}
+		if (type == WAL_EXT_TYPE)
+			wal_scan(q, h + p + 8, len);
 		p += 8 + (((uint64_t)len + 7) & ~7ull);
 	}
 }
@@ -110,7 +173,21 @@ static void bm_free_list(struct qcow2_bm *bm, uint32_t n)
 	free(bm);
 }
 
-void qcow2_bm_free(struct qcow2 *q)
+static void wal_off(struct qcow2 *q)
+{
+	for (unsigned i = 0; i < q->wal_nbm; i++)
+		free(q->wal_bm[i].data);
+	free(q->wal_bm);
+	free(q->wal_done);
+	q->wal_bm = NULL;
+	q->wal_done = NULL;
+	q->wal_nbm = 0;
+	q->wal_nregions = 0;
+	q->wal_on = false;
+}
+
+/* The directory as read. */
+static void dir_free(struct qcow2 *q)
 {
 	bm_free_list(q->bm, q->nbm);
 	q->bm = NULL;
@@ -118,6 +195,16 @@ void qcow2_bm_free(struct qcow2 *q)
 	free(q->bm_dir);
 	q->bm_dir = NULL;
 	q->bm_dir_len = 0;
+}
+
+void qcow2_bm_free(struct qcow2 *q)
+{
+	wal_off(q);
+	wal_names_free(q);
+	free(q->held);
+	q->held = NULL;
+	q->nheld = 0;
+	dir_free(q);
 }
 
 static int name_cmp(const void *a, const void *b)
@@ -208,14 +295,20 @@ static int parse_entry(struct qcow2 *q, const uint8_t *d, uint64_t len, uint64_t
 	}
 	/* A bitmap vblkd can take: the size of its table is checked as
 	 * QEMU checks it when it loads one. */
-	e->usable = e->type == BM_TYPE_DIRTY && !(e->flags & BM_FLAG_IN_USE) &&
+	e->recovered = (e->flags & BM_FLAG_IN_USE) && wal_vouches(q, e->name);
+	e->usable = e->type == BM_TYPE_DIRTY && (!(e->flags & BM_FLAG_IN_USE) || e->recovered) &&
 		    (!extra || (e->flags & BM_FLAG_EXTRA_OK)) && e->gran_bits >= BM_MIN_GRAN_BITS &&
 		    e->gran_bits <= BM_MAX_GRAN_BITS && dbm_name_ok(e->name);
 	if (e->usable) {
 		uint64_t db = data_bytes(q->size, e->gran_bits);
 
 		want = div_up(db, q->cs);
-		if (db > BM_MAX_PHYS || want != e->table_size) {
+		/* Written ahead, then the disk grew and vblkd stopped before it
+		 * stored the bitmap again: in use as QEMU sees it, kept. */
+		if (e->recovered && want != e->table_size && db <= BM_MAX_PHYS) {
+			e->recovered = e->usable = false;
+			e->stale_size = true;
+		} else if (db > BM_MAX_PHYS || want != e->table_size) {
 			snprintf(why, whylen, "bitmap '%.80s' has a table of %u entries where a "
 				 "%llu-byte disk at %u-byte granularity needs %llu%s", e->name,
 				 e->table_size, (unsigned long long)q->size, 1u << e->gran_bits,
@@ -267,7 +360,7 @@ int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen)
 	if (!(q->autoclear & 1) || !q->bm_ext_pos) {
 		q->bm_changed = q->bm_dir_len != 0;
 		q->bm_valid = false;
-		qcow2_bm_free(q);
+		dir_free(q);
 		return 0;
 	}
 	if (!size || size > QCOW2_MAX_BITMAP_DIR_BYTES || !q->bm_count ||
@@ -328,7 +421,7 @@ int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen)
 		for (uint32_t j = 0; j < nold; j++)
 			if (old[j].ours && !strcmp(old[j].name, bm[i].name))
 				bm[i].ours = true;
-	qcow2_bm_free(q);
+	dir_free(q);
 	q->bm = bm;
 	q->nbm = n;
 	q->bm_dir = d;
@@ -404,7 +497,10 @@ int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err,
 		e->ours = false;
 		if (!e->usable) {
 			log_warn("qcow2 image %s: bitmap '%.80s' is kept but not used: %s", q->path,
-				 e->name, (e->flags & BM_FLAG_IN_USE) ?
+				 e->name, e->stale_size ? "it is marked in use, and was written "
+				 "ahead for a disk of another size (vblkd stopped right after a "
+				 "resize): remove it with qemu-img bitmap --remove" :
+				 (e->flags & BM_FLAG_IN_USE) ?
 				 "it is marked in use (whoever wrote the image last did not store it: "
 				 "it may miss writes); remove it with qemu-img bitmap --remove, or add "
 				 "one of that name to replace it" :
@@ -421,6 +517,11 @@ int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err,
 		b->persistent = true;
 		atomic_store(&b->enabled, (e->flags & BM_FLAG_AUTO) != 0);
 		db = data_bytes(q->size, e->gran_bits);
+		if (e->recovered)
+			log_warn("qcow2 image %s: bitmap '%s' was not stored when vblkd last stopped "
+				 "(a crash?): taken as written ahead, it covers every write since, by "
+				 "whole regions of %llu KiB", q->path, e->name,
+				 q->wal_ext_bits < 63 ? (1ull << q->wal_ext_bits) >> 10 : 0ull);
 		for (uint32_t c = 0; c < e->table_size; c++) {
 			uint64_t t = e->table[c], off = t & QCOW2_OFFSET_MASK;
 			uint64_t len = MIN(q->cs, db - (uint64_t)c * q->cs);
@@ -440,6 +541,9 @@ int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err,
 	free(buf);
 	*out = v;
 	*nout = n;
+	/* The caller has what the image has: the next claim compares with
+	 * this. */
+	q->bm_changed = false;
 	return 0;
 fail:
 	snprintf(err, errlen, "out of memory for the bitmaps of qcow2 image %s", q->path);
@@ -503,11 +607,12 @@ int qcow2_bm_mark_in_use(struct qcow2 *q)
 
 /* ---- Storing -------------------------------------------------------- */
 
-/* The header's bitmaps extension as ext (24 bytes), or none: cluster 0
- * rewritten in one piece (the other extensions kept in order, then the
- * end marker, then the backing file name, which moves), the autoclear
- * bit 0 set or cleared with it, synced.  qcow2.txt, "Header extensions". */
-static int header_set_ext(struct qcow2 *q, const uint8_t *ext)
+/* The header's extensions rewritten: the bitmaps extension as bm (24
+ * bytes) or none, ours as wal (wlen bytes) or none; cluster 0 in one
+ * piece (the other extensions kept in order, then the end marker, then
+ * the backing file name, which moves), autoclear bits 0 and 63 set or
+ * cleared with them, synced.  qcow2.txt, "Header extensions". */
+static int header_set_ext(struct qcow2 *q, const uint8_t *bm, const uint8_t *wal, uint32_t wlen)
 {
 	uint64_t p = q->version >= 3 ? q->header_len : 72, w = p;
 	uint8_t *h = malloc(q->cs), *n = calloc(1, q->cs);
@@ -533,23 +638,27 @@ static int header_set_ext(struct qcow2 *q, const uint8_t *ext)
 
 		if (type == 0 || sz > q->cs - p)
 			break;
-		if (type != BM_EXT_TYPE) {
+		if (type != BM_EXT_TYPE && type != WAL_EXT_TYPE) {
 			memcpy(n + w, h + p, sz);
 			w += sz;
 		}
 		p += sz;
 	}
-	q->bm_ext_pos = 0;
-	if (ext) {
-		if (w + 8 + BM_EXT_LEN + 8 > q->cs) {
-			r = -ENOSPC;
-			goto out;
-		}
+	if (w + (bm ? 8 + BM_EXT_LEN : 0) + (wal ? 8 + ((wlen + 7ull) & ~7ull) : 0) + 8 > q->cs) {
+		r = -ENOSPC;
+		goto out;
+	}
+	if (bm) {
 		be32_put(n + w, BM_EXT_TYPE);
 		be32_put(n + w + 4, BM_EXT_LEN);
-		memcpy(n + w + 8, ext, BM_EXT_LEN);
-		q->bm_ext_pos = (uint32_t)w;
+		memcpy(n + w + 8, bm, BM_EXT_LEN);
 		w += 8 + BM_EXT_LEN;
+	}
+	if (wal) {
+		be32_put(n + w, WAL_EXT_TYPE);
+		be32_put(n + w + 4, wlen);
+		memcpy(n + w + 8, wal, wlen);
+		w += 8 + ((wlen + 7ull) & ~7ull);
 	}
 	w += 8;			/* the end marker: zeroes */
 	if (boff && blen) {
@@ -560,11 +669,13 @@ static int header_set_ext(struct qcow2 *q, const uint8_t *ext)
 		memcpy(n + w, h + boff, blen);
 		be64_put(n + 8, w);
 	}
-	ac = ext ? q->autoclear | 1 : q->autoclear & ~1ull;
+	ac = (q->autoclear & ~(QCOW2_AUTOCLEAR_BITMAPS | QCOW2_AUTOCLEAR_VBLK_WAL)) |
+	     (bm ? QCOW2_AUTOCLEAR_BITMAPS : 0) | (wal ? QCOW2_AUTOCLEAR_VBLK_WAL : 0);
 	be64_put(n + 88, ac);
 	if ((r = qcow2_meta_write(q, n, q->cs, 0, Q2M_HEADER)) < 0 || (r = qcow2_sync(q)) < 0)
 		goto out;
 	q->autoclear = ac;
+	qcow2_bm_scan(q, n);
 out:
 	free(h);
 	free(n);
@@ -587,9 +698,11 @@ static bool words_to_bytes(const struct dbm *b, uint8_t *dst, uint64_t boff, uin
 }
 
 /* One bitmap's data and table into new clusters: the table's offset in
- * *toff, its entries in *tsize.  Refcounts not yet durable. */
+ * *toff, its entries in *tsize, its data clusters' offsets in data[]
+ * (when not NULL: then every cluster is allocated, clean ones too, for
+ * the write-ahead to set bits in).  Refcounts not yet durable. */
 static int store_one(struct qcow2 *q, const struct dbm *b, uint8_t *buf, uint64_t *toff,
-		     uint32_t *tsize)
+		     uint32_t *tsize, uint64_t *data)
 {
 	uint64_t db = data_bytes(b->size, b->gran_bits), nt = div_up(db, q->cs);
 	uint64_t tbytes = nt * 8, tc = div_up(tbytes, q->cs);
@@ -605,7 +718,7 @@ static int store_one(struct qcow2 *q, const struct dbm *b, uint8_t *buf, uint64_
 		uint64_t len = MIN(q->cs, db - c * q->cs), off;
 
 		memset(buf, 0, q->cs);
-		if (!words_to_bytes(b, buf, c * q->cs, len))
+		if (!words_to_bytes(b, buf, c * q->cs, len) && !data)
 			continue;	/* all clean: no cluster, reads as zeroes */
 		off = qcow2_alloc(q, &r);
 		if (!off)
@@ -614,6 +727,8 @@ static int store_one(struct qcow2 *q, const struct dbm *b, uint8_t *buf, uint64_
 		    (r = qcow2_meta_write(q, buf, q->cs, off, Q2M_BITMAP)) < 0)
 			goto out;
 		be64_put(t + 8 * c, off);
+		if (data)
+			data[c] = off;
 	}
 	*toff = qcow2_alloc_run(q, tc, &r);
 	if (!*toff)
@@ -645,13 +760,50 @@ static bool in_list(struct dbm *const *b, unsigned n, const char *name)
 	return false;
 }
 
-int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed, char *err,
-		   size_t errlen)
+/* The write-ahead's region size for the held bitmaps: 1/WAL_REGIONS of
+ * the disk, at least 1 MiB and 8 chunks of the coarsest bitmap (a region
+ * is then whole bytes of every bitmap's data), a power of two. */
+static uint32_t wal_region_bits(const struct qcow2 *q, struct dbm *const *b, unsigned n)
+{
+	uint32_t bits = 20;
+
+	while (bits < 62 && (1ull << bits) * WAL_REGIONS < q->size)
+		bits++;
+	for (unsigned i = 0; i < n; i++)
+		bits = MAX(bits, b[i]->gran_bits + 3);
+	return bits;
+}
+
+/* Our extension's body for the held bitmaps (wal_scan reads it). */
+static uint8_t *wal_ext(struct dbm *const *b, unsigned n, uint32_t bits, uint32_t *len)
+{
+	uint32_t at = 8;
+	uint8_t *p = malloc(8 + (size_t)n * (1 + DBM_NAME_MAX));
+
+	if (!p)
+		return NULL;
+	be32_put(p, bits);
+	be32_put(p + 4, n);
+	for (unsigned i = 0; i < n; i++) {
+		size_t l = strlen(b[i]->name);
+
+		p[at] = (uint8_t)l;
+		memcpy(p + at + 1, b[i]->name, l);
+		at += 1 + (uint32_t)l;
+	}
+	*len = at;
+	return p;
+}
+
+int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed, bool wal,
+		   char *err, size_t errlen)
 {
 	uint64_t dlen = 0, doff = 0, dc = 0;
-	uint32_t count = 0;
-	uint8_t *d = NULL, *buf = NULL, ext[BM_EXT_LEN] = { 0 };
+	uint32_t count = 0, wlen = 0, wbits = 0;
+	uint8_t *d = NULL, *buf = NULL, *wext = NULL, ext[BM_EXT_LEN] = { 0 };
 	bool *keep = NULL, said = false;
+	struct qcow2_wal_bm *wbm = NULL;
+	unsigned nwbm = 0;
 	const char *doing = "storing its bitmaps";
 	int r = 0;
 
@@ -665,7 +817,7 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 		return -EIO;
 	}
 	/* Nothing of ours, nothing of ours in the file: nothing to write. */
-	if (!n && !q->bm_changed) {
+	if (!n && !q->bm_changed && !q->wal_on) {
 		bool ours = false;
 
 		for (uint32_t i = 0; i < q->nbm; i++)
@@ -678,9 +830,27 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 			 "persistent bitmaps were not stored", q->path);
 		return -EOPNOTSUPP;
 	}
+	/* A bitmap not (yet) grown with the disk is not stored: its table
+	 * would not fit the image's size (disk_bitmaps_grow failed, or runs
+	 * next and holds the grown ones: stored then). */
+	for (unsigned i = 0; i < n; i++)
+		if (b[i]->size != q->size) {
+			struct dbm **v = malloc(n * sizeof(*v));
+			unsigned k = 0;
+
+			if (!v)
+				return -ENOMEM;
+			for (unsigned j = 0; j < n; j++)
+				if (b[j]->size == q->size)
+					v[k++] = b[j];
+			r = qcow2_bm_store(q, v, k, changed, wal, err, errlen);
+			free(v);
+			return r;
+		}
 	keep = calloc(q->nbm ? q->nbm : 1, sizeof(*keep));
 	buf = malloc(q->cs);
-	if (!keep || !buf) {
+	wbm = calloc(n ? n : 1, sizeof(*wbm));
+	if (!keep || !buf || !wbm) {
 		r = -ENOMEM;
 		goto out;
 	}
@@ -705,23 +875,46 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 		r = -ENOMEM;
 		goto out;
 	}
-	/* The directory: kept entries as they were, then ours, each with its
-	 * data and table written first. */
+	/* The directory: kept entries as they were (an auto one in use from
+	 * here if we are about to write: it would miss our writes), then
+	 * ours, each with its data and table written first. */
 	{
 		uint64_t w = 0;
 
 		for (uint32_t i = 0; i < q->nbm; i++)
 			if (keep[i]) {
 				memcpy(d + w, q->bm_dir + q->bm[i].dir_pos, q->bm[i].ent_len);
+				if (wal && (q->bm[i].flags & BM_FLAG_AUTO) &&
+				    !(q->bm[i].flags & BM_FLAG_IN_USE))
+					be32_put(d + w + 12, q->bm[i].flags | BM_FLAG_IN_USE);
 				w += q->bm[i].ent_len;
 			}
 		for (unsigned i = 0; i < n; i++) {
-			uint64_t toff = 0;
-
+			uint64_t toff = 0, *data = NULL;
 			uint32_t tsize = 0, flags = atomic_load(&b[i]->enabled) ? BM_FLAG_AUTO : 0;
 			size_t nl = strlen(b[i]->name);
 
-			if ((r = store_one(q, b[i], buf, &toff, &tsize)) < 0) {
+			if (wal) {
+				wbm[nwbm].ndata = div_up(data_bytes(b[i]->size, b[i]->gran_bits), q->cs);
+				data = calloc(wbm[nwbm].ndata ? wbm[nwbm].ndata : 1, sizeof(*data));
+				if (!data) {
+					r = -ENOMEM;
+					goto out;
+				}
+				wbm[nwbm].data = data;
+				wbm[nwbm].gran_bits = b[i]->gran_bits;
+				wbm[nwbm].nbits = b[i]->nbits;
+				/* Only an enabled one gains bits by writes. */
+				if (flags & BM_FLAG_AUTO)
+					nwbm++;
+				else
+					wbm[nwbm].data = NULL;
+				flags |= BM_FLAG_IN_USE;
+			}
+			r = store_one(q, b[i], buf, &toff, &tsize, data);
+			if (!(flags & BM_FLAG_AUTO))
+				free(data);
+			if (r < 0) {
 				doing = "writing a bitmap's data";
 				goto out;
 			}
@@ -760,15 +953,19 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 		be64_put(ext + 8, dlen);
 		be64_put(ext + 16, doff);
 	}
+	if (wal && n) {
+		wbits = wal_region_bits(q, b, n);
+		if (!(wext = wal_ext(b, n, wbits, &wlen))) {
+			r = -ENOMEM;
+			goto out;
+		}
+	}
 	/* The switch: the header names the new directory (or none). */
-	if ((r = header_set_ext(q, count ? ext : NULL)) < 0) {
+	if ((r = header_set_ext(q, count ? ext : NULL, wext, wlen)) < 0) {
 		doing = r == -ENOSPC ? "adding the bitmaps extension (the first cluster is full)" :
 			"writing the header's bitmaps extension";
 		goto out;
 	}
-	q->bitmaps_dir_off = doff;
-	q->bitmaps_dir_size = dlen;
-	q->bm_count = count;
 	/* The old directory, and the tables and data of what was replaced or
 	 * dropped, go once the tables are durable (qcow2_flush). */
 	if (q->bm_dir_len)
@@ -784,7 +981,8 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 				free_clusters(q, e->table[j] & QCOW2_OFFSET_MASK, q->cs);
 	}
 	/* What the file says now; ours are what was just stored. */
-	qcow2_bm_free(q);
+	dir_free(q);
+	wal_off(q);
 	if ((r = qcow2_flush(q)) < 0) {
 		doing = "freeing the old bitmaps";
 		goto out;
@@ -796,16 +994,121 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 	for (unsigned i = 0; i < n; i++)
 		qcow2_bm_taken(q, b[i]->name);
 	q->bm_changed = false;
-	q->write_begun = false;	/* clean: the next change marks in_use again */
-	if (n)
+	if (wal && n) {
+		/* From here each region's first write sets its bits ahead. */
+		q->wal_bits = wbits;
+		q->wal_nregions = div_up(q->size, 1ull << wbits);
+		q->wal_done = calloc(div_up(q->wal_nregions, 64), 8);
+		if (!q->wal_done) {
+			r = -ENOMEM;
+			goto out;
+		}
+		q->wal_bm = wbm;
+		q->wal_nbm = nwbm;
+		wbm = NULL;
+		nwbm = 0;
+		q->wal_on = true;
+	}
+	/* Clean: the next change starts over (in use, written ahead). */
+	q->write_begun = wal;
+	if (n && !wal)
 		log_info("qcow2 image %s: %u persistent bitmap%s stored", q->path, n,
 			 n == 1 ? "" : "s");
 out:
 	if (r < 0 && !said)
 		snprintf(err, errlen, "qcow2 image %s: %s failed: %s; the bitmaps stay marked in "
 			 "use in the image", q->path, doing, strerror(-r));
+	for (unsigned i = 0; wbm && i < n; i++)
+		free(wbm[i].data);
+	free(wbm);
+	free(wext);
 	free(d);
 	free(buf);
 	free(keep);
+	return r;
+}
+
+int qcow2_bm_hold(struct qcow2 *q, struct dbm *const *b, unsigned n, bool force)
+{
+	struct dbm **v = NULL;
+	char err[256];
+	int r;
+
+	if (n && !(v = malloc(n * sizeof(*v))))
+		return -ENOMEM;
+	if (n)
+		memcpy(v, b, n * sizeof(*v));
+	free(q->held);
+	q->held = v;
+	q->nheld = n;
+	if (!force || !q->rw || q->stale || q->corrupt || q->broken)
+		return 0;
+	/* Not yet written: the first change now.  Written ahead already:
+	 * again, for the held set as it is now. */
+	if (!q->write_begun)
+		return qcow2_begin_write(q);
+	if (!n && !q->wal_on)
+		return 0;
+	r = qcow2_bm_store(q, q->held, q->nheld, true, true, err, sizeof(err));
+	if (r < 0)
+		log_err("%s", err);
+	return r;
+}
+
+int qcow2_bm_wal_cover_slow(struct qcow2 *q, uint64_t off, uint64_t len)
+{
+	uint64_t r0 = off >> q->wal_bits, r1 = (off + len - 1) >> q->wal_bits;
+	uint8_t *ones = NULL;
+	bool any = false;
+	int r = 0;
+
+	if (q->corrupt || q->broken)
+		return -EIO;
+	r1 = MIN(r1, q->wal_nregions - 1);
+	for (uint64_t g = r0; g <= r1; g++) {
+		if (q->wal_done[g / 64] & (1ull << (g % 64)))
+			continue;
+		for (unsigned i = 0; i < q->wal_nbm; i++) {
+			const struct qcow2_wal_bm *w = &q->wal_bm[i];
+			/* The region's bits: whole bytes (wal_region_bits), the
+			 * last one clipped to the bitmap's end. */
+			uint64_t b0 = (g << q->wal_bits) >> w->gran_bits;
+			uint64_t b1 = MIN(((g + 1) << q->wal_bits) >> w->gran_bits, w->nbits);
+			uint64_t y0 = b0 / 8, y1 = div_up(b1, 8);
+
+			if (b0 >= b1)
+				continue;
+			if (!ones && !(ones = malloc(q->cs))) {
+				r = -ENOMEM;
+				goto out;
+			}
+			while (y0 < y1) {
+				uint64_t c = y0 / q->cs, in = y0 % q->cs;
+				uint64_t n = MIN(y1 - y0, q->cs - in);
+
+				memset(ones, 0xff, n);
+				if (y0 + n == y1 && b1 % 8)
+					ones[n - 1] = (uint8_t)((1u << (b1 % 8)) - 1);
+				if (c >= w->ndata) {
+					r = -EIO;
+					goto out;
+				}
+				if ((r = qcow2_meta_write(q, ones, n, w->data[c] + in, Q2M_BITMAP)) < 0)
+					goto out;
+				y0 += n;
+			}
+		}
+		any = true;
+	}
+	/* Durable before the write it covers goes to the disk. */
+	if (any && (r = qcow2_sync(q)) < 0)
+		goto out;
+	for (uint64_t g = r0; g <= r1; g++)
+		if (!(q->wal_done[g / 64] & (1ull << (g % 64)))) {
+			q->wal_done[g / 64] |= 1ull << (g % 64);
+			q->wal_writes++;
+		}
+out:
+	free(ones);
 	return r;
 }

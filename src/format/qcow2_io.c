@@ -935,6 +935,16 @@ writes:
 			return;
 		}
 	}
+	/* Persistent bitmaps: the regions a write touches set in the image
+	 * first (qcow2_bitmap.c, "Crash"). */
+	if (unlikely(q->wal_on) && io->op != BDEV_READ) {
+		int res = qcow2_bm_wal_cover(q, io->offset, len);
+
+		if (res < 0) {
+			bdev_complete(io, res);
+			return;
+		}
+	}
 	r = req_get(c, io);
 	if (!r) {
 		bdev_complete(io, -ENOMEM);
@@ -1128,16 +1138,17 @@ int qcow2_io_bitmaps_load(struct qcow2 *q, struct dbm ***out, unsigned *n, char 
 					      .errlen = errlen }, bm_load_fn);
 }
 
-static void bm_touch_fn(void *opaque)
+static void bm_hold_fn(void *opaque)
 {
 	struct q2_call *c = opaque;
 
-	c->res = c->q->stale || !c->q->rw ? 0 : qcow2_begin_write(c->q);
+	c->res = qcow2_bm_hold(c->q, c->b, c->n, c->changed);
 }
 
-int qcow2_io_bitmaps_touch(struct qcow2 *q)
+int qcow2_io_bitmaps_hold(struct qcow2 *q, struct dbm *const *b, unsigned n, bool force)
 {
-	return on_iothread(&(struct q2_call){ .q = q }, bm_touch_fn);
+	return on_iothread(&(struct q2_call){ .q = q, .b = b, .n = n, .changed = force },
+			   bm_hold_fn);
 }
 
 static void bm_store_fn(void *opaque)
@@ -1147,7 +1158,7 @@ static void bm_store_fn(void *opaque)
 	/* What was written goes first (the data the bitmaps describe). */
 	if (c->q->ctx)
 		q2_drain((struct bdev_ctx *)c->q->ctx);
-	c->res = qcow2_bm_store(c->q, c->b, c->n, c->changed, c->err, c->errlen);
+	c->res = qcow2_bm_store(c->q, c->b, c->n, c->changed, false, c->err, c->errlen);
 }
 
 int qcow2_io_bitmaps_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed,

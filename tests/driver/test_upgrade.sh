@@ -147,6 +147,9 @@ for f in "${fmt_cases[@]}"; do
         qemu-io -f raw -c "write -P 0x5a 0 32M" "$tmp/base.raw" >/dev/null
         qemu-img create -q -f qcow2 -o cluster_size=65536 -b "$tmp/base.raw" -F raw \
             "$tmp/top.qcow2"
+        # Persistent bitmaps go through the upgrades: one QEMU made, one
+        # vblkctl adds (stored at each hand-over, loaded by the new process).
+        qemu-img bitmap --add "$tmp/top.qcow2" qb
         args=(--disk "$tmp/top.qcow2")
     else
         head -c 32 /dev/urandom | base64 -w0 >"$tmp/lk.key"
@@ -159,6 +162,7 @@ for f in "${fmt_cases[@]}"; do
     start "$tmp/$name.log" "${args[@]}" || continue
     first=${pids[-1]}
     [[ $f == luks ]] && rm -f "$tmp/lk.key"
+    [[ $f == qcow2 ]] && "$CTL" --control "$tmp/c.sock" bitmap add up --persistent >/dev/null
     "$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 16 --runtime 6 --ramp 0 \
         --size 24M --rate-iops 3000 --verify --json >"$tmp/$name.json" 2>"$tmp/$name.err" &
     bpid=$!
@@ -181,6 +185,7 @@ for f in "${fmt_cases[@]}"; do
     bench_ok "$name-data-verified" "$tmp/$name.json"
     ok "$name-one-connection-no-reconnect" \
        "(( \$(grep -c 'frontend connected' '$tmp/$name.log') == 1 ))"
+    [[ $f == qcow2 ]] && bl=$("$CTL" --control "$tmp/c.sock" bitmap list)
     kill -TERM "$prev"
     for _ in $(seq 100); do gone "$prev" && break; sleep 0.05; done
     if [[ $f == qcow2 ]]; then
@@ -194,6 +199,15 @@ for f in "${fmt_cases[@]}"; do
         qemu-io -f qcow2 -r -c "read -P 0x5a 30M 1M" "$tmp/top.qcow2" >"$tmp/qio.out" 2>&1
         ok "$name-base-shows-through" "! grep -q 'Pattern verification failed\|error' '$tmp/qio.out'" \
            "$(head -2 "$tmp/qio.out")"
+        # Both bitmaps came through both upgrades tracking the writes
+        # (24M written: more than 16 MiB dirty), and are in the image, not
+        # in use, after the stop.
+        qi=$(qemu-img info "$tmp/top.qcow2")
+        nd=$(grep -o '"dirty_bytes": [0-9]*' <<<"$bl" | awk '$NF > 16777216' | wc -l)
+        ni=$(grep -c 'name: qb\|name: up' <<<"$qi")
+        niu=$(grep -c in-use <<<"$qi")
+        ok "$name-persistent-bitmaps-carried" "((nd == 2 && ni == 2 && niu == 0))" \
+           "list: $bl; $(grep -A1 'flags' <<<"$qi" | tr '\n' ' ')"
     else
         ok "$name-key-file-never-read-again" \
            "(( \$(grep -c 'taking over' '$tmp/$name.log') == 2 )) && ! grep -q 'key file\|passphrase' '$tmp/$name.log'" \

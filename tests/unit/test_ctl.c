@@ -321,7 +321,8 @@ static const char *const disk_keys[] = { "in_flight", "busy_ns", "iothreads", "p
 					 "image_cache_bytes", "image_cache_hits",
 					 "image_cache_misses", "image_clusters_allocated",
 					 "image_cow_bytes", "image_cor_bytes", "image_streaming",
-					 "image_stream_pos", "image_clusters_reused", "image_corrupt",
+					 "image_stream_pos", "image_clusters_reused",
+					 "image_bitmap_regions", "image_corrupt",
 					 "ops", "nbd_ops", "pauses" };
 
 static const char *const ops[] = { "read", "write", "flush", "discard", "write_zeroes",
@@ -735,7 +736,8 @@ static void test_reply_format_pinned(void)
 		    "\"limit_bps_write\": 0, \"image_cache_bytes\": 0, \"image_cache_hits\": 0, "
 		    "\"image_cache_misses\": 0, \"image_clusters_allocated\": 0, "
 		    "\"image_cow_bytes\": 0, \"image_cor_bytes\": 0, \"image_streaming\": 0, "
-		    "\"image_stream_pos\": 0, \"image_clusters_reused\": 0, \"image_corrupt\": 0, "
+		    "\"image_stream_pos\": 0, \"image_clusters_reused\": 0, "
+		    "\"image_bitmap_regions\": 0, \"image_corrupt\": 0, "
 		    "\"ops\": { \"read\": { \"requests\": 0, \"bytes\": 0, \"errors\": 0, "
 		    "\"total_ns\": 0, \"latency_ns\": { \"p50\": 0, \"p90\": 0, \"p99\": 0, "
 		    "\"p999\": 0 }, \"latency_buckets\": [ 0, 0, ";

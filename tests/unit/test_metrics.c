@@ -68,6 +68,7 @@ static const char *const families[] = {
 	"vblkd_disk_image_streaming",
 	"vblkd_disk_image_stream_position_bytes",
 	"vblkd_disk_image_clusters_reused_total",
+	"vblkd_disk_image_bitmap_regions_written_ahead_total",
 	"vblkd_disk_image_corrupt",
 	"vblkd_disk_pauses_total",
 	"vblkd_disk_info",

@@ -274,3 +274,55 @@ for d in "$tmp/v2.qcow2:version 2" "$tmp/r.raw:qcow2 images only"; do
 done
 ((${#rbad[@]} == 0)) && pass persistent-refused-where-it-cannot-be-kept ||
     fail persistent-refused-where-it-cannot-be-kept "${rbad[*]}"
+
+# ---- Differential: QSD's bitmap of the same writes ---------------------------
+# The same writes (the guest's path: vblk-bench sequential 4 KiB writes of
+# 1 MiB at 5 MiB; an NBD client: an unaligned write, a discard, write
+# zeroes, a write across a chunk boundary) into vblkd with a bitmap and
+# into qemu-storage-daemon with one (QMP block-dirty-bitmap-add, exported
+# with the NBD export's bitmaps; discard=unmap, as vblkd discards, where
+# QEMU's default ignores them and marks nothing): nbdinfo --map of both
+# bitmaps is the same.
+if command -v qemu-storage-daemon >/dev/null; then
+    truncate -s 64M "$tmp/d1.raw" "$tmp/d2.raw"
+    nbdw() {	# nbdw URI: the NBD client's writes
+        qemu-io -f raw -c 'write 20971520 100' -c 'discard 10M 1M' -c 'write -z 12M 64k' \
+            -c 'write 33554000 1000' "$1" >/dev/null
+    }
+    BENCH=$BUILD/vblk-bench
+    IMG=$tmp/d1.raw
+    if start "$tmp/g.log" --socket "$tmp/g-vu.sock"; then
+        ctl bitmap add b >/dev/null
+        "$BENCH" --socket "$tmp/g-vu.sock" --rw write --bs 4k --size 1M --offset 5M \
+            --runtime 0.3 --ramp 0 >/dev/null 2>&1
+        nbdw "$(uri)"
+        nbdinfo --map=qemu:dirty-bitmap:b "$(uri)" >"$tmp/g-vblkd.map"
+        stop
+    fi
+    rm -f "$tmp/qsd-vu.sock" "$tmp/qsd-qmp.sock" "$tmp/qsd-nbd.sock"
+    qemu-storage-daemon --blockdev "driver=file,node-name=d0,filename=$tmp/d2.raw,discard=unmap" \
+        --chardev "socket,path=$tmp/qsd-qmp.sock,server=on,wait=off,id=m0" --monitor chardev=m0 \
+        --export "type=vhost-user-blk,id=e0,node-name=d0,addr.type=unix,addr.path=$tmp/qsd-vu.sock,writable=on" \
+        >"$tmp/qsd.log" 2>&1 &
+    qpid=$!
+    for _ in $(seq 300); do [[ -S $tmp/qsd-qmp.sock && -S $tmp/qsd-vu.sock ]] && break; sleep 0.02; done
+    qmp=$(dirname "$0")/../guest/qmp.py
+    python3 "$qmp" "$tmp/qsd-qmp.sock" block-dirty-bitmap-add '{"node": "d0", "name": "b"}' >/dev/null &&
+    python3 "$qmp" "$tmp/qsd-qmp.sock" nbd-server-start \
+        "{\"addr\": {\"type\": \"unix\", \"data\": {\"path\": \"$tmp/qsd-nbd.sock\"}}}" >/dev/null &&
+    python3 "$qmp" "$tmp/qsd-qmp.sock" block-export-add \
+        '{"type": "nbd", "id": "n0", "node-name": "d0", "name": "", "writable": true, "bitmaps": ["b"]}' >/dev/null
+    "$BENCH" --socket "$tmp/qsd-vu.sock" --rw write --bs 4k --size 1M --offset 5M \
+        --runtime 0.3 --ramp 0 >/dev/null 2>&1
+    nbdw "$(uri "$tmp/qsd-nbd.sock")"
+    nbdinfo --map=qemu:dirty-bitmap:b "$(uri "$tmp/qsd-nbd.sock")" >"$tmp/g-qsd.map" 2>&1
+    kill "$qpid"; wait "$qpid" 2>/dev/null
+    if [[ -s $tmp/g-vblkd.map && -n $(dirty "$tmp/g-qsd.map") &&
+          $(dirty "$tmp/g-vblkd.map") == "$(dirty "$tmp/g-qsd.map")" ]]; then
+        pass bitmap-same-as-qsd-for-the-same-writes
+    else
+        fail bitmap-same-as-qsd-for-the-same-writes "vblkd: $(dirty "$tmp/g-vblkd.map" | tr '\n' ' ') qsd: $(dirty "$tmp/g-qsd.map" | tr '\n' ' ') $(tail -2 "$tmp/qsd.log")"
+    fi
+else
+    echo "SKIP: bitmap-same-as-qsd-for-the-same-writes (no qemu-storage-daemon)"
+fi

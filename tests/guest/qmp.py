@@ -48,8 +48,9 @@ class QMP:
             raise QMPError(f"{self.path}: QEMU closed the QMP connection")
         return json.loads(line)
 
-    def cmd(self, name, **args):
-        """Run NAME with ARGS; return its "return" value or raise QMPError."""
+    def cmd(self, _name, **args):
+        """Run _NAME with ARGS; return its "return" value or raise QMPError."""
+        name = _name
         msg = {"execute": name}
         if args:
             msg["arguments"] = args

@@ -278,7 +278,9 @@ struct qcow2 {
 	bool wal_on;
 	uint32_t wal_bits;	/* log2 of the region size */
 	uint64_t wal_nregions;
-	uint64_t *wal_done;
+	uint64_t *wal_done;	/* synced */
+	uint64_t *wal_pend;	/* written, to sync at the kick */
+	uint64_t wal_npend;
 	struct qcow2_wal_bm *wal_bm;
 	unsigned wal_nbm;
 	uint64_t wal_writes;	/* regions written ahead (stats, tests) */
@@ -348,10 +350,13 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 /* hold: the disk's persistent bitmaps are b[0..n) (copied); force: the
  * image is to reflect them now if it is ours (write-ahead started again).
  * wal_cover: before a write to [off, off + len) while write-ahead is on:
- * the regions it touches written ahead if they were not (0 or -errno: the
- * write must not happen).  Iothread. */
+ * the regions it touches written ahead if they were not: 0 (covered), 1
+ * (covered once wal_sync has run: the write waits for it) or -errno (the
+ * write must not happen).  wal_sync: the regions written since synced
+ * (0 or -errno).  Iothread. */
 int qcow2_bm_hold(struct qcow2 *q, struct dbm *const *b, unsigned n, bool force);
 int qcow2_bm_wal_cover_slow(struct qcow2 *q, uint64_t off, uint64_t len);
+int qcow2_bm_wal_sync(struct qcow2 *q);
 static inline int qcow2_bm_wal_cover(struct qcow2 *q, uint64_t off, uint64_t len)
 {
 	uint64_t r0 = off >> q->wal_bits, r1 = (off + len - 1) >> q->wal_bits;

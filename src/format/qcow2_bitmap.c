@@ -179,8 +179,11 @@ static void wal_off(struct qcow2 *q)
 		free(q->wal_bm[i].data);
 	free(q->wal_bm);
 	free(q->wal_done);
+	free(q->wal_pend);
 	q->wal_bm = NULL;
 	q->wal_done = NULL;
+	q->wal_pend = NULL;
+	q->wal_npend = 0;
 	q->wal_nbm = 0;
 	q->wal_nregions = 0;
 	q->wal_on = false;
@@ -999,7 +1002,8 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 		q->wal_bits = wbits;
 		q->wal_nregions = div_up(q->size, 1ull << wbits);
 		q->wal_done = calloc(div_up(q->wal_nregions, 64), 8);
-		if (!q->wal_done) {
+		q->wal_pend = calloc(div_up(q->wal_nregions, 64), 8);
+		if (!q->wal_done || !q->wal_pend) {
 			r = -ENOMEM;
 			goto out;
 		}
@@ -1059,13 +1063,14 @@ int qcow2_bm_wal_cover_slow(struct qcow2 *q, uint64_t off, uint64_t len)
 {
 	uint64_t r0 = off >> q->wal_bits, r1 = (off + len - 1) >> q->wal_bits;
 	uint8_t *ones = NULL;
-	bool any = false;
 	int r = 0;
 
 	if (q->corrupt || q->broken)
 		return -EIO;
 	r1 = MIN(r1, q->wal_nregions - 1);
 	for (uint64_t g = r0; g <= r1; g++) {
+		if (q->wal_pend[g / 64] & (1ull << (g % 64)))
+			continue;	/* written, its sync is at the kick */
 		if (q->wal_done[g / 64] & (1ull << (g % 64)))
 			continue;
 		for (unsigned i = 0; i < q->wal_nbm; i++) {
@@ -1098,17 +1103,34 @@ int qcow2_bm_wal_cover_slow(struct qcow2 *q, uint64_t off, uint64_t len)
 				y0 += n;
 			}
 		}
-		any = true;
+		q->wal_pend[g / 64] |= 1ull << (g % 64);
+		q->wal_npend++;
 	}
-	/* Durable before the write it covers goes to the disk. */
-	if (any && (r = qcow2_sync(q)) < 0)
-		goto out;
+	/* Covered once the sync of the pending regions is done. */
 	for (uint64_t g = r0; g <= r1; g++)
 		if (!(q->wal_done[g / 64] & (1ull << (g % 64)))) {
-			q->wal_done[g / 64] |= 1ull << (g % 64);
-			q->wal_writes++;
+			r = 1;
+			break;
 		}
 out:
 	free(ones);
 	return r;
+}
+
+int qcow2_bm_wal_sync(struct qcow2 *q)
+{
+	int r;
+
+	if (!q->wal_npend)
+		return 0;
+	/* Durable before the writes they cover go to the disk. */
+	if ((r = qcow2_sync(q)) < 0)
+		return r;
+	for (uint64_t w = 0; w < div_up(q->wal_nregions, 64); w++) {
+		q->wal_writes += (uint64_t)__builtin_popcountll(q->wal_pend[w]);
+		q->wal_done[w] |= q->wal_pend[w];
+		q->wal_pend[w] = 0;
+	}
+	q->wal_npend = 0;
+	return 0;
 }

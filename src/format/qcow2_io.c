@@ -72,6 +72,10 @@ struct qcow2_ctx {
 	struct q2_req *allocating;
 	struct q2_req *wait_head, **wait_tail;
 	uint64_t inflight;	/* guest requests not completed */
+	/* Writes whose regions are written ahead in the persistent bitmaps
+	 * but not yet synced: they go on at the kick, after one sync for all
+	 * of them (qcow2_bitmap.c, "Crash"). */
+	struct bdev_io *wal_head, **wal_tail;
 };
 
 enum kind { K_UNALLOC, K_ZERO, K_NORMAL, K_COMPRESSED };
@@ -838,6 +842,7 @@ static int q2_ctx_new(struct bdev *b, struct loop *l, unsigned depth, struct bde
 	c->q = q;
 	c->loop = l;
 	c->wait_tail = &c->wait_head;
+	c->wal_tail = &c->wal_head;
 	if (posix_memalign((void **)&c->zeroes, 4096, q->cs)) {
 		free(c);
 		return -ENOMEM;
@@ -936,12 +941,20 @@ writes:
 		}
 	}
 	/* Persistent bitmaps: the regions a write touches set in the image
-	 * first (qcow2_bitmap.c, "Crash"). */
+	 * first (qcow2_bitmap.c, "Crash"); written ahead but not synced yet:
+	 * it waits for the kick, which syncs once for every such write of
+	 * the pass (group commit). */
 	if (unlikely(q->wal_on) && io->op != BDEV_READ) {
 		int res = qcow2_bm_wal_cover(q, io->offset, len);
 
 		if (res < 0) {
 			bdev_complete(io, res);
+			return;
+		}
+		if (res > 0) {
+			io->next = NULL;
+			*c->wal_tail = io;
+			c->wal_tail = &io->next;
 			return;
 		}
 	}
@@ -967,6 +980,22 @@ static void q2_kick(struct bdev_ctx *bc)
 {
 	struct qcow2_ctx *c = ctx_of(bc);
 
+	/* The writes that waited for their bitmap regions: one sync, then
+	 * they go on (again if a store in between made them wait anew). */
+	while (unlikely(c->wal_head != NULL)) {
+		struct bdev_io *io = c->wal_head, *next;
+		int res = qcow2_bm_wal_sync(c->q);
+
+		c->wal_head = NULL;
+		c->wal_tail = &c->wal_head;
+		for (; io; io = next) {
+			next = io->next;
+			if (res < 0)
+				bdev_complete(io, res);
+			else
+				q2_submit(bc, io);
+		}
+	}
 	c->q->file->engine->kick(c->fctx);
 	if (c->bctx)
 		c->q->backing->engine->kick(c->bctx);
@@ -977,7 +1006,7 @@ static void q2_drain(struct bdev_ctx *bc)
 	struct qcow2_ctx *c = ctx_of(bc);
 
 	/* Completions may start more I/O (a waiting write): until none. */
-	while (c->inflight) {
+	while (c->inflight || c->wal_head) {
 		q2_kick(bc);
 		c->q->file->engine->drain(c->fctx);
 		if (c->bctx)

@@ -33,7 +33,7 @@ build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev lib
 format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb libnbd-bin python3 python3-libnbd gnutls-bin)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
-            util-linux procps python3)
+            util-linux procps python3 libnbd-bin)
 # (cryptsetup and python3-cryptography: test_remote's LUKS disks on NBD and RBD)
 remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common
              qemu-block-extra procps python3 cryptsetup-bin python3-cryptography)

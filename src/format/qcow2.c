@@ -1361,7 +1361,7 @@ static int parse_extensions(struct qcow2 *q, const uint8_t *h, char *err, size_t
 				 type);
 			return -EINVAL;
 		}
-		if (type == 0xe2792acau) {	/* backing file format name */
+		if (type == QCOW2_EXT_BACKING_FMT) {
 			q->backing_fmt = strndup((const char *)h + p + 8, len);
 			if (!q->backing_fmt)
 				return -ENOMEM;
@@ -1375,19 +1375,13 @@ static int parse_extensions(struct qcow2 *q, const uint8_t *h, char *err, size_t
 	return 0;
 }
 
-/* After a stream: the header without the backing file (qcow2.txt,
- * "Header": backing_file_offset and _size zero; the backing format
- * extension dropped, the other extensions kept in their order), the
- * first cluster written in one piece and synced.  From then on q reads
- * as a standalone image; what is below is only kept open until close. */
-int qcow2_drop_backing(struct qcow2 *q)
+int qcow2_header_rewrite(struct qcow2 *q, const uint32_t *drop, unsigned ndrop, const uint8_t *add,
+			 size_t addlen, bool keep_backing, uint64_t ac)
 {
-	uint64_t p = q->version >= 3 ? q->header_len : 72, w = p;
-	uint8_t *h, *n;
+	uint64_t p = q->version >= 3 ? q->header_len : 72, w = p, boff, blen;
+	uint8_t *h = malloc(q->cs), *n = calloc(1, q->cs);
 	int r;
 
-	h = malloc(q->cs);
-	n = calloc(1, q->cs);
 	if (!h || !n) {
 		r = -ENOMEM;
 		goto out;
@@ -1395,30 +1389,87 @@ int qcow2_drop_backing(struct qcow2 *q)
 	if ((r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0)
 		goto out;
 	memcpy(n, h, p);
-	memset(n + 8, 0, 12);
+	boff = be64_at(h + 8);
+	blen = be32_at(h + 16);
 	while (p + 8 <= q->cs) {
 		uint32_t type = be32_at(h + p), len = be32_at(h + p + 4);
 		uint64_t sz = 8 + (((uint64_t)len + 7) & ~7ull);
+		bool keep = type != 0;
 
 		if (type == 0 || sz > q->cs - p)
 			break;
-		if (type != 0xe2792acau) {
+		for (unsigned i = 0; i < ndrop; i++)
+			keep &= type != drop[i];
+		if (keep) {
 			memcpy(n + w, h + p, sz);
 			w += sz;
 		}
 		p += sz;
 	}
-	/* The end marker (zeroes) follows; the backing name was after it. */
+	if (w + addlen + 8 > q->cs) {
+		r = -ENOSPC;
+		goto out;
+	}
+	if (addlen)
+		memcpy(n + w, add, addlen);
+	w += addlen + 8;	/* the end marker: zeroes */
+	if (!keep_backing || !boff || !blen) {
+		memset(n + 8, 0, 12);
+	} else {
+		if (boff + blen > q->cs || w + blen > q->cs) {
+			r = -ENOSPC;
+			goto out;
+		}
+		memcpy(n + w, h + boff, blen);
+		be64_put(n + 8, w);
+	}
+	if (q->version >= 3)
+		be64_put(n + 88, ac);
 	if ((r = meta_write(q, n, q->cs, 0, Q2M_HEADER)) < 0 || (r = sync_file(q)) < 0)
 		goto out;
+	if (q->version >= 3)
+		q->autoclear = ac;
+	qcow2_bm_scan(q, n);
+out:
+	free(h);
+	free(n);
+	return r;
+}
+
+/* After a stream: the header without the backing file (qcow2.txt,
+ * "Header": backing_file_offset and _size zero; the backing format
+ * extension dropped, the other extensions kept in their order), the
+ * first cluster written in one piece and synced.  From then on q reads
+ * as a standalone image; what is below is only kept open until close. */
+int qcow2_drop_backing(struct qcow2 *q)
+{
+	static const uint32_t drop[] = { QCOW2_EXT_BACKING_FMT };
+	int r = qcow2_header_rewrite(q, drop, 1, NULL, 0, false, q->autoclear);
+
+	if (r < 0) {
+		meta_failed(q, "rewriting the header without its backing file", 0, r);
+		return r;
+	}
 	free(q->backing_name);
 	free(q->backing_fmt);
 	q->backing_name = q->backing_fmt = NULL;
-out:
-	if (r < 0)
-		meta_failed(q, "rewriting the header without its backing file", 0, r);
-	free(h);
-	free(n);
+	return 0;
+}
+
+/* *h holds the header's first 4 KiB: the whole first cluster (its
+ * extensions) from here. */
+static int read_first_cluster(struct qcow2 *q, uint8_t **h, char *err, size_t errlen)
+{
+	uint8_t *big;
+	int r;
+
+	if (q->cs <= 4096)
+		return 0;
+	if (!(big = realloc(*h, q->cs)))
+		return -ENOMEM;
+	*h = big;
+	if ((r = sys_pread_full(q->mfd, big, q->cs, 0)) < 0)
+		snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
 	return r;
 }
 
@@ -1771,19 +1822,8 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 	}
 	if ((r = check_header(q, h, q->file_size, err, errlen)) < 0)
 		goto fail;
-	if (q->cs > 4096) {
-		uint8_t *big = realloc(h, q->cs);
-
-		if (!big) {
-			r = -ENOMEM;
-			goto fail;
-		}
-		h = big;
-		if ((r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0) {
-			snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
-			goto fail;
-		}
-	}
+	if ((r = read_first_cluster(q, &h, err, errlen)) < 0)
+		goto fail;
 	if ((r = parse_extensions(q, h, err, errlen)) < 0)
 		goto fail;
 	qcow2_bm_scan(q, h);
@@ -1939,19 +1979,8 @@ int qcow2_reload(struct qcow2 *q, char *err, size_t errlen)
 	if ((r = load_tables(q, err, errlen)) < 0)
 		goto out;
 	/* The bitmaps extension may lie past the first 4 KiB. */
-	if (q->cs > 4096) {
-		uint8_t *big = realloc(h, q->cs);
-
-		if (!big) {
-			r = -ENOMEM;
-			goto out;
-		}
-		h = big;
-		if ((r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0) {
-			snprintf(err, errlen, "cannot read %s: %s", q->path, strerror(-r));
-			goto out;
-		}
-	}
+	if ((r = read_first_cluster(q, &h, err, errlen)) < 0)
+		goto out;
 	qcow2_bm_scan(q, h);
 	if ((r = qcow2_bm_read(q, err, errlen)) < 0)
 		goto out;

@@ -49,6 +49,9 @@ static inline void be64_put(uint8_t *p, uint64_t v)
 #define QCOW2_INCOMPAT_COMPRESS  (1ull << 3)
 #define QCOW2_INCOMPAT_EXTL2     (1ull << 4)
 #define QCOW2_INCOMPAT_KNOWN     0x1full
+/* qcow2.txt, "Header extensions" */
+#define QCOW2_EXT_BACKING_FMT    0xe2792acau
+#define QCOW2_EXT_BITMAPS        0x23852875u
 #define QCOW2_AUTOCLEAR_BITMAPS  (1ull << 0)
 /* Ours (qcow2_bitmap.c, "Crash"): the vblkd write-ahead extension is
  * valid.  An autoclear bit: a writer that does not know it (QEMU) clears
@@ -317,6 +320,15 @@ struct qcow2 {
  * next claim or store.  Not at the claim: an image a VM only reads is not
  * changed.  0 or -errno (the write must not happen).  Iothread. */
 int qcow2_begin_write(struct qcow2 *q);
+/* Cluster 0 rewritten in one piece and synced (qcow2.txt, "Header
+ * extensions"): the fixed header as it is, every extension but those of a
+ * type in drop[0..ndrop) kept in order, then add (ready extensions,
+ * addlen bytes), the end marker, then the backing file name (moved after
+ * them), or none (keep_backing false: offset and size zeroed); autoclear
+ * set to ac (v3).  0 or -errno (-ENOSPC: it does not fit the cluster).
+ * The header's extensions scanned again (qcow2_bm_scan). */
+int qcow2_header_rewrite(struct qcow2 *q, const uint32_t *drop, unsigned ndrop, const uint8_t *add,
+			 size_t addlen, bool keep_backing, uint64_t ac);
 /* For qcow2_bitmap.c: a metadata write (checked against the metadata
  * map), fdatasync, refcounts written and synced, n contiguous clusters at
  * the end (refcounts set, not yet durable), whether a range overlaps the

@@ -50,7 +50,7 @@
 #include "util/log.h"
 #include "util/sys.h"
 
-#define BM_EXT_TYPE 0x23852875u
+#define BM_EXT_TYPE QCOW2_EXT_BITMAPS
 #define WAL_EXT_TYPE 0x76626c31u	/* "vbl1": ours */
 #define WAL_MAX_NAMES 255u
 #define WAL_REGIONS 1024u
@@ -610,78 +610,35 @@ int qcow2_bm_mark_in_use(struct qcow2 *q)
 
 /* ---- Storing -------------------------------------------------------- */
 
-/* The header's extensions rewritten: the bitmaps extension as bm (24
- * bytes) or none, ours as wal (wlen bytes) or none; cluster 0 in one
- * piece (the other extensions kept in order, then the end marker, then
- * the backing file name, which moves), autoclear bits 0 and 63 set or
- * cleared with them, synced.  qcow2.txt, "Header extensions". */
+/* The header's extensions: the bitmaps extension as bm (24 bytes) or
+ * none, ours as wal (wlen bytes) or none, autoclear bits 0 and 63 set or
+ * cleared with them (qcow2_header_rewrite). */
 static int header_set_ext(struct qcow2 *q, const uint8_t *bm, const uint8_t *wal, uint32_t wlen)
 {
-	uint64_t p = q->version >= 3 ? q->header_len : 72, w = p;
-	uint8_t *h = malloc(q->cs), *n = calloc(1, q->cs);
-	uint64_t boff, blen, ac;
+	static const uint32_t drop[] = { BM_EXT_TYPE, WAL_EXT_TYPE };
+	size_t len = (bm ? 8 + BM_EXT_LEN : 0) + (wal ? 8 + ((wlen + 7ull) & ~7ull) : 0), w = 0;
+	uint8_t *x = calloc(1, len ? len : 1);
+	uint64_t ac = (q->autoclear & ~(QCOW2_AUTOCLEAR_BITMAPS | QCOW2_AUTOCLEAR_VBLK_WAL)) |
+		      (bm ? QCOW2_AUTOCLEAR_BITMAPS : 0) | (wal ? QCOW2_AUTOCLEAR_VBLK_WAL : 0);
 	int r;
 
-	if (q->version < 3) {
-		r = -EOPNOTSUPP;
-		goto out;
-	}
-	if (!h || !n) {
-		r = -ENOMEM;
-		goto out;
-	}
-	if ((r = sys_pread_full(q->mfd, h, q->cs, 0)) < 0)
-		goto out;
-	memcpy(n, h, p);
-	boff = be64_at(h + 8);
-	blen = be32_at(h + 16);
-	while (p + 8 <= q->cs) {
-		uint32_t type = be32_at(h + p), len = be32_at(h + p + 4);
-		uint64_t sz = 8 + (((uint64_t)len + 7) & ~7ull);
-
-		if (type == 0 || sz > q->cs - p)
-			break;
-		if (type != BM_EXT_TYPE && type != WAL_EXT_TYPE) {
-			memcpy(n + w, h + p, sz);
-			w += sz;
-		}
-		p += sz;
-	}
-	if (w + (bm ? 8 + BM_EXT_LEN : 0) + (wal ? 8 + ((wlen + 7ull) & ~7ull) : 0) + 8 > q->cs) {
-		r = -ENOSPC;
-		goto out;
-	}
+	if (q->version < 3)
+		return -EOPNOTSUPP;
+	if (!x)
+		return -ENOMEM;
 	if (bm) {
-		be32_put(n + w, BM_EXT_TYPE);
-		be32_put(n + w + 4, BM_EXT_LEN);
-		memcpy(n + w + 8, bm, BM_EXT_LEN);
-		w += 8 + BM_EXT_LEN;
+		be32_put(x, BM_EXT_TYPE);
+		be32_put(x + 4, BM_EXT_LEN);
+		memcpy(x + 8, bm, BM_EXT_LEN);
+		w = 8 + BM_EXT_LEN;
 	}
 	if (wal) {
-		be32_put(n + w, WAL_EXT_TYPE);
-		be32_put(n + w + 4, wlen);
-		memcpy(n + w + 8, wal, wlen);
-		w += 8 + ((wlen + 7ull) & ~7ull);
+		be32_put(x + w, WAL_EXT_TYPE);
+		be32_put(x + w + 4, wlen);
+		memcpy(x + w + 8, wal, wlen);
 	}
-	w += 8;			/* the end marker: zeroes */
-	if (boff && blen) {
-		if (boff + blen > q->cs || w + blen > q->cs) {
-			r = -ENOSPC;
-			goto out;
-		}
-		memcpy(n + w, h + boff, blen);
-		be64_put(n + 8, w);
-	}
-	ac = (q->autoclear & ~(QCOW2_AUTOCLEAR_BITMAPS | QCOW2_AUTOCLEAR_VBLK_WAL)) |
-	     (bm ? QCOW2_AUTOCLEAR_BITMAPS : 0) | (wal ? QCOW2_AUTOCLEAR_VBLK_WAL : 0);
-	be64_put(n + 88, ac);
-	if ((r = qcow2_meta_write(q, n, q->cs, 0, Q2M_HEADER)) < 0 || (r = qcow2_sync(q)) < 0)
-		goto out;
-	q->autoclear = ac;
-	qcow2_bm_scan(q, n);
-out:
-	free(h);
-	free(n);
+	r = qcow2_header_rewrite(q, drop, 2, x, len, true, ac);
+	free(x);
 	return r;
 }
 

@@ -111,7 +111,9 @@ disk qos500 file io_uring 512 --limit iops-total=500
 # own <- the overlay: every write allocates, part-cluster writes copy what
 # the chain has), streamed while the guest verifies on it (vblkctl stream,
 # no rate limit, started once the guest reaches the disk: done in about a
-# second, before the guest's verify is; test_qcow2 tests --rate), and
+# second, before the guest's verify is; test_qcow2 tests --rate), with a
+# persistent bitmap QEMU made (qemu-img bitmap --add, 1 MiB chunks) that
+# vblkd tracks through the guest's writes and the stream and stores; and
 # a LUKS2 disk (4096-byte sectors, AES-256-XTS).
 head -c 8M /dev/urandom >"$work/qbase.raw"; truncate -s 128M "$work/qbase.raw"
 have_qcow2=0 have_luks=0
@@ -119,6 +121,7 @@ CTL=$(dirname "$VBLKD")/vblkctl
 if qemu-img create -q -f qcow2 -b qbase.raw -F raw "$work/mid.qcow2" 128M 2>/dev/null &&
    qemu-io -f qcow2 -c "write -P 0x6d 20M 4M" "$work/mid.qcow2" >/dev/null &&
    qemu-img create -q -f qcow2 -b mid.qcow2 -F qcow2 "$work/ov.qcow2" 128M 2>/dev/null &&
+   qemu-img bitmap --add -g 1M "$work/ov.qcow2" gb &&
    qemu-img convert -O raw "$work/ov.qcow2" "$work/ov.before"; then
     DISK_IMG=$work/ov.qcow2 disk v-qcow2-overlay file io_uring 512 --control "$work/ov.ctl" &&
         have_qcow2=1
@@ -192,6 +195,21 @@ if ((have_qcow2)); then
     else
         fail qcow2-stream-under-guest-verify-image-stands-alone \
             "$(cat "$logs/ov.stream"); $(grep -E 'stream' "$logs/v-qcow2-overlay.vblkd.log" | tail -2); $(qemu-img info "$work/ov.qcow2" | grep backing)"
+    fi
+    # The bitmap came back stored (not in use) and, as qemu-nbd -B reads
+    # it, dirty exactly where the guest wrote ([0, 16M): fio's verify
+    # region); the stream's copies changed nothing the guest sees and
+    # marked nothing.
+    qemu-nbd -r -t -f qcow2 -B gb -k "$work/gb.sock" "$work/ov.qcow2" >"$logs/gb.qemu-nbd" 2>&1 &
+    gbpid=$!
+    for _ in $(seq 300); do [[ -S $work/gb.sock ]] && break; sleep 0.02; done
+    gbmap=$(nbdinfo --map=qemu:dirty-bitmap:gb "nbd+unix:///?socket=$work/gb.sock" 2>&1 |
+            awk '$3 == 1 { print $1, $2 }')
+    kill "$gbpid"; wait "$gbpid" 2>/dev/null
+    if [[ $gbmap == "0 16777216" ]] && ! qemu-img info "$work/ov.qcow2" | grep -q in-use; then
+        pass qcow2-persistent-bitmap-what-the-guest-wrote
+    else
+        fail qcow2-persistent-bitmap-what-the-guest-wrote "dirty: $gbmap; $(qemu-img info "$work/ov.qcow2" | grep -A3 bitmaps | tr '\n' ' ')"
     fi
 fi
 if ((have_luks)); then

@@ -9,7 +9,10 @@
  *    "bitmap-disable", "name": N}
  *   {"cmd": "bitmap-merge", "sources": [N, ...], "target": N}
  *   {"cmd": "bitmap-list"} -> {"bitmaps": [{"name", "granularity",
- *       "dirty_bytes", "size", "enabled", "persistent", "in_use"}, ...]}
+ *       "dirty_bytes", "size", "enabled", "persistent", "in_use",
+ *       "inconsistent": false}, ...; the image's bitmaps kept but not
+ *       used: {"name", "granularity", "enabled", "persistent": true,
+ *       "inconsistent": true, "reason"}]}
  */
 #include <errno.h>
 #include <json-c/json.h>
@@ -18,6 +21,7 @@
 
 #include "disk/disk.h"
 #include "disk/disk_ctl.h"
+#include "format/format.h"
 
 static const char *name_of(struct json_object *req, const char *key)
 {
@@ -49,7 +53,27 @@ int disk_ctl_bitmap_list(void *opaque, struct json_object *req, struct json_obje
 		json_object_object_add(o, "enabled", json_object_new_boolean(info[i].enabled));
 		json_object_object_add(o, "persistent", json_object_new_boolean(info[i].persistent));
 		json_object_object_add(o, "in_use", json_object_new_boolean(info[i].users > 0));
+		json_object_object_add(o, "inconsistent", json_object_new_boolean(0));
 		json_object_array_add(arr, o);
+	}
+	/* The image's bitmaps kept but not used (format.h), as QEMU lists
+	 * its inconsistent ones. */
+	{
+		struct fmt_bitmap_kept k[16];
+		unsigned nk = fmt_bitmaps_kept(((struct disk *)opaque)->b, k, 16);
+
+		for (unsigned i = 0; i < nk && i < 16; i++) {
+			struct json_object *o = json_object_new_object();
+
+			json_object_object_add(o, "name", json_object_new_string(k[i].name));
+			json_object_object_add(o, "granularity",
+					       json_object_new_uint64(k[i].granularity));
+			json_object_object_add(o, "enabled", json_object_new_boolean(k[i].enabled));
+			json_object_object_add(o, "persistent", json_object_new_boolean(1));
+			json_object_object_add(o, "inconsistent", json_object_new_boolean(1));
+			json_object_object_add(o, "reason", json_object_new_string(k[i].why));
+			json_object_array_add(arr, o);
+		}
 	}
 	json_object_object_add(reply, "bitmaps", arr);
 	return 0;

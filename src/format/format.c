@@ -494,6 +494,13 @@ int fmt_bitmaps_store(struct bdev *disk, struct dbm *const *b, unsigned n, bool 
 	return q ? qcow2_io_bitmaps_store(q, b, n, changed, err, errlen) : 0;
 }
 
+unsigned fmt_bitmaps_kept(struct bdev *disk, struct fmt_bitmap_kept *out, unsigned max)
+{
+	struct qcow2 *q = qcow2_of(disk);
+
+	return q ? qcow2_io_bitmaps_kept(q, out, max) : 0;
+}
+
 int fmt_key_export(const struct bdev *disk)
 {
 #ifdef HAVE_LUKS

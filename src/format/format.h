@@ -185,6 +185,16 @@ void fmt_bitmaps_taken(struct bdev *disk, const char *name);
 int fmt_bitmaps_hold(struct bdev *disk, struct dbm *const *b, unsigned n, bool force);
 int fmt_bitmaps_store(struct bdev *disk, struct dbm *const *b, unsigned n, bool changed,
 		      char *err, size_t errlen);
+/* The image's bitmaps vblkd keeps but does not use (in use after a crash,
+ * a name or granularity it does not take, ...): up to max, their name,
+ * granularity and why; returns how many there are.  Main thread. */
+struct fmt_bitmap_kept {
+	char name[64];
+	uint32_t granularity;
+	bool enabled;		/* its auto flag */
+	const char *why;	/* static */
+};
+unsigned fmt_bitmaps_kept(struct bdev *disk, struct fmt_bitmap_kept *out, unsigned max);
 
 /*
  * Upgrade in place: a LUKS disk's volume key in a sealed memfd for the

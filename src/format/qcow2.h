@@ -492,6 +492,9 @@ void qcow2_io_release(struct qcow2 *q);
 int qcow2_io_bitmaps_load(struct qcow2 *q, struct dbm ***out, unsigned *n, char *err,
 			  size_t errlen);
 int qcow2_io_bitmaps_hold(struct qcow2 *q, struct dbm *const *b, unsigned n, bool force);
+struct fmt_bitmap_kept;
+unsigned qcow2_io_bitmaps_kept(struct qcow2 *q, struct fmt_bitmap_kept *out, unsigned max);
+unsigned qcow2_bm_kept(struct qcow2 *q, struct fmt_bitmap_kept *out, unsigned max);
 int qcow2_io_bitmaps_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed,
 			   char *err, size_t errlen);
 

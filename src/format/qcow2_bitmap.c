@@ -481,6 +481,47 @@ static void bytes_to_words(struct dbm *b, const uint8_t *src, uint64_t boff, uin
 	}
 }
 
+/* Why vblkd keeps e in the image but does not use it. */
+static const char *why_kept(const struct qcow2_bm *e)
+{
+	if (e->stale_size)
+		return "it is marked in use, and was written ahead for a disk of another size "
+		       "(vblkd stopped right after a resize): remove it with qemu-img bitmap --remove";
+	if (e->flags & BM_FLAG_IN_USE)
+		return "it is marked in use (whoever wrote the image last did not store it: it "
+		       "may miss writes); remove it with qemu-img bitmap --remove, or add one of "
+		       "that name to replace it";
+	if (e->type != BM_TYPE_DIRTY)
+		return "it is not a dirty-tracking bitmap";
+	if (e->gran_bits < BM_MIN_GRAN_BITS || e->gran_bits > BM_MAX_GRAN_BITS)
+		return "its granularity is outside 512 bytes to 2 GiB";
+	if (!dbm_name_ok(e->name))
+		return "vblkd takes names of up to 63 of A-Z a-z 0-9 _ . - only";
+	if (!e->usable)
+		return "it has extra data vblkd does not know";
+	return "a bitmap of that name that is not persistent exists here";
+}
+
+unsigned qcow2_bm_kept(struct qcow2 *q, struct fmt_bitmap_kept *out, unsigned max)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < q->nbm; i++) {
+		const struct qcow2_bm *e = &q->bm[i];
+
+		if (e->ours)
+			continue;
+		if (n < max) {
+			snprintf(out[n].name, sizeof(out[n].name), "%s", e->name);
+			out[n].granularity = e->gran_bits < 32 ? 1u << e->gran_bits : 0;
+			out[n].enabled = (e->flags & BM_FLAG_AUTO) != 0;
+			out[n].why = why_kept(e);
+		}
+		n++;
+	}
+	return n;
+}
+
 int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err, size_t errlen)
 {
 	struct dbm **v = calloc(q->nbm ? q->nbm : 1, sizeof(*v));
@@ -500,18 +541,7 @@ int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err,
 		e->ours = false;
 		if (!e->usable) {
 			log_warn("qcow2 image %s: bitmap '%.80s' is kept but not used: %s", q->path,
-				 e->name, e->stale_size ? "it is marked in use, and was written "
-				 "ahead for a disk of another size (vblkd stopped right after a "
-				 "resize): remove it with qemu-img bitmap --remove" :
-				 (e->flags & BM_FLAG_IN_USE) ?
-				 "it is marked in use (whoever wrote the image last did not store it: "
-				 "it may miss writes); remove it with qemu-img bitmap --remove, or add "
-				 "one of that name to replace it" :
-				 e->type != BM_TYPE_DIRTY ? "it is not a dirty-tracking bitmap" :
-				 (e->gran_bits < BM_MIN_GRAN_BITS || e->gran_bits > BM_MAX_GRAN_BITS) ?
-				 "its granularity is outside 512 bytes to 2 GiB" :
-				 !dbm_name_ok(e->name) ? "vblkd takes names of up to 63 of A-Z a-z 0-9 "
-				 "_ . - only" : "it has extra data vblkd does not know");
+				 e->name, why_kept(e));
 			continue;
 		}
 		if ((r = dbm_new(e->name, q->size, 1u << e->gran_bits, &b)) < 0)

@@ -1197,6 +1197,30 @@ int qcow2_io_bitmaps_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bo
 					      .err = err, .errlen = errlen }, bm_store_fn);
 }
 
+struct bm_kept_call {
+	struct qcow2 *q;
+	struct fmt_bitmap_kept *out;
+	unsigned max, n;
+};
+
+static void bm_kept_fn(void *opaque)
+{
+	struct bm_kept_call *c = opaque;
+
+	c->n = qcow2_bm_kept(c->q, c->out, c->max);
+}
+
+unsigned qcow2_io_bitmaps_kept(struct qcow2 *q, struct fmt_bitmap_kept *out, unsigned max)
+{
+	struct bm_kept_call c = { .q = q, .out = out, .max = max };
+
+	if (q->ctx)
+		loop_call_sync(q->ctx->loop, bm_kept_fn, &c);
+	else
+		bm_kept_fn(&c);
+	return c.n;
+}
+
 bool qcow2_io_is(const struct bdev_engine *e)
 {
 	return e && e->ctx_new == q2_ctx_new;

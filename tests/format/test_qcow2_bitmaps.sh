@@ -190,7 +190,8 @@ if crash_with_write $((30 << 20)) "$tmp/e.log"; then
         l=$(ctl bitmap list)
         ctl bitmap add qb --persistent >/dev/null
         stop
-        if [[ $l == '{ "bitmaps": [ ] }' &&
+        if [[ $(grep -o '"name": "[a-z]*", "granularity": [0-9]*, "enabled": true, "persistent": true, "inconsistent": true, "reason": "it is marked in use' <<<"$l" | wc -l) == 2 &&
+              $l != *'"inconsistent": false'* &&
               $(grep -c "kept but not used: it is marked in use" "$tmp/f.log") == 2 &&
               $(info "$IMG") == $'mine:8192:auto,in-use\nqb:65536:auto' &&
               $(corruptions "$IMG") == 0 ]]; then

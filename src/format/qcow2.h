@@ -146,6 +146,7 @@ struct qcow2_cache {
 /* A bitmap of the image's directory (qcow2_bitmap.c). */
 struct qcow2_bm {
 	char *name;
+	char shown[81];		/* its first 80 bytes, printable, for messages */
 	uint64_t table_off;
 	uint32_t table_size;
 	uint32_t flags;

@@ -69,6 +69,10 @@
 #define BM_MAX_PHYS_ALL (1ull << 30)	/* of all the bitmaps vblkd takes: ours */
 #define BM_MAX_COUNT 65535u
 #define BM_ENT_FIXED 24u
+/* Table entries of all the bitmaps together: what we read and keep to
+ * know their clusters.  A real image has a few hundred (1 TiB at 64 KiB
+ * chunks: 32); a hostile one could ask for gigabytes. */
+#define BM_MAX_TABLES_ALL (1u << 20)
 /* A bitmap table entry: bits 1-8 and 56-63 reserved. */
 #define BM_TE_RESERVED 0xff000000000001feull
 
@@ -247,10 +251,10 @@ static bool place_ok(const struct qcow2 *q, uint64_t off, uint64_t len)
 	return off >= q->cs && off % q->cs == 0 && off + len > off && off + len <= file_end(q);
 }
 
-/* One entry of the directory at d[pos..]: parsed into e, its table read.
- * 0, or -EINVAL with the reason in why. */
+/* One entry of the directory at d[pos..]: parsed into e, its table read
+ * (*tables: entries read so far).  0, or -EINVAL with the reason in why. */
 static int parse_entry(struct qcow2 *q, const uint8_t *d, uint64_t len, uint64_t pos,
-		       struct qcow2_bm *e, char *why, size_t whylen)
+		       struct qcow2_bm *e, char *why, size_t whylen, uint64_t *tables)
 {
 	const uint8_t *p = d + pos;
 	uint32_t extra, nlen;
@@ -284,15 +288,24 @@ static int parse_entry(struct qcow2 *q, const uint8_t *d, uint64_t len, uint64_t
 		snprintf(why, whylen, "a bitmap's name holds a NUL byte");
 		return -EINVAL;
 	}
+	/* For log lines and errors: one line whatever the name holds. */
+	for (uint32_t i = 0; i < sizeof(e->shown) - 1 && e->name[i]; i++)
+		e->shown[i] = (e->name[i] < 0x20 || e->name[i] == 0x7f) ? '?' : e->name[i];
 	if (e->flags & ~BM_FLAGS_KNOWN) {
-		snprintf(why, whylen, "bitmap '%.80s' has unknown flags %#x", e->name, e->flags);
+		snprintf(why, whylen, "bitmap '%.80s' has unknown flags %#x", e->shown, e->flags);
 		return -EINVAL;
 	}
 	tbytes = (uint64_t)e->table_size * 8;
+	*tables += e->table_size;
+	if (*tables > BM_MAX_TABLES_ALL) {
+		snprintf(why, whylen, "its bitmaps' tables have more than %u entries in all",
+			 BM_MAX_TABLES_ALL);
+		return -EINVAL;
+	}
 	if (!e->table_size || e->table_size > BM_MAX_TABLE || !place_ok(q, e->table_off, tbytes) ||
 	    qcow2_meta_clash(q, e->table_off, tbytes)) {
 		snprintf(why, whylen, "bitmap '%.80s''s table (%u entries at %#llx) is empty, too "
-			 "big, misaligned, outside the file or over the image's tables", e->name,
+			 "big, misaligned, outside the file or over the image's tables", e->shown,
 			 e->table_size, (unsigned long long)e->table_off);
 		return -EINVAL;
 	}
@@ -313,7 +326,7 @@ static int parse_entry(struct qcow2 *q, const uint8_t *d, uint64_t len, uint64_t
 			e->stale_size = true;
 		} else if (db > BM_MAX_PHYS || want != e->table_size) {
 			snprintf(why, whylen, "bitmap '%.80s' has a table of %u entries where a "
-				 "%llu-byte disk at %u-byte granularity needs %llu%s", e->name,
+				 "%llu-byte disk at %u-byte granularity needs %llu%s", e->shown,
 				 e->table_size, (unsigned long long)q->size, 1u << e->gran_bits,
 				 (unsigned long long)want, db > BM_MAX_PHYS ? " (too big)" : "");
 			return -EINVAL;
@@ -327,7 +340,7 @@ static int parse_entry(struct qcow2 *q, const uint8_t *d, uint64_t len, uint64_t
 	}
 	if ((r = sys_pread_full(q->mfd, buf, tbytes, e->table_off)) < 0) {
 		free(buf);
-		snprintf(why, whylen, "bitmap '%.80s''s table cannot be read: %s", e->name,
+		snprintf(why, whylen, "bitmap '%.80s''s table cannot be read: %s", e->shown,
 			 strerror(-r));
 		return r;
 	}
@@ -340,7 +353,7 @@ static int parse_entry(struct qcow2 *q, const uint8_t *d, uint64_t len, uint64_t
 		    (off && (!place_ok(q, off, q->cs) || qcow2_meta_clash(q, off, q->cs)))) {
 			free(buf);
 			snprintf(why, whylen, "bitmap '%.80s''s table entry %u (%#llx) is not valid "
-				 "or points outside the file or over the image's tables", e->name, i,
+				 "or points outside the file or over the image's tables", e->shown, i,
 				 (unsigned long long)t);
 			return -EINVAL;
 		}
@@ -353,7 +366,7 @@ int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen)
 {
 	struct qcow2_bm *bm = NULL, *old = q->bm;
 	uint32_t n = 0, nold = q->nbm;
-	uint64_t size = q->bitmaps_dir_size, off = q->bitmaps_dir_off, pos = 0;
+	uint64_t size = q->bitmaps_dir_size, off = q->bitmaps_dir_off, pos = 0, tables = 0;
 	uint8_t *d = NULL;
 	char why[256] = "";
 	int r = 0;
@@ -391,7 +404,7 @@ int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen)
 			r = -EINVAL;
 			goto fail;
 		}
-		if ((r = parse_entry(q, d, size, pos, &bm[n++], why, sizeof(why))) < 0)
+		if ((r = parse_entry(q, d, size, pos, &bm[n++], why, sizeof(why), &tables)) < 0)
 			goto fail;
 		pos += bm[n - 1].ent_len;
 	}
@@ -541,7 +554,7 @@ int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err,
 		e->ours = false;
 		if (!e->usable) {
 			log_warn("qcow2 image %s: bitmap '%.80s' is kept but not used: %s", q->path,
-				 e->name, why_kept(e));
+				 e->shown, why_kept(e));
 			continue;
 		}
 		if ((r = dbm_new(e->name, q->size, 1u << e->gran_bits, &b)) < 0)
@@ -553,7 +566,7 @@ int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err,
 		if (e->recovered)
 			log_warn("qcow2 image %s: bitmap '%s' was not stored when vblkd last stopped "
 				 "(a crash?): taken as written ahead, it covers every write since, by "
-				 "whole regions of %llu KiB", q->path, e->name,
+				 "whole regions of %llu KiB", q->path, e->shown,
 				 q->wal_ext_bits < 63 ? (1ull << q->wal_ext_bits) >> 10 : 0ull);
 		for (uint32_t c = 0; c < e->table_size; c++) {
 			uint64_t t = e->table[c], off = t & QCOW2_OFFSET_MASK;
@@ -562,7 +575,7 @@ int qcow2_bm_load(struct qcow2 *q, struct dbm ***out, unsigned *nout, char *err,
 			if (off) {
 				if ((r = sys_pread_full(q->mfd, buf, len, off)) < 0) {
 					snprintf(err, errlen, "cannot read bitmap '%s' of qcow2 image "
-						 "%s: %s", e->name, q->path, strerror(-r));
+						 "%s: %s", e->shown, q->path, strerror(-r));
 					goto out;
 				}
 			} else {
@@ -618,7 +631,7 @@ int qcow2_bm_mark_in_use(struct qcow2 *q)
 			continue;
 		if (!e->ours)
 			log_warn("qcow2 image %s: bitmap '%s' is not tracked by vblkd (%s): marked "
-				 "in use, as it will miss the writes from now on", q->path, e->name,
+				 "in use, as it will miss the writes from now on", q->path, e->shown,
 				 e->type != BM_TYPE_DIRTY ? "not a dirty bitmap" :
 				 !dbm_name_ok(e->name) ? "a name vblkd does not take" :
 				 "a bitmap of this name exists already");

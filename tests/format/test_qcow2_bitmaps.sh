@@ -235,6 +235,7 @@ if kind == "table-size": d[8:12] = struct.pack(">I", 7)
 if kind == "name-past-end": d[e2 + 18:e2 + 20] = struct.pack(">H", 1000)
 if kind == "unknown-flags": d[12:16] = struct.pack(">I", 0x80 | 2)
 if kind == "same-names": d[e2 + 24:e2 + 26] = d[24:26]
+if kind == "name-newline": d[e2 + 25] = 0x0a
 if kind == "data-over-l1":
     # b1's table entry 0 points at the L1 table's cluster.
     toff = struct.unpack(">Q", d[0:8])[0]
@@ -256,6 +257,25 @@ for k in table-outside table-size name-past-end unknown-flags same-names data-ov
 done
 ((${#hbad[@]} == 0)) && pass hostile-bitmap-directories-refused-one-line-unchanged ||
     fail hostile-bitmap-directories-refused-one-line-unchanged "${hbad[*]}"
+# A name QEMU allows and vblkd does not take (a newline in it): served,
+# that bitmap kept but not used, every log line one line.
+cp "$tmp/h0.qcow2" "$tmp/h.qcow2"
+damage name-newline "$tmp/h.qcow2"
+IMG=$tmp/h.qcow2
+if start "$tmp/nl.log"; then
+    l=$(ctl bitmap list)
+    stop
+    if [[ $l == *'"name": "b1", "granularity": 65536, "dirty_bytes": 65536'* &&
+          $l == *'"inconsistent": true, "reason": "vblkd takes names'* ]] &&
+       grep -q "bitmap 'b?' is kept but not used" "$tmp/nl.log" &&
+       ! grep -q "^[^v]" "$tmp/nl.log"; then
+        pass bitmap-name-with-newline-kept-not-used-one-line-logs
+    else
+        fail bitmap-name-with-newline-kept-not-used-one-line-logs "$l; $(grep -v '^vblkd' "$tmp/nl.log" | head -2)"
+    fi
+else
+    fail bitmap-name-with-newline-kept-not-used-one-line-logs "$(tail -2 "$tmp/nl.log")"
+fi
 
 # ---- --persistent where it cannot be kept ------------------------------------
 qemu-img create -q -f qcow2 -o compat=0.10 "$tmp/v2.qcow2" 16M

@@ -326,7 +326,11 @@ static void blk_dwz_next(struct blk_req *r)
 	r->io.iovcnt = 0;
 	r->io.fua = false;
 	r->io.cb = blk_dwz_done;
-	disk_dirty(r->q->dev->disk, r->io.offset, r->io.length);
+	/* Its bitmaps could not be written ahead: the segment fails. */
+	if (unlikely(disk_dirty(r->q->dev->disk, r->io.offset, r->io.length) < 0)) {
+		r->io.cb(&r->io, -EIO);
+		return;
+	}
 	bdev_submit(r->q->dev->b, r->q->t->bctx, &r->io);
 }
 
@@ -472,8 +476,10 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		r->io.iov = data;
 		r->io.iovcnt = cnt;
 		r->io.cb = blk_io_done;
-		if (is_write)
-			disk_dirty(d->disk, off, len);
+		if (is_write && unlikely(disk_dirty(d->disk, off, len) < 0)) {
+			r->io.cb(&r->io, -EIO);
+			return;
+		}
 		if (unlikely(blk__throttle(q, r)))
 			return;		/* throttle.c sends it when the budget has room */
 		bdev_submit(d->b, q->t->bctx, &r->io);

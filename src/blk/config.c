@@ -222,10 +222,8 @@ int blk__handover_quiesce(void *opaque, char *err, size_t errlen)
 
 	/* Persistent bitmaps too, for the new process to load (a failed
 	 * upgrade serves on: the next change marks them in use again). */
-	if (disk_bitmaps_store(d->disk) < 0) {
-		snprintf(err, errlen, "the disk's persistent bitmaps could not be stored");
+	if (disk_bitmaps_handover(d->disk, err, errlen) < 0)
 		return -EIO;
-	}
 	return fmt_quiesce(d->b, err, errlen);
 }
 

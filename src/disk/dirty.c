@@ -15,17 +15,33 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "disk/disk.h"
 #include "format/format.h"
 #include "util/barrier.h"
 #include "util/log.h"
 
-void disk__dirty_slow(struct disk_bitmaps *l, uint64_t off, uint64_t len)
+int disk__dirty_slow(struct disk *d, struct disk_bitmaps *l, uint64_t off, uint64_t len)
 {
 	for (unsigned i = 0; i < l->n; i++)
 		dbm_mark(l->b[i], off, len);
+	/* A raw disk's bitmap file: its region written ahead (bmfile.c). */
+	if (atomic_load_explicit(&d->bm, memory_order_relaxed))
+		return disk__bmfile_write(d, off, len);
+	return 0;
 }
+
+/* fmt_bitmaps_* on where the persistent bitmaps live (bmfile.c), one at a
+ * time with the marks' write-ahead. */
+#define BM_CALL(d, call)                                                       \
+	({                                                                     \
+		struct bdev *bmt = disk__bm_target(d);                         \
+		pthread_mutex_lock(&(d)->bm_lock);                             \
+		__typeof__(call) bm_res_ = call;                               \
+		pthread_mutex_unlock(&(d)->bm_lock);                           \
+		bm_res_;                                                       \
+	})
 
 static void noop(void *opaque)
 {
@@ -81,6 +97,18 @@ static int publish(struct disk *d, struct dbm *add, const struct dbm *drop)
 
 static int hold(struct disk *d, bool force, char *err, size_t errlen);
 
+/* Where a persistent bitmap can go: the image (qcow2), or a raw disk's
+ * bitmap file, made now if it is not there yet. */
+static int persistent_ok(struct disk *d, char *err, size_t errlen)
+{
+	int r;
+
+	if (!atomic_load(&d->bm) && d->bm_path &&
+	    (r = disk__bmfile_open(d, true, false, err, errlen)) < 0)
+		return r;
+	return BM_CALL(d, fmt_bitmaps_can(bmt, err, errlen));
+}
+
 int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabled,
 		    bool persistent, char *err, size_t errlen)
 {
@@ -102,7 +130,7 @@ int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabl
 		snprintf(err, errlen, "a bitmap named '%s' exists already", name);
 		return -EEXIST;
 	}
-	if (persistent && (r = fmt_bitmaps_can(d->b, err, errlen)) < 0)
+	if (persistent && (r = persistent_ok(d, err, errlen)) < 0)
 		return r;
 	r = dbm_new(name, READ_ONCE(d->b->size), gran, &b);
 	if (r < 0) {
@@ -144,7 +172,7 @@ static int hold(struct disk *d, bool force, char *err, size_t errlen)
 	for (unsigned i = 0; l && i < l->n; i++)
 		if (l->b[i]->persistent)
 			p[n++] = l->b[i];
-	r = fmt_bitmaps_hold(d->b, p, n, force && d->claims);
+	r = BM_CALL(d, fmt_bitmaps_hold(bmt, p, n, force && d->claims));
 	free(p);
 	if (r < 0 && err)
 		snprintf(err, errlen, "cannot write the persistent bitmaps to the image: %s",
@@ -317,7 +345,7 @@ static int adopt(struct disk *d, struct dbm **v, unsigned n)
 		}
 		(void)hold(d, false, NULL, 0);
 		dbm_free(old);
-		fmt_bitmaps_taken(d->b, v[i]->name);
+		BM_CALL(d, (fmt_bitmaps_taken(bmt, v[i]->name), 0));
 		log_info("bitmap %s loaded from the image (%u-byte granularity, %llu bytes "
 			 "dirty%s)", v[i]->name, dbm_granularity(v[i]),
 			 (unsigned long long)dbm_dirty_bytes(v[i]),
@@ -326,12 +354,19 @@ static int adopt(struct disk *d, struct dbm **v, unsigned n)
 	return 0;
 }
 
-int disk_bitmaps_open(struct disk *d, char *err, size_t errlen)
+int disk_bitmaps_open(struct disk *d, bool handover, char *err, size_t errlen)
 {
 	struct dbm **v;
 	unsigned n;
-	int r = fmt_bitmaps_load(d->b, &v, &n, err, errlen);
+	int r;
 
+	/* A raw disk's bitmap file, if it is there. */
+	if (d->bm_path && access(d->bm_path, F_OK) == 0 &&
+	    (r = disk__bmfile_open(d, false, handover, err, errlen)) < 0)
+		return r;
+	if (handover)
+		return 0;	/* read at the claim */
+	r = BM_CALL(d, fmt_bitmaps_load(bmt, &v, &n, err, errlen));
 	if (r < 0)
 		return r;
 	r = adopt(d, v, n);
@@ -353,14 +388,16 @@ int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen)
 	unsigned n;
 	int r;
 
-	if (!fmt_bitmaps_changed(d->b)) {
+	if ((r = disk__bmfile_claim(d, err, errlen)) < 0)
+		return r;
+	if (!BM_CALL(d, fmt_bitmaps_changed(bmt))) {
 		l = list_of(d);
 		for (unsigned i = 0; l && i < l->n; i++)
 			if (l->b[i]->persistent)
-				fmt_bitmaps_taken(d->b, l->b[i]->name);
+				BM_CALL(d, (fmt_bitmaps_taken(bmt, l->b[i]->name), 0));
 		return hold(d, false, err, errlen);
 	}
-	if ((r = fmt_bitmaps_load(d->b, &v, &n, err, errlen)) < 0)
+	if ((r = BM_CALL(d, fmt_bitmaps_load(bmt, &v, &n, err, errlen))) < 0)
 		return r;
 	for (struct dbm *b;;) {
 		l = list_of(d);
@@ -410,7 +447,7 @@ int disk_bitmaps_store(struct disk *d)
 		else if (l->b[i]->persistent)
 			log_err("bitmap %s is not stored: it does not cover the disk's new size",
 				l->b[i]->name);
-	r = fmt_bitmaps_store(d->b, v, n, d->bm_unsaved, err, sizeof(err));
+	r = BM_CALL(d, fmt_bitmaps_store(bmt, v, n, d->bm_unsaved, err, sizeof(err)));
 	free(v);
 	if (r < 0)
 		log_err("%s", err);
@@ -419,11 +456,20 @@ int disk_bitmaps_store(struct disk *d)
 	return r;
 }
 
+int disk_bitmaps_handover(struct disk *d, char *err, size_t errlen)
+{
+	if (disk_bitmaps_store(d) < 0) {
+		snprintf(err, errlen, "the disk's persistent bitmaps could not be stored");
+		return -EIO;
+	}
+	return disk__bmfile_quiesce(d, err, errlen);
+}
+
 void disk__bitmaps_free(struct disk *d)
 {
 	struct disk_bitmaps *l = list_of(d);
 
-	(void)fmt_bitmaps_hold(d->b, NULL, 0, false);
+	(void)BM_CALL(d, fmt_bitmaps_hold(bmt, NULL, 0, false));
 	for (unsigned i = 0; l && i < l->n; i++)
 		dbm_free(l->b[i]);
 	free(l);

@@ -184,6 +184,17 @@ int disk_new(struct bdev *b, const struct disk_opts *o, struct disk **out)
 		return r;
 	}
 	d->b = b;
+	pthread_mutex_init(&d->bm_lock, NULL);
+	/* A raw disk's bitmap file (bmfile.c): where --bitmap-file says, or
+	 * beside a regular file. */
+	if (fmt_bitmap_file_possible(b, o->bitmap_file != NULL)) {
+		char path[4096];
+
+		if (o->bitmap_file)
+			d->bm_path = strdup(o->bitmap_file);
+		else if (fmt_bitmap_file_path(b->path, path, sizeof(path)) == 0)
+			d->bm_path = strdup(path);
+	}
 	for (unsigned i = 0; i < nt; i++) {
 		r = iothread_start(d, i, o);
 		if (r < 0) {
@@ -221,6 +232,9 @@ void disk_free(struct disk *d)
 		iothread_stop(d, &d->iot[i]);
 	disk__pause_free(d);
 	disk__bitmaps_free(d);
+	disk__bmfile_close(d);
+	free(d->bm_path);
+	pthread_mutex_destroy(&d->bm_lock);
 	qos_free(d->qos);
 	free(d->iot);
 	free(d);
@@ -294,6 +308,7 @@ void disk_release(struct disk *d)
 	job_disk_released(d, "the disk was let go (the VM stopped, moved away or was reset): "
 			  "start the job again once the disk is served here");
 	(void)disk_bitmaps_store(d);
+	disk__bmfile_release(d);
 	fmt_release(d->b);
 	bdev_unlock(d->b);
 }

@@ -101,6 +101,9 @@ struct disk_opts {
 	enum disk_err_policy rerror, werror;
 	/* While paused, resume by itself this often (0: only when told). */
 	uint64_t error_retry_ns;
+	/* A raw disk's bitmap file (bmfile.c); NULL: the default, beside a
+	 * regular file. */
+	const char *bitmap_file;
 };
 
 struct disk_iothread {
@@ -148,6 +151,15 @@ struct disk {
 	_Atomic(struct disk_bitmaps *) bitmaps;
 	/* A persistent bitmap changed since the last store (main thread). */
 	bool bm_unsaved;
+	/* A raw disk's bitmap file (bmfile.c): where its persistent bitmaps
+	 * live, a qcow2 of its own; NULL until there is one.  Set by main
+	 * before any persistent bitmap is published (the marks read it after
+	 * the list); bm_lock serialises everything done to it (the marks'
+	 * write-ahead from any iothread, main's claims and stores). */
+	char *bm_path;
+	struct bdev *_Atomic bm;
+	struct bdev *bm_file;
+	pthread_mutex_t bm_lock;
 };
 
 struct disk_bitmaps {
@@ -283,16 +295,19 @@ void disk__pause_free(struct disk *d);
 
 /* ---- Dirty bitmaps (dirty.c) ---- */
 
-void disk__dirty_slow(struct disk_bitmaps *l, uint64_t off, uint64_t len);
+int disk__dirty_slow(struct disk *d, struct disk_bitmaps *l, uint64_t off, uint64_t len);
 /* A front writes [off, off + len) (a write, discard or write zeroes):
- * every enabled bitmap marks it, before the I/O is submitted.  With no
- * bitmap, one load and a branch.  The front's iothread. */
-static inline void disk_dirty(struct disk *d, uint64_t off, uint64_t len)
+ * every enabled bitmap marks it, before the I/O is submitted, and a raw
+ * disk's bitmap file has the region written ahead (bmfile.c).  With no
+ * bitmap, one load and a branch.  0, or -errno: the write must fail (its
+ * region could not be written ahead).  The front's iothread. */
+static inline int disk_dirty(struct disk *d, uint64_t off, uint64_t len)
 {
 	struct disk_bitmaps *l = atomic_load_explicit(&d->bitmaps, memory_order_acquire);
 
 	if (__builtin_expect(l != NULL, 0))
-		disk__dirty_slow(l, off, len);
+		return disk__dirty_slow(d, l, off, len);
+	return 0;
 }
 /*
  * vblkctl bitmap: add one (granularity 0: 64 KiB; disabled: marks
@@ -329,15 +344,30 @@ int disk_bitmaps_grow(struct disk *d, uint64_t size);
  * persistent bitmap lives in memory while vblkd has the disk and is
  * stored in the image whenever the disk is let go (disk_release: the VM
  * stopped or moved away, vblkd exits; an upgrade's hand-over).
- * disk_bitmaps_open: the image's bitmaps loaded, after disk_new (0, or
- * -errno with one line in err).  disk_bitmaps_store: the persistent ones
+ * disk_bitmaps_open: the image's bitmaps loaded (a raw disk's from its
+ * bitmap file, opened if it is there), after disk_new; handover: an
+ * upgrade's new process (read at the claim).  0, or -errno with one line
+ * in err.  disk_bitmaps_store: the persistent ones
  * written to the image now (every ring stopped); 0 or -errno, logged.
  * At a claim (disk__bitmaps_claimed) the image's bitmaps are loaded again
  * if another process stored some since.  Main thread.
  */
-int disk_bitmaps_open(struct disk *d, char *err, size_t errlen);
+int disk_bitmaps_open(struct disk *d, bool handover, char *err, size_t errlen);
 int disk_bitmaps_store(struct disk *d);
+/* An upgrade's hand-over (the rings stopped): stored, and a raw disk's
+ * bitmap file quiesced for the new process.  0 or -errno with one line. */
+int disk_bitmaps_handover(struct disk *d, char *err, size_t errlen);
 int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen);
+/* bmfile.c: where persistent bitmaps go (the bitmap file, or the image);
+ * the bitmap file opened (create: made if missing; claimed if the disk
+ * is), closed; claim/release/quiesce of it with the disk's. */
+struct bdev *disk__bm_target(struct disk *d);
+int disk__bmfile_open(struct disk *d, bool create, bool handover, char *err, size_t errlen);
+void disk__bmfile_close(struct disk *d);
+int disk__bmfile_write(struct disk *d, uint64_t off, uint64_t len);
+int disk__bmfile_claim(struct disk *d, char *err, size_t errlen);
+void disk__bmfile_release(struct disk *d);
+int disk__bmfile_quiesce(struct disk *d, char *err, size_t errlen);
 void disk__bitmaps_free(struct disk *d);
 
 /* Push what was submitted on t to the kernel (the engine's kick). */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,9 +441,10 @@ int fmt_bitmaps_can(struct bdev *disk, char *err, size_t errlen)
 	struct qcow2 *q = qcow2_of(disk);
 
 	if (!q) {
-		snprintf(err, errlen, "persistent bitmaps are kept in qcow2 images only (not yet "
-			 "beside a raw, LUKS or network disk): add it without --persistent, or "
-			 "serve a qcow2 image");
+		snprintf(err, errlen, "persistent bitmaps are kept in a qcow2 image, or for a "
+			 "writable raw disk in a bitmap file (beside a file, or where --bitmap-file "
+			 "says): this disk has neither (read-only, LUKS, or a block device or "
+			 "network disk without --bitmap-file)");
 		return -EOPNOTSUPP;
 	}
 	if (!q->rw || q->version < 3) {
@@ -499,6 +501,113 @@ unsigned fmt_bitmaps_kept(struct bdev *disk, struct fmt_bitmap_kept *out, unsign
 	struct qcow2 *q = qcow2_of(disk);
 
 	return q ? qcow2_io_bitmaps_kept(q, out, max) : 0;
+}
+
+bool fmt_bitmap_file_possible(const struct bdev *file, bool named)
+{
+#ifdef HAVE_LUKS
+	if (file && luks_is(file->engine))
+		return false;
+#endif
+	if (!file || qcow2_io_is(file->engine) || file->read_only || !file->path)
+		return false;
+	return named || (file->fd >= 0 && !file->is_blockdev && !file->engine->open);
+}
+
+int fmt_bitmap_file_path(const char *disk_path, char *out, size_t len)
+{
+	int n = snprintf(out, len, "%s.bitmaps.qcow2", disk_path);
+
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+int fmt_bitmap_file_open(const char *path, const char *disk_path, uint64_t disk_size,
+			 bool create, bool handover, struct bdev **bm, struct bdev **file,
+			 char *err, size_t errlen)
+{
+	struct fmt_opts fo = { .kind = FMT_QCOW2, .bitmaps_only = true, .handover = handover };
+	struct bdev_opts bo = { .path = path, .engine = "threads", .cache = BDEV_CACHE_WRITEBACK };
+	char real[PATH_MAX], other[PATH_MAX];
+	struct bdev *f = calloc(1, sizeof(*f)), *d;
+	struct qcow2 *q;
+	int r;
+
+	if (!f)
+		return -ENOMEM;
+	/* A network disk's name is not a path: taken as it is. */
+	if (!realpath(disk_path, real))
+		snprintf(real, sizeof(real), "%s", disk_path);
+	if (create && access(path, F_OK) < 0 && errno == ENOENT &&
+	    (r = qcow2_create_bitmap_file(path, real, disk_size, err, errlen)) < 0)
+		goto fail;
+	if ((r = bdev_open(&bo, f, err, errlen)) < 0)
+		goto fail;
+	r = fmt_open(f, &fo, &d, err, errlen);
+	if (r < 0) {
+		bdev_close(f);
+		goto fail;
+	}
+	if (!(q = qcow2_of(d))) {
+		snprintf(err, errlen, "%s is not a qcow2 image: it cannot be a bitmap file", path);
+		fmt_close(d, f);
+		bdev_close(f);
+		r = -EINVAL;
+		goto fail;
+	}
+	/* Its backing file is this disk (a relative name is the file's
+	 * directory's, as QEMU reads it), and it is the disk's size. */
+	other[0] = '\0';
+	if (q->backing_name) {
+		char rel[PATH_MAX * 2], *dup = strdup(path);
+
+		if (dup && q->backing_name[0] != '/')
+			snprintf(rel, sizeof(rel), "%s/%s", dirname(dup), q->backing_name);
+		else
+			snprintf(rel, sizeof(rel), "%s", q->backing_name);
+		free(dup);
+		if (!realpath(rel, other))
+			snprintf(other, sizeof(other), "%s", q->backing_name);
+	}
+	if (strcmp(other, real) || q->size != disk_size) {
+		snprintf(err, errlen, "%s is not the bitmap file of %s (%s): move it away, or "
+			 "give --bitmap-file another path", path, disk_path,
+			 strcmp(other, real) ? "its backing file is another" :
+			 "it is for a disk of another size");
+		fmt_close(d, f);
+		bdev_close(f);
+		r = -EINVAL;
+		goto fail;
+	}
+	*bm = d;
+	*file = f;
+	return 0;
+fail:
+	free(f);
+	return r;
+}
+
+void fmt_bitmap_file_close(struct bdev *bm, struct bdev *file)
+{
+	if (!bm)
+		return;
+	fmt_close(bm, file);
+	bdev_close(file);
+	free(file);
+}
+
+int fmt_bitmaps_write(struct bdev *bm, uint64_t off, uint64_t len)
+{
+	struct qcow2 *q = qcow2_of(bm);
+	int r;
+
+	if (!q || !q->rw || q->stale)
+		return 0;
+	if (!q->write_begun && (r = qcow2_begin_write(q)) < 0)
+		return r;
+	if (!q->wal_on)
+		return 0;
+	r = qcow2_bm_wal_cover(q, off, len);
+	return r > 0 ? qcow2_bm_wal_sync(q) : r;
 }
 
 int fmt_key_export(const struct bdev *disk)

@@ -63,6 +63,9 @@ struct fmt_opts {
 	 * format reads its header now and its tables at fmt_claim, and
 	 * writes nothing before. */
 	bool handover;
+	/* qcow2: a bitmap file (fmt_bitmap_file_open): its backing file is
+	 * not opened, no data is served through it. */
+	bool bitmaps_only;
 };
 
 /* "raw", "qcow2", "luks", "auto" -> *out.  0 or -EINVAL. */
@@ -195,6 +198,36 @@ struct fmt_bitmap_kept {
 	const char *why;	/* static */
 };
 unsigned fmt_bitmaps_kept(struct bdev *disk, struct fmt_bitmap_kept *out, unsigned max);
+
+/*
+ * The bitmap file of a raw disk (issue 46: persistent bitmaps beside a disk
+ * that has no place for them): a qcow2 image of the disk's size whose
+ * backing file is the disk (raw) and which holds no data, only bitmaps,
+ * in QEMU's bitmaps extension.  qemu-img info lists them; qemu-nbd -r -B
+ * NAME on it exports the disk's data (through the backing file) with the
+ * bitmap.  fmt_bitmap_file_open opens path (create: made first if it is
+ * not there, for disk_path, disk_size bytes) as a qcow2 of its own whose
+ * fmt_bitmaps_* and fmt_claim/release/quiesce work as an image's; a file
+ * of another size, or another disk's, is refused with one line in err.
+ * *bm is the format's disk, *file the file (both for
+ * fmt_bitmap_file_close).  Main thread.
+ */
+int fmt_bitmap_file_open(const char *path, const char *disk_path, uint64_t disk_size,
+			 bool create, bool handover, struct bdev **bm, struct bdev **file,
+			 char *err, size_t errlen);
+void fmt_bitmap_file_close(struct bdev *bm, struct bdev *file);
+/* Whether this disk can have a bitmap file: raw and writable; beside it
+ * by default (named false) only if it is a regular file. */
+bool fmt_bitmap_file_possible(const struct bdev *file, bool named);
+/* disk_path + ".bitmaps.qcow2": where a raw disk's bitmap file is by
+ * default; 0 or -ENAMETOOLONG. */
+int fmt_bitmap_file_path(const char *disk_path, char *out, size_t len);
+/* fmt_bitmaps_write: before a write to [off, off + len) of a raw disk
+ * with a bitmap file bm: its first change begun (the bitmaps stored in
+ * use, written ahead), the regions the write touches written ahead and
+ * synced.  0 or -errno (the write must fail).  Any iothread, one at a
+ * time (the caller's lock). */
+int fmt_bitmaps_write(struct bdev *bm, uint64_t off, uint64_t len);
 
 /*
  * Upgrade in place: a LUKS disk's volume key in a sealed memfd for the

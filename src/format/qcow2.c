@@ -1884,7 +1884,8 @@ int qcow2_open(struct bdev *file, const struct fmt_opts *o, unsigned depth,
 			 strerror(-r));
 		goto fail;
 	}
-	if (q->backing_name && (r = fmt__open_backing(q, o, depth, err, errlen)) < 0)
+	if (q->backing_name && !o->bitmaps_only &&
+	    (r = fmt__open_backing(q, o, depth, err, errlen)) < 0)
 		goto fail;
 	free(h);
 	*out = q;

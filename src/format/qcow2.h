@@ -352,6 +352,8 @@ bool qcow2_meta_clash(const struct qcow2 *q, uint64_t off, uint64_t len);
  * on, if the image was written since the claim or changed says a bitmap
  * was; 0 or -errno with one line in err. */
 void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h);
+int qcow2_create_bitmap_file(const char *path, const char *backing, uint64_t size, char *err,
+			     size_t errlen);
 int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen);
 void qcow2_bm_free(struct qcow2 *q);
 int qcow2_bm_meta(struct qcow2 *q, int (*add)(struct qcow2 *q, uint64_t off, uint64_t len));

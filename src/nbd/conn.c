@@ -651,8 +651,11 @@ static void req_submit(struct nbds_conn *c, struct nbds_req *r, enum bdev_op op)
 	}
 	c->inflight++;
 	r->t0 = loop_now(c->t->loop);
-	if (op == BDEV_WRITE || op == BDEV_DISCARD || op == BDEV_WRITE_ZEROES)
-		disk_dirty(c->disk, r->offset, r->length);
+	if ((op == BDEV_WRITE || op == BDEV_DISCARD || op == BDEV_WRITE_ZEROES) &&
+	    unlikely(disk_dirty(c->disk, r->offset, r->length) < 0)) {
+		r->io.cb(&r->io, -EIO);
+		return;
+	}
 	if (unlikely(disk_qos_on(c->disk) || c->thr_head) && req_throttled(c, r))
 		return;
 	disk_submit(c->disk, c->t, &r->io);

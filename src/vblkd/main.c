@@ -93,6 +93,9 @@ static void usage(FILE *f)
 "  --key-file PATH      LUKS: the file holding the passphrase (- for standard\n"
 "                       input; a bare name in $CREDENTIALS_DIRECTORY: a systemd\n"
 "                       credential), read whole as cryptsetup --key-file does\n"
+"  --bitmap-file PATH   a raw disk's persistent dirty bitmaps (vblkctl bitmap\n"
+"                       add --persistent): a qcow2 file of bitmaps only, its\n"
+"                       backing file the disk (default: DISK.bitmaps.qcow2)\n"
 "  --kdf-max-ms N       LUKS: a keyslot whose key derivation would take longer\n"
 "                       here is not tried (default 10000; the image is hostile\n"
 "                       until it opens)\n"
@@ -396,6 +399,7 @@ struct cfg {
 	enum disk_err_policy rerror, werror;
 	uint64_t error_retry_ns;
 	const char *sock, *ctl_path, *map_arg, *metrics_addr, *qos_group;
+	const char *bitmap_file;	/* --bitmap-file */
 	struct qos_limits limits;
 	bool have_limits;
 	unsigned qmap[BLK_MAX_QUEUES];
@@ -419,6 +423,7 @@ static void parse_args(int argc, char **argv, struct cfg *o)
 		{ "l2-cache-size", required_argument, NULL, 'k' },
 		{ "copy-on-read", no_argument, NULL, 'R' },
 		{ "key-file", required_argument, NULL, 'y' },
+		{ "bitmap-file", required_argument, NULL, 0x101 },
 		{ "kdf-max-ms", required_argument, NULL, 'Z' },
 		{ "kdf-max-memory", required_argument, NULL, 'm' },
 		{ "cache", required_argument, NULL, 'c' },
@@ -493,6 +498,7 @@ static void parse_args(int argc, char **argv, struct cfg *o)
 			break;
 		case 'R': o->fo.copy_on_read = true; break;
 		case 'y': o->fo.key_file = optarg; break;
+		case 0x101: o->bitmap_file = optarg; break;
 		case 'Z':
 			o->fo.kdf_max_ms = parse_uint("--kdf-max-ms", optarg, 1, 86400000);
 			break;
@@ -680,7 +686,8 @@ static void start_disk(struct cfg *o, bool handover, struct vblkd *v)
 						  .cpus = o->ko.cpus, .ncpus = o->ko.ncpus,
 						  .poll = o->ko.poll, .qos = o->ko.qos,
 						  .rerror = o->rerror, .werror = o->werror,
-						  .error_retry_ns = o->error_retry_ns }, &v->disk);
+						  .error_retry_ns = o->error_retry_ns,
+						  .bitmap_file = o->bitmap_file }, &v->disk);
 	o->ko.qos = NULL;
 	if (r < 0) {
 		snprintf(err, sizeof(err), "cannot start the iothreads: %s", strerror(-r));
@@ -688,7 +695,7 @@ static void start_disk(struct cfg *o, bool handover, struct vblkd *v)
 	}
 	/* Persistent bitmaps the image holds (an upgrade's new process reads
 	 * them at its claim). */
-	if (!handover && (r = disk_bitmaps_open(v->disk, err, sizeof(err))) < 0) {
+	if ((r = disk_bitmaps_open(v->disk, handover, err, sizeof(err))) < 0) {
 		disk_free(v->disk);
 		goto err_image;
 	}

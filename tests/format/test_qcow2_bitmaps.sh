@@ -10,6 +10,8 @@
 # QEMU wrote the image meanwhile (then in use, as QEMU leaves its own); a bitmap
 # directory that is not well formed refuses the image with one line and
 # leaves it as it was; --persistent where it cannot be kept is refused.
+# A raw disk keeps its persistent bitmaps in a bitmap file beside it (a
+# qcow2 of bitmaps only, the disk its backing file): the same checks.
 # Usage: test_qcow2_bitmaps.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
 set -uo pipefail
 BUILD=${1:?usage: test_qcow2_bitmaps.sh BUILD_DIR}
@@ -38,7 +40,7 @@ ctl() { "$VBLKCTL" --control "$CTL" "$@"; }
 start() {
     local log=$1; shift
     rm -f "$SOCK" "$CTL"
-    "$VBLKD" --disk "$IMG" --nbd "unix:$SOCK" --control "$CTL" "$@" >"$log" 2>&1 &
+    "$VBLKD" --disk "$IMG" --nbd "unix:$SOCK${NBDRO:-}" --control "$CTL" "$@" >"$log" 2>&1 &
     dpid=$!
     for _ in $(seq 500); do
         [[ -S $SOCK && -S $CTL ]] && grep -q serving "$log" && return 0
@@ -281,9 +283,12 @@ fi
 qemu-img create -q -f qcow2 -o compat=0.10 "$tmp/v2.qcow2" 16M
 truncate -s 16M "$tmp/r.raw"
 rbad=()
-for d in "$tmp/v2.qcow2:version 2" "$tmp/r.raw:qcow2 images only"; do
+for d in "$tmp/v2.qcow2:version 2:" "$tmp/r.raw:this disk has neither:--read-only"; do
     IMG=${d%%:*}
-    if start "$tmp/p.log"; then
+    ro=${d##*:}
+    d=${d%:*}
+    NBDRO=${ro:+,read-only}
+    if start "$tmp/p.log" $ro; then
         out=$(ctl bitmap add p --persistent 2>&1); rc=$?
         l=$(ctl bitmap list)
         stop
@@ -293,6 +298,7 @@ for d in "$tmp/v2.qcow2:version 2" "$tmp/r.raw:qcow2 images only"; do
         rbad+=("$IMG: $(tail -1 "$tmp/p.log")")
     fi
 done
+NBDRO=
 ((${#rbad[@]} == 0)) && pass persistent-refused-where-it-cannot-be-kept ||
     fail persistent-refused-where-it-cannot-be-kept "${rbad[*]}"
 
@@ -346,4 +352,65 @@ if command -v qemu-storage-daemon >/dev/null; then
     fi
 else
     echo "SKIP: bitmap-same-as-qsd-for-the-same-writes (no qemu-storage-daemon)"
+fi
+
+# ---- A raw disk's bitmap file ----------------------------------------------
+# --persistent on a raw disk makes DISK.bitmaps.qcow2 (qcow2, the disk its
+# backing file, no data): the guest's and an NBD client's writes tracked,
+# stored; qemu-img info lists it, qemu-img check finds it clean, qemu-nbd
+# -r -B on the bitmap file exports the same dirty extents and the disk's
+# own bytes (through the backing file); a restart loads it; a kill -9
+# after a write leaves it covering the write (written ahead).
+IMG=$tmp/rd.raw BMF=$tmp/rd.raw.bitmaps.qcow2
+truncate -s 64M "$IMG"
+if start "$tmp/r1.log" --socket "$tmp/r-vu.sock"; then
+    ctl bitmap add rb --persistent >/dev/null
+    made=$([[ -f $BMF ]] && echo yes)
+    "$BUILD/vblk-bench" --socket "$tmp/r-vu.sock" --rw write --bs 4k --size 1M --offset 5M \
+        --runtime 0.3 --ramp 0 >/dev/null 2>&1
+    qemu-io -f raw -c 'write -P 9 8M 100k' "$(uri)" >/dev/null
+    nbdinfo --map="qemu:dirty-bitmap:rb" "$(uri)" >"$tmp/r-v.map"
+    stop
+    qemu-nbd -r -t -B rb -k "$tmp/rq.sock" "$BMF" >/dev/null 2>&1 &
+    npid=$!
+    for _ in $(seq 300); do [[ -S $tmp/rq.sock ]] && break; sleep 0.01; done
+    nbdinfo --map="qemu:dirty-bitmap:rb" "$(uri "$tmp/rq.sock")" >"$tmp/r-q.map"
+    nbdcopy "$(uri "$tmp/rq.sock")" "$tmp/rd.copy"
+    kill "$npid"; wait "$npid" 2>/dev/null; npid=""
+    if [[ $made == yes && $(info "$BMF") == "rb:65536:auto" && $(corruptions "$BMF") == 0 &&
+          $(dirty "$tmp/r-v.map") == $'5242880 1048576\n8388608 131072' &&
+          $(dirty "$tmp/r-q.map") == "$(dirty "$tmp/r-v.map")" ]] && cmp -s "$tmp/rd.copy" "$IMG"; then
+        pass raw-bitmap-file-made-stored-read-by-qemu-nbd
+    else
+        fail raw-bitmap-file-made-stored-read-by-qemu-nbd "made=$made info: $(info "$BMF"); vblkd: $(dirty "$tmp/r-v.map" | tr '\n' ' '); qemu-nbd: $(dirty "$tmp/r-q.map" | tr '\n' ' ')"
+    fi
+else
+    fail raw-bitmap-file-made-stored-read-by-qemu-nbd "$(tail -2 "$tmp/r1.log")"
+fi
+if crash_with_write $((20 << 20)) "$tmp/r2.log"; then
+    if start "$tmp/r3.log"; then
+        l=$(ctl bitmap list)
+        nbdinfo --map="qemu:dirty-bitmap:rb" "$(uri)" >"$tmp/r3.map"
+        stop
+        if [[ $(dirty "$tmp/r3.map") == $'5242880 1048576\n8388608 131072\n20971520 1048576' &&
+              $l == *'"inconsistent": false'* ]] && grep -q "taken as written ahead" "$tmp/r3.log"; then
+            pass raw-bitmap-file-kill-9-covers-the-write
+        else
+            fail raw-bitmap-file-kill-9-covers-the-write "$(dirty "$tmp/r3.map" | tr '\n' ' '); $l"
+        fi
+    else
+        fail raw-bitmap-file-kill-9-covers-the-write "$(tail -2 "$tmp/r3.log")"
+    fi
+else
+    fail raw-bitmap-file-kill-9-covers-the-write "$(tail -2 "$tmp/r2.log")"
+fi
+# Another disk's bitmap file where this one's should be: refused, one line.
+truncate -s 64M "$tmp/other.raw"
+cp "$BMF" "$tmp/other.raw.bitmaps.qcow2"
+IMG=$tmp/other.raw
+out=$(timeout 10 "$VBLKD" --disk "$IMG" --nbd "unix:$tmp/o.sock" 2>&1); rc=$?
+if ((rc != 0 && rc != 124)) && (($(wc -l <<<"$out") == 1)) && [[ $out == *"is not the bitmap file of"* ]]; then
+    pass raw-bitmap-file-of-another-disk-refused-one-line
+else
+    fail raw-bitmap-file-of-another-disk-refused-one-line "rc=$rc: $out"
 fi

@@ -66,6 +66,9 @@ for variant in "2 3" "1 1 --packed"; do
     name="upgrade-x$n-${jobs}q${ring:+-packed}"
     start "$tmp/$name.log" --disk "$tmp/disk.img" --queues 2 || continue
     first=${pids[-1]}
+    # The raw disk's bitmap file goes through the upgrades too (the first
+    # variant): stored at each hand-over, read by the new process.
+    [[ -z $ring ]] && "$CTL" --control "$tmp/c.sock" bitmap add rup --persistent >/dev/null
     "$BENCH" --socket "$tmp/d.sock" --rw randrw --iodepth 16 --numjobs "$jobs" $ring \
         --runtime $((n * 2 + 2)) --ramp 0 --size 16M --rate-iops 3000 --verify --json \
         >"$tmp/$name.json" 2>"$tmp/$name.err" &
@@ -117,9 +120,21 @@ for variant in "2 3" "1 1 --packed"; do
        "(( \$(grep -c 'frontend connected' '$tmp/$name.log') == 1 ))"
     wait "$first"; rc=$?
     ok "$name-old-process-exit-0" "((rc == 0))" "rc=$rc"
+    [[ -z $ring ]] && rbl=$("$CTL" --control "$tmp/c.sock" bitmap list)
     kill -TERM "$prev"
     for _ in $(seq 100); do gone "$prev" && break; sleep 0.05; done
     ok "$name-last-process-cleans-up" "gone $prev && [[ ! -e $tmp/d.sock && ! -e $tmp/c.sock ]]"
+    if [[ -z $ring ]] && command -v qemu-img >/dev/null; then
+        # 16M written: more than 8 MiB dirty in the last process; the
+        # bitmap file lists it, not in use, and is clean.
+        rd=$(grep -o '"dirty_bytes": [0-9]*' <<<"$rbl" | awk '{ print $NF }')
+        rqi=$(qemu-img info "$tmp/disk.img.bitmaps.qcow2" 2>&1)
+        rchk=$(qemu-img check "$tmp/disk.img.bitmaps.qcow2" 2>&1); rrc=$?
+        rn=$(grep -c 'name: rup' <<<"$rqi"); riu=$(grep -c in-use <<<"$rqi")
+        ok "$name-raw-bitmap-file-carried" \
+           "((${rd:-0} > 8388608 && rrc == 0 && rn == 1 && riu == 0))" \
+           "list: $rbl; check rc=$rrc; $(grep -A2 flags <<<"$rqi" | tr '\n' ' ')"
+    fi
 done
 
 # Formats with state of their own, two upgrades each under verified

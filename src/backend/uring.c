@@ -25,6 +25,16 @@
  * An IOPOLL ring takes nothing but reads and writes, so flushes, FUA
  * writes (RWF_DSYNC: a file system may finish them in a worker), discards
  * and write zeroes stay on the first ring, with its eventfd.
+ *
+ * A file on tmpfs or ramfs (b->memory_fs) has its reads and writes done
+ * here, with preadv/pwritev2 on the iothread, completed before submit
+ * returns: shmem has no FMODE_NOWAIT (Linux 6.18), so io_uring never
+ * completes them inside io_uring_enter but hands every one to its worker
+ * thread, and the copy that worker makes is all the work there is.  The
+ * hand-off, the worker's switch and the completion eventfd cost more than
+ * the copy of 4 KiB (docs/benchmarks.md "Serving NBD").  Flushes,
+ * discards and write zeroes stay on the ring.  --no-sync-io: the ring for
+ * everything (ablation).
  */
 #include <errno.h>
 #include <liburing.h>
@@ -85,6 +95,15 @@ struct bdev_ctx {
 	unsigned spin_mult;	/* the run's length, in URING_SPIN_RUN units */
 	bool nospin_last;	/* the last measurement's decision */
 	uint64_t spin_checks;	/* measurements that came to a decision */
+	/* Reads and writes done on this thread (b->memory_fs, see the top).
+	 * One submitted by a completion callback while another runs waits
+	 * in the list, done by the outer call: the stack does not grow with
+	 * a chain of them (a bounced I/O's parts, a front that submits from
+	 * its callback). */
+	bool sync;
+	bool in_sync;
+	struct bdev_io *sync_head, **sync_tail;
+	uint64_t nsync;		/* done so */
 };
 
 /* Measuring phases: URING_SPIN_PROBES timed I/Os with spinning allowed,
@@ -186,6 +205,11 @@ static uint64_t uring_polled(const struct bdev_ctx *c)
 	return c->npolled;
 }
 
+static uint64_t uring_sync_ios(const struct bdev_ctx *c)
+{
+	return c->nsync;
+}
+
 static void uring_spin_stats(const struct bdev_ctx *c, struct bdev_spin_stats *s)
 {
 	s->checks = c->spin_checks;
@@ -268,8 +292,31 @@ static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 		uring_kick(c);
 }
 
+/* io now, with plain syscalls, and complete it (see the top). */
+static void uring_sync(struct bdev_ctx *c, struct bdev_io *io)
+{
+	io->next = NULL;
+	*c->sync_tail = io;
+	c->sync_tail = &io->next;
+	if (c->in_sync)
+		return;
+	c->in_sync = true;
+	while ((io = c->sync_head)) {
+		c->sync_head = io->next;
+		if (!c->sync_head)
+			c->sync_tail = &c->sync_head;
+		c->nsync++;
+		bdev_complete(io, bdev_io_sync(c->b, io));
+	}
+	c->in_sync = false;
+}
+
 static void uring_submit(struct bdev_ctx *c, struct bdev_io *io)
 {
+	if (c->sync && (io->op == BDEV_READ || io->op == BDEV_WRITE)) {
+		uring_sync(c, io);
+		return;
+	}
 	c->inflight++;
 	if (!c->probe) {
 		c->probe = io;
@@ -576,6 +623,8 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->loop = l;
 	c->early_off = b->no_early_submit;
 	c->wait_tail = &c->wait_head;
+	c->sync = b->memory_fs && !b->no_sync_io;
+	c->sync_tail = &c->sync_head;
 	c->spin_mult = 1;
 	r = loop_timer_new(l, uring_retry_cb, c, &c->retry);
 	if (r < 0)
@@ -658,5 +707,6 @@ const struct bdev_engine bdev_uring_engine = {
 	.drain = uring_drain,
 	.submits = uring_submits,
 	.polled = uring_polled,
+	.sync_ios = uring_sync_ios,
 	.spin_stats = uring_spin_stats,
 };

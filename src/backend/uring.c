@@ -623,7 +623,9 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->loop = l;
 	c->early_off = b->no_early_submit;
 	c->wait_tail = &c->wait_head;
-	c->sync = b->memory_fs && !b->no_sync_io;
+	/* Polled I/O on tmpfs is only ever asked for by the test hook
+	 * (disk.c: no device, no poll queue): it gets the ring it wants. */
+	c->sync = b->memory_fs && !b->no_sync_io && !b->iopoll;
 	c->sync_tail = &c->sync_head;
 	c->spin_mult = 1;
 	r = loop_timer_new(l, uring_retry_cb, c, &c->retry);

@@ -27,14 +27,19 @@
  * and write zeroes stay on the first ring, with its eventfd.
  *
  * A file on tmpfs or ramfs (b->memory_fs) has its reads and writes done
- * here, with preadv/pwritev2 on the iothread, completed before submit
- * returns: shmem has no FMODE_NOWAIT (Linux 6.18), so io_uring never
- * completes them inside io_uring_enter but hands every one to its worker
- * thread, and the copy that worker makes is all the work there is.  The
- * hand-off, the worker's switch and the completion eventfd cost more than
- * the copy of 4 KiB (docs/benchmarks.md "Serving NBD").  Flushes,
- * discards and write zeroes stay on the ring.  --no-sync-io: the ring for
- * everything (ablation).
+ * here, with preadv/pwritev2 on the iothread: shmem has no FMODE_NOWAIT
+ * (Linux 6.18), so io_uring never completes them inside io_uring_enter but
+ * hands every one to its worker thread, and the copy that worker makes is
+ * all the work there is.  The hand-off, the worker's switch and the
+ * completion eventfd cost more than the copy of 4 KiB (docs/benchmarks.md
+ * "Serving NBD").  They are queued as SQEs are and done at the kick, at
+ * the end of the submitter's pass, not inside submit: a front sees its
+ * pass's requests in flight together, as with the ring (the virtio-blk
+ * queue's interrupt moderation counts them: done one by one at submit,
+ * every completion looked like queue depth 1 and none was held), and
+ * completes them in a batch.  A bottom half runs what a submitter left
+ * without a kick.  Flushes, discards and write zeroes stay on the ring.
+ * --no-sync-io: the ring for everything (ablation).
  */
 #include <errno.h>
 #include <liburing.h>
@@ -95,14 +100,15 @@ struct bdev_ctx {
 	unsigned spin_mult;	/* the run's length, in URING_SPIN_RUN units */
 	bool nospin_last;	/* the last measurement's decision */
 	uint64_t spin_checks;	/* measurements that came to a decision */
-	/* Reads and writes done on this thread (b->memory_fs, see the top).
-	 * One submitted by a completion callback while another runs waits
-	 * in the list, done by the outer call: the stack does not grow with
-	 * a chain of them (a bounced I/O's parts, a front that submits from
-	 * its callback). */
+	/* Reads and writes done on this thread (b->memory_fs, see the top),
+	 * queued until the kick (or sync_bh).  One submitted by a completion
+	 * callback while the queue runs joins it: the stack does not grow
+	 * with a chain of them (a bounced I/O's parts, a front that submits
+	 * from its callback). */
 	bool sync;
 	bool in_sync;
 	struct bdev_io *sync_head, **sync_tail;
+	struct loop_bh *sync_bh;
 	uint64_t nsync;		/* done so */
 };
 
@@ -185,8 +191,11 @@ static bool uring_feed(struct bdev_ctx *c)
 	return fed;
 }
 
+static void uring_sync_run(struct bdev_ctx *c);
+
 static void uring_kick(struct bdev_ctx *c)
 {
+	uring_sync_run(c);
 	uring_kick_ring(c, &c->irq);
 	uring_kick_ring(c, &c->polled);
 	if (unlikely(c->wait_head) && uring_feed(c)) {
@@ -292,13 +301,13 @@ static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 		uring_kick(c);
 }
 
-/* io now, with plain syscalls, and complete it (see the top). */
-static void uring_sync(struct bdev_ctx *c, struct bdev_io *io)
+/* Do the queued reads and writes with plain syscalls and complete them,
+ * with what their callbacks queue meanwhile (see the top). */
+static void uring_sync_run(struct bdev_ctx *c)
 {
-	io->next = NULL;
-	*c->sync_tail = io;
-	c->sync_tail = &io->next;
-	if (c->in_sync)
+	struct bdev_io *io;
+
+	if (!c->sync_head || c->in_sync)
 		return;
 	c->in_sync = true;
 	while ((io = c->sync_head)) {
@@ -311,10 +320,19 @@ static void uring_sync(struct bdev_ctx *c, struct bdev_io *io)
 	c->in_sync = false;
 }
 
+static void uring_sync_bh(void *opaque)
+{
+	uring_sync_run(opaque);
+}
+
 static void uring_submit(struct bdev_ctx *c, struct bdev_io *io)
 {
 	if (c->sync && (io->op == BDEV_READ || io->op == BDEV_WRITE)) {
-		uring_sync(c, io);
+		if (!c->sync_head && !c->in_sync)
+			loop_bh_schedule(c->sync_bh);
+		io->next = NULL;
+		*c->sync_tail = io;
+		c->sync_tail = &io->next;
 		return;
 	}
 	c->inflight++;
@@ -631,6 +649,9 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	r = loop_timer_new(l, uring_retry_cb, c, &c->retry);
 	if (r < 0)
 		goto err_timer;
+	r = loop_bh_new(l, uring_sync_bh, c, &c->sync_bh);
+	if (r < 0)
+		goto err_bh;
 	{
 		struct io_uring_params p = { 0 };
 
@@ -679,6 +700,8 @@ err_ring:
 		io_uring_queue_exit(&c->polled.ring);
 	io_uring_queue_exit(&c->irq.ring);
 err_free:
+	loop_bh_free(c->sync_bh);
+err_bh:
 	loop_timer_free(c->retry);
 err_timer:
 	free(c);
@@ -690,6 +713,7 @@ static void uring_ctx_free(struct bdev_ctx *c)
 	if (!c)
 		return;
 	uring_drain(c);
+	loop_bh_free(c->sync_bh);
 	loop_timer_free(c->retry);
 	loop_fd_del(c->loop, c->efd_h);
 	close(c->efd);

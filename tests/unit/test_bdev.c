@@ -5,7 +5,8 @@
  * through; a short transfer never changes the submitter's iovecs; the
  * image lock excludes a second writer, in QEMU's lock-byte convention;
  * io_uring does a tmpfs file's reads and writes on the calling thread,
- * completed before bdev_submit returns, counted, with a bounded stack.
+ * at the kick (or in a bottom half without one), counted, with a bounded
+ * stack.
  * A fake engine answers each submission as told.
  */
 #include <errno.h>
@@ -393,9 +394,9 @@ static void open_shm(struct bdev *b, bool no_sync)
 	ASSERT_TRUE(b->memory_fs);
 }
 
-/* Writes then reads: each completes inside bdev_submit, none goes to the
- * ring (submits 0), the counter says so, the data is what was written;
- * a flush still goes through the ring. */
+/* Writes then reads: queued by bdev_submit, all done at the kick, none
+ * on the ring (submits 0), the counter says so, the data is what was
+ * written; a flush still goes through the ring. */
 static void test_uring_tmpfs_sync_io(void)
 {
 	static struct bdev_io ios[SYNC_N];
@@ -418,8 +419,10 @@ static void test_uring_tmpfs_sync_io(void)
 						   .offset = (uint64_t)i * 4096,
 						   .iov = &iov[i], .iovcnt = 1, .cb = count_done };
 			bdev_submit(&b, c, &ios[i]);
-			ASSERT_EQ(ndone, i + 1);
 		}
+		ASSERT_EQ(ndone, 0);
+		b.engine->kick(c);
+		ASSERT_EQ(ndone, SYNC_N);
 	}
 	ASSERT_EQ(nfail, 0);
 	for (unsigned i = 0; i < SYNC_N; i++)
@@ -443,8 +446,8 @@ static void test_uring_tmpfs_sync_io(void)
 }
 
 /* CHAIN_N reads, each submitted by the last one's callback: all done
- * before the first bdev_submit returns, and the stack did not grow with
- * the chain (a call per read would need megabytes of it). */
+ * in the one kick, and the stack did not grow with the chain (a call per
+ * read would need megabytes of it). */
 static void test_uring_tmpfs_chain_keeps_stack(void)
 {
 	struct bdev b;
@@ -460,10 +463,45 @@ static void test_uring_tmpfs_chain_keeps_stack(void)
 	chain.io = (struct bdev_io){ .op = BDEV_READ, .offset = 4096, .iov = &chain.iov,
 				     .iovcnt = 1, .cb = chain_done };
 	bdev_submit(&b, chain.c, &chain.io);
+	b.engine->kick(chain.c);
 	ASSERT_EQ(chain.left, 0);
 	ASSERT_EQ(bdev_ctx_sync_ios(&b, chain.c), CHAIN_N);
 	ASSERT_TRUE(chain.sp_max - chain.sp_min < 16384);
 	b.engine->ctx_free(chain.c);
+	loop_free(l);
+	bdev_close(&b);
+}
+
+static void stop_loop(void *opaque)
+{
+	loop_stop(opaque);
+}
+
+/* A submitter that never kicks: the bottom half does them, in the
+ * loop's next pass. */
+static void test_uring_tmpfs_without_kick(void)
+{
+	static char buf[4096];
+	struct iovec iov = { buf, sizeof(buf) };
+	struct bdev_io io = { .op = BDEV_READ, .iov = &iov, .iovcnt = 1, .cb = count_done };
+	struct loop_timer *t;
+	struct bdev b;
+	struct loop *l;
+	struct bdev_ctx *c;
+
+	open_shm(&b, false);
+	ASSERT_EQ(loop_new("t", &l), 0);
+	ASSERT_EQ(bdev_ctx_new(&b, l, 8, &c), 0);
+	ASSERT_EQ(loop_timer_new(l, stop_loop, l, &t), 0);
+	ndone = nfail = 0;
+	bdev_submit(&b, c, &io);
+	ASSERT_EQ(ndone, 0);
+	loop_timer_mod(t, loop_now(l) + 20000000);
+	ASSERT_EQ(loop_run(l), 0);
+	ASSERT_EQ(ndone, 1);
+	ASSERT_EQ(bdev_ctx_sync_ios(&b, c), 1);
+	loop_timer_free(t);
+	b.engine->ctx_free(c);
 	loop_free(l);
 	bdev_close(&b);
 }
@@ -741,6 +779,7 @@ int main(void)
 			ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
 			RUN(test_uring_tmpfs_sync_io);
 			RUN(test_uring_tmpfs_chain_keeps_stack);
+			RUN(test_uring_tmpfs_without_kick);
 			RUN(test_uring_tmpfs_no_sync_io);
 		}
 		if (fd >= 0) {

@@ -108,6 +108,7 @@ struct bdev_ctx {
 	bool sync;
 	bool in_sync;
 	struct bdev_io *sync_head, **sync_tail;
+	unsigned nsyncq;	/* queued there */
 	struct loop_bh *sync_bh;
 	uint64_t nsync;		/* done so */
 };
@@ -136,6 +137,10 @@ _Static_assert(TRIM_TOP < URING_SPIN_PROBES, "a measurement keeps most of its sa
 #define URING_EARLY_DIV 4
 
 #define URING_RETRY_NS 1000000
+
+/* A kick with more tmpfs reads and writes queued than this sends them
+ * through the ring (uring_sync_run). */
+#define URING_SYNC_MAX 4
 
 static void uring_prep(struct bdev_ctx *c, struct uring_ring *q, struct bdev_io *io,
 		       struct io_uring_sqe *sqe);
@@ -301,8 +306,14 @@ static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 		uring_kick(c);
 }
 
+static void uring_ring_submit(struct bdev_ctx *c, struct bdev_io *io);
+
 /* Do the queued reads and writes with plain syscalls and complete them,
- * with what their callbacks queue meanwhile (see the top). */
+ * with what their callbacks queue meanwhile (see the top) -- unless the
+ * pass queued more than URING_SYNC_MAX: then they go to the ring as one
+ * batch, whose one io_uring_enter and worker hand-off cost less than a
+ * syscall each (vhost-user randread QD32 on tmpfs: 713 K IOPS through
+ * the ring, 465 K done here; QD1: 59 K and 75 K). */
 static void uring_sync_run(struct bdev_ctx *c)
 {
 	struct bdev_io *io;
@@ -310,19 +321,34 @@ static void uring_sync_run(struct bdev_ctx *c)
 	if (!c->sync_head || c->in_sync)
 		return;
 	c->in_sync = true;
+	if (c->nsyncq > URING_SYNC_MAX) {
+		io = c->sync_head;
+		c->sync_head = NULL;
+		c->sync_tail = &c->sync_head;
+		c->nsyncq = 0;
+		while (io) {
+			struct bdev_io *next = io->next;
+
+			uring_ring_submit(c, io);
+			io = next;
+		}
+	}
 	while ((io = c->sync_head)) {
 		c->sync_head = io->next;
 		if (!c->sync_head)
 			c->sync_tail = &c->sync_head;
+		c->nsyncq--;
 		c->nsync++;
 		bdev_complete(io, bdev_io_sync(c->b, io));
 	}
 	c->in_sync = false;
 }
 
+/* A submitter that did not kick: as if it had (the ring too, where
+ * uring_sync_run sent a large batch). */
 static void uring_sync_bh(void *opaque)
 {
-	uring_sync_run(opaque);
+	uring_kick(opaque);
 }
 
 static void uring_submit(struct bdev_ctx *c, struct bdev_io *io)
@@ -333,8 +359,14 @@ static void uring_submit(struct bdev_ctx *c, struct bdev_io *io)
 		io->next = NULL;
 		*c->sync_tail = io;
 		c->sync_tail = &io->next;
+		c->nsyncq++;
 		return;
 	}
+	uring_ring_submit(c, io);
+}
+
+static void uring_ring_submit(struct bdev_ctx *c, struct bdev_io *io)
+{
 	c->inflight++;
 	if (!c->probe) {
 		c->probe = io;

@@ -394,9 +394,10 @@ static void open_shm(struct bdev *b, bool no_sync)
 	ASSERT_TRUE(b->memory_fs);
 }
 
-/* Writes then reads: queued by bdev_submit, all done at the kick, none
- * on the ring (submits 0), the counter says so, the data is what was
- * written; a flush still goes through the ring. */
+/* Writes then reads, two per kick: queued by bdev_submit, done at the
+ * kick, none on the ring (submits 0), the counter says so, the data is
+ * what was written; a flush still goes through the ring.  Then a kick
+ * with more queued than a few: one batch on the ring, none done here. */
 static void test_uring_tmpfs_sync_io(void)
 {
 	static struct bdev_io ios[SYNC_N];
@@ -419,10 +420,12 @@ static void test_uring_tmpfs_sync_io(void)
 						   .offset = (uint64_t)i * 4096,
 						   .iov = &iov[i], .iovcnt = 1, .cb = count_done };
 			bdev_submit(&b, c, &ios[i]);
+			if (i % 2) {
+				ASSERT_EQ(ndone, i - 1);
+				b.engine->kick(c);
+				ASSERT_EQ(ndone, i + 1);
+			}
 		}
-		ASSERT_EQ(ndone, 0);
-		b.engine->kick(c);
-		ASSERT_EQ(ndone, SYNC_N);
 	}
 	ASSERT_EQ(nfail, 0);
 	for (unsigned i = 0; i < SYNC_N; i++)
@@ -438,8 +441,24 @@ static void test_uring_tmpfs_sync_io(void)
 	ASSERT_EQ(ndone, 1);
 	ASSERT_EQ(bdev_ctx_submits(&b, c), 1);
 	ASSERT_EQ(bdev_ctx_sync_ios(&b, c), 2 * SYNC_N);
-	for (unsigned i = 0; i < SYNC_N; i++)
+
+	ndone = 0;
+	for (unsigned i = 0; i < SYNC_N; i++) {
+		memset(iov[i].iov_base, 0, 4096);
+		ios[i] = (struct bdev_io){ .op = BDEV_READ, .offset = (uint64_t)i * 4096,
+					   .iov = &iov[i], .iovcnt = 1, .cb = count_done };
+		bdev_submit(&b, c, &ios[i]);
+	}
+	b.engine->kick(c);
+	b.engine->drain(c);
+	ASSERT_EQ(ndone, SYNC_N);
+	ASSERT_EQ(nfail, 0);
+	ASSERT_EQ(bdev_ctx_sync_ios(&b, c), 2 * SYNC_N);
+	ASSERT_EQ(bdev_ctx_submits(&b, c), 2);
+	for (unsigned i = 0; i < SYNC_N; i++) {
+		ASSERT_EQ(((uint8_t *)iov[i].iov_base)[4095], (uint8_t)(i + 7));
 		free(iov[i].iov_base);
+	}
 	b.engine->ctx_free(c);
 	loop_free(l);
 	bdev_close(&b);

@@ -42,6 +42,7 @@ struct bdev_opts {
 	uint64_t size;		/* engines without a disk (null): bytes */
 	bool uring_sqpoll;	/* io_uring: IORING_SETUP_SQPOLL */
 	bool no_early_submit;	/* io_uring: always batch submissions (ablation) */
+	bool no_sync_io;	/* io_uring: tmpfs reads/writes through the ring too (ablation) */
 	enum bdev_iopoll iopoll;
 	const char *ceph_conf;	/* rbd: ceph.conf (NULL: librados' search) */
 	const char *ceph_id;	/* rbd: client id (NULL: admin) */
@@ -146,6 +147,9 @@ struct bdev_engine {
 	uint64_t (*submits)(const struct bdev_ctx *c);
 	/* Optional: I/Os completed by polling the device (IOPOLL). */
 	uint64_t (*polled)(const struct bdev_ctx *c);
+	/* Optional: reads and writes done with a plain syscall on the ctx's
+	 * thread instead of the engine's queue (io_uring on tmpfs). */
+	uint64_t (*sync_ios)(const struct bdev_ctx *c);
 	/* Optional: the engine's measurement of whether spinning pays while
 	 * the device works (io_uring: uring_spin_note). */
 	void (*spin_stats)(const struct bdev_ctx *c, struct bdev_spin_stats *s);
@@ -194,12 +198,17 @@ struct bdev {
 	 * when it shares the iothread's one CPU nothing is spun for it
 	 * (uring.c). */
 	bool device_completes;
+	/* A file on tmpfs or ramfs: a read or write is a copy made by the
+	 * CPU that never waits for a device (swap aside), so io_uring would
+	 * only hand it to its worker (uring.c: done on the iothread). */
+	bool memory_fs;
 	unsigned dio_mem_align;	/* buffer alignment O_DIRECT needs */
 	/* ... and each segment's length (the device's logical block: the
 	 * kernel checks every iovec, not only the total; 0: as mem_align) */
 	unsigned dio_len_align;
 	bool uring_sqpoll;
 	bool no_early_submit;
+	bool no_sync_io;
 	/* Reads and writes are polled for (io_uring IOPOLL): the device has
 	 * poll queues, which raise no interrupt (uring.c). */
 	bool iopoll;
@@ -319,6 +328,12 @@ static inline void bdev_ctx_spin_stats(const struct bdev *b, const struct bdev_c
 static inline uint64_t bdev_ctx_polled(const struct bdev *b, const struct bdev_ctx *c)
 {
 	return b->engine->polled && c ? b->engine->polled(c) : 0;
+}
+
+/* The engine's sync_ios counter, 0 for engines without one. */
+static inline uint64_t bdev_ctx_sync_ios(const struct bdev *b, const struct bdev_ctx *c)
+{
+	return b->engine->sync_ios && c ? b->engine->sync_ios(c) : 0;
 }
 
 /* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */

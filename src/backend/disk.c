@@ -239,6 +239,7 @@ static int open_disk(const struct bdev_opts *o, struct bdev *b, char *err, size_
 	b->caps = b->engine->caps;
 	b->uring_sqpoll = o->uring_sqpoll;
 	b->no_early_submit = o->no_early_submit;
+	b->no_sync_io = o->no_sync_io;
 	if ((o->uring_sqpoll || o->iopoll == BDEV_IOPOLL_ON) && b->engine != &bdev_uring_engine) {
 		snprintf(err, errlen, "%s needs --backend io_uring",
 			 o->uring_sqpoll ? "--uring-sqpoll" : "--iopoll on");
@@ -364,7 +365,8 @@ static int open_disk(const struct bdev_opts *o, struct bdev *b, char *err, size_
 	if (want_direct && !b->direct)
 		log_info("disk %s: O_DIRECT not usable here, using the page cache "
 			 "(--cache=writeback)", o->path);
-	b->device_completes = b->direct && (b->is_blockdev || !on_memory_fs(fd));
+	b->memory_fs = !b->is_blockdev && on_memory_fs(fd);
+	b->device_completes = b->direct && !b->memory_fs;
 	r = disk_iopoll(o, b, S_ISBLK(st.st_mode) ? st.st_rdev : st.st_dev, err, errlen);
 	if (r < 0)
 		goto err_close;

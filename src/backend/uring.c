@@ -25,6 +25,21 @@
  * An IOPOLL ring takes nothing but reads and writes, so flushes, FUA
  * writes (RWF_DSYNC: a file system may finish them in a worker), discards
  * and write zeroes stay on the first ring, with its eventfd.
+ *
+ * A file on tmpfs or ramfs (b->memory_fs) has its reads and writes done
+ * here, with preadv/pwritev2 on the iothread: shmem has no FMODE_NOWAIT
+ * (Linux 6.18), so io_uring never completes them inside io_uring_enter but
+ * hands every one to its worker thread, and the copy that worker makes is
+ * all the work there is.  The hand-off, the worker's switch and the
+ * completion eventfd cost more than the copy of 4 KiB (docs/benchmarks.md
+ * "Serving NBD").  They are queued as SQEs are and done at the kick, at
+ * the end of the submitter's pass, not inside submit: a front sees its
+ * pass's requests in flight together, as with the ring (the virtio-blk
+ * queue's interrupt moderation counts them: done one by one at submit,
+ * every completion looked like queue depth 1 and none was held), and
+ * completes them in a batch.  A bottom half runs what a submitter left
+ * without a kick.  Flushes, discards and write zeroes stay on the ring.
+ * --no-sync-io: the ring for everything (ablation).
  */
 #include <errno.h>
 #include <liburing.h>
@@ -85,6 +100,17 @@ struct bdev_ctx {
 	unsigned spin_mult;	/* the run's length, in URING_SPIN_RUN units */
 	bool nospin_last;	/* the last measurement's decision */
 	uint64_t spin_checks;	/* measurements that came to a decision */
+	/* Reads and writes done on this thread (b->memory_fs, see the top),
+	 * queued until the kick (or sync_bh).  One submitted by a completion
+	 * callback while the queue runs joins it: the stack does not grow
+	 * with a chain of them (a bounced I/O's parts, a front that submits
+	 * from its callback). */
+	bool sync;
+	bool in_sync;
+	struct bdev_io *sync_head, **sync_tail;
+	unsigned nsyncq;	/* queued there */
+	struct loop_bh *sync_bh;
+	uint64_t nsync;		/* done so */
 };
 
 /* Measuring phases: URING_SPIN_PROBES timed I/Os with spinning allowed,
@@ -111,6 +137,10 @@ _Static_assert(TRIM_TOP < URING_SPIN_PROBES, "a measurement keeps most of its sa
 #define URING_EARLY_DIV 4
 
 #define URING_RETRY_NS 1000000
+
+/* A kick with more tmpfs reads and writes queued than this sends them
+ * through the ring (uring_sync_run). */
+#define URING_SYNC_MAX 4
 
 static void uring_prep(struct bdev_ctx *c, struct uring_ring *q, struct bdev_io *io,
 		       struct io_uring_sqe *sqe);
@@ -166,8 +196,11 @@ static bool uring_feed(struct bdev_ctx *c)
 	return fed;
 }
 
+static void uring_sync_run(struct bdev_ctx *c);
+
 static void uring_kick(struct bdev_ctx *c)
 {
+	uring_sync_run(c);
 	uring_kick_ring(c, &c->irq);
 	uring_kick_ring(c, &c->polled);
 	if (unlikely(c->wait_head) && uring_feed(c)) {
@@ -184,6 +217,11 @@ static uint64_t uring_submits(const struct bdev_ctx *c)
 static uint64_t uring_polled(const struct bdev_ctx *c)
 {
 	return c->npolled;
+}
+
+static uint64_t uring_sync_ios(const struct bdev_ctx *c)
+{
+	return c->nsync;
 }
 
 static void uring_spin_stats(const struct bdev_ctx *c, struct bdev_spin_stats *s)
@@ -268,7 +306,66 @@ static void uring_queue(struct bdev_ctx *c, struct bdev_io *io)
 		uring_kick(c);
 }
 
+static void uring_ring_submit(struct bdev_ctx *c, struct bdev_io *io);
+
+/* Do the queued reads and writes with plain syscalls and complete them,
+ * with what their callbacks queue meanwhile (see the top) -- unless the
+ * pass queued more than URING_SYNC_MAX: then they go to the ring as one
+ * batch, whose one io_uring_enter and worker hand-off cost less than a
+ * syscall each (vhost-user randread QD32 on tmpfs: 713 K IOPS through
+ * the ring, 465 K done here; QD1: 59 K and 75 K). */
+static void uring_sync_run(struct bdev_ctx *c)
+{
+	struct bdev_io *io;
+
+	if (!c->sync_head || c->in_sync)
+		return;
+	c->in_sync = true;
+	if (c->nsyncq > URING_SYNC_MAX) {
+		io = c->sync_head;
+		c->sync_head = NULL;
+		c->sync_tail = &c->sync_head;
+		c->nsyncq = 0;
+		while (io) {
+			struct bdev_io *next = io->next;
+
+			uring_ring_submit(c, io);
+			io = next;
+		}
+	}
+	while ((io = c->sync_head)) {
+		c->sync_head = io->next;
+		if (!c->sync_head)
+			c->sync_tail = &c->sync_head;
+		c->nsyncq--;
+		c->nsync++;
+		bdev_complete(io, bdev_io_sync(c->b, io));
+	}
+	c->in_sync = false;
+}
+
+/* A submitter that did not kick: as if it had (the ring too, where
+ * uring_sync_run sent a large batch). */
+static void uring_sync_bh(void *opaque)
+{
+	uring_kick(opaque);
+}
+
 static void uring_submit(struct bdev_ctx *c, struct bdev_io *io)
+{
+	if (c->sync && (io->op == BDEV_READ || io->op == BDEV_WRITE)) {
+		if (!c->sync_head && !c->in_sync)
+			loop_bh_schedule(c->sync_bh);
+		io->next = NULL;
+		*c->sync_tail = io;
+		c->sync_tail = &io->next;
+		c->nsyncq++;
+		return;
+	}
+	uring_ring_submit(c, io);
+}
+
+static void uring_ring_submit(struct bdev_ctx *c, struct bdev_io *io)
 {
 	c->inflight++;
 	if (!c->probe) {
@@ -576,10 +673,17 @@ static int uring_ctx_new(struct bdev *b, struct loop *l, unsigned depth,
 	c->loop = l;
 	c->early_off = b->no_early_submit;
 	c->wait_tail = &c->wait_head;
+	/* Polled I/O on tmpfs is only ever asked for by the test hook
+	 * (disk.c: no device, no poll queue): it gets the ring it wants. */
+	c->sync = b->memory_fs && !b->no_sync_io && !b->iopoll;
+	c->sync_tail = &c->sync_head;
 	c->spin_mult = 1;
 	r = loop_timer_new(l, uring_retry_cb, c, &c->retry);
 	if (r < 0)
 		goto err_timer;
+	r = loop_bh_new(l, uring_sync_bh, c, &c->sync_bh);
+	if (r < 0)
+		goto err_bh;
 	{
 		struct io_uring_params p = { 0 };
 
@@ -628,6 +732,8 @@ err_ring:
 		io_uring_queue_exit(&c->polled.ring);
 	io_uring_queue_exit(&c->irq.ring);
 err_free:
+	loop_bh_free(c->sync_bh);
+err_bh:
 	loop_timer_free(c->retry);
 err_timer:
 	free(c);
@@ -639,6 +745,7 @@ static void uring_ctx_free(struct bdev_ctx *c)
 	if (!c)
 		return;
 	uring_drain(c);
+	loop_bh_free(c->sync_bh);
 	loop_timer_free(c->retry);
 	loop_fd_del(c->loop, c->efd_h);
 	close(c->efd);
@@ -658,5 +765,6 @@ const struct bdev_engine bdev_uring_engine = {
 	.drain = uring_drain,
 	.submits = uring_submits,
 	.polled = uring_polled,
+	.sync_ios = uring_sync_ios,
 	.spin_stats = uring_spin_stats,
 };

@@ -188,6 +188,9 @@
 	  "Syscalls that handed queued I/O to the disk (io_uring_enter; io_uring only).")	\
 	X(backend_polled, u64, READ, COUNTER, PLAIN, "backend_polled_total",			\
 	  "I/Os whose completion was found by polling the device (io_uring IOPOLL, --iopoll).")	\
+	X(backend_sync, u64, READ, COUNTER, PLAIN, "backend_sync_total",			\
+	  "Reads and writes done with a plain system call on the iothread, not through "	\
+	  "the ring (io_uring on tmpfs or ramfs).")						\
 	X(completion_windows, u64, READ, COUNTER, PLAIN, "completion_windows_total",		\
 	  "Polling windows spun for the disk's completions.")					\
 	X(completion_poll_hits, u64, READ, COUNTER, PLAIN, "completion_poll_hits_total",	\

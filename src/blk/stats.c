@@ -101,6 +101,7 @@ static void do_stats(void *opaque)
 	c->disk->busy_ns += acct_busy_ns(&c->t->busy, loop_now(c->t->loop));
 	c->ts->backend_submits = bdev_ctx_submits(d->b, c->t->bctx);
 	c->ts->backend_polled = bdev_ctx_polled(d->b, c->t->bctx);
+	c->ts->backend_sync = bdev_ctx_sync_ios(d->b, c->t->bctx);
 	{
 		struct bdev_spin_stats ss;
 

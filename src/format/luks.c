@@ -485,6 +485,13 @@ static uint64_t luks_polled(const struct bdev_ctx *bc)
 	return bdev_ctx_polled(c->l->file, c->fctx);
 }
 
+static uint64_t luks_sync_ios(const struct bdev_ctx *bc)
+{
+	const struct luks_ctx *c = (const struct luks_ctx *)bc;
+
+	return bdev_ctx_sync_ios(c->l->file, c->fctx);
+}
+
 static void luks_spin_stats(const struct bdev_ctx *bc, struct bdev_spin_stats *s)
 {
 	const struct luks_ctx *c = (const struct luks_ctx *)bc;
@@ -1280,6 +1287,7 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 		.drain = luks_drain,
 		.submits = luks_submits,
 		.polled = luks_polled,
+		.sync_ios = luks_sync_ios,
 		.spin_stats = luks_spin_stats,
 	};
 	l->disk = (struct bdev){

@@ -1028,6 +1028,13 @@ static uint64_t q2_polled(const struct bdev_ctx *bc)
 	return bdev_ctx_polled(c->q->file, c->fctx);
 }
 
+static uint64_t q2_sync_ios(const struct bdev_ctx *bc)
+{
+	const struct qcow2_ctx *c = (const struct qcow2_ctx *)bc;
+
+	return bdev_ctx_sync_ios(c->q->file, c->fctx);
+}
+
 static void q2_spin_stats(const struct bdev_ctx *bc, struct bdev_spin_stats *s)
 {
 	const struct qcow2_ctx *c = (const struct qcow2_ctx *)bc;
@@ -1237,6 +1244,7 @@ void qcow2_io_engine(struct bdev_engine *e, const char *name)
 		.drain = q2_drain,
 		.submits = q2_submits,
 		.polled = q2_polled,
+		.sync_ios = q2_sync_ios,
 		.spin_stats = q2_spin_stats,
 		.resize = q2_resize,
 	};

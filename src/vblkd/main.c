@@ -132,6 +132,8 @@ static void usage(FILE *f)
 "  --no-early-notify    interrupt only at the end of a batch, never for the\n"
 "                       first completion a sleeping driver waits for (ablation)\n"
 "  --no-early-submit    io_uring: batch submissions even on a slow disk (ablation)\n"
+"  --no-sync-io         io_uring: a file on tmpfs/ramfs is read and written\n"
+"                       through the ring too, not on the iothread (ablation)\n"
 "  --no-poll-check      poll as the windows say, without checking that it pays\n"
 "                       end to end against not polling (ablation)\n"
 "  --no-packed          do not offer packed virtqueues (VIRTIO_F_RING_PACKED)\n"
@@ -454,6 +456,7 @@ static void parse_args(int argc, char **argv, struct cfg *o)
 		{ "no-event-idx", no_argument, NULL, 'E' },
 		{ "no-early-notify", no_argument, NULL, 'L' },
 		{ "no-early-submit", no_argument, NULL, 'Y' },
+		{ "no-sync-io", no_argument, NULL, 'u' },
 		{ "no-poll-check", no_argument, NULL, 'H' },
 		{ "no-packed", no_argument, NULL, 'J' },
 		{ "log-level", required_argument, NULL, 'l' },
@@ -587,6 +590,7 @@ static void parse_args(int argc, char **argv, struct cfg *o)
 		case 'E': o->ko.no_event_idx = true; break;
 		case 'L': o->ko.no_early_notify = true; break;
 		case 'Y': o->bo.no_early_submit = true; break;
+		case 'u': o->bo.no_sync_io = true; break;
 		case 'J': o->ko.no_packed = true; break;
 		case 'l':
 			r = log_parse_level(optarg);

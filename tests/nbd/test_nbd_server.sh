@@ -477,6 +477,62 @@ else
     fail nbd-qos-budget-throttles-clients "$(tail -2 "$tmp/q.log")"
 fi
 
+# ---- Reads and writes of a tmpfs disk on the iothread -------------------------
+# io_uring hands every tmpfs read and write to its worker thread (shmem
+# has no FMODE_NOWAIT), so the engine does a pass's few on the iothread
+# with preadv/pwritev2: at QD1 (qemu-io) every NBD read and write is
+# counted in backend_sync (the iothread's stats); the bytes nbdcopy (many
+# requests in flight: some passes go to the ring) writes and reads back
+# are the source's.  --no-sync-io: none is (the ring does them); and a
+# disk on a file system that is not tmpfs (the test's directory, when it
+# is not) goes through the ring as before, with the same bytes.
+sync_counts() {	# sync_counts CTL: backend_sync, NBD reads + writes
+    "$VBLKCTL" --control "$1" stats | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+o = s["disk"]["nbd_ops"]
+print(sum(t["backend_sync"] for t in s["iothreads"]), o["read"]["requests"] + o["write"]["requests"])'
+}
+head -c $((16 << 20)) /dev/urandom >"$tmp/io.src"
+shm=$(mktemp -p /dev/shm vblk-nbds.XXXXXX 2>/dev/null)
+[[ -n $shm && $(stat -f -c %T "$shm") == tmpfs ]] || { rm -f "$shm"; shm=""; }
+for mode in tmpfs tmpfs-no-sync-io other-fs; do
+    extra=() disk=$shm
+    [[ $mode == tmpfs-no-sync-io ]] && extra=(--no-sync-io)
+    if [[ $mode == other-fs ]]; then
+        disk=$tmp/io.raw
+        [[ $(stat -f -c %T "$tmp") != tmpfs ]] || disk=""
+    fi
+    if [[ -z $disk ]]; then
+        echo "SKIP: nbd-io-$mode (no such file system here)"
+        continue
+    fi
+    truncate -s 0 "$disk" && truncate -s 16M "$disk"
+    S=$tmp/io-$mode.sock
+    if start "$tmp/io-$mode.log" --disk "$disk" --nbd "unix:$S" --control "$tmp/io-$mode.ctl" \
+            "${extra[@]}"; then
+        qemu-io -f raw -c 'write -P 0x5a 0 64k' -c 'read -P 0x5a 0 64k' -c 'write -P 0x11 1M 4k' \
+            -c 'read -P 0x11 1M 4k' "$(uri "$S")" >"$tmp/io-$mode.qio" 2>&1 &&
+            ! grep -q "Pattern verification failed" "$tmp/io-$mode.qio"; qrc=$?
+        read -r nsync1 nrw1 < <(sync_counts "$tmp/io-$mode.ctl")
+        nbdcopy "$tmp/io.src" "$(uri "$S")" && nbdcopy "$(uri "$S")" "$tmp/io.out" &&
+            qemu-img compare -q -f raw -F raw "$tmp/io.src" "$(uri "$S")"; crc=$?
+        read -r nsync nrw < <(sync_counts "$tmp/io-$mode.ctl")
+        stop
+        if [[ $mode == tmpfs ]]; then ok=$((nsync1 == nrw1 && nrw1 >= 4 && nsync > nsync1 && nrw >= 128))
+        else ok=$((nsync == 0 && nrw >= 128)); fi
+        ((qrc == 0)) || ok=0
+        if ((crc == 0 && ok)) && cmp -s "$tmp/io.src" "$tmp/io.out" && cmp -s "$tmp/io.src" "$disk"; then
+            pass nbd-io-$mode
+        else
+            fail nbd-io-$mode "rc=$qrc/$crc backend_sync=$nsync1/$nsync nbd reads+writes=$nrw1/$nrw"
+        fi
+    else
+        fail nbd-io-$mode "$(tail -2 "$tmp/io-$mode.log")"
+    fi
+done
+[[ -n $shm ]] && rm -f "$shm"
+
 bad() {	# bad NAME EXPECTED-REGEX ARGS...
     local name=$1 re=$2 out rc; shift 2
     out=$(timeout 10 "$VBLKD" "$@" 2>&1); rc=$?

@@ -314,18 +314,37 @@ start_file --cache writeback "${cwin_opts[@]}" && {
           r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
     stop
 }
-# On tmpfs every buffered write goes to io_uring's worker thread, on our
-# CPU: while one is out the loop sleeps at once instead of polling
-# (poll_yields), and every request completes.
+# On tmpfs io_uring hands every read and write to its worker thread, so
+# a pass's few are done on the iothread instead, at its kick: at QD1 none
+# goes through the ring (backend_submits), every one is counted
+# (backend_sync), O_DIRECT or not; at QD32 the passes' large batches go to
+# the ring, and everything completes.
+# With --no-sync-io they go to the worker, on our CPU: while one is out
+# the loop sleeps at once instead of polling (poll_yields), and every
+# request completes.
 shm=$(mktemp -p /dev/shm vblk-notify.XXXXXX 2>/dev/null) && [[ $(stat -f -c %T "$shm") == tmpfs ]] &&
     head -c $((16 << 20)) /dev/zero >"$shm" || shm=""
 if [[ -z $shm ]]; then
+    echo "SKIP: tmpfs-io-on-the-iothread (no tmpfs at /dev/shm)"
     echo "SKIP: page-cache-worker-gets-the-cpu (no tmpfs at /dev/shm)"
 else
-    start_disk "$shm" --cache writeback && {
+    for cache in auto writeback; do
+        start_disk "$shm" --cache $cache && {
+            S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 0.5); S1=$(stats)
+            check tmpfs-io-on-the-iothread-cache-$cache \
+                "(t['backend_submits'] == 0 and t['backend_sync'] >= q['requests'] > 200 and
+                  r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+            S0=$(stats); R=$(bench --rw randread --iodepth 32 --runtime 0.5); S1=$(stats)
+            check tmpfs-large-batches-through-the-ring-cache-$cache \
+                "(t['backend_submits'] > 0 and t['backend_sync'] < q['requests'] and
+                  r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
+            stop
+        }
+    done
+    start_disk "$shm" --cache writeback --no-sync-io && {
         S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 1); S1=$(stats)
         check page-cache-worker-gets-the-cpu \
-            "(t['poll_yields'] > 100 and t['completion_windows'] == 0 and
+            "(t['poll_yields'] > 100 and t['completion_windows'] == 0 and t['backend_sync'] == 0 and
               r['requests_submitted'] == r['requests_completed'] > 100 and r['errors'] == 0)"
         stop
     }
@@ -334,7 +353,7 @@ else
     if ((ncpu < 2)); then
         echo "SKIP: page-cache-unpinned-keeps-its-window (one CPU)"
     else
-        UNPINNED=1 start_disk "$shm" --cache writeback "${cwin_opts[@]}" && {
+        UNPINNED=1 start_disk "$shm" --cache writeback --no-sync-io "${cwin_opts[@]}" && {
             S0=$(stats); R=$(bench --rw randwrite --iodepth 1 --runtime 1); S1=$(stats)
             check page-cache-unpinned-keeps-its-window \
                 "(t['poll_yields'] == 0 and t['completion_windows'] > 0 and

@@ -3,7 +3,10 @@
  * discard is advisory, write zeroes is tried the other way once (unmap <->
  * zero range) when the disk cannot do the first, other errors pass
  * through; a short transfer never changes the submitter's iovecs; the
- * image lock excludes a second writer, in QEMU's lock-byte convention.
+ * image lock excludes a second writer, in QEMU's lock-byte convention;
+ * io_uring does a tmpfs file's reads and writes on the calling thread,
+ * at the kick (or in a bottom half without one), counted, with a bounded
+ * stack.
  * A fake engine answers each submission as told.
  */
 #include <errno.h>
@@ -13,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
 
 #include "test.h"
 
@@ -348,6 +353,203 @@ static void test_more_io_than_depth(void)
 	}
 }
 
+/* ---- io_uring on tmpfs: reads and writes on the calling thread ---- */
+
+static char shm_img[] = "/dev/shm/test_bdev.XXXXXX";
+
+enum { SYNC_N = 64, CHAIN_N = 100000 };
+
+static struct {
+	struct bdev *b;
+	struct bdev_ctx *c;
+	struct bdev_io io;
+	struct iovec iov;
+	unsigned left;
+	uintptr_t sp0, sp_min, sp_max;
+} chain;
+
+/* Each completion submits the next read from inside its callback, as a
+ * front that takes its next request there would. */
+static void chain_done(struct bdev_io *io, int res)
+{
+	uintptr_t sp = (uintptr_t)&res;
+
+	ASSERT_EQ(res, 0);
+	if (!chain.sp0)
+		chain.sp0 = chain.sp_min = chain.sp_max = sp;
+	chain.sp_min = MIN(chain.sp_min, sp);
+	chain.sp_max = MAX(chain.sp_max, sp);
+	if (--chain.left)
+		bdev_submit(chain.b, chain.c, io);
+}
+
+static void open_shm(struct bdev *b, bool no_sync)
+{
+	struct bdev_opts o = { .path = shm_img, .engine = "io_uring",
+			       .cache = BDEV_CACHE_AUTO, .no_sync_io = no_sync };
+	char err[256];
+
+	if (bdev_open(&o, b, err, sizeof(err)) < 0)
+		T_FAIL("bdev_open: %s", err);
+	ASSERT_TRUE(b->memory_fs);
+}
+
+/* Writes then reads, two per kick: queued by bdev_submit, done at the
+ * kick, none on the ring (submits 0), the counter says so, the data is
+ * what was written; a flush still goes through the ring.  Then a kick
+ * with more queued than a few: one batch on the ring, none done here. */
+static void test_uring_tmpfs_sync_io(void)
+{
+	static struct bdev_io ios[SYNC_N];
+	static struct iovec iov[SYNC_N];
+	struct bdev b;
+	struct loop *l;
+	struct bdev_ctx *c;
+
+	open_shm(&b, false);
+	ASSERT_EQ(loop_new("t", &l), 0);
+	ASSERT_EQ(bdev_ctx_new(&b, l, 8, &c), 0);
+	for (int op = 0; op < 2; op++) {
+		ndone = nfail = 0;
+		for (unsigned i = 0; i < SYNC_N; i++) {
+			if (!iov[i].iov_base)
+				ASSERT_EQ(posix_memalign(&iov[i].iov_base, 4096, 4096), 0);
+			iov[i].iov_len = 4096;
+			memset(iov[i].iov_base, op ? 0 : (int)(i + 7), 4096);
+			ios[i] = (struct bdev_io){ .op = op ? BDEV_READ : BDEV_WRITE,
+						   .offset = (uint64_t)i * 4096,
+						   .iov = &iov[i], .iovcnt = 1, .cb = count_done };
+			bdev_submit(&b, c, &ios[i]);
+			if (i % 2) {
+				ASSERT_EQ(ndone, i - 1);
+				b.engine->kick(c);
+				ASSERT_EQ(ndone, i + 1);
+			}
+		}
+	}
+	ASSERT_EQ(nfail, 0);
+	for (unsigned i = 0; i < SYNC_N; i++)
+		ASSERT_EQ(((uint8_t *)iov[i].iov_base)[4095], (uint8_t)(i + 7));
+	ASSERT_EQ(bdev_ctx_sync_ios(&b, c), 2 * SYNC_N);
+	ASSERT_EQ(bdev_ctx_submits(&b, c), 0);
+
+	ndone = 0;
+	ios[0] = (struct bdev_io){ .op = BDEV_FLUSH, .cb = count_done };
+	bdev_submit(&b, c, &ios[0]);
+	b.engine->kick(c);
+	b.engine->drain(c);
+	ASSERT_EQ(ndone, 1);
+	ASSERT_EQ(bdev_ctx_submits(&b, c), 1);
+	ASSERT_EQ(bdev_ctx_sync_ios(&b, c), 2 * SYNC_N);
+
+	ndone = 0;
+	for (unsigned i = 0; i < SYNC_N; i++) {
+		memset(iov[i].iov_base, 0, 4096);
+		ios[i] = (struct bdev_io){ .op = BDEV_READ, .offset = (uint64_t)i * 4096,
+					   .iov = &iov[i], .iovcnt = 1, .cb = count_done };
+		bdev_submit(&b, c, &ios[i]);
+	}
+	b.engine->kick(c);
+	b.engine->drain(c);
+	ASSERT_EQ(ndone, SYNC_N);
+	ASSERT_EQ(nfail, 0);
+	ASSERT_EQ(bdev_ctx_sync_ios(&b, c), 2 * SYNC_N);
+	ASSERT_EQ(bdev_ctx_submits(&b, c), 2);
+	for (unsigned i = 0; i < SYNC_N; i++) {
+		ASSERT_EQ(((uint8_t *)iov[i].iov_base)[4095], (uint8_t)(i + 7));
+		free(iov[i].iov_base);
+	}
+	b.engine->ctx_free(c);
+	loop_free(l);
+	bdev_close(&b);
+}
+
+/* CHAIN_N reads, each submitted by the last one's callback: all done
+ * in the one kick, and the stack did not grow with the chain (a call per
+ * read would need megabytes of it). */
+static void test_uring_tmpfs_chain_keeps_stack(void)
+{
+	struct bdev b;
+	struct loop *l;
+	static char buf[512];
+
+	open_shm(&b, false);
+	ASSERT_EQ(loop_new("t", &l), 0);
+	ASSERT_EQ(bdev_ctx_new(&b, l, 8, &chain.c), 0);
+	chain.b = &b;
+	chain.left = CHAIN_N;
+	chain.iov = (struct iovec){ buf, sizeof(buf) };
+	chain.io = (struct bdev_io){ .op = BDEV_READ, .offset = 4096, .iov = &chain.iov,
+				     .iovcnt = 1, .cb = chain_done };
+	bdev_submit(&b, chain.c, &chain.io);
+	b.engine->kick(chain.c);
+	ASSERT_EQ(chain.left, 0);
+	ASSERT_EQ(bdev_ctx_sync_ios(&b, chain.c), CHAIN_N);
+	ASSERT_TRUE(chain.sp_max - chain.sp_min < 16384);
+	b.engine->ctx_free(chain.c);
+	loop_free(l);
+	bdev_close(&b);
+}
+
+static void stop_loop(void *opaque)
+{
+	loop_stop(opaque);
+}
+
+/* A submitter that never kicks: the bottom half does them, in the
+ * loop's next pass. */
+static void test_uring_tmpfs_without_kick(void)
+{
+	static char buf[4096];
+	struct iovec iov = { buf, sizeof(buf) };
+	struct bdev_io io = { .op = BDEV_READ, .iov = &iov, .iovcnt = 1, .cb = count_done };
+	struct loop_timer *t;
+	struct bdev b;
+	struct loop *l;
+	struct bdev_ctx *c;
+
+	open_shm(&b, false);
+	ASSERT_EQ(loop_new("t", &l), 0);
+	ASSERT_EQ(bdev_ctx_new(&b, l, 8, &c), 0);
+	ASSERT_EQ(loop_timer_new(l, stop_loop, l, &t), 0);
+	ndone = nfail = 0;
+	bdev_submit(&b, c, &io);
+	ASSERT_EQ(ndone, 0);
+	loop_timer_mod(t, loop_now(l) + 20000000);
+	ASSERT_EQ(loop_run(l), 0);
+	ASSERT_EQ(ndone, 1);
+	ASSERT_EQ(bdev_ctx_sync_ios(&b, c), 1);
+	loop_timer_free(t);
+	b.engine->ctx_free(c);
+	loop_free(l);
+	bdev_close(&b);
+}
+
+/* --no-sync-io: the ring, as for any file. */
+static void test_uring_tmpfs_no_sync_io(void)
+{
+	static char buf[4096];
+	struct iovec iov = { buf, sizeof(buf) };
+	struct bdev_io io = { .op = BDEV_READ, .iov = &iov, .iovcnt = 1, .cb = count_done };
+	struct bdev b;
+	struct loop *l;
+	struct bdev_ctx *c;
+
+	open_shm(&b, true);
+	ASSERT_EQ(loop_new("t", &l), 0);
+	ASSERT_EQ(bdev_ctx_new(&b, l, 8, &c), 0);
+	ndone = nfail = 0;
+	bdev_submit(&b, c, &io);
+	b.engine->kick(c);
+	b.engine->drain(c);
+	ASSERT_EQ(ndone, 1);
+	ASSERT_EQ(bdev_ctx_sync_ios(&b, c), 0);
+	ASSERT_EQ(bdev_ctx_submits(&b, c), 1);
+	b.engine->ctx_free(c);
+	loop_free(l);
+	bdev_close(&b);
+}
+
 /* A disk handed over by the process we replace (upgrade) is bdev_open's
  * from the call on: closed whichever check refuses it (a wrong backend,
  * not a file, opened read-only for a writable disk), kept on success. */
@@ -585,6 +787,24 @@ int main(void)
 		RUN(test_lock_waits_for_a_holder_going);
 		RUN(test_lock_follows_qemu_lock_bytes);
 		unlink(img);
+	}
+	{
+		int fd = mkstemp(shm_img);
+		struct statfs sf;
+
+		if (fd < 0 || fstatfs(fd, &sf) < 0 || sf.f_type != TMPFS_MAGIC) {
+			fprintf(stderr, "  (no tmpfs at /dev/shm: the io_uring tmpfs cases skipped)\n");
+		} else {
+			ASSERT_EQ(ftruncate(fd, 1 << 20), 0);
+			RUN(test_uring_tmpfs_sync_io);
+			RUN(test_uring_tmpfs_chain_keeps_stack);
+			RUN(test_uring_tmpfs_without_kick);
+			RUN(test_uring_tmpfs_no_sync_io);
+		}
+		if (fd >= 0) {
+			close(fd);
+			unlink(shm_img);
+		}
 	}
 	return T_EXIT_PASS;
 }

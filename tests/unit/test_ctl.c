@@ -308,6 +308,7 @@ static const char *const queue_keys[] = {
 
 static const char *const iothread_keys[] = {
 	"busy_ns", "cpu_ns", "poll_ns_total", "contended", "backend_submits", "backend_polled",
+	"backend_sync",
 	"completion_windows", "completion_poll_hits", "completion_poll_misses",
 	"device_spin_checks", "device_spin_off", "poll_yields",
 	"poll_checks", "poll_checks_off", "poll_checks_aborted", "poll_check_off",

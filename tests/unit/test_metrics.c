@@ -124,6 +124,7 @@ static const char *const families[] = {
 	"vblkd_iothread_contended_total",
 	"vblkd_iothread_backend_submits_total",
 	"vblkd_iothread_backend_polled_total",
+	"vblkd_iothread_backend_sync_total",
 	"vblkd_iothread_completion_windows_total",
 	"vblkd_iothread_completion_poll_hits_total",
 	"vblkd_iothread_completion_poll_misses_total",
@@ -446,6 +447,7 @@ static void test_fields_map_to_families(void)
 						 .completion_poll_hits = 7,
 						 .completion_poll_misses = 8,
 						 .poll_yields = 9, .backend_polled = 10,
+						 .backend_sync = 11,
 						 .cpu = -1 };
 	text = format(&s);
 	parse(text, &p);
@@ -474,6 +476,7 @@ static void test_fields_map_to_families(void)
 	expect_line(text, "vblkd_iothread_contended_total{iothread=\"0\"} 4");
 	expect_line(text, "vblkd_iothread_backend_submits_total{iothread=\"0\"} 5");
 	expect_line(text, "vblkd_iothread_backend_polled_total{iothread=\"0\"} 10");
+	expect_line(text, "vblkd_iothread_backend_sync_total{iothread=\"0\"} 11");
 	expect_line(text, "vblkd_iothread_completion_windows_total{iothread=\"0\"} 6");
 	expect_line(text, "vblkd_iothread_completion_poll_hits_total{iothread=\"0\"} 7");
 	expect_line(text, "vblkd_iothread_completion_poll_misses_total{iothread=\"0\"} 8");

@@ -637,7 +637,12 @@ static const struct loop_poll_ops uring_poll_ops = {
 static void uring_drain(struct bdev_ctx *c)
 {
 	uring_kick(c);
-	while (c->inflight) {
+	while (c->inflight || c->sync_head) {
+		/* Queued for the iothread by a completion meanwhile. */
+		if (!c->inflight) {
+			uring_kick(c);
+			continue;
+		}
 		struct io_uring_cqe *cqe;
 		/* On the polled ring the wait polls the device.  Some may
 		 * still wait for an SQE (uring_queue): then nothing may be in

@@ -304,7 +304,7 @@ void blk__resubmit(struct blk_queue *q, struct blk_req *r)
 		return;
 	}
 	/* bdev_complete left io as it was submitted (offset, iovecs, op). */
-	bdev_submit(q->dev->b, q->t->bctx, &r->io);
+	disk_submit(q->dev->disk, q->t->dt, &r->io);
 }
 
 static void blk_dwz_next(struct blk_req *r)
@@ -331,7 +331,7 @@ static void blk_dwz_next(struct blk_req *r)
 		r->io.cb(&r->io, -EIO);
 		return;
 	}
-	bdev_submit(r->q->dev->b, r->q->t->bctx, &r->io);
+	disk_submit(r->q->dev->disk, r->q->t->dt, &r->io);
 }
 
 /*
@@ -482,7 +482,7 @@ static void blk_handle(struct blk_queue *q, struct blk_req *r, struct vq_elem *e
 		}
 		if (unlikely(blk__throttle(q, r)))
 			return;		/* throttle.c sends it when the budget has room */
-		bdev_submit(d->b, q->t->bctx, &r->io);
+		disk_submit(d->disk, q->t->dt, &r->io);
 		return;
 	}
 	case VIRTIO_BLK_T_FLUSH:
@@ -1007,6 +1007,7 @@ static int blk_iothread_attach(struct blk_dev *d, unsigned i)
 	t->cpu = dt->cpu;
 	t->loop = dt->loop;
 	t->bctx = dt->bctx;
+	t->dt = dt;
 	loop_call_sync(t->loop, do_iothread_attach, &c);
 	if (c.ret < 0)
 		loop_call_sync(t->loop, do_iothread_detach, &c);

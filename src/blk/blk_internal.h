@@ -61,6 +61,7 @@ struct blk_iothread {
 	int cpu;			/* pinned CPU, or -1 */
 	struct loop *loop;		/* the disk's iothread's */
 	struct bdev_ctx *bctx;		/* the disk's iothread's */
+	struct disk_iothread *dt;	/* the disk's iothread (disk_submit) */
 	/* Time with requests in flight on any of its queues (their union);
 	 * iothread-owned, read on it by stats.c.  Written per request: a
 	 * cache line of its own, not shared with the next iothread's fields

@@ -259,6 +259,12 @@ int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
 	bool hold = !d->b->locked && !d->b->read_only && size != old;
 	int r;
 
+	/* A backup's view is of the size it had (backup/bkp.h). */
+	if (size != old && disk_wfilter_on(d->disk)) {
+		snprintf(err, errlen, "a backup of this disk runs: finish or abort it before "
+			 "resizing (vblkctl backup list)");
+		return -EBUSY;
+	}
 	/* An operator's command: refused at once while another process
 	 * serves the disk. */
 	if (hold && (r = disk_claim(d->disk, 0, err, errlen)) < 0)

@@ -41,7 +41,7 @@ static void go(struct blk_queue *q, struct blk_req *r)
 	if (r->io.op == BDEV_DISCARD || r->io.op == BDEV_WRITE_ZEROES)
 		blk__dwz_next(r);
 	else
-		bdev_submit(q->dev->b, q->t->bctx, &r->io);
+		disk_submit(q->dev->disk, q->t->dt, &r->io);
 }
 
 static void wait_end(struct blk_queue *q, uint64_t now)

@@ -64,7 +64,7 @@ struct dbm *disk_bitmap_find(struct disk *d, const char *name)
 	struct disk_bitmaps *l = list_of(d);
 
 	for (unsigned i = 0; l && i < l->n; i++)
-		if (!strcmp(l->b[i]->name, name))
+		if (l->b[i]->name[0] && !strcmp(l->b[i]->name, name))
 			return l->b[i];
 	return NULL;
 }
@@ -268,11 +268,16 @@ int disk_bitmap_merge(struct disk *d, const char *const *srcs, unsigned n, const
 unsigned disk_bitmap_list(struct disk *d, struct disk_bitmap_info *out, unsigned max)
 {
 	struct disk_bitmaps *l = list_of(d);
-	unsigned n = l ? l->n : 0;
+	unsigned n = 0;
 
-	for (unsigned i = 0; i < n && i < max; i++) {
-		const struct dbm *b = l->b[i];
+	for (unsigned j = 0; l && j < l->n; j++) {
+		const struct dbm *b = l->b[j];
+		unsigned i;
 
+		if (!b->name[0])
+			continue;	/* a backup's own (disk_bitmap_hidden_add) */
+		if ((i = n++) >= max)
+			continue;
 		out[i] = (struct disk_bitmap_info){
 			.granularity = dbm_granularity(b), .size = b->size,
 			.dirty = dbm_dirty_bytes(b), .enabled = atomic_load(&b->enabled),
@@ -316,6 +321,36 @@ int disk_bitmaps_grow(struct disk *d, uint64_t size)
 			dbm_free(old->b[i]);
 	free(old);
 	return 0;
+}
+
+int disk_bitmap_hidden_add(struct disk *d, uint32_t gran, struct dbm **out)
+{
+	struct dbm *b;
+	int r = dbm_new("hidden", READ_ONCE(d->b->size), gran, &b);
+
+	if (r < 0)
+		return r;
+	b->name[0] = '\0';
+	atomic_store(&b->enabled, true);
+	r = publish(d, b, NULL);
+	if (r < 0) {
+		dbm_free(b);
+		return r;
+	}
+	*out = b;
+	return 0;
+}
+
+void disk_bitmap_hidden_remove(struct disk *d, struct dbm *b)
+{
+	/* Out of memory for the new list: the old one with it stays, and
+	 * so does b (marked on, harmless). */
+	if (publish(d, NULL, b) < 0) {
+		log_err("out of memory: a backup's bitmap stays (%llu bytes)",
+			(unsigned long long)(b->nbits / 8));
+		return;
+	}
+	dbm_free(b);
 }
 
 /* ---- Persistent bitmaps (format.h, fmt_bitmaps_*) ---- */

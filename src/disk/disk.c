@@ -345,3 +345,30 @@ unsigned disk_pick_iothread(struct disk *d)
 		n = d->b->max_ctxs;
 	return d->next_pick++ % n;
 }
+
+/* On an iothread, between its loop's callbacks: every submission made
+ * under the old filter has been made; drain: and has completed. */
+static void do_wfilter_drain(void *opaque)
+{
+	struct disk_iothread *t = opaque;
+	struct disk *d = t->drain_disk;
+
+	d->b->engine->kick(t->bctx);
+	d->b->engine->drain(t->bctx);
+}
+
+static void do_wfilter_grace(void *opaque)
+{
+}
+
+int disk_wfilter_set(struct disk *d, const struct disk_wfilter *f)
+{
+	if (f && atomic_load(&d->wfilter))
+		return -EBUSY;
+	atomic_store_explicit(&d->wfilter, f, memory_order_release);
+	for (unsigned i = 0; i < d->num_iothreads; i++) {
+		d->iot[i].drain_disk = d;
+		loop_call_sync(d->iot[i].loop, f ? do_wfilter_drain : do_wfilter_grace, &d->iot[i]);
+	}
+	return 0;
+}

@@ -111,6 +111,7 @@ struct disk_iothread {
 	int cpu;			/* pinned CPU, or -1 */
 	struct loop *loop;
 	struct bdev_ctx *bctx;		/* owned by this iothread */
+	struct disk *drain_disk;	/* disk_wfilter_set's call */
 };
 
 struct disk {
@@ -160,6 +161,23 @@ struct disk {
 	struct bdev *_Atomic bm;
 	struct bdev *bm_file;
 	pthread_mutex_t bm_lock;
+
+	/* The write filter (disk_wfilter_set); NULL: none, the usual case:
+	 * one load and a branch per request. */
+	_Atomic(const struct disk_wfilter *) wfilter;
+};
+
+/*
+ * A write filter (a backup's copy-before-write, backup/bkp.h): while one
+ * is set, every write, discard and write zeroes a front submits through
+ * disk_submit goes to it instead of the engine, on the front's iothread;
+ * it hands the I/O on (bdev_submit on t's ctx) once what it must keep of
+ * the old data is kept, and kicks t then.  Reads and flushes go straight.
+ */
+struct disk_iothread;
+struct disk_wfilter {
+	void (*submit)(void *opaque, struct disk_iothread *t, struct bdev_io *io);
+	void *opaque;
 };
 
 struct disk_bitmaps {
@@ -209,10 +227,31 @@ void disk_release(struct disk *d);
  * disk served from one iothread: always 0).  Main thread. */
 unsigned disk_pick_iothread(struct disk *d);
 
-/* Submit io on iothread t (its thread only): bdev_submit on t's ctx. */
+/* Submit io on iothread t (its thread only): bdev_submit on t's ctx, or
+ * a write through the write filter if one is set. */
 static inline void disk_submit(struct disk *d, struct disk_iothread *t, struct bdev_io *io)
 {
+	const struct disk_wfilter *f = atomic_load_explicit(&d->wfilter, memory_order_acquire);
+
+	if (__builtin_expect(f != NULL, 0) && io->op != BDEV_READ && io->op != BDEV_FLUSH) {
+		f->submit(f->opaque, t, io);
+		return;
+	}
 	bdev_submit(d->b, t->bctx, io);
+}
+
+/*
+ * Set the write filter f (NULL: none).  Setting one returns once every
+ * write submitted before it has completed (each iothread's engine
+ * drained): from then on every write on the disk went through f or was
+ * done before.  Clearing one returns once no front is still inside f's
+ * submit (it may still hold I/O it has not handed on: f's to finish).
+ * -EBUSY: a filter is set already (one at a time).  Main thread.
+ */
+int disk_wfilter_set(struct disk *d, const struct disk_wfilter *f);
+static inline bool disk_wfilter_on(const struct disk *d)
+{
+	return atomic_load_explicit(&d->wfilter, memory_order_relaxed) != NULL;
 }
 
 /* True if any QoS limit is set: only then does a front ask disk_admit.
@@ -339,6 +378,13 @@ struct dbm *disk_bitmap_find(struct disk *d, const char *name);
  * 0 or -ENOMEM (the bitmaps keep the old size: writes past it are not
  * marked, logged).  Main thread. */
 int disk_bitmaps_grow(struct disk *d, uint64_t size);
+/* A bitmap no command sees or finds (its name is ""), marked by every
+ * write as the named ones are: a backup's record of what was written
+ * since its instant (backup/bkp.h).  hidden_add: 0 and *out, or -ENOMEM;
+ * hidden_remove: no write marks it once this returns, and it is freed.
+ * Main thread. */
+int disk_bitmap_hidden_add(struct disk *d, uint32_t gran, struct dbm **out);
+void disk_bitmap_hidden_remove(struct disk *d, struct dbm *b);
 /*
  * Persistent bitmaps (issue 46: kept with the image, format.h): a
  * persistent bitmap lives in memory while vblkd has the disk and is

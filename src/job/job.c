@@ -266,6 +266,8 @@ static void info_of(const struct job *j, struct job_info *i)
 	};
 	snprintf(i->id, sizeof(i->id), "%s", j->id);
 	snprintf(i->error, sizeof(i->error), "%s", j->error);
+	if (j->ops->progress)
+		j->ops->progress(j->priv, &i->done, &i->total);
 }
 
 static void verb_fn(void *opaque)

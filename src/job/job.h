@@ -81,6 +81,11 @@ struct job_ops {
 	void (*end)(struct job *j, void *priv);
 	/* Main thread, the job dismissed: priv's memory. */
 	void (*free)(void *priv);
+	/* Optional: progress measured where the work happens, not in
+	 * steps (a backup: bytes its clients read, on any iothread), read
+	 * when vblkctl job list or the metrics ask (job_set_progress's
+	 * place).  The job's loop; whatever the job's state. */
+	void (*progress)(void *priv, uint64_t *done, uint64_t *total);
 };
 
 /* What vblkctl job list and the metrics show of one job. */

@@ -566,6 +566,39 @@ static void req_done(struct bdev_io *io, int res)
 	loop_bh_schedule(c->flush_bh);
 }
 
+/* A request to the disk, or a read to the export's view (nbds_source). */
+static void conn_submit(struct nbds_conn *c, struct nbds_req *r)
+{
+	const struct nbds_source *src = c->ex->o.src;
+
+	if (unlikely(src != NULL) && r->io.op == BDEV_READ)
+		src->read(src->opaque, c->t, &r->io);
+	else
+		disk_submit(c->disk, c->t, &r->io);
+}
+
+/* The range's status: the disk's, or the export's view's. */
+static int conn_block_status(struct nbds_conn *c, uint64_t off, uint64_t len,
+			     struct fmt_extent *e)
+{
+	const struct nbds_source *src = c->ex->o.src;
+
+	if (unlikely(src != NULL))
+		return src->block_status(src->opaque, off, len, e);
+	return fmt_block_status(c->disk->b, off, len, e);
+}
+
+/* The dirty bitmap named name the connection may select: the disk's, or
+ * the view's one. */
+static struct dbm *conn_bitmap(struct nbds_conn *c, const char *name)
+{
+	const struct nbds_source *src = c->ex->o.src;
+
+	if (src)
+		return src->bitmap && !strcmp(src->bitmap->name, name) ? src->bitmap : NULL;
+	return disk_bitmap_find(c->disk, name);
+}
+
 /* ---- QoS: the disk's budget (disk.h, disk_admit) ---- */
 
 /* A connection waits for its turn at least this long (a timer nearer
@@ -611,7 +644,7 @@ static void conn_unthrottle(struct nbds_conn *c, bool over)
 		c->thr_head = r->thr_next;
 		if (!c->thr_head)
 			c->thr_tail = &c->thr_head;
-		disk_submit(c->disk, c->t, &r->io);
+		conn_submit(c, r);
 	}
 	if (over) {
 		disk_admit_cancel(c->disk, &c->qos_turn);
@@ -658,7 +691,7 @@ static void req_submit(struct nbds_conn *c, struct nbds_req *r, enum bdev_op op)
 	}
 	if (unlikely(disk_qos_on(c->disk) || c->thr_head) && req_throttled(c, r))
 		return;
-	disk_submit(c->disk, c->t, &r->io);
+	conn_submit(c, r);
 }
 
 /* A request answered at once: refused, or nothing to do. */
@@ -679,12 +712,12 @@ static bool read_is_hole(struct nbds_conn *c, struct nbds_req *r)
 {
 	uint64_t off = r->offset, left = r->length;
 
-	if (!fmt_block_status_cheap(c->disk->b))
+	if (!c->ex->o.src && !fmt_block_status_cheap(c->disk->b))
 		return false;
 	while (left) {
 		struct fmt_extent e;
 
-		if (fmt_block_status(c->disk->b, off, left, &e) < 0 || !(e.flags & FMT_EXT_ZERO))
+		if (conn_block_status(c, off, left, &e) < 0 || !(e.flags & FMT_EXT_ZERO))
 			return false;
 		off += e.length;
 		left -= e.length;
@@ -717,6 +750,8 @@ static void req_reply_hole(struct nbds_conn *c, struct nbds_req *r)
 	m->o.held = 0;
 	m->o.done = out_free_plain;
 	ctr_add(&c->srv->read_bytes, r->length);
+	if (c->ex->o.src)
+		c->ex->o.src->served(c->ex->o.src->opaque, r->length);
 	/* A read served from the image's tables: done at once. */
 	acct_done(&c->acct, ACCT_READ, true, r->length, 0);
 	req_release(c, r);
@@ -763,7 +798,7 @@ static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
 {
 	unsigned max = (r->flags & NBD_CMD_FLAG_REQ_ONE) ? 1 : NBDS_MAX_EXTENTS, n = 0;
 	unsigned nctx = c->meta_base + c->meta_depth + c->meta_dirty, ndesc[2] = { 0 };
-	struct dbm *bm = c->meta_dirty ? disk_bitmap_find(c->disk, c->meta_bitmap) : NULL;
+	struct dbm *bm = c->meta_dirty ? conn_bitmap(c, c->meta_bitmap) : NULL;
 	struct fmt_extent *x = malloc(max * sizeof(*x));
 	uint64_t off = r->offset, left = r->length;
 	struct {
@@ -780,7 +815,7 @@ static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
 		return NBD_EINVAL;	/* removed: refused while selected, so rare */
 	}
 	while ((c->meta_base || c->meta_depth) && left && n < max) {
-		int res = fmt_block_status(c->disk->b, off, left, &x[n]);
+		int res = conn_block_status(c, off, left, &x[n]);
 
 		if (res < 0) {
 			free(x);
@@ -1125,7 +1160,7 @@ static void conn_fail(struct nbds_conn *c, const char *why);
 static void meta_reset(struct nbds_conn *c)
 {
 	if (c->meta_dirty) {
-		struct dbm *b = disk_bitmap_find(c->disk, c->meta_bitmap);
+		struct dbm *b = conn_bitmap(c, c->meta_bitmap);
 
 		if (b)
 			atomic_fetch_sub(&b->users, 1);
@@ -1198,7 +1233,7 @@ static void meta_match(struct nbds_conn *c, const uint8_t *q, uint32_t len, bool
 
 		memcpy(name, q + dl, len - dl);
 		name[len - dl] = 0;
-		if (disk_bitmap_find(c->disk, name))
+		if (conn_bitmap(c, name))
 			memcpy(bitmap, name, len - dl + 1);
 	}
 }
@@ -1268,8 +1303,11 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 		struct disk_bitmaps *l = atomic_load_explicit(&c->disk->bitmaps,
 							      memory_order_acquire);
 
-		for (unsigned i = 0; l && i < l->n; i++)
-			meta_reply(c, 0, QEMU_DIRTY, l->b[i]->name);
+		if (c->ex->o.src && c->ex->o.src->bitmap)
+			meta_reply(c, 0, QEMU_DIRTY, c->ex->o.src->bitmap->name);
+		for (unsigned i = 0; !c->ex->o.src && l && i < l->n; i++)
+			if (l->b[i]->name[0])	/* not a backup's own */
+				meta_reply(c, 0, QEMU_DIRTY, l->b[i]->name);
 	} else if (bitmap[0]) {
 		meta_reply(c, set ? NBDS_META_DIRTY_ID : 0, QEMU_DIRTY, bitmap);
 	}
@@ -1277,7 +1315,7 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 		c->meta_base = base;
 		c->meta_depth = depth;
 		if (bitmap[0]) {
-			struct dbm *b = disk_bitmap_find(c->disk, bitmap);
+			struct dbm *b = conn_bitmap(c, bitmap);
 
 			atomic_fetch_add(&b->users, 1);
 			strcpy(c->meta_bitmap, bitmap);

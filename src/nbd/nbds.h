@@ -30,6 +30,28 @@ struct nbds;
 #define NBDS_MAX_CONN_DEFAULT	16u
 #define NBDS_NAME_MAX		4096u		/* proto.md: strings */
 
+/*
+ * What an export serves instead of the disk: a backup's point-in-time
+ * view (backup/bkp.h).  Such an export is read-only; reads and block
+ * status go through it, and its one dirty bitmap (qemu:dirty-bitmap:
+ * NAME) is bitmap, which nothing changes while the export lives.
+ */
+struct bdev_io;
+struct dbm;
+struct disk_iothread;
+struct fmt_extent;
+struct nbds_source {
+	/* Read io on iothread t (its cb runs there, maybe inline). */
+	void (*read)(void *opaque, struct disk_iothread *t, struct bdev_io *io);
+	/* fmt_block_status of the view (format.h's contract). */
+	int (*block_status)(void *opaque, uint64_t off, uint64_t len, struct fmt_extent *e);
+	/* A read answered from block status alone (a hole): len bytes
+	 * served without read.  Any iothread. */
+	void (*served)(void *opaque, uint64_t len);
+	struct dbm *bitmap;	/* NULL: none */
+	void *opaque;
+};
+
 struct nbds_export_opts {
 	char *addr;		/* "unix:PATH" or "HOST:PORT" (owned) */
 	char *name;		/* export name (owned; "" the default) */
@@ -37,6 +59,9 @@ struct nbds_export_opts {
 				 * With it, TLS is required (FORCEDTLS). */
 	bool read_only;
 	unsigned max_conn;	/* clients at once; more are refused */
+	/* Serve this instead of the disk (not owned: it outlives the
+	 * export's clients, which nbds_remove disconnects); NULL: the disk. */
+	const struct nbds_source *src;
 };
 
 /*

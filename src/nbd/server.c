@@ -324,7 +324,8 @@ int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t
 	ex->lfd = -1;
 	ex->o = (struct nbds_export_opts){ .addr = strdup(o->addr), .name = strdup(o->name),
 					   .tls = o->tls ? strdup(o->tls) : NULL,
-					   .read_only = o->read_only, .max_conn = o->max_conn };
+					   .read_only = o->read_only || o->src, .max_conn = o->max_conn,
+					   .src = o->src };
 	if (!ex->o.addr || !ex->o.name || (o->tls && !ex->o.tls)) {
 		r = -ENOMEM;
 		snprintf(err, errlen, "out of memory");

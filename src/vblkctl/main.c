@@ -80,16 +80,21 @@ int main(int argc, char **argv)
 		{ "granularity", required_argument, NULL, 'R' },
 		{ "disabled", no_argument, NULL, 'D' },
 		{ "persistent", no_argument, NULL, 'T' },
+		{ "nbd", required_argument, NULL, 'N' },
+		{ "bitmap", required_argument, NULL, 'B' },
+		{ "scratch", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	static const char commands[] =
 		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
 		"stream, job list|pause|resume|cancel|complete|set-rate|dismiss, "
-		"bitmap add|remove|clear|enable|disable|merge|list, nbd add|remove|list, upgrade or iostat";
+		"bitmap add|remove|clear|enable|disable|merge|list, backup start|finish|abort|list, "
+		"nbd add|remove|list, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL, *gran = NULL;
 	bool disabled = false, persistent = false;
+	const char *bk_nbd = NULL, *bk_bitmap = NULL, *bk_scratch = NULL;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
@@ -121,6 +126,9 @@ int main(int argc, char **argv)
 		case 'R': gran = optarg; break;
 		case 'D': disabled = true; break;
 		case 'T': persistent = true; break;
+		case 'N': bk_nbd = optarg; break;
+		case 'B': bk_bitmap = optarg; break;
+		case 'S': bk_scratch = optarg; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
@@ -141,6 +149,10 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH bitmap remove|clear|enable|disable NAME\n"
 			       "       vblkctl --control PATH bitmap merge SOURCE... TARGET\n"
 			       "       vblkctl --control PATH bitmap list\n"
+			       "       vblkctl --control PATH backup start NAME --nbd ADDR[,tls=...] "
+			       "[--bitmap B] [--scratch DIR]\n"
+			       "       vblkctl --control PATH backup finish|abort NAME\n"
+			       "       vblkctl --control PATH backup list\n"
 			       "       vblkctl --control PATH nbd add ADDR[,name=NAME][,read-only]"
 			       "[,max-conn=N][,tls=x509:DIR|psk:FILE]\n"
 			       "       vblkctl --control PATH nbd remove NAME\n"
@@ -181,6 +193,14 @@ int main(int argc, char **argv)
 			       "image (a qcow2 image's own bitmaps, as QEMU's): stored whenever the\n"
 			       "disk is let go, loaded at the next start, kept across a crash;\n"
 			       "others live in memory.\n"
+			       "backup start serves the disk as it is now (a point-in-time view) read-only\n"
+			       "over NBD on --nbd ADDR, export name NAME, while the guest writes on: the\n"
+			       "old data of what the guest changes is kept first in a scratch file in\n"
+			       "--scratch DIR (default: the disk's directory).  With --bitmap B the view\n"
+			       "has qemu:dirty-bitmap:B, B as of now: an incremental backup reads only\n"
+			       "what it marks.  finish: the client has it all; B from then on holds what\n"
+			       "was written since the start (the next incremental's).  abort: B as it\n"
+			       "was.  list shows each with its scratch use.  A backup is a job (job list).\n"
 			       "nbd add serves the disk over NBD on one more address (the fields of\n"
 			       "vblkd --nbd); nbd remove stops the export NAME ('' for the default name),\n"
 			       "its clients disconnected once their requests are done; nbd list shows\n"
@@ -228,6 +248,20 @@ int main(int argc, char **argv)
 				"disable NAME, merge SOURCE... TARGET, or list");
 		if (strcmp(sub, "add") && (gran || disabled || persistent))
 			cli_die("--granularity, --disabled and --persistent go with bitmap add");
+	} else if (!strcmp(cmd, "backup")) {
+		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
+		int n = argc - optind;
+
+		if (!((!strcmp(sub, "list") && n == 2) ||
+		      ((!strcmp(sub, "start") || !strcmp(sub, "finish") || !strcmp(sub, "abort")) &&
+		       n == 3)))
+			cli_die("backup takes: start NAME --nbd ADDR [--bitmap B] [--scratch DIR], "
+				"finish NAME, abort NAME, or list");
+		if (!strcmp(sub, "start") && !bk_nbd)
+			cli_die("backup start needs --nbd ADDR (unix:PATH or HOST:PORT): where its "
+				"view is served");
+		if (strcmp(sub, "start") && (bk_nbd || bk_bitmap || bk_scratch))
+			cli_die("--nbd, --bitmap and --scratch go with backup start");
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 
@@ -238,6 +272,8 @@ int main(int argc, char **argv)
 		   !(optind + 2 == argc && (!strcmp(cmd, "resize") || !strcmp(cmd, "set-limits")))) {
 		cli_die("give one command: %s", commands);
 	}
+	if (strcmp(cmd, "backup") && (bk_nbd || bk_bitmap || bk_scratch))
+		cli_die("--nbd, --bitmap and --scratch go with backup start");
 	if (strcmp(cmd, "set-limits") && group)
 		cli_die("--group goes with set-limits");
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink || check))
@@ -337,6 +373,27 @@ int main(int argc, char **argv)
 			json_object_object_add(req, "disabled", json_object_new_boolean(1));
 		if (persistent)
 			json_object_object_add(req, "persistent", json_object_new_boolean(1));
+	} else if (!strcmp(cmd, "backup")) {
+		const char *sub = argv[optind + 1];
+		char name[32];
+
+		snprintf(name, sizeof(name), "backup-%s", sub);
+		json_object_object_add(req, "cmd", json_object_new_string(name));
+		if (strcmp(sub, "list"))
+			json_object_object_add(req, "name", json_object_new_string(argv[optind + 2]));
+		if (bk_nbd)
+			json_object_object_add(req, "nbd", json_object_new_string(bk_nbd));
+		if (bk_bitmap)
+			json_object_object_add(req, "bitmap", json_object_new_string(bk_bitmap));
+		if (bk_scratch) {
+			char abs[PATH_MAX];
+
+			/* The daemon's directory is not ours. */
+			if (!realpath(bk_scratch, abs))
+				cli_die("--scratch '%s': %s (give a directory on local storage)",
+					bk_scratch, strerror(errno));
+			json_object_object_add(req, "scratch", json_object_new_string(abs));
+		}
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = argv[optind + 1];
 

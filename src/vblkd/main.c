@@ -21,6 +21,7 @@
 #include "ctl/ctl.h"
 #include "disk/disk.h"
 #include "disk/disk_ctl.h"
+#include "backup/bkp.h"
 #include "job/job.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
@@ -45,6 +46,7 @@ struct vblkd {
 	struct loop_fd *sfd_h;
 	struct vu_server *srv;		/* NULL: no --socket */
 	struct nbds *nbds;		/* the NBD exports (--nbd) */
+	struct bkp_set *bkps;		/* vblkctl backup */
 	struct job_ctl jobs;		/* vblkctl stream, vblkctl job */
 	int gfd;			/* SIGBUS guard eventfd (gm.h) */
 	struct loop_fd *gfd_h;
@@ -752,6 +754,10 @@ static int add_commands(struct vblkd *v)
 		{ "bitmap-disable", disk_ctl_bitmap, v->disk },
 		{ "bitmap-merge", disk_ctl_bitmap, v->disk },
 		{ "bitmap-list", disk_ctl_bitmap_list, v->disk },
+		{ "backup-start", bkp_ctl, v->bkps },
+		{ "backup-finish", bkp_ctl, v->bkps },
+		{ "backup-abort", bkp_ctl, v->bkps },
+		{ "backup-list", bkp_ctl, v->bkps },
 	};
 	int r = 0;
 
@@ -829,6 +835,8 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 	for (unsigned i = 0; r == 0 && i < o->nnbd; i++)
 		if ((r = nbds_add(v->nbds, &o->nbd[i], msg, sizeof(msg))) < 0)
 			snprintf(err, errlen, "--nbd %s", msg);
+	if (r == 0 && (r = bkp_set_new(v->disk, v->nbds, v->loop, &v->bkps)) < 0)
+		snprintf(err, errlen, "cannot set up backups: %s", strerror(-r));
 	/* Jobs stop or report on an I/O error as the guest's writes do. */
 	v->jobs = (struct job_ctl){ .disk = v->disk,
 				    .on_error = o->werror == DISK_ERR_STOP ? JOB_ERR_STOP :
@@ -853,6 +861,8 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 	return 0;
 
 err_nbd:
+	bkp_set_free(v->bkps);
+	v->bkps = NULL;
 	nbds_free(v->nbds);
 	v->nbds = NULL;
 	vu_server_free(v->srv);
@@ -907,6 +917,8 @@ static int stop_all(struct vblkd *v)
 	notify_stopping();
 	metrics_http_free(v->mh);
 	loop_fd_del(v->loop, v->gfd_h);
+	/* A backup's view goes before the server; its bitmap as it was. */
+	bkp_set_free(v->bkps);
 	nbds_free(v->nbds);
 	vu_server_free(v->srv);
 	log_stats(v);

@@ -285,6 +285,40 @@ static void job_families(FILE *f, const struct job_info *jobs, unsigned n)
 	}
 }
 
+static void backup_families(FILE *f, const struct bkp_info *b, unsigned n)
+{
+	static const struct {
+		const char *name, *help;
+		enum blk_counter_kind kind;
+		size_t off;
+	} fam[] = {
+		{ "vblkd_backup_scratch_bytes", "Bytes a running backup's scratch file takes "
+		  "(the old data kept before guest writes).", GAUGE,
+		  offsetof(struct bkp_info, scratch_bytes) },
+		{ "vblkd_backup_saved_chunks_total", "Chunks (64 KiB) a backup kept before a "
+		  "write changed them (those read as zeroes included).", COUNTER,
+		  offsetof(struct bkp_info, saved_chunks) },
+		{ "vblkd_backup_read_bytes_total", "Bytes a backup's NBD clients read of its view.",
+		  COUNTER, offsetof(struct bkp_info, read_bytes) },
+		{ "vblkd_backup_write_waits_total", "Writes that waited for another write's copy "
+		  "of the same chunk.", COUNTER, offsetof(struct bkp_info, waits) },
+	};
+
+	for (unsigned k = 0; k < ARRAY_SIZE(fam); k++) {
+		header(f, fam[k].name, fam[k].help, fam[k].kind);
+		for (unsigned i = 0; i < n; i++) {
+			fputs(fam[k].name, f);
+			fputs("{name=", f);
+			put_label_value(f, b[i].name);
+			fputs(",job=", f);
+			put_label_value(f, b[i].job);
+			fputs("} ", f);
+			put_value(f, PLAIN, *(const uint64_t *)(const void *)
+					    ((const char *)&b[i] + fam[k].off));
+		}
+	}
+}
+
 int metrics_format(const struct metrics_snapshot *s, char **out)
 {
 	const struct blk_stats *st = s->blk;
@@ -350,6 +384,7 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 
 	/* Block jobs (vblkctl job list): a series each, by id and type. */
 	job_families(f, s->jobs, s->njobs);
+	backup_families(f, s->backups, s->nbackups);
 
 	single(f, "vblkd_poll_max_seconds", "Cap of the adaptive polling window for kicks.",
 	       GAUGE, NS_AS_SECONDS, st->poll.max_ns);
@@ -415,6 +450,12 @@ int metrics_render(const struct metrics_source *src, char **out)
 		nbds_stats(src->nbds, &s.nbd);
 	s.njobs = MIN(job_list(jobs, 32), 32u);
 	s.jobs = jobs;
+
+	struct bkp_info backups[4];
+
+	if (src->bkps)
+		s.nbackups = MIN(bkp_list(src->bkps, backups, 4), 4u);
+	s.backups = backups;
 	r = blk_stats_snapshot(src->dev, &st);
 	if (r < 0)
 		return r;

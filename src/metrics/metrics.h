@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "job/job.h"
+#include "backup/bkp.h"
 #include "nbd/nbds.h"
 
 struct bdev;
@@ -44,6 +45,7 @@ struct metrics_source {
 	const struct bdev *disk;	/* size (grows on resize), path, engine */
 	struct vu_server *srv;		/* NULL: no frontend counters (0) */
 	struct nbds *nbds;		/* NULL: no NBD server counters (0) */
+	struct bkp_set *bkps;		/* NULL: no backups */
 	uint64_t start_time_ns;		/* CLOCK_REALTIME at start */
 };
 
@@ -65,6 +67,8 @@ struct metrics_snapshot {
 	struct nbds_stats nbd;		/* the NBD server's (nbds.h) */
 	const struct job_info *jobs;	/* the block jobs (job.h), njobs */
 	unsigned njobs;
+	const struct bkp_info *backups;	/* running backups (bkp.h) */
+	unsigned nbackups;
 	uint64_t start_time_ns;		/* CLOCK_REALTIME */
 	uint64_t process_cpu_ns;	/* all threads */
 };

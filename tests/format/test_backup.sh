@@ -82,6 +82,15 @@ chain() {
     r=$(pull "$(view full)" "$tmp/full" --rw "$(rw)" --writes 4 --seed 1)
     nbdcopy "$(view full)" "$tmp/full-nbdcopy"
     saved=$(ctl backup list | jget 'd["backups"][0]["saved_chunks"]')
+    scratch=$(ctl backup list | jget 'd["backups"][0]["scratch_bytes"]')
+    ctl metrics >"$tmp/metrics.txt"
+    m_saved=$(awk '/^vblkd_backup_saved_chunks_total\{name="full"/ { print $2 }' "$tmp/metrics.txt")
+    m_scratch=$(awk '/^vblkd_backup_scratch_bytes\{name="full"/ { print $2 }' "$tmp/metrics.txt")
+    if [[ $m_saved == "$saved" && $m_scratch == "$scratch" ]] && ((scratch > 0)); then
+        pass "$fmt: the backup's scratch ($scratch bytes) and kept chunks in backup list and the metrics"
+    else
+        fail "$fmt: backup metrics" "list $saved/$scratch, metrics '$m_saved'/'$m_scratch'"
+    fi
     if cmp -s "$tmp/full" "$tmp/ref1" && cmp -s "$tmp/full-nbdcopy" "$tmp/ref1" && ((saved > 0)); then
         pass "$fmt: a full backup read under 256 writes, discards and write zeroes equals the instant (by slices and by nbdcopy with block status; $saved chunks kept first)"
     else

@@ -161,7 +161,7 @@ struct sample {
 #define MAX_SAMPLES 1024
 
 struct parsed {
-	char fam[96][96];	/* in order */
+	char fam[128][96];	/* in order */
 	char type[96][16];
 	unsigned nfam;
 	struct sample s[MAX_SAMPLES];

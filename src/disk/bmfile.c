@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "disk/disk.h"
 #include "format/format.h"
@@ -74,12 +75,23 @@ int disk__bmfile_claim(struct disk *d, char *err, size_t errlen)
 	struct bdev *bm = atomic_load(&d->bm);
 	int r;
 
+	/* Made since we started, by the process that had the disk before
+	 * (the VM's previous host in a migration, with a persistent bitmap
+	 * added there): its bitmaps are the disk's from now on. */
+	bool fresh = false;
+
+	if (!bm && d->bm_path && access(d->bm_path, F_OK) == 0) {
+		if ((r = disk__bmfile_open(d, false, false, err, errlen)) < 0)
+			return r;
+		bm = atomic_load(&d->bm);
+		fresh = true;
+	}
 	if (!bm)
 		return 0;
 	pthread_mutex_lock(&d->bm_lock);
 	r = fmt_claim(bm, err, errlen);
 	pthread_mutex_unlock(&d->bm_lock);
-	return r;
+	return r < 0 ? r : fresh;
 }
 
 void disk__bmfile_release(struct disk *d)

@@ -425,7 +425,8 @@ int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen)
 
 	if ((r = disk__bmfile_claim(d, err, errlen)) < 0)
 		return r;
-	if (!BM_CALL(d, fmt_bitmaps_changed(bmt))) {
+	/* r == 1: a bitmap file opened just now, its bitmaps not loaded. */
+	if (r == 0 && !BM_CALL(d, fmt_bitmaps_changed(bmt))) {
 		l = list_of(d);
 		for (unsigned i = 0; l && i < l->n; i++)
 			if (l->b[i]->persistent)

@@ -411,6 +411,8 @@ struct bdev *disk__bm_target(struct disk *d);
 int disk__bmfile_open(struct disk *d, bool create, bool handover, char *err, size_t errlen);
 void disk__bmfile_close(struct disk *d);
 int disk__bmfile_write(struct disk *d, uint64_t off, uint64_t len);
+/* 0, 1 if the bitmap file was opened just now (made by another process
+ * since this one started: its bitmaps to be loaded), or -errno. */
 int disk__bmfile_claim(struct disk *d, char *err, size_t errlen);
 void disk__bmfile_release(struct disk *d);
 int disk__bmfile_quiesce(struct disk *d, char *err, size_t errlen);

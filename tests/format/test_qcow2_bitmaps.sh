@@ -414,3 +414,30 @@ if ((rc != 0 && rc != 124)) && (($(wc -l <<<"$out") == 1)) && [[ $out == *"is no
 else
     fail raw-bitmap-file-of-another-disk-refused-one-line "rc=$rc: $out"
 fi
+
+# ---- A raw disk's bitmap through a hand-over A -> B -> A ----------------------
+# Two vblkds on one raw disk, as the two hosts of a migration on shared
+# storage: the disk goes where a client (a guest's rings, here an NBD
+# client) holds it.  The bitmap is added on A after B started (B has no
+# bitmap file yet); B takes it at its claim and tracks B's writes; A takes
+# them back at its next claim.  Before, B ignored a bitmap file made after
+# it started, and B's writes were lost from the bitmap.
+IMG=$tmp/ho.raw
+truncate -s 64M "$IMG"
+SA=$tmp/ha.sock SB=$tmp/hb.sock CA=$tmp/ha.ctl CB=$tmp/hb.ctl
+"$VBLKD" --disk "$IMG" --nbd "unix:$SA" --control "$CA" >"$tmp/ha.log" 2>&1 & hpid=$!
+"$VBLKD" --disk "$IMG" --nbd "unix:$SB" --control "$CB" >"$tmp/hb.log" 2>&1 & npid=$!
+for _ in $(seq 500); do [[ -S $SA && -S $SB && -S $CA && -S $CB ]] && break; sleep 0.01; done
+"$VBLKCTL" --control "$CA" bitmap add hop --persistent >/dev/null
+qemu-io -f raw -c 'write -P 1 1M 64k' "$(uri "$SA")" >/dev/null
+qemu-io -f raw -c 'write -P 2 9M 64k' "$(uri "$SB")" >/dev/null
+nbdinfo --map=qemu:dirty-bitmap:hop "$(uri "$SB")" >"$tmp/hb.map" 2>&1
+qemu-io -f raw -c 'write -P 3 17M 64k' "$(uri "$SA")" >/dev/null
+nbdinfo --map=qemu:dirty-bitmap:hop "$(uri "$SA")" >"$tmp/ha.map" 2>&1
+want=$'1048576 65536\n9437184 65536\n17825792 65536'
+if [[ $(dirty "$tmp/ha.map") == "$want" ]] && [[ $(dirty "$tmp/hb.map") == $'1048576 65536\n9437184 65536' ]]; then
+    pass raw-bitmap-file-follows-the-disk-A-to-B-to-A
+else
+    fail raw-bitmap-file-follows-the-disk-A-to-B-to-A "B: $(dirty "$tmp/hb.map" | tr '\n' ' ') A: $(dirty "$tmp/ha.map" | tr '\n' ' ') ($(head -c 200 "$tmp/hb.map"))"
+fi
+kill -TERM "$hpid" "$npid"; wait "$hpid" "$npid"; hpid="" npid=""

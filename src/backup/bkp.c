@@ -351,6 +351,21 @@ static void cbw_submit(void *opaque, struct disk_iothread *t, struct bdev_io *io
 	 * bitmap list it saw (a write parked for QoS before the instant). */
 	if (k->since && len)
 		dbm_set(k->since, io->offset, len);
+	if (len && io->offset < k->size && !atomic_load(&k->failed)) {
+		uint64_t c = io->offset >> BKP_CHUNK_BITS;
+		uint64_t last = (MIN(io->offset + len, k->size) - 1) >> BKP_CHUNK_BITS;
+
+		/* Every chunk kept already (most writes once the hot ones
+		 * are): straight on, nothing allocated. */
+		pthread_mutex_lock(&k->lock);
+		while (c <= last && (k->st[c] & CH_STATE) >= CH_SAVED)
+			c++;
+		pthread_mutex_unlock(&k->lock);
+		if (c > last) {
+			bdev_submit(k->d->b, t->bctx, io);
+			return;
+		}
+	}
 	if (!len || io->offset >= k->size || atomic_load(&k->failed) ||
 	    !(op = calloc(1, sizeof(*op)))) {
 		if (len && io->offset < k->size && !atomic_load(&k->failed))

@@ -89,6 +89,10 @@ struct bdev_io {
 	struct iovec *iov;
 	unsigned iovcnt;
 	bdev_cb cb;		/* res: 0 or -errno */
+	/* A write filter's (disk.h, disk_wfilter) that wraps the completion:
+	 * the submitter's cb, and the filter's own pointer, while it does. */
+	bdev_cb up_cb;
+	void *up_priv;
 
 	/* Engine-private. */
 	struct bdev *b;

@@ -84,6 +84,22 @@ void dbm_clear(struct dbm *b)
 		atomic_store_explicit(&b->words[w], 0, memory_order_relaxed);
 }
 
+void dbm_reset(struct dbm *b, uint64_t off, uint64_t len)
+{
+	uint64_t g = 1ull << b->gran_bits, first, end;
+
+	if (!len || off >= b->size)
+		return;
+	if (len > b->size - off)
+		len = b->size - off;
+	first = (off + g - 1) >> b->gran_bits;
+	/* The last chunk, clipped to the size, counts whole at the end. */
+	end = off + len == b->size ? b->nbits : (off + len) >> b->gran_bits;
+	for (uint64_t i = first; i < end; i++)
+		atomic_fetch_and_explicit(&b->words[i / 64], ~(1ull << (i % 64)),
+					  memory_order_relaxed);
+}
+
 bool dbm_extent(const struct dbm *b, uint64_t off, uint64_t max, uint64_t *len)
 {
 	uint64_t i = off >> b->gran_bits, end = off + max;

@@ -84,6 +84,12 @@ static inline void dbm_mark(struct dbm *b, uint64_t off, uint64_t len)
 		dbm_set(b, off, len);
 }
 
+/* Clear the bits of [off, off + len) (clipped to the size; whole chunks
+ * inside it only, a chunk partly covered stays as it is): a copier takes
+ * them before it copies, and a write meanwhile sets them again.  Any
+ * thread. */
+void dbm_reset(struct dbm *b, uint64_t off, uint64_t len);
+
 /* Bytes dirty (whole chunks, the last one clipped to the size). */
 uint64_t dbm_dirty_bytes(const struct dbm *b);
 /* Everything clean. */

@@ -83,6 +83,7 @@ int main(int argc, char **argv)
 		{ "nbd", required_argument, NULL, 'N' },
 		{ "bitmap", required_argument, NULL, 'B' },
 		{ "scratch", required_argument, NULL, 'S' },
+		{ "target", required_argument, NULL, 'X' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -90,11 +91,12 @@ int main(int argc, char **argv)
 		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
 		"stream, job list|pause|resume|cancel|complete|set-rate|dismiss, "
 		"bitmap add|remove|clear|enable|disable|merge|list, backup start|finish|abort|list, "
+		"mirror start|list, "
 		"nbd add|remove|list, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL, *gran = NULL;
 	bool disabled = false, persistent = false;
-	const char *bk_nbd = NULL, *bk_bitmap = NULL, *bk_scratch = NULL;
+	const char *bk_nbd = NULL, *bk_bitmap = NULL, *bk_scratch = NULL, *target = NULL;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
@@ -129,6 +131,7 @@ int main(int argc, char **argv)
 		case 'N': bk_nbd = optarg; break;
 		case 'B': bk_bitmap = optarg; break;
 		case 'S': bk_scratch = optarg; break;
+		case 'X': target = optarg; break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
@@ -153,6 +156,9 @@ int main(int argc, char **argv)
 			       "[--bitmap B] [--scratch DIR]\n"
 			       "       vblkctl --control PATH backup finish|abort NAME\n"
 			       "       vblkctl --control PATH backup list\n"
+			       "       vblkctl --control PATH mirror start NAME --target URI|PATH "
+			       "[--rate BYTES] [--granularity BYTES]\n"
+			       "       vblkctl --control PATH mirror list\n"
 			       "       vblkctl --control PATH nbd add ADDR[,name=NAME][,read-only]"
 			       "[,max-conn=N][,tls=x509:DIR|psk:FILE]\n"
 			       "       vblkctl --control PATH nbd remove NAME\n"
@@ -201,6 +207,10 @@ int main(int argc, char **argv)
 			       "what it marks.  finish: the client has it all; B from then on holds what\n"
 			       "was written since the start (the next incremental's).  abort: B as it\n"
 			       "was.  list shows each with its scratch use.  A backup is a job (job list).\n"
+			       "mirror start copies the disk to --target (an NBD URI, or a local path:\n"
+			       "a raw file made at the disk's size) while the guest writes, pass after\n"
+			       "pass, until it is ready (job list); job complete then ends it with the\n"
+			       "target holding the disk, job cancel leaves the target as it is.\n"
 			       "nbd add serves the disk over NBD on one more address (the fields of\n"
 			       "vblkd --nbd); nbd remove stops the export NAME ('' for the default name),\n"
 			       "its clients disconnected once their requests are done; nbd list shows\n"
@@ -248,6 +258,8 @@ int main(int argc, char **argv)
 				"disable NAME, merge SOURCE... TARGET, or list");
 		if (strcmp(sub, "add") && (gran || disabled || persistent))
 			cli_die("--granularity, --disabled and --persistent go with bitmap add");
+	} else if (gran && strcmp(cmd, "mirror")) {
+		cli_die("--granularity goes with bitmap add and mirror start");
 	} else if (!strcmp(cmd, "backup")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 		int n = argc - optind;
@@ -262,6 +274,18 @@ int main(int argc, char **argv)
 				"view is served");
 		if (strcmp(sub, "start") && (bk_nbd || bk_bitmap || bk_scratch))
 			cli_die("--nbd, --bitmap and --scratch go with backup start");
+	} else if (!strcmp(cmd, "mirror")) {
+		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
+		int n = argc - optind;
+
+		if (!((!strcmp(sub, "list") && n == 2) || (!strcmp(sub, "start") && n == 3)))
+			cli_die("mirror takes: start NAME --target URI|PATH [--rate BYTES] "
+				"[--granularity BYTES], or list");
+		if (!strcmp(sub, "start") && !target)
+			cli_die("mirror start needs --target: an NBD URI (nbd://HOST/EXPORT, "
+				"nbd+unix:///EXPORT?socket=PATH) or a local path");
+		if (strcmp(sub, "start") && (target || rate || gran))
+			cli_die("--target, --rate and --granularity go with mirror start");
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 
@@ -280,8 +304,10 @@ int main(int argc, char **argv)
 		cli_die("--poll-* options go with set-poll");
 	if (strcmp(cmd, "upgrade") && exec)
 		cli_die("--exec goes with upgrade");
-	if (strcmp(cmd, "stream") && rate)
-		cli_die("--rate goes with stream");
+	if (strcmp(cmd, "stream") && strcmp(cmd, "mirror") && rate)
+		cli_die("--rate goes with stream and mirror start");
+	if (strcmp(cmd, "mirror") && target)
+		cli_die("--target goes with mirror start");
 	if (strcmp(cmd, "iostat") && (interval || count || json))
 		cli_die("--interval, --count and --json go with iostat");
 	if (!strcmp(cmd, "iostat")) {
@@ -393,6 +419,40 @@ int main(int argc, char **argv)
 				cli_die("--scratch '%s': %s (give a directory on local storage)",
 					bk_scratch, strerror(errno));
 			json_object_object_add(req, "scratch", json_object_new_string(abs));
+		}
+	} else if (!strcmp(cmd, "mirror")) {
+		const char *sub = argv[optind + 1];
+
+		json_object_object_add(req, "cmd", json_object_new_string(!strcmp(sub, "list") ?
+						   "mirror-list" : "mirror-start"));
+		if (!strcmp(sub, "start")) {
+			char abs[PATH_MAX];
+			const char *t = target;
+
+			json_object_object_add(req, "name", json_object_new_string(argv[optind + 2]));
+			/* A local path, as the daemon sees it (its directory is
+			 * not ours); a file not there yet: its directory's. */
+			if (strncmp(t, "nbd", 3) && t[0] != '/') {
+				if (!getcwd(abs, sizeof(abs) - strlen(t) - 2))
+					cli_die("--target '%s': cannot tell the directory", t);
+				strcat(abs, "/");
+				strcat(abs, t);
+				t = abs;
+			}
+			json_object_object_add(req, "target", json_object_new_string(t));
+			if (rate) {
+				if (parse_size(rate, &size) < 0)
+					cli_die("--rate '%s' is not a rate: bytes per second, or with "
+						"K, M or G (e.g. 50M)", rate);
+				json_object_object_add(req, "rate", json_object_new_uint64(size));
+			}
+			if (gran) {
+				if (parse_size(gran, &size) < 0 || size == 0 || size > UINT32_MAX)
+					cli_die("--granularity '%s' is not a size: bytes, or with K, "
+						"M or G (e.g. 64K)", gran);
+				json_object_object_add(req, "granularity",
+						       json_object_new_uint64(size));
+			}
 		}
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = argv[optind + 1];

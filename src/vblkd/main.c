@@ -22,6 +22,7 @@
 #include "disk/disk.h"
 #include "disk/disk_ctl.h"
 #include "backup/bkp.h"
+#include "mirror/mir.h"
 #include "job/job.h"
 #include "loop/defer.h"
 #include "loop/loop.h"
@@ -47,6 +48,7 @@ struct vblkd {
 	struct vu_server *srv;		/* NULL: no --socket */
 	struct nbds *nbds;		/* the NBD exports (--nbd) */
 	struct bkp_set *bkps;		/* vblkctl backup */
+	struct mir_set *mirs;		/* vblkctl mirror */
 	struct job_ctl jobs;		/* vblkctl stream, vblkctl job */
 	int gfd;			/* SIGBUS guard eventfd (gm.h) */
 	struct loop_fd *gfd_h;
@@ -758,6 +760,8 @@ static int add_commands(struct vblkd *v)
 		{ "backup-finish", bkp_ctl, v->bkps },
 		{ "backup-abort", bkp_ctl, v->bkps },
 		{ "backup-list", bkp_ctl, v->bkps },
+		{ "mirror-start", mir_ctl, v->mirs },
+		{ "mirror-list", mir_ctl, v->mirs },
 	};
 	int r = 0;
 
@@ -837,6 +841,8 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 			snprintf(err, errlen, "--nbd %s", msg);
 	if (r == 0 && (r = bkp_set_new(v->disk, v->nbds, v->loop, &v->bkps)) < 0)
 		snprintf(err, errlen, "cannot set up backups: %s", strerror(-r));
+	if (r == 0 && (r = mir_set_new(v->disk, v->loop, &v->mirs)) < 0)
+		snprintf(err, errlen, "cannot set up mirrors: %s", strerror(-r));
 	/* Jobs stop or report on an I/O error as the guest's writes do. */
 	v->jobs = (struct job_ctl){ .disk = v->disk,
 				    .on_error = o->werror == DISK_ERR_STOP ? JOB_ERR_STOP :
@@ -862,6 +868,8 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 	return 0;
 
 err_nbd:
+	mir_set_free(v->mirs);
+	v->mirs = NULL;
 	bkp_set_free(v->bkps);
 	v->bkps = NULL;
 	nbds_free(v->nbds);
@@ -920,6 +928,7 @@ static int stop_all(struct vblkd *v)
 	loop_fd_del(v->loop, v->gfd_h);
 	/* A backup's view goes before the server; its bitmap as it was. */
 	bkp_set_free(v->bkps);
+	mir_set_free(v->mirs);
 	nbds_free(v->nbds);
 	vu_server_free(v->srv);
 	log_stats(v);

@@ -7,7 +7,7 @@
  * cover the disk exactly (start mid-chunk, capped by max); merge between
  * granularities (4K into 64K makes the whole 64K chunk dirty, 64K into 4K
  * the sixteen 4K ones) and sizes; clear; grow keeps the bits and adds
- * clean ones; names and granularities refused as they should be; two
+ * clean ones; reset clears whole chunks inside a range only; names and granularities refused as they should be; two
  * threads marking interleaved chunks of the same words lose no bit.
  */
 #include <errno.h>
@@ -60,6 +60,29 @@ static void test_marks(void)
 	ASSERT_EQ(dbm_dirty_bytes(b), 0);
 	dbm_set(b, 0, M);
 	ASSERT_EQ(dbm_dirty_bytes(b), M);
+	dbm_free(b);
+}
+
+/* dbm_reset clears whole chunks inside the range only; the last chunk,
+ * clipped to the size, counts whole at the end. */
+static void test_reset(void)
+{
+	struct dbm *b = mk(10 * M + 5 * K, 64 * K);	/* 161 chunks, last one partial */
+
+	dbm_set(b, 0, 10 * M + 5 * K);
+	dbm_reset(b, 64 * K + 1, 3 * 64 * K);		/* chunks 2, 3 whole; 1, 4 partly */
+	ASSERT_TRUE(dirty_at(b, 64 * K) && !dirty_at(b, 2 * 64 * K) &&
+		    !dirty_at(b, 3 * 64 * K) && dirty_at(b, 4 * 64 * K));
+	dbm_reset(b, 60 * 64 * K, 10 * 64 * K);		/* 60..69, across words */
+	ASSERT_TRUE(dirty_at(b, 59 * 64 * K) && !dirty_at(b, 60 * 64 * K) &&
+		    !dirty_at(b, 63 * 64 * K) && !dirty_at(b, 64 * 64 * K) &&
+		    !dirty_at(b, 69 * 64 * K) && dirty_at(b, 70 * 64 * K));
+	dbm_reset(b, 10 * M, 1 * M);			/* the clipped last chunk */
+	ASSERT_TRUE(!dirty_at(b, 10 * M) && dirty_at(b, 10 * M - 1));
+	ASSERT_EQ(dbm_dirty_bytes(b), (160 - 2 - 10) * 64 * K);
+	dbm_reset(b, 0, 0);
+	dbm_reset(b, 20 * M, 4 * K);			/* past the end */
+	ASSERT_EQ(dbm_dirty_bytes(b), (160 - 2 - 10) * 64 * K);
 	dbm_free(b);
 }
 
@@ -169,6 +192,7 @@ static void test_concurrent_marks(void)
 int main(void)
 {
 	RUN(test_marks);
+	RUN(test_reset);
 	RUN(test_extents);
 	RUN(test_merge_and_grow);
 	RUN(test_refusals);

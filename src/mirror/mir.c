@@ -1,0 +1,605 @@
+/*
+ * The mirror job (mir.h).  Its units run on the disk's iothread 0: a
+ * read through the disk's engine ctx there (disk_submit: the format's
+ * mapping), then a write to the target through a ctx of the target's own
+ * engine on the same loop.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend/bdev.h"
+#include "bitmap/dbm.h"
+#include "disk/disk.h"
+#include "format/format.h"
+#include "job/job.h"
+#include "loop/loop.h"
+#include "mirror/mir.h"
+#include "util/barrier.h"
+#include "util/compiler.h"
+#include "util/iov.h"
+#include "util/log.h"
+#include "util/sys.h"
+
+/* While ready, how often the job looks for what the guest wrote. */
+#define MIR_READY_POLL_NS (10ull * 1000000)
+
+struct mir {
+	struct mir_set *set;
+	struct disk *d;
+	struct disk_iothread *t;
+	char name[64], target[256], job_id[32];
+	struct bdev tgt;
+	bool tgt_open, made;	/* made: the file is ours (removed if start fails) */
+	struct bdev_ctx *tctx;
+	struct dbm *dirty;
+	struct job *job;
+	struct loop_timer *poll;
+	uint64_t size, cursor, off, len;
+	uint8_t *buf;
+	struct bdev_io rio, wio;
+	struct iovec iov;
+	bool zero_unit, flushed, ready, claimed, done, by_main;
+	bool gone;		/* torn down: progress says final (the job's loop) */
+	uint64_t final_dirty;
+	_Atomic bool ended;
+	_Atomic unsigned passes;
+	_Atomic uint64_t copied, zeroed;
+	uint64_t t0;
+	_Atomic uint64_t ready_ns;
+	/* The write filter: every write marked again as it completes. */
+	struct disk_wfilter wf;
+	bool filtered;
+	_Atomic uint64_t writes;	/* wrapped, not yet completed */
+	struct mir *next;
+};
+
+struct mir_set {
+	struct disk *d;
+	struct loop *main_loop;
+	struct mir *list;
+	int efd;		/* a job ended without main: tear it down */
+	struct loop_fd *h;
+};
+
+/* ---- The write filter (the fronts' iothreads) ------------------------------- */
+
+/*
+ * A write is marked before it is submitted (disk_dirty) and again here, as
+ * it completes: a unit that took the bits and read the disk while the write
+ * was in flight may have read the old data, and this mark has the next
+ * pass copy it again (QEMU marks at completion: bdrv_co_write_req_finish).
+ */
+static void wdone(struct bdev_io *io, int res)
+{
+	struct mir *m = io->up_priv;
+	uint64_t len = io->op == BDEV_WRITE ? iov_size(io->iov, io->iovcnt) : io->length;
+
+	dbm_set(m->dirty, io->offset, len);
+	io->cb = io->up_cb;
+	io->up_cb = NULL;
+	io->up_priv = NULL;
+	atomic_fetch_sub_explicit(&m->writes, 1, memory_order_release);
+	io->cb(io, res);
+}
+
+static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
+{
+	struct mir *m = opaque;
+
+	atomic_fetch_add_explicit(&m->writes, 1, memory_order_relaxed);
+	io->up_cb = io->cb;
+	io->up_priv = m;
+	io->cb = wdone;
+	bdev_submit(m->d->b, t->bctx, io);
+}
+
+/* ---- The job's loop ------------------------------------------------------ */
+
+static void unit_written(struct bdev_io *io, int res)
+{
+	struct mir *m = container_of(io, struct mir, wio);
+
+	if (res < 0) {
+		/* Copied again by a later pass (the error policy may pause
+		 * the job first). */
+		dbm_set(m->dirty, m->off, m->len);
+		job_set_error(m->job, "writing %llu bytes at %llu to %s failed: %s",
+			      (unsigned long long)m->len, (unsigned long long)m->off, m->target,
+			      strerror(-res));
+	} else if (io->op == BDEV_FLUSH) {
+		m->flushed = true;
+	} else {
+		atomic_fetch_add_explicit(m->zero_unit ? &m->zeroed : &m->copied, m->len,
+					  memory_order_relaxed);
+	}
+	job_step_done(m->job, res, io->op == BDEV_FLUSH ? 0 : m->len);
+}
+
+static void unit_read(struct bdev_io *io, int res)
+{
+	struct mir *m = container_of(io, struct mir, rio);
+
+	if (res < 0) {
+		dbm_set(m->dirty, m->off, m->len);
+		job_set_error(m->job, "reading %llu bytes at %llu failed: %s",
+			      (unsigned long long)m->len, (unsigned long long)m->off, strerror(-res));
+		job_step_done(m->job, res, 0);
+		return;
+	}
+	m->wio = (struct bdev_io){ .op = BDEV_WRITE, .offset = m->off, .iov = &m->iov,
+				   .iovcnt = 1, .cb = unit_written };
+	bdev_submit(&m->tgt, m->tctx, &m->wio);
+	m->tgt.engine->kick(m->tctx);
+}
+
+/* Reads as zeroes throughout (the disk's block status)? */
+static bool unit_zero(struct mir *m)
+{
+	for (uint64_t o = m->off, left = m->len; left;) {
+		struct fmt_extent e;
+
+		if (fmt_block_status(m->d->b, o, left, &e) < 0 || !(e.flags & FMT_EXT_ZERO))
+			return false;
+		o += e.length;
+		left -= e.length;
+	}
+	return true;
+}
+
+static int step(struct job *j, void *priv)
+{
+	struct mir *m = priv;
+	uint64_t len = 0;
+	bool dirty = false;
+
+	if (!m->t0)
+		m->t0 = sys_now_ns();
+	/* The next dirty run from the cursor. */
+	while (m->cursor < m->size &&
+	       !(dirty = dbm_extent(m->dirty, m->cursor, MIR_UNIT_MAX, &len)))
+		m->cursor += len;
+	if (!dirty) {
+		m->cursor = 0;
+		if (dbm_dirty_bytes(m->dirty)) {
+			atomic_fetch_add(&m->passes, 1);
+			return JOB_STEP_YIELD;	/* the next pass */
+		}
+		if (!m->flushed) {
+			m->wio = (struct bdev_io){ .op = BDEV_FLUSH, .cb = unit_written };
+			bdev_submit(&m->tgt, m->tctx, &m->wio);
+			m->tgt.engine->kick(m->tctx);
+			return JOB_STEP_IO;
+		}
+		if (!m->ready) {
+			m->ready = true;
+			atomic_fetch_add(&m->passes, 1);
+			atomic_store(&m->ready_ns, sys_now_ns() - m->t0);
+			log_info("mirror %s: ready after %u passes in %.1f s: the target has the "
+				 "disk; what the guest writes goes on being copied", m->name,
+				 atomic_load(&m->passes), (double)atomic_load(&m->ready_ns) / 1e9);
+		}
+		loop_timer_mod(m->poll, sys_now_ns() + MIR_READY_POLL_NS);
+		return JOB_STEP_END;
+	}
+	m->off = m->cursor;
+	m->len = len;
+	m->cursor += len;
+	m->flushed = false;
+	/* Taken before the copy: a write from now on marks it again. */
+	dbm_reset(m->dirty, m->off, m->len);
+	job_set_progress(j, m->size - dbm_dirty_bytes(m->dirty), m->size);
+	m->zero_unit = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) && unit_zero(m);
+	if (m->zero_unit) {
+		m->wio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = m->off,
+					   .length = m->len, .unmap = true, .cb = unit_written };
+		bdev_submit(&m->tgt, m->tctx, &m->wio);
+		m->tgt.engine->kick(m->tctx);
+		return JOB_STEP_IO;
+	}
+	m->iov = (struct iovec){ m->buf, m->len };
+	m->rio = (struct bdev_io){ .op = BDEV_READ, .offset = m->off, .iov = &m->iov,
+				   .iovcnt = 1, .cb = unit_read };
+	disk_submit(m->d, m->t, &m->rio);
+	disk_kick(m->d, m->t);
+	return JOB_STEP_IO;
+}
+
+static void poll_cb(void *opaque)
+{
+	struct mir *m = opaque;
+
+	if (!atomic_load(&m->ended))
+		job_kick(m->job);
+}
+
+static int complete(struct job *j, void *priv, char *msg, size_t len)
+{
+	struct mir *m = priv;
+	uint64_t left = dbm_dirty_bytes(m->dirty);
+
+	if (left || !m->flushed) {
+		snprintf(msg, len, "%" PRIu64 " bytes written since are still to be copied: "
+			 "complete it again in a moment (or stop the writes)", left);
+		return -EAGAIN;
+	}
+	snprintf(msg, len, "the target %s has the disk (%u passes, %" PRIu64 " bytes copied, %"
+		 PRIu64 " written as zeroes)", m->target, atomic_load(&m->passes),
+		 atomic_load(&m->copied), atomic_load(&m->zeroed));
+	return 0;
+}
+
+static void end(struct job *j, void *priv)
+{
+	struct mir *m = priv;
+
+	loop_timer_del(m->poll);
+	atomic_store(&m->ended, true);
+	if (!m->by_main)
+		sys_eventfd_signal(m->set->efd);
+}
+
+static void progress(void *priv, uint64_t *done, uint64_t *total)
+{
+	struct mir *m = priv;
+
+	*total = m->size;
+	*done = m->size - MIN(m->size, m->gone ? m->final_dirty : dbm_dirty_bytes(m->dirty));
+}
+
+static void mir_free(void *priv)
+{
+	free(priv);
+}
+
+static const struct job_ops mir_ops = {
+	.type = "mirror",
+	.step = step,
+	.complete = complete,
+	.end = end,
+	.free = mir_free,
+	.progress = progress,
+};
+
+/* ---- Main thread ---------------------------------------------------------- */
+
+static void do_tctx_new(void *opaque)
+{
+	struct mir *m = opaque;
+
+	if (bdev_ctx_new(&m->tgt, m->t->loop, 64, &m->tctx) < 0)
+		m->tctx = NULL;
+	if (loop_timer_new(m->t->loop, poll_cb, m, &m->poll) < 0)
+		m->poll = NULL;
+}
+
+static void do_tctx_free(void *opaque)
+{
+	struct mir *m = opaque;
+
+	if (m->tctx) {
+		m->tgt.engine->drain(m->tctx);
+		m->tgt.engine->ctx_free(m->tctx);
+	}
+	m->tctx = NULL;
+	loop_timer_free(m->poll);
+	m->poll = NULL;
+	/* The bitmap goes next: progress (the job's list, on this loop)
+	 * keeps what it said last. */
+	m->final_dirty = m->dirty ? dbm_dirty_bytes(m->dirty) : 0;
+	m->gone = true;
+}
+
+/* Everything start took, let go (the struct stays for the job). */
+static void teardown(struct mir *m, bool remove_target)
+{
+	if (m->filtered) {
+		(void)disk_wfilter_set(m->d, NULL);
+		/* A write in flight completes through wdone, which uses m. */
+		while (atomic_load_explicit(&m->writes, memory_order_acquire))
+			usleep(100);
+	}
+	m->filtered = false;
+	loop_call_sync(m->t->loop, do_tctx_free, m);
+	if (m->dirty)
+		disk_bitmap_hidden_remove(m->d, m->dirty);
+	m->dirty = NULL;
+	if (m->tgt_open)
+		bdev_close(&m->tgt);
+	m->tgt_open = false;
+	if (remove_target && m->made)
+		unlink(m->target);
+	if (m->claimed)
+		disk_release(m->d);
+	m->claimed = false;
+	free(m->buf);
+	m->buf = NULL;
+	m->done = true;
+}
+
+static bool is_uri(const char *t)
+{
+	return !strncmp(t, "nbd://", 6) || !strncmp(t, "nbds://", 7) || !strncmp(t, "nbd+", 4);
+}
+
+/* A local target: made at size if it is not there (raw, sparse). */
+static int make_target(struct mir *m, char *err, size_t errlen)
+{
+	int fd = open(m->target, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+
+	if (fd < 0)
+		return errno == EEXIST ? 0 : (snprintf(err, errlen, "target '%s': cannot make it: %s",
+						       m->target, strerror(errno)), -errno);
+	m->made = true;
+	if (ftruncate(fd, (off_t)m->size) < 0) {
+		int e = errno;
+
+		close(fd);
+		unlink(m->target);
+		m->made = false;
+		snprintf(err, errlen, "target '%s': cannot size it: %s", m->target, strerror(e));
+		return -e;
+	}
+	close(fd);
+	return 0;
+}
+
+static struct mir *find(struct mir_set *s, const char *name)
+{
+	for (struct mir *m = s->list; m; m = m->next)
+		if (!m->done && !strcmp(m->name, name))
+			return m;
+	return NULL;
+}
+
+int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_t idlen,
+	      char *err, size_t errlen)
+{
+	struct disk *d = s->d;
+	uint32_t gran = o->granularity ? o->granularity : DBM_DEFAULT_GRANULARITY;
+	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
+	struct mir *m;
+	int r;
+
+	if (!o->name || !dbm_name_ok(o->name)) {
+		snprintf(err, errlen, "mirror name '%.80s': give 1 to %u of A-Z a-z 0-9 _ . -",
+			 o->name ? o->name : "", DBM_NAME_MAX);
+		return -EINVAL;
+	}
+	if (find(s, o->name)) {
+		snprintf(err, errlen, "a mirror named '%s' runs already", o->name);
+		return -EEXIST;
+	}
+	if (!o->target || !o->target[0] || strlen(o->target) >= sizeof(m->target)) {
+		snprintf(err, errlen, "give --target: an NBD URI or a local path");
+		return -EINVAL;
+	}
+	if (gran < DBM_MIN_GRANULARITY || gran > MIR_UNIT_MAX || (gran & (gran - 1))) {
+		snprintf(err, errlen, "granularity %u: give a power of two from 4K to 1M", gran);
+		return -EINVAL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	m->set = s;
+	m->d = d;
+	m->t = &d->iot[0];
+	m->size = READ_ONCE(d->b->size);
+	snprintf(m->name, sizeof(m->name), "%s", o->name);
+	snprintf(m->target, sizeof(m->target), "%s", o->target);
+	if (posix_memalign((void **)&m->buf, 4096, MIR_UNIT_MAX)) {
+		m->buf = NULL;
+		snprintf(err, errlen, "out of memory");
+		r = -ENOMEM;
+		goto fail;
+	}
+	if (!is_uri(m->target) && (r = make_target(m, err, errlen)) < 0)
+		goto fail;
+	bo.path = m->target;
+	r = bdev_open(&bo, &m->tgt, err, errlen);
+	if (r < 0)
+		goto fail;
+	m->tgt_open = true;
+	if (m->tgt.read_only || m->tgt.size != m->size) {
+		snprintf(err, errlen, "target %s: %s", m->target,
+			 m->tgt.read_only ? "read-only" : "not the disk's size");
+		if (!m->tgt.read_only)
+			snprintf(err, errlen, "target %s is %" PRIu64 " bytes, the disk %" PRIu64
+				 ": give one of the disk's size", m->target, m->tgt.size, m->size);
+		r = -EINVAL;
+		goto fail;
+	}
+	loop_call_sync(m->t->loop, do_tctx_new, m);
+	if (!m->tctx || !m->poll) {
+		snprintf(err, errlen, "target %s: cannot set up its %s engine", m->target,
+			 m->tgt.engine->name);
+		r = -EIO;
+		goto fail;
+	}
+	r = disk_claim(d, BDEV_LOCK_WAIT_MS, err, errlen);
+	if (r < 0)
+		goto fail;
+	m->claimed = true;
+	/* Everything dirty, then tracked: no write is missed. */
+	r = disk_bitmap_hidden_add(d, gran, &m->dirty);
+	if (r < 0) {
+		m->dirty = NULL;
+		snprintf(err, errlen, "out of memory for the mirror's bitmap");
+		goto fail;
+	}
+	dbm_set(m->dirty, 0, m->size);
+	m->wf = (struct disk_wfilter){ .submit = wsubmit, .opaque = m };
+	if ((r = disk_wfilter_set(d, &m->wf)) < 0) {
+		snprintf(err, errlen, "a backup or another mirror of this disk runs: one at a time");
+		goto fail;
+	}
+	m->filtered = true;
+	r = job_new(&mir_ops, d, m->t->loop, o->rate, JOB_ERR_REPORT, m, &m->job, err, errlen);
+	if (r < 0)
+		goto fail;
+	snprintf(m->job_id, sizeof(m->job_id), "%s", job_id(m->job));
+	m->next = s->list;
+	s->list = m;
+	job_start(m->job);
+	snprintf(id, idlen, "%s", m->job_id);
+	log_info("mirror %s: copying the disk to %s%s (job %s)", m->name, m->target,
+		 m->made ? " (made)" : "", m->job_id);
+	return 0;
+fail:
+	teardown(m, true);
+	free(m);
+	return r;
+}
+
+/* A mirror's job concluded (complete, cancel, failure): let go. */
+static void set_reap(void *opaque, uint32_t events)
+{
+	struct mir_set *s = opaque;
+
+	sys_eventfd_drain(s->efd);
+	for (struct mir *m = s->list; m; m = m->next)
+		if (!m->done && atomic_load(&m->ended)) {
+			teardown(m, false);
+			log_info("mirror %s ended (job %s): the target let go", m->name, m->job_id);
+		}
+}
+
+unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max)
+{
+	unsigned n = 0;
+
+	for (struct mir *m = s->list; m; m = m->next) {
+		if (m->done)
+			continue;
+		if (n < max) {
+			struct mir_info *i = &out[n];
+			uint64_t rn = atomic_load(&m->ready_ns);
+
+			*i = (struct mir_info){ .size = m->size, .dirty = dbm_dirty_bytes(m->dirty),
+						.copied = atomic_load(&m->copied),
+						.zeroed = atomic_load(&m->zeroed),
+						.passes = atomic_load(&m->passes),
+						.ready_s = rn ? (double)rn / 1e9 : -1, .ready = rn != 0 };
+			snprintf(i->name, sizeof(i->name), "%s", m->name);
+			snprintf(i->job, sizeof(i->job), "%s", m->job_id);
+			snprintf(i->target, sizeof(i->target), "%s", m->target);
+		}
+		n++;
+	}
+	return n;
+}
+
+int mir_set_new(struct disk *d, struct loop *main_loop, struct mir_set **out)
+{
+	struct mir_set *s = calloc(1, sizeof(*s));
+	int r;
+
+	if (!s)
+		return -ENOMEM;
+	s->d = d;
+	s->main_loop = main_loop;
+	s->efd = sys_eventfd();
+	if (s->efd < 0 ||
+	    (r = loop_fd_add(main_loop, s->efd, EPOLLIN, set_reap, s, &s->h)) < 0) {
+		r = s->efd < 0 ? s->efd : r;
+		if (s->efd >= 0)
+			close(s->efd);
+		free(s);
+		return r;
+	}
+	*out = s;
+	return 0;
+}
+
+void mir_set_free(struct mir_set *s)
+{
+	if (!s)
+		return;
+	for (struct mir *m = s->list; m; m = m->next)
+		if (!m->done) {
+			m->by_main = true;
+			(void)job_cancel(m->job_id, NULL, 0);
+			/* Its unit in flight ends first (the target's ctx is
+			 * freed after). */
+			for (int i = 0; i < 30000 && !atomic_load(&m->ended); i++)
+				usleep(1000);
+			teardown(m, false);
+		}
+	loop_fd_del(s->main_loop, s->h);
+	close(s->efd);
+	free(s);
+}
+
+/* ---- vblkctl mirror -------------------------------------------------------- */
+
+static const char *str_of(struct json_object *req, const char *key)
+{
+	struct json_object *v;
+
+	if (!json_object_object_get_ex(req, key, &v) || !json_object_is_type(v, json_type_string))
+		return NULL;
+	return json_object_get_string(v);
+}
+
+static uint64_t num_of(struct json_object *req, const char *key)
+{
+	struct json_object *v;
+
+	if (!json_object_object_get_ex(req, key, &v))
+		return 0;
+	return json_object_get_uint64(v);
+}
+
+int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, char *err,
+	    size_t errlen)
+{
+	struct mir_set *s = opaque;
+	const char *cmd = str_of(req, "cmd");
+
+	if (!strcmp(cmd, "mirror-list")) {
+		struct mir_info info[8];
+		unsigned n = mir_list(s, info, 8);
+		struct json_object *arr = json_object_new_array();
+
+		for (unsigned i = 0; arr && i < n && i < 8; i++) {
+			struct json_object *o = json_object_new_object();
+
+			json_object_object_add(o, "name", json_object_new_string(info[i].name));
+			json_object_object_add(o, "job", json_object_new_string(info[i].job));
+			json_object_object_add(o, "target", json_object_new_string(info[i].target));
+			json_object_object_add(o, "size", json_object_new_uint64(info[i].size));
+			json_object_object_add(o, "dirty_bytes", json_object_new_uint64(info[i].dirty));
+			json_object_object_add(o, "copied_bytes",
+					       json_object_new_uint64(info[i].copied));
+			json_object_object_add(o, "zeroed_bytes",
+					       json_object_new_uint64(info[i].zeroed));
+			json_object_object_add(o, "passes", json_object_new_int(info[i].passes));
+			json_object_object_add(o, "ready", json_object_new_boolean(info[i].ready));
+			json_object_object_add(o, "ready_seconds",
+					       json_object_new_double(info[i].ready_s));
+			json_object_array_add(arr, o);
+		}
+		json_object_object_add(reply, "mirrors", arr);
+		return 0;
+	}
+	struct mir_start_opts o = { .name = str_of(req, "name"), .target = str_of(req, "target"),
+				    .rate = num_of(req, "rate"),
+				    .granularity = (uint32_t)num_of(req, "granularity") };
+	char id[32];
+	int r = mir_start(s, &o, id, sizeof(id), err, errlen);
+
+	if (r == 0) {
+		json_object_object_add(reply, "ok", json_object_new_boolean(1));
+		json_object_object_add(reply, "job", json_object_new_string(id));
+	}
+	return r;
+}

@@ -1,0 +1,73 @@
+/*
+ * mir_: the mirror job (issue 47): the disk copied to a target while the
+ * guest writes on, pass after pass, until the target has it all.  QEMU's
+ * block/mirror.c (blockdev-mirror, sync=full, background mode) is the
+ * model: a dirty bitmap (hidden, disk_bitmap_hidden_add) is set over the
+ * whole disk at the start and marked by every write; a unit takes its
+ * chunks' bits, then copies them (data read through the disk and written
+ * to the target; a range the disk says reads as zeroes is written as
+ * zeroes, not bytes); a write meanwhile sets the bits again and a later
+ * pass copies it once more.  When a pass finds nothing dirty, the target
+ * is flushed and the job is ready (one log line: passes, time); it stays
+ * so, copying what the guest writes as it comes, until job complete (the
+ * target then has everything written before the complete, flushed) or
+ * job cancel (the target as the last unit left it).
+ *
+ * The target: an NBD URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?
+ * socket=PATH; libnbd, the nbd engine, TLS as its URI says) of the disk's
+ * size, or a local path: a raw file made at the disk's size if it is not
+ * there, or an existing file or block device of that size.
+ *
+ * Not yet (issue 47): write-blocking mode, the pivot to a local target,
+ * the hand-over at a migration's switch-over.
+ *
+ * Threads: this header on the main thread; the job on the disk's iothread
+ * 0 (a qcow2 disk's tables are that thread's).
+ */
+#ifndef VBLK_MIR_H
+#define VBLK_MIR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct disk;
+struct loop;
+struct json_object;
+
+#define MIR_UNIT_MAX (1u << 20)	/* bytes one unit copies at most */
+
+struct mir_start_opts {
+	const char *name;
+	const char *target;	/* NBD URI or local path */
+	uint64_t rate;		/* bytes/s, 0: none */
+	uint32_t granularity;	/* 0: 64 KiB */
+};
+
+struct mir_set;
+int mir_set_new(struct disk *d, struct loop *main_loop, struct mir_set **out);
+/* Every mirror cancelled (vblkd exits), the set freed. */
+void mir_set_free(struct mir_set *s);
+
+/* Start: the target opened (made), the disk claimed, the bitmap set, the
+ * job started.  0 and its id in id, or -errno with one line in err
+ * (nothing left behind: a target made here is removed). */
+int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_t idlen,
+	      char *err, size_t errlen);
+
+/* What vblkctl mirror list shows. */
+struct mir_info {
+	char name[64], job[32], target[256];
+	uint64_t size, dirty;		/* bytes still to copy */
+	uint64_t copied, zeroed;	/* bytes written to the target, as data, as zeroes */
+	unsigned passes;
+	double ready_s;			/* seconds from start to ready; -1 not yet */
+	bool ready;
+};
+unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max);
+
+/* {"cmd": "mirror-start", "name", "target", "rate"?, "granularity"?} -> {"ok", "job"}
+ * {"cmd": "mirror-list"} -> {"mirrors": [...]} */
+int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, char *err,
+	    size_t errlen);
+
+#endif

@@ -134,8 +134,15 @@ static void unit_read(struct bdev_io *io, int res)
 		job_step_done(m->job, res, 0);
 		return;
 	}
-	m->wio = (struct bdev_io){ .op = BDEV_WRITE, .offset = m->off, .iov = &m->iov,
-				   .iovcnt = 1, .cb = unit_written };
+	/* Zeroes read: written as zeroes (the target stays sparse). */
+	m->zero_unit = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) && !m->buf[0] &&
+		       !memcmp(m->buf, m->buf + 1, m->len - 1);
+	if (m->zero_unit)
+		m->wio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = m->off,
+					   .length = m->len, .unmap = true, .cb = unit_written };
+	else
+		m->wio = (struct bdev_io){ .op = BDEV_WRITE, .offset = m->off, .iov = &m->iov,
+					   .iovcnt = 1, .cb = unit_written };
 	bdev_submit(&m->tgt, m->tctx, &m->wio);
 	m->tgt.engine->kick(m->tctx);
 }
@@ -196,7 +203,10 @@ static int step(struct job *j, void *priv)
 	/* Taken before the copy: a write from now on marks it again. */
 	dbm_reset(m->dirty, m->off, m->len);
 	job_set_progress(j, m->size - dbm_dirty_bytes(m->dirty), m->size);
-	m->zero_unit = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) && unit_zero(m);
+	/* The status where it costs nothing (qcow2); a raw file's lseek walks
+	 * tmpfs's page cache to the next hole: read, and look (unit_read). */
+	m->zero_unit = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) &&
+		       fmt_block_status_cheap(m->d->b) && unit_zero(m);
 	if (m->zero_unit) {
 		m->wio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = m->off,
 					   .length = m->len, .unmap = true, .cb = unit_written };

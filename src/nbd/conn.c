@@ -712,7 +712,7 @@ static bool read_is_hole(struct nbds_conn *c, struct nbds_req *r)
 {
 	uint64_t off = r->offset, left = r->length;
 
-	if (!c->ex->o.src && !fmt_block_status_cheap(c->disk->b))
+	if (!fmt_block_status_cheap(c->disk->b))
 		return false;
 	while (left) {
 		struct fmt_extent e;

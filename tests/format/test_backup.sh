@@ -20,7 +20,7 @@ set -uo pipefail
 BUILD=${1:?usage: test_backup.sh BUILD_DIR}
 VBLKD=$BUILD/vblkd VBLKCTL=$BUILD/vblkctl
 here=$(cd "$(dirname "$0")" && pwd)
-tmp=$(mktemp -d /tmp/vblk-bkp.XXXXXX)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/vblk-bkp.XXXXXX")
 dpid="" mnt=""
 cleanup() {
     [[ -n $dpid ]] && kill -9 "$dpid" 2>/dev/null

@@ -161,6 +161,44 @@ void bdev_flush_failed(struct bdev *b, int res)
 			b->path ? b->path : "(disk)", strerror(-res));
 }
 
+static void bsc_lock(struct bdev *b)
+{
+	while (atomic_flag_test_and_set_explicit(&b->bsc_lock, memory_order_acquire))
+		;
+}
+
+static void bsc_unlock(struct bdev *b)
+{
+	atomic_flag_clear_explicit(&b->bsc_lock, memory_order_release);
+}
+
+bool bdev_bsc_get(struct bdev *b, uint64_t off, uint64_t *end)
+{
+	bool hit;
+
+	bsc_lock(b);
+	hit = off >= b->bsc_start && off < b->bsc_end;
+	*end = b->bsc_end;
+	bsc_unlock(b);
+	return hit;
+}
+
+void bdev_bsc_set(struct bdev *b, uint64_t start, uint64_t end)
+{
+	bsc_lock(b);
+	b->bsc_start = start;
+	b->bsc_end = end;
+	bsc_unlock(b);
+}
+
+void bdev_bsc_drop(struct bdev *b, uint64_t off, uint64_t len)
+{
+	bsc_lock(b);
+	if (off < b->bsc_end && off + len > b->bsc_start)
+		b->bsc_start = b->bsc_end = 0;
+	bsc_unlock(b);
+}
+
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 {
 	io->b = b;
@@ -176,6 +214,9 @@ void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io)
 		return;
 	}
 	if (io->op == BDEV_DISCARD || io->op == BDEV_WRITE_ZEROES) {
+		/* It may punch a hole in the cached data extent. */
+		if (b->bsc_end)
+			bdev_bsc_drop(b, io->offset, io->length);
 		io->len = io->length;
 		io->zero_retried = false;
 		b->engine->submit(c, io);

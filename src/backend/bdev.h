@@ -223,6 +223,15 @@ struct bdev {
 	 * as QEMU's file driver does (page_cache_inconsistent).  Any
 	 * thread (bdev_flush_failed). */
 	_Atomic bool cache_lost;
+	/* The last data extent lseek SEEK_HOLE found (format.c,
+	 * raw_block_status), as QEMU's BdrvBlockStatusCache: on tmpfs a
+	 * SEEK_HOLE walks the page cache to the next hole, the file's end
+	 * for one all data (~7 ms per GiB), so a query inside it is answered
+	 * from here.  Only data is kept, which a write cannot make wrong; a
+	 * discard or write zeroes in it drops it (bdev_submit).  Any thread:
+	 * under bsc_lock. */
+	atomic_flag bsc_lock;
+	uint64_t bsc_start, bsc_end;
 	unsigned caps;		/* BDEV_CAP_*: the engine's, less what this disk lacks */
 	unsigned max_ctxs;	/* iothreads that may serve this disk; 0: any */
 	/* A write at offset 0 for which this says true fails (-EPERM): a
@@ -342,6 +351,13 @@ static inline uint64_t bdev_ctx_sync_ios(const struct bdev *b, const struct bdev
 
 /* Submit, bouncing through an aligned buffer when O_DIRECT needs it. */
 void bdev_submit(struct bdev *b, struct bdev_ctx *c, struct bdev_io *io);
+
+/* The block-status cache (bsc_* above): get answers whether off lies in
+ * the cached data extent (and its end then in *end); set keeps one; drop
+ * forgets it if it meets [off, off + len).  Any thread. */
+bool bdev_bsc_get(struct bdev *b, uint64_t off, uint64_t *end);
+void bdev_bsc_set(struct bdev *b, uint64_t start, uint64_t end);
+void bdev_bsc_drop(struct bdev *b, uint64_t off, uint64_t len);
 
 /* One buffer for the I/O (for O_DIRECT alignment, or an engine whose
  * client takes no iovecs, like libnbd's): io->iov becomes one aligned

@@ -347,11 +347,17 @@ int fmt_close(struct bdev *disk, struct bdev *file)
  * file-posix block status); anything else is data. */
 static int raw_block_status(struct bdev *b, uint64_t off, uint64_t len, struct fmt_extent *e)
 {
+	uint64_t end;
 	off_t d, h;
 
 	*e = (struct fmt_extent){ .length = len, .flags = 0, .depth = 1 };
 	if (b->fd < 0 || b->is_blockdev || b->engine->open)
 		return 0;
+	/* Inside the last data extent found: no lseek (bdev.h, bsc). */
+	if (bdev_bsc_get(b, off, &end)) {
+		e->length = MIN(len, end - off);
+		return 0;
+	}
 	d = lseek(b->fd, (off_t)off, SEEK_DATA);
 	if (d < 0) {
 		/* ENXIO: no data from off to the file's end; anything else
@@ -366,8 +372,10 @@ static int raw_block_status(struct bdev *b, uint64_t off, uint64_t len, struct f
 		return 0;
 	}
 	h = lseek(b->fd, (off_t)off, SEEK_HOLE);
-	if (h > (off_t)off)
+	if (h > (off_t)off) {
 		e->length = MIN(len, (uint64_t)h - off);
+		bdev_bsc_set(b, (uint64_t)off, (uint64_t)h);
+	}
 	return 0;
 }
 

@@ -8,15 +8,7 @@
 #include <string.h>
 
 #include "backup/bkp.h"
-
-static const char *str_of(struct json_object *req, const char *key)
-{
-	struct json_object *v;
-
-	if (!json_object_object_get_ex(req, key, &v) || !json_object_is_type(v, json_type_string))
-		return NULL;
-	return json_object_get_string(v);
-}
+#include "util/jfield.h"
 
 static int list(struct bkp_set *s, struct json_object *reply, char *err, size_t errlen)
 {
@@ -55,7 +47,7 @@ int bkp_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 	    size_t errlen)
 {
 	struct bkp_set *s = opaque;
-	const char *cmd = str_of(req, "cmd"), *name = str_of(req, "name");
+	const char *cmd = jfield_str(req, "cmd"), *name = jfield_str(req, "name");
 	char id[32];
 	int r;
 
@@ -66,9 +58,9 @@ int bkp_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 		return -EINVAL;
 	}
 	if (!strcmp(cmd, "backup-start")) {
-		struct bkp_start_opts o = { .name = name, .nbd = str_of(req, "nbd"),
-					    .bitmap = str_of(req, "bitmap"),
-					    .scratch = str_of(req, "scratch") };
+		struct bkp_start_opts o = { .name = name, .nbd = jfield_str(req, "nbd"),
+					    .bitmap = jfield_str(req, "bitmap"),
+					    .scratch = jfield_str(req, "scratch") };
 
 		r = bkp_start(s, &o, id, sizeof(id), err, errlen);
 		if (r == 0)

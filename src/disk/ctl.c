@@ -22,15 +22,7 @@
 #include "disk/disk.h"
 #include "disk/disk_ctl.h"
 #include "format/format.h"
-
-static const char *name_of(struct json_object *req, const char *key)
-{
-	struct json_object *v;
-
-	if (!json_object_object_get_ex(req, key, &v) || !json_object_is_type(v, json_type_string))
-		return NULL;
-	return json_object_get_string(v);
-}
+#include "util/jfield.h"
 
 int disk_ctl_bitmap_list(void *opaque, struct json_object *req, struct json_object *reply,
 			 char *err, size_t errlen)
@@ -83,7 +75,7 @@ int disk_ctl_bitmap(void *opaque, struct json_object *req, struct json_object *r
 		    char *err, size_t errlen)
 {
 	struct disk *d = opaque;
-	const char *cmd = name_of(req, "cmd"), *name;
+	const char *cmd = jfield_str(req, "cmd"), *name;
 	struct json_object *v;
 	int r;
 
@@ -91,7 +83,7 @@ int disk_ctl_bitmap(void *opaque, struct json_object *req, struct json_object *r
 		const char *srcs[64];
 		size_t n;
 
-		name = name_of(req, "target");
+		name = jfield_str(req, "target");
 		if (!name || !json_object_object_get_ex(req, "sources", &v) ||
 		    !json_object_is_type(v, json_type_array) ||
 		    (n = json_object_array_length(v)) == 0 || n > 64) {
@@ -110,7 +102,7 @@ int disk_ctl_bitmap(void *opaque, struct json_object *req, struct json_object *r
 		}
 		r = disk_bitmap_merge(d, srcs, (unsigned)n, name, err, errlen);
 	} else {
-		name = name_of(req, "name");
+		name = jfield_str(req, "name");
 		if (!name) {
 			snprintf(err, errlen, "%s needs \"name\": the bitmap's name", cmd);
 			return -EINVAL;

@@ -25,6 +25,7 @@
 #include "util/barrier.h"
 #include "util/compiler.h"
 #include "util/iov.h"
+#include "util/jfield.h"
 #include "util/log.h"
 #include "util/sys.h"
 
@@ -551,29 +552,11 @@ void mir_set_free(struct mir_set *s)
 
 /* ---- vblkctl mirror -------------------------------------------------------- */
 
-static const char *str_of(struct json_object *req, const char *key)
-{
-	struct json_object *v;
-
-	if (!json_object_object_get_ex(req, key, &v) || !json_object_is_type(v, json_type_string))
-		return NULL;
-	return json_object_get_string(v);
-}
-
-static uint64_t num_of(struct json_object *req, const char *key)
-{
-	struct json_object *v;
-
-	if (!json_object_object_get_ex(req, key, &v))
-		return 0;
-	return json_object_get_uint64(v);
-}
-
 int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, char *err,
 	    size_t errlen)
 {
 	struct mir_set *s = opaque;
-	const char *cmd = str_of(req, "cmd");
+	const char *cmd = jfield_str(req, "cmd");
 
 	if (!strcmp(cmd, "mirror-list")) {
 		struct mir_info info[8];
@@ -601,11 +584,19 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 		json_object_object_add(reply, "mirrors", arr);
 		return 0;
 	}
-	struct mir_start_opts o = { .name = str_of(req, "name"), .target = str_of(req, "target"),
-				    .rate = num_of(req, "rate"),
-				    .granularity = (uint32_t)num_of(req, "granularity") };
+	struct mir_start_opts o = { .name = jfield_str(req, "name"),
+				    .target = jfield_str(req, "target") };
+	uint64_t gran = 0;
 	char id[32];
-	int r = mir_start(s, &o, id, sizeof(id), err, errlen);
+	int r;
+
+	if (jfield_u64(req, "rate", &o.rate) < 0 || jfield_u64(req, "granularity", &gran) < 0 ||
+	    gran > UINT32_MAX) {
+		snprintf(err, errlen, "\"rate\" and \"granularity\" take whole numbers of bytes");
+		return -EINVAL;
+	}
+	o.granularity = (uint32_t)gran;
+	r = mir_start(s, &o, id, sizeof(id), err, errlen);
 
 	if (r == 0) {
 		json_object_object_add(reply, "ok", json_object_new_boolean(1));

@@ -23,4 +23,14 @@ static inline int jfield_u64(struct json_object *req, const char *key, uint64_t 
 	return 1;
 }
 
+/* Field key of req as a string; NULL if absent or not a string. */
+static inline const char *jfield_str(struct json_object *req, const char *key)
+{
+	struct json_object *f;
+
+	if (!json_object_object_get_ex(req, key, &f) || !json_object_is_type(f, json_type_string))
+		return NULL;
+	return json_object_get_string(f);
+}
+
 #endif

@@ -161,8 +161,9 @@ struct sample {
 #define MAX_SAMPLES 1024
 
 struct parsed {
-	char fam[128][96];	/* in order */
-	char type[96][16];
+#define MAX_FAMILIES 128
+	char fam[MAX_FAMILIES][96];	/* in order */
+	char type[MAX_FAMILIES][16];	/* the same index */
 	unsigned nfam;
 	struct sample s[MAX_SAMPLES];
 	unsigned ns;

@@ -94,6 +94,10 @@ static const char *const families[] = {
 	"vblkd_job_copied_bytes_total",
 	"vblkd_job_rate_limit_bytes_per_second",
 	"vblkd_job_errors_total",
+	"vblkd_backup_scratch_bytes",
+	"vblkd_backup_saved_chunks_total",
+	"vblkd_backup_read_bytes_total",
+	"vblkd_backup_write_waits_total",
 	"vblkd_poll_max_seconds",
 	"vblkd_completion_poll_max_seconds",
 	"vblkd_poll_grow",
@@ -354,6 +358,11 @@ static const struct job_info fake_jobs[1] = {
 	  .rate = 1048576, .copied = 8192, .errors = 1 },
 };
 
+static const struct bkp_info fake_backups[1] = {
+	{ .name = "full", .job = "backup-2", .scratch_bytes = 1 << 20, .saved_chunks = 16,
+	  .read_bytes = 8192, .waits = 3 },
+};
+
 static struct metrics_snapshot fake(void)
 {
 	return (struct metrics_snapshot){
@@ -361,6 +370,7 @@ static struct metrics_snapshot fake(void)
 		.engine = "io_uring", .disk_size = 1ull << 30, .frontend_connected = true,
 		.frontend_connections = 3, .start_time_ns = 1700000000123000000ull,
 		.process_cpu_ns = 2500000000ull, .jobs = fake_jobs, .njobs = 1,
+		.backups = fake_backups, .nbackups = 1,
 	};
 }
 
@@ -424,6 +434,9 @@ static void test_format_lines_and_families(void)
 	expect_line(text, "vblkd_job_rate_limit_bytes_per_second{id=\"stream-1\",type=\"stream\"} "
 		    "1048576");
 	expect_line(text, "vblkd_job_errors_total{id=\"stream-1\",type=\"stream\"} 1");
+	expect_line(text, "vblkd_backup_scratch_bytes{name=\"full\",job=\"backup-2\"} 1048576");
+	expect_line(text, "vblkd_backup_saved_chunks_total{name=\"full\",job=\"backup-2\"} 16");
+	expect_line(text, "vblkd_backup_write_waits_total{name=\"full\",job=\"backup-2\"} 3");
 	free(text);
 }
 

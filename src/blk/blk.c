@@ -675,6 +675,7 @@ struct blk_call {
 	uint32_t base;			/* queue_stop: vq_base */
 	int call_fd, err_fd;
 	bool enabled;
+	bool was_started;		/* queue_stop: it ran */
 };
 
 static void blk_queue_free_pool(struct blk_queue *q)
@@ -728,6 +729,7 @@ static void do_queue_start(void *opaque)
 	if (r < 0)
 		goto err_pool;
 	q->started = true;
+	atomic_store(&q->dev->disk->rings_started, true);
 	loop_fd_set_poll(q->kick_h, &blk__poll_ops);
 	/* The driver may have queued requests before we watched the kick
 	 * fd (e.g. after a restart): look at the ring once. */
@@ -750,6 +752,7 @@ static void do_queue_stop(void *opaque)
 	c->base = vq_base(&q->vq);
 	if (!q->started)
 		return;
+	c->was_started = true;
 	{
 		struct loop_poll_stats ps;
 
@@ -779,8 +782,9 @@ static void do_queue_stop(void *opaque)
 		q->dev->b->engine->kick(q->t->bctx);
 	}
 	/* In-flight requests complete into the ring before we report where
-	 * it stopped: the frontend may hand the ring to someone else. */
-	q->dev->b->engine->drain(q->t->bctx);
+	 * it stopped: the frontend may hand the ring to someone else (a
+	 * write-blocking mirror's writes reach its target first). */
+	disk_drain(q->dev->disk, q->t->dt);
 	/* What the error policy holds (the drain may have added to it). */
 	if (unlikely(q->nheld))
 		blk__held_at_stop(q);
@@ -854,6 +858,17 @@ static uint32_t blk_queue_stop(void *opaque, unsigned idx)
 	struct blk_call c = { .q = &d->q[idx] };
 
 	loop_call_sync(d->q[idx].t->loop, do_queue_stop, &c);
+	if (c.was_started) {
+		bool any = false;
+
+		for (unsigned i = 0; i < d->num_queues; i++)
+			any |= READ_ONCE(d->q[i].started);
+		/* The last ring stopped: a mirror's target gets every write
+		 * the guest saw complete before the frontend hears the base
+		 * (a migration's destination starts its rings after). */
+		if (!any)
+			(void)disk_rings_stopped(d->disk);
+	}
 	return c.base;
 }
 

@@ -361,6 +361,13 @@ static void do_wfilter_grace(void *opaque)
 {
 }
 
+int disk_rings_stopped(struct disk *d)
+{
+	const struct disk_wfilter *f = atomic_load_explicit(&d->wfilter, memory_order_acquire);
+
+	return f && f->sync ? f->sync(f->opaque) : 0;
+}
+
 int disk_wfilter_set(struct disk *d, const struct disk_wfilter *f)
 {
 	if (f && atomic_load(&d->wfilter))

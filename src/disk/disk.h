@@ -165,6 +165,10 @@ struct disk {
 	/* The write filter (disk_wfilter_set); NULL: none, the usual case:
 	 * one load and a branch per request. */
 	_Atomic(const struct disk_wfilter *) wfilter;
+	/* The guest's virtio-blk rings started at least once (a migration's
+	 * destination: the switch-over): an incoming NBD export refuses
+	 * writes from then on (nbds.h).  Set by the virtio-blk front. */
+	atomic_bool rings_started;
 };
 
 /*
@@ -177,6 +181,14 @@ struct disk {
 struct disk_iothread;
 struct disk_wfilter {
 	void (*submit)(void *opaque, struct disk_iothread *t, struct bdev_io *io);
+	/* Optional.  drain: on iothread t, every write of t's that the
+	 * filter holds is completed (disk_drain).  sync: on the main thread,
+	 * when the guest's rings all stopped (disk_rings_stopped), whatever
+	 * the filter owes elsewhere for the writes completed so far is done
+	 * (a mirror: its target has them, flushed) before the caller goes
+	 * on; 0 or -errno (it could not: logged). */
+	void (*drain)(void *opaque, struct disk_iothread *t);
+	int (*sync)(void *opaque);
 	void *opaque;
 };
 
@@ -249,6 +261,21 @@ static inline void disk_submit(struct disk *d, struct disk_iothread *t, struct b
  * -EBUSY: a filter is set already (one at a time).  Main thread.
  */
 int disk_wfilter_set(struct disk *d, const struct disk_wfilter *f);
+/* On iothread t: every write t submitted has completed, the write
+ * filter's held ones too (a front's drain before its ring stops). */
+static inline void disk_drain(struct disk *d, struct disk_iothread *t)
+{
+	const struct disk_wfilter *f = atomic_load_explicit(&d->wfilter, memory_order_acquire);
+
+	d->b->engine->drain(t->bctx);
+	if (__builtin_expect(f != NULL, 0) && f->drain)
+		f->drain(f->opaque, t);
+}
+/* The virtio-blk front's rings all stopped (GET_VRING_BASE of each: a
+ * migration's switch-over, a shutdown): the write filter's sync (a
+ * mirror's target brought up to date) before the stop is answered.
+ * Main thread. */
+int disk_rings_stopped(struct disk *d);
 static inline bool disk_wfilter_on(const struct disk *d)
 {
 	return atomic_load_explicit(&d->wfilter, memory_order_relaxed) != NULL;

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <json-c/json.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,15 @@ struct mir {
 	char name[64], target[256], job_id[32];
 	struct bdev tgt;
 	bool tgt_open, made;	/* made: the file is ours (removed if start fails) */
-	struct bdev_ctx *tctx;
+	struct bdev_ctx *tctx;	/* the job's: tctxs[0] */
+	/* A ctx of the target per iothread of the disk (write-blocking
+	 * writes go out on their own thread); NULL past the target's
+	 * max_ctxs (a target without multi-conn takes one connection). */
+	struct bdev_ctx **tctxs;
+	unsigned ntctx;
+	/* Write-blocking writes a thread has out to the target (its
+	 * thread's only: the filter's drain). */
+	unsigned *tpending;
 	struct dbm *dirty;
 	struct job *job;
 	struct loop_timer *poll;
@@ -59,7 +68,34 @@ struct mir {
 	struct disk_wfilter wf;
 	bool filtered;
 	_Atomic uint64_t writes;	/* wrapped, not yet completed */
+	_Atomic int mode;		/* enum mir_mode */
+	/* lk: who has a range of the disk in flight that the target may
+	 * get (the unit, write-blocking writes from their submission to
+	 * their target write's completion); a write-blocking write writes
+	 * the target only if nobody else has its range (wb_source_done). */
+	pthread_mutex_t lk;
+	bool lk_init;
+	bool u_busy;
+	uint64_t u_off, u_len;
+	struct wbw *wbws;
+	_Atomic uint64_t wb_writes, wb_conflicts, wb_errors;
+	/* mir_sync: a flush asked for (req) and the last one that found
+	 * nothing dirty (done); flush_gen: the request the job's flush in
+	 * flight answers (the job's loop). */
+	_Atomic uint64_t sync_req, sync_done;
+	uint64_t flush_gen;
 	struct mir *next;
+};
+
+/* A write-blocking write: the guest's I/O and its copy to the target. */
+struct wbw {
+	struct mir *m;
+	struct bdev_io *gio;	/* the front's */
+	struct bdev_io tio;	/* to the target */
+	uint64_t off, len;
+	unsigned tidx;
+	int res;		/* the source's */
+	struct wbw *prev, *next;
 };
 
 struct mir_set {
@@ -91,22 +127,168 @@ static void wdone(struct bdev_io *io, int res)
 	io->cb(io, res);
 }
 
+static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+	return a < b + blen && b < a + alen;
+}
+
+static void wb_unlist(struct mir *m, struct wbw *w)
+{
+	if (w->prev)
+		w->prev->next = w->next;
+	else
+		m->wbws = w->next;
+	if (w->next)
+		w->next->prev = w->prev;
+}
+
+/* The guest's write completes: the source's result (the target's never
+ * fails it: what the target missed stays dirty for the job). */
+static void wb_finish(struct wbw *w)
+{
+	struct mir *m = w->m;
+	struct bdev_io *io = w->gio;
+	int res = w->res;
+
+	free(w);
+	io->cb = io->up_cb;
+	io->up_cb = NULL;
+	io->up_priv = NULL;
+	atomic_fetch_sub_explicit(&m->writes, 1, memory_order_release);
+	io->cb(io, res);
+}
+
+static void wb_target_done(struct bdev_io *tio, int res)
+{
+	struct wbw *w = container_of(tio, struct wbw, tio);
+	struct mir *m = w->m;
+
+	pthread_mutex_lock(&m->lk);
+	wb_unlist(m, w);
+	if (res < 0)
+		dbm_set(m->dirty, w->off, w->len);
+	pthread_mutex_unlock(&m->lk);
+	if (res < 0 && atomic_fetch_add(&m->wb_errors, 1) == 0)
+		log_warn("mirror %s: a guest write to %s failed (%s): it stays dirty, the job "
+			 "copies it again", m->name, m->target, strerror(-res));
+	m->tpending[w->tidx]--;
+	wb_finish(w);
+}
+
+/*
+ * The source has the write.  It goes to the target too, before the guest
+ * hears of it, if nobody else has a range of it in flight (the unit may
+ * have read the old data and write it after; another write's order on
+ * the source is unknown): then the granules it covers whole are clean.
+ * Otherwise, or for a discard (what the disk reads after it is the
+ * format's), it is marked dirty and the job copies it (QEMU's
+ * do_sync_target_write, mirror_wait_on_conflicts).
+ */
+static void wb_source_done(struct bdev_io *io, int res)
+{
+	struct wbw *w = io->up_priv;
+	struct mir *m = w->m;
+	bool conflict = res < 0 || io->op == BDEV_DISCARD ||
+			(io->op == BDEV_WRITE_ZEROES && !(m->tgt.caps & BDEV_CAP_WRITE_ZEROES));
+	uint32_t g = dbm_granularity(m->dirty);
+
+	w->res = res;
+	pthread_mutex_lock(&m->lk);
+	if (!conflict && m->u_busy && overlaps(m->u_off, m->u_len, w->off, w->len))
+		conflict = true;
+	for (struct wbw *o = m->wbws; o && !conflict; o = o->next)
+		if (o != w && overlaps(o->off, o->len, w->off, w->len))
+			conflict = true;
+	if (conflict) {
+		wb_unlist(m, w);
+		dbm_set(m->dirty, w->off, w->len);
+	} else {
+		uint64_t a = (w->off + g - 1) & ~(uint64_t)(g - 1);
+		uint64_t e = (w->off + w->len) & ~(uint64_t)(g - 1);
+
+		if (e > a)
+			dbm_reset(m->dirty, a, e - a);
+	}
+	pthread_mutex_unlock(&m->lk);
+	if (conflict) {
+		if (res >= 0)
+			atomic_fetch_add_explicit(&m->wb_conflicts, 1, memory_order_relaxed);
+		wb_finish(w);
+		return;
+	}
+	atomic_fetch_add_explicit(&m->wb_writes, 1, memory_order_relaxed);
+	if (io->op == BDEV_WRITE)
+		w->tio = (struct bdev_io){ .op = BDEV_WRITE, .offset = w->off, .iov = io->iov,
+					   .iovcnt = io->iovcnt, .cb = wb_target_done };
+	else
+		w->tio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = w->off,
+					   .length = w->len, .unmap = io->unmap,
+					   .cb = wb_target_done };
+	m->tpending[w->tidx]++;
+	bdev_submit(&m->tgt, m->tctxs[w->tidx], &w->tio);
+	m->tgt.engine->kick(m->tctxs[w->tidx]);
+}
+
 static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 {
 	struct mir *m = opaque;
+	struct wbw *w = NULL;
 
 	atomic_fetch_add_explicit(&m->writes, 1, memory_order_relaxed);
 	io->up_cb = io->cb;
-	io->up_priv = m;
-	io->cb = wdone;
+	if (atomic_load_explicit(&m->mode, memory_order_acquire) == MIR_WRITE_BLOCKING &&
+	    t->idx < m->ntctx && m->tctxs[t->idx] && (w = calloc(1, sizeof(*w)))) {
+		w->m = m;
+		w->gio = io;
+		w->off = io->offset;
+		w->len = io->op == BDEV_WRITE ? iov_size(io->iov, io->iovcnt) : io->length;
+		w->tidx = t->idx;
+		pthread_mutex_lock(&m->lk);
+		w->next = m->wbws;
+		if (w->next)
+			w->next->prev = w;
+		m->wbws = w;
+		pthread_mutex_unlock(&m->lk);
+		io->up_priv = w;
+		io->cb = wb_source_done;
+	} else {
+		/* Background mode (or a thread with no target connection):
+		 * marked as it completes. */
+		io->up_priv = m;
+		io->cb = wdone;
+	}
 	bdev_submit(m->d->b, t->bctx, io);
+}
+
+/* A ring stops (disk_drain): the writes t has out to the target done. */
+static void wdrain(void *opaque, struct disk_iothread *t)
+{
+	struct mir *m = opaque;
+
+	if (t->idx >= m->ntctx || !m->tctxs[t->idx])
+		return;
+	while (m->tpending[t->idx]) {
+		m->tgt.engine->drain(m->tctxs[t->idx]);
+		m->d->b->engine->drain(t->bctx);
+	}
 }
 
 /* ---- The job's loop ------------------------------------------------------ */
 
+/* The unit's range is no longer in flight (its write done or failed). */
+static void unit_end(struct mir *m)
+{
+	pthread_mutex_lock(&m->lk);
+	m->u_busy = false;
+	pthread_mutex_unlock(&m->lk);
+}
+
 static void unit_written(struct bdev_io *io, int res)
 {
 	struct mir *m = container_of(io, struct mir, wio);
+
+	if (io->op != BDEV_FLUSH)
+		unit_end(m);
 
 	if (res < 0) {
 		/* Copied again by a later pass (the error policy may pause
@@ -117,6 +299,8 @@ static void unit_written(struct bdev_io *io, int res)
 			      strerror(-res));
 	} else if (io->op == BDEV_FLUSH) {
 		m->flushed = true;
+		if (!dbm_dirty_bytes(m->dirty))
+			atomic_store(&m->sync_done, m->flush_gen);
 	} else {
 		atomic_fetch_add_explicit(m->zero_unit ? &m->zeroed : &m->copied, m->len,
 					  memory_order_relaxed);
@@ -130,6 +314,7 @@ static void unit_read(struct bdev_io *io, int res)
 
 	if (res < 0) {
 		dbm_set(m->dirty, m->off, m->len);
+		unit_end(m);
 		job_set_error(m->job, "reading %llu bytes at %llu failed: %s",
 			      (unsigned long long)m->len, (unsigned long long)m->off, strerror(-res));
 		job_step_done(m->job, res, 0);
@@ -180,7 +365,12 @@ static int step(struct job *j, void *priv)
 			atomic_fetch_add(&m->passes, 1);
 			return JOB_STEP_YIELD;	/* the next pass */
 		}
-		if (!m->flushed) {
+		uint64_t want = atomic_load(&m->sync_req);
+
+		if (!m->flushed || want != m->flush_gen) {
+			/* A flush asked for by mir_sync covers every write
+			 * done before it asked. */
+			m->flush_gen = want;
 			m->wio = (struct bdev_io){ .op = BDEV_FLUSH, .cb = unit_written };
 			bdev_submit(&m->tgt, m->tctx, &m->wio);
 			m->tgt.engine->kick(m->tctx);
@@ -201,8 +391,15 @@ static int step(struct job *j, void *priv)
 	m->len = len;
 	m->cursor += len;
 	m->flushed = false;
-	/* Taken before the copy: a write from now on marks it again. */
+	/* Taken before the copy: a write from now on marks it again (and a
+	 * write-blocking one that completes while the unit is out leaves
+	 * the target to it: wb_source_done). */
+	pthread_mutex_lock(&m->lk);
+	m->u_busy = true;
+	m->u_off = m->off;
+	m->u_len = m->len;
 	dbm_reset(m->dirty, m->off, m->len);
+	pthread_mutex_unlock(&m->lk);
 	job_set_progress(j, m->size - dbm_dirty_bytes(m->dirty), m->size);
 	/* The status where it costs nothing (qcow2); a raw file's lseek walks
 	 * tmpfs's page cache to the next hole: read, and look (unit_read). */
@@ -267,7 +464,11 @@ static void progress(void *priv, uint64_t *done, uint64_t *total)
 
 static void mir_free(void *priv)
 {
-	free(priv);
+	struct mir *m = priv;
+
+	if (m->lk_init)
+		pthread_mutex_destroy(&m->lk);
+	free(m);
 }
 
 static const struct job_ops mir_ops = {
@@ -281,24 +482,121 @@ static const struct job_ops mir_ops = {
 
 /* ---- Main thread ---------------------------------------------------------- */
 
-static void do_tctx_new(void *opaque)
+const char *mir_mode_name(enum mir_mode mode)
+{
+	return mode == MIR_WRITE_BLOCKING ? "write-blocking" : "background";
+}
+
+int mir_mode_parse(const char *s, enum mir_mode *out)
+{
+	if (!strcmp(s, "background"))
+		*out = MIR_BACKGROUND;
+	else if (!strcmp(s, "write-blocking"))
+		*out = MIR_WRITE_BLOCKING;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+/* The mode, and the bitmap's marks before submission with it: a
+ * write-blocking write marks what it leaves to the job itself (else its
+ * own mark would outlive its copy).  Enabled before background mode
+ * takes writes, disabled after write-blocking does. */
+static void set_mode(struct mir *m, enum mir_mode mode)
+{
+	if (mode == MIR_BACKGROUND)
+		atomic_store(&m->dirty->enabled, true);
+	atomic_store_explicit(&m->mode, mode, memory_order_release);
+	if (mode == MIR_WRITE_BLOCKING)
+		atomic_store(&m->dirty->enabled, false);
+}
+
+static void do_kick(void *opaque)
+{
+	poll_cb(opaque);
+}
+
+/*
+ * The guest's rings all stopped (disk_rings_stopped, the switch-over):
+ * the job copies what is dirty and flushes the target; wait for a flush
+ * asked after now that found nothing dirty.  No front of the guest
+ * writes meanwhile (an NBD client's write may: it is copied too).
+ */
+static int wsync(void *opaque)
 {
 	struct mir *m = opaque;
+	uint64_t g = atomic_fetch_add(&m->sync_req, 1) + 1, t0 = sys_now_ns(), next = t0;
+	uint64_t rate = 0;
+	struct job_info ji[16];
+	unsigned nj = job_list(ji, ARRAY_SIZE(ji));
+	char e[200];
+	int r = 0;
 
-	if (bdev_ctx_new(&m->tgt, m->t->loop, 64, &m->tctx) < 0)
-		m->tctx = NULL;
-	if (loop_timer_new(m->t->loop, poll_cb, m, &m->poll) < 0)
+	/* The guest waits now: the job's rate limit does not apply. */
+	for (unsigned i = 0; i < nj && i < ARRAY_SIZE(ji); i++)
+		if (!strcmp(ji[i].id, m->job_id))
+			rate = ji[i].rate;
+	if (rate)
+		(void)job_set_rate(m->job_id, 0, e, sizeof(e));
+
+	while (atomic_load(&m->sync_done) < g) {
+		uint64_t now = sys_now_ns();
+
+		if (atomic_load(&m->ended)) {
+			log_err("mirror %s: ended before %s had every write the guest saw complete: "
+				"do not start the guest from the target", m->name, m->target);
+			r = -EIO;
+			break;
+		}
+		if (now >= next) {
+			if (next != t0)
+				log_info("mirror %s: the guest's rings stopped; %" PRIu64 " bytes "
+					 "still to copy to %s", m->name, dbm_dirty_bytes(m->dirty),
+					 m->target);
+			next = now + 5000000000ull;
+		}
+		loop_call_sync(m->t->loop, do_kick, m);
+		usleep(500);
+	}
+	if (!r)
+		log_info("mirror %s: the guest's rings stopped: %s has every write they "
+			 "completed, flushed (%.1f ms)", m->name, m->target,
+			 (double)(sys_now_ns() - t0) / 1e6);
+	if (rate && !atomic_load(&m->ended))
+		(void)job_set_rate(m->job_id, rate, e, sizeof(e));
+	return r;
+}
+
+struct tcall {
+	struct mir *m;
+	unsigned i;
+};
+
+/* On iothread i: its ctx of the target (and the job's timer on 0). */
+static void do_tctx_new(void *opaque)
+{
+	struct tcall *c = opaque;
+	struct mir *m = c->m;
+
+	if (bdev_ctx_new(&m->tgt, m->d->iot[c->i].loop, 64, &m->tctxs[c->i]) < 0)
+		m->tctxs[c->i] = NULL;
+	if (c->i == 0 && loop_timer_new(m->t->loop, poll_cb, m, &m->poll) < 0)
 		m->poll = NULL;
 }
 
 static void do_tctx_free(void *opaque)
 {
-	struct mir *m = opaque;
+	struct tcall *c = opaque;
+	struct mir *m = c->m;
+	struct bdev_ctx *x = m->tctxs[c->i];
 
-	if (m->tctx) {
-		m->tgt.engine->drain(m->tctx);
-		m->tgt.engine->ctx_free(m->tctx);
+	if (x) {
+		m->tgt.engine->drain(x);
+		m->tgt.engine->ctx_free(x);
 	}
+	m->tctxs[c->i] = NULL;
+	if (c->i)
+		return;
 	m->tctx = NULL;
 	loop_timer_free(m->poll);
 	m->poll = NULL;
@@ -306,6 +604,39 @@ static void do_tctx_free(void *opaque)
 	 * keeps what it said last. */
 	m->final_dirty = m->dirty ? dbm_dirty_bytes(m->dirty) : 0;
 	m->gone = true;
+}
+
+static void tctxs_free(struct mir *m)
+{
+	for (unsigned i = m->ntctx; i-- > 0;)
+		loop_call_sync(m->d->iot[i].loop, do_tctx_free, &(struct tcall){ m, i });
+	free(m->tctxs);
+	free(m->tpending);
+	m->tctxs = NULL;
+	m->tpending = NULL;
+	m->ntctx = 0;
+}
+
+/* A ctx of the target on each iothread the target can take (one
+ * connection for an NBD server without multi-conn): 0 or -EIO. */
+static int tctxs_new(struct mir *m)
+{
+	unsigned n = m->d->num_iothreads;
+
+	if (m->tgt.max_ctxs && m->tgt.max_ctxs < n)
+		n = m->tgt.max_ctxs;
+	m->tctxs = calloc(m->d->num_iothreads, sizeof(*m->tctxs));
+	m->tpending = calloc(m->d->num_iothreads, sizeof(*m->tpending));
+	if (!m->tctxs || !m->tpending)
+		return -ENOMEM;
+	m->ntctx = n;
+	for (unsigned i = 0; i < n; i++) {
+		loop_call_sync(m->d->iot[i].loop, do_tctx_new, &(struct tcall){ m, i });
+		if (!m->tctxs[i] || (i == 0 && !m->poll))
+			return -EIO;
+	}
+	m->tctx = m->tctxs[0];
+	return 0;
 }
 
 /* Everything start took, let go (the struct stays for the job). */
@@ -318,7 +649,8 @@ static void teardown(struct mir *m, bool remove_target)
 			usleep(100);
 	}
 	m->filtered = false;
-	loop_call_sync(m->t->loop, do_tctx_free, m);
+	if (m->tctxs)
+		tctxs_free(m);
 	if (m->dirty)
 		disk_bitmap_hidden_remove(m->d, m->dirty);
 	m->dirty = NULL;
@@ -401,6 +733,12 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
+	if (pthread_mutex_init(&m->lk, NULL)) {
+		free(m);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	m->lk_init = true;
 	m->set = s;
 	m->d = d;
 	m->t = &d->iot[0];
@@ -429,11 +767,9 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 		r = -EINVAL;
 		goto fail;
 	}
-	loop_call_sync(m->t->loop, do_tctx_new, m);
-	if (!m->tctx || !m->poll) {
+	if ((r = tctxs_new(m)) < 0) {
 		snprintf(err, errlen, "target %s: cannot set up its %s engine", m->target,
 			 m->tgt.engine->name);
-		r = -EIO;
 		goto fail;
 	}
 	r = disk_claim(d, BDEV_LOCK_WAIT_MS, err, errlen);
@@ -448,7 +784,9 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 		goto fail;
 	}
 	dbm_set(m->dirty, 0, m->size);
-	m->wf = (struct disk_wfilter){ .submit = wsubmit, .opaque = m };
+	set_mode(m, o->mode);
+	m->wf = (struct disk_wfilter){ .submit = wsubmit, .drain = wdrain, .sync = wsync,
+				       .opaque = m };
 	if ((r = disk_wfilter_set(d, &m->wf)) < 0) {
 		snprintf(err, errlen, "a backup or another mirror of this disk runs: one at a time");
 		goto fail;
@@ -462,13 +800,34 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 	s->list = m;
 	job_start(m->job);
 	snprintf(id, idlen, "%s", m->job_id);
-	log_info("mirror %s: copying the disk to %s%s (job %s)", m->name, m->target,
-		 m->made ? " (made)" : "", m->job_id);
+	log_info("mirror %s: copying the disk to %s%s (job %s, %s)", m->name, m->target,
+		 m->made ? " (made)" : "", m->job_id, mir_mode_name(o->mode));
+	if (o->mode == MIR_WRITE_BLOCKING && m->ntctx < d->num_iothreads)
+		log_warn("mirror %s: %s takes %u connection(s): writes on iothreads past that "
+			 "are copied by the job, not written through", m->name, m->target,
+			 m->ntctx);
 	return 0;
 fail:
 	teardown(m, true);
-	free(m);
+	mir_free(m);
 	return r;
+}
+
+int mir_change(struct mir_set *s, const char *name, enum mir_mode mode, char *err,
+	       size_t errlen)
+{
+	struct mir *m = find(s, name ? name : "");
+
+	if (!m) {
+		snprintf(err, errlen, "no mirror named '%s' runs (vblkctl mirror list)",
+			 name ? name : "");
+		return -ENOENT;
+	}
+	if (atomic_load(&m->mode) != (int)mode) {
+		set_mode(m, mode);
+		log_info("mirror %s: now %s", m->name, mir_mode_name(mode));
+	}
+	return 0;
 }
 
 /* A mirror's job concluded (complete, cancel, failure): let go. */
@@ -499,7 +858,11 @@ unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max)
 						.copied = atomic_load(&m->copied),
 						.zeroed = atomic_load(&m->zeroed),
 						.passes = atomic_load(&m->passes),
-						.ready_s = rn ? (double)rn / 1e9 : -1, .ready = rn != 0 };
+						.ready_s = rn ? (double)rn / 1e9 : -1, .ready = rn != 0,
+						.mode = atomic_load(&m->mode),
+						.wb_writes = atomic_load(&m->wb_writes),
+						.wb_conflicts = atomic_load(&m->wb_conflicts),
+						.wb_errors = atomic_load(&m->wb_errors) };
 			snprintf(i->name, sizeof(i->name), "%s", m->name);
 			snprintf(i->job, sizeof(i->job), "%s", m->job_id);
 			snprintf(i->target, sizeof(i->target), "%s", m->target);
@@ -575,6 +938,14 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 					       json_object_new_uint64(info[i].copied));
 			json_object_object_add(o, "zeroed_bytes",
 					       json_object_new_uint64(info[i].zeroed));
+			json_object_object_add(o, "mode",
+					       json_object_new_string(mir_mode_name(info[i].mode)));
+			json_object_object_add(o, "written_through",
+					       json_object_new_uint64(info[i].wb_writes));
+			json_object_object_add(o, "left_to_job",
+					       json_object_new_uint64(info[i].wb_conflicts));
+			json_object_object_add(o, "target_errors",
+					       json_object_new_uint64(info[i].wb_errors));
 			json_object_object_add(o, "passes", json_object_new_int(info[i].passes));
 			json_object_object_add(o, "ready", json_object_new_boolean(info[i].ready));
 			json_object_object_add(o, "ready_seconds",
@@ -584,8 +955,27 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 		json_object_object_add(reply, "mirrors", arr);
 		return 0;
 	}
+	const char *mode = jfield_str(req, "mode");
+	enum mir_mode md = MIR_BACKGROUND;
+
+	if (mode && mir_mode_parse(mode, &md) < 0) {
+		snprintf(err, errlen, "mode '%.40s': give background or write-blocking", mode);
+		return -EINVAL;
+	}
+	if (!strcmp(cmd, "mirror-change")) {
+		if (!mode) {
+			snprintf(err, errlen, "mirror change needs a mode: background or "
+				 "write-blocking");
+			return -EINVAL;
+		}
+		int r = mir_change(s, jfield_str(req, "name"), md, err, errlen);
+
+		if (r == 0)
+			json_object_object_add(reply, "ok", json_object_new_boolean(1));
+		return r;
+	}
 	struct mir_start_opts o = { .name = jfield_str(req, "name"),
-				    .target = jfield_str(req, "target") };
+				    .target = jfield_str(req, "target"), .mode = md };
 	uint64_t gran = 0;
 	char id[32];
 	int r;

@@ -18,8 +18,19 @@
  * size, or a local path: a raw file made at the disk's size if it is not
  * there, or an existing file or block device of that size.
  *
- * Not yet (issue 47): write-blocking mode, the pivot to a local target,
- * the hand-over at a migration's switch-over.
+ * Write-blocking mode (QEMU's copy-mode=write-blocking, "active
+ * mirror"): a guest write completes only once it is on the target too,
+ * unless another I/O has its range in flight (then it is marked and the
+ * job copies it), so the job stays converged under any write rate;
+ * switchable at run time (mir_change).
+ *
+ * The hand-over at a migration's switch-over: the mirror is the disk's
+ * write filter, and when the guest's rings all stop (GET_VRING_BASE,
+ * disk_rings_stopped) its sync waits until the target has every write
+ * the guest saw complete, flushed, before the frontend hears where the
+ * rings stopped; the destination's rings start after that.
+ *
+ * Not yet (issue 47): the pivot to a local target.
  *
  * Threads: this header on the main thread; the job on the disk's iothread
  * 0 (a qcow2 disk's tables are that thread's).
@@ -36,11 +47,20 @@ struct json_object;
 
 #define MIR_UNIT_MAX (1u << 20)	/* bytes one unit copies at most */
 
+enum mir_mode {
+	MIR_BACKGROUND,		/* writes marked, copied by the job */
+	MIR_WRITE_BLOCKING,	/* writes written through to the target */
+};
+/* "background", "write-blocking"; parse: 0 or -EINVAL. */
+const char *mir_mode_name(enum mir_mode mode);
+int mir_mode_parse(const char *s, enum mir_mode *out);
+
 struct mir_start_opts {
 	const char *name;
 	const char *target;	/* NBD URI or local path */
 	uint64_t rate;		/* bytes/s, 0: none */
 	uint32_t granularity;	/* 0: 64 KiB */
+	enum mir_mode mode;
 };
 
 struct mir_set;
@@ -54,9 +74,17 @@ void mir_set_free(struct mir_set *s);
 int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_t idlen,
 	      char *err, size_t errlen);
 
+/* Switch a running mirror's mode.  0, or -errno with one line in err. */
+int mir_change(struct mir_set *s, const char *name, enum mir_mode mode, char *err,
+	       size_t errlen);
+
 /* What vblkctl mirror list shows. */
 struct mir_info {
 	char name[64], job[32], target[256];
+	enum mir_mode mode;
+	/* write-blocking: guest writes written through, left to the job
+	 * (their range busy), failed on the target (copied again) */
+	uint64_t wb_writes, wb_conflicts, wb_errors;
 	uint64_t size, dirty;		/* bytes still to copy */
 	uint64_t copied, zeroed;	/* bytes written to the target, as data, as zeroes */
 	unsigned passes;
@@ -65,7 +93,8 @@ struct mir_info {
 };
 unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max);
 
-/* {"cmd": "mirror-start", "name", "target", "rate"?, "granularity"?} -> {"ok", "job"}
+/* {"cmd": "mirror-start", "name", "target", "rate"?, "granularity"?, "mode"?} -> {"ok", "job"}
+ * {"cmd": "mirror-change", "name", "mode"} -> {"ok"}
  * {"cmd": "mirror-list"} -> {"mirrors": [...]} */
 int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, char *err,
 	    size_t errlen);

@@ -890,6 +890,22 @@ static uint32_t req_block_status(struct nbds_conn *c, struct nbds_req *r)
 /* "Request types": check the header, then run it (a write once its
  * payload is in).  Returns the request whose payload comes next, or
  * NULL. */
+
+/* Writes refused: a read-only export, or an incoming one whose guest
+ * started here (the migration's switch-over: the destination owns the
+ * disk; nbds.h). */
+static bool conn_refuses_writes(struct nbds_conn *c)
+{
+	if (c->read_only)
+		return true;
+	if (likely(!c->ex->o.incoming) || !atomic_load(&c->disk->rings_started))
+		return false;
+	if (!atomic_exchange(&c->ex->incoming_closed, true))
+		log_info("nbd: export '%s' (incoming): the guest's rings started here: writes "
+			 "refused from now on", c->ex->o.name);
+	return true;
+}
+
 static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request *w)
 {
 	const struct bdev *b = c->disk->b;
@@ -931,7 +947,7 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 
 		if (!err && r->length > NBDS_MAX_PAYLOAD)
 			err = write ? NBD_EINVAL : NBD_EOVERFLOW;
-		else if (!err && write && c->read_only)
+		else if (!err && write && conn_refuses_writes(c))
 			err = NBD_EPERM;
 		else if (!err && end > size)
 			err = write ? NBD_ENOSPC : NBD_EINVAL;
@@ -987,7 +1003,7 @@ static struct nbds_req *req_start(struct nbds_conn *c, const struct nbd_request 
 	case NBD_CMD_WRITE_ZEROES: {
 		bool trim = r->type == NBD_CMD_TRIM;
 
-		if (!err && c->read_only)
+		if (!err && conn_refuses_writes(c))
 			err = NBD_EPERM;
 		else if (!err && !(b->caps & (trim ? BDEV_CAP_DISCARD : BDEV_CAP_WRITE_ZEROES)))
 			err = NBD_EINVAL;	/* not advertised */
@@ -1874,7 +1890,8 @@ struct nbds_conn *nbds__conn_new(struct nbds_export *ex, struct disk_iothread *t
 	c->t = t;
 	c->fd = fd;
 	c->oq_tail = &c->oq;
-	c->read_only = ex->o.read_only || c->disk->b->read_only;
+	c->read_only = ex->o.read_only || c->disk->b->read_only ||
+		       (ex->o.incoming && atomic_load(&c->disk->rings_started));
 	return c;
 }
 
@@ -1971,7 +1988,7 @@ static void do_shutdown(void *opaque)
 	 * engine's until then.  This drains every I/O of the iothread, the
 	 * other fronts' too, which only takes as long as they last. */
 	disk_kick(c->disk, c->t);
-	c->disk->b->engine->drain(c->t->bctx);
+	disk_drain(c->disk, c->t);
 	conn_finish(c);
 }
 

@@ -75,6 +75,7 @@ int nbds_ctl_list(void *opaque, struct json_object *req, struct json_object *rep
 		json_object_object_add(e, "name", json_object_new_string(info[i].name));
 		json_object_object_add(e, "addr", json_object_new_string(info[i].addr));
 		json_object_object_add(e, "read_only", json_object_new_boolean(info[i].read_only));
+		json_object_object_add(e, "incoming", json_object_new_boolean(info[i].incoming));
 		json_object_object_add(e, "tls", json_object_new_boolean(info[i].tls));
 		json_object_object_add(e, "max_conn", json_object_new_uint64(info[i].max_conn));
 		json_object_object_add(e, "clients", json_object_new_uint64(info[i].clients));

@@ -58,6 +58,10 @@ struct nbds_export_opts {
 	char *tls;		/* "x509:DIR" or "psk:FILE" (owned); NULL: none.
 				 * With it, TLS is required (FORCEDTLS). */
 	bool read_only;
+	/* A migration's destination (mirror.h): writable until the guest's
+	 * rings start on this disk (disk.rings_started: the switch-over),
+	 * read-only from then on; the mirror's writes stop there. */
+	bool incoming;
 	unsigned max_conn;	/* clients at once; more are refused */
 	/* Serve this instead of the disk (not owned: it outlives the
 	 * export's clients, which nbds_remove disconnects); NULL: the disk. */
@@ -65,7 +69,7 @@ struct nbds_export_opts {
 };
 
 /*
- * Parse "ADDR[,name=NAME][,read-only][,max-conn=N][,tls=x509:DIR|psk:FILE]" (--nbd, vblkctl nbd
+ * Parse "ADDR[,name=NAME][,read-only][,incoming][,max-conn=N][,tls=x509:DIR|psk:FILE]" (--nbd, vblkctl nbd
  * add) into *o (which then owns copies: nbds_export_opts_free).  0, or
  * -EINVAL with one line in err.
  */
@@ -92,7 +96,7 @@ int nbds_remove(struct nbds *s, const char *name);
 
 struct nbds_export_info {
 	const char *name, *addr;
-	bool read_only, tls;
+	bool read_only, tls, incoming;
 	unsigned max_conn, clients;
 	uint64_t accepted, refused;
 };

@@ -72,6 +72,7 @@ struct nbds_export {
 	unsigned clients;
 	uint64_t accepted, refused;
 	bool removed;			/* freed when its last client is gone */
+	atomic_bool incoming_closed;	/* incoming: a write refused, logged */
 	struct nbds_export *next;
 };
 

@@ -55,6 +55,8 @@ int nbds_export_parse(const char *spec, struct nbds_export_opts *o, char *err, s
 			o->name = strdup(tok + 5);
 		} else if (!strcmp(tok, "read-only")) {
 			o->read_only = true;
+		} else if (!strcmp(tok, "incoming")) {
+			o->incoming = true;
 		} else if (!strncmp(tok, "max-conn=", 9)) {
 			char *end;
 			unsigned long v = strtoul(tok + 9, &end, 10);
@@ -74,7 +76,7 @@ int nbds_export_parse(const char *spec, struct nbds_export_opts *o, char *err, s
 			o->tls = strdup(tok + 4);
 		} else {
 			snprintf(err, errlen, "'%s': unknown field '%s' (fields: name=NAME, "
-				 "read-only, max-conn=N, tls=x509:DIR|psk:FILE)", spec, tok);
+				 "read-only, incoming, max-conn=N, tls=x509:DIR|psk:FILE)", spec, tok);
 			goto out;
 		}
 	}
@@ -312,6 +314,12 @@ int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t
 				 "another name=", o->name);
 			return -EEXIST;
 		}
+	if (o->incoming && (o->read_only || o->src ||
+			    atomic_load(&s->disk->rings_started))) {
+		snprintf(err, errlen, "%s: incoming takes a writable export of a disk whose "
+			 "guest has not started here yet", o->addr);
+		return -EINVAL;
+	}
 	if (!o->read_only && s->disk->b->read_only) {
 		snprintf(err, errlen, "%s: the disk is read-only: add read-only to the export",
 			 o->addr);
@@ -325,6 +333,7 @@ int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t
 	ex->o = (struct nbds_export_opts){ .addr = strdup(o->addr), .name = strdup(o->name),
 					   .tls = o->tls ? strdup(o->tls) : NULL,
 					   .read_only = o->read_only || o->src, .max_conn = o->max_conn,
+					   .incoming = o->incoming,
 					   .src = o->src };
 	if (!ex->o.addr || !ex->o.name || (o->tls && !ex->o.tls)) {
 		r = -ENOMEM;
@@ -357,8 +366,10 @@ int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t
 	}
 	ex->next = s->exports;
 	s->exports = ex;
-	log_info("nbd: export '%s' on %s%s%s%s, at most %u clients", ex->o.name, ex->o.addr,
-		 ex->o.read_only ? ", read-only" : "", ex->tls ? ", TLS required: " : "",
+	log_info("nbd: export '%s' on %s%s%s%s%s, at most %u clients", ex->o.name, ex->o.addr,
+		 ex->o.read_only ? ", read-only" : "",
+		 ex->o.incoming ? ", incoming (writable until the guest's rings start)" : "",
+		 ex->tls ? ", TLS required: " : "",
 		 ex->tls ? ex->o.tls : "", ex->o.max_conn);
 	return 0;
 err:
@@ -398,6 +409,7 @@ unsigned nbds_list(struct nbds *s, struct nbds_export_info *out, unsigned max)
 		if (n < max)
 			out[n] = (struct nbds_export_info){ .name = ex->o.name, .addr = ex->o.addr,
 						    .read_only = ex->o.read_only,
+						    .incoming = ex->o.incoming,
 						    .tls = ex->tls != NULL,
 						    .max_conn = ex->o.max_conn,
 						    .clients = ex->clients,

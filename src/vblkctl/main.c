@@ -84,6 +84,7 @@ int main(int argc, char **argv)
 		{ "bitmap", required_argument, NULL, 'B' },
 		{ "scratch", required_argument, NULL, 'S' },
 		{ "target", required_argument, NULL, 'X' },
+		{ "mode", required_argument, NULL, 'M' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -91,12 +92,13 @@ int main(int argc, char **argv)
 		"stats, status, resume, set-poll, resize SIZE, limits, set-limits LIMITS, metrics, "
 		"stream, job list|pause|resume|cancel|complete|set-rate|dismiss, "
 		"bitmap add|remove|clear|enable|disable|merge|list, backup start|finish|abort|list, "
-		"mirror start|list, "
+		"mirror start|change|list, "
 		"nbd add|remove|list, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL, *gran = NULL;
 	bool disabled = false, persistent = false;
 	const char *bk_nbd = NULL, *bk_bitmap = NULL, *bk_scratch = NULL, *target = NULL;
+	const char *mode = NULL;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
@@ -132,6 +134,11 @@ int main(int argc, char **argv)
 		case 'B': bk_bitmap = optarg; break;
 		case 'S': bk_scratch = optarg; break;
 		case 'X': target = optarg; break;
+		case 'M':
+			if (strcmp(optarg, "background") && strcmp(optarg, "write-blocking"))
+				cli_die("--mode '%s': give background or write-blocking", optarg);
+			mode = optarg;
+			break;
 		case 'h':
 			printf("Usage: vblkctl --control PATH stats\n"
 			       "       vblkctl --control PATH set-poll [--poll-max-ns N] "
@@ -157,7 +164,8 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH backup finish|abort NAME\n"
 			       "       vblkctl --control PATH backup list\n"
 			       "       vblkctl --control PATH mirror start NAME --target URI|PATH "
-			       "[--rate BYTES] [--granularity BYTES]\n"
+			       "[--mode background|write-blocking] [--rate BYTES] [--granularity BYTES]\n"
+			       "       vblkctl --control PATH mirror change NAME --mode background|write-blocking\n"
 			       "       vblkctl --control PATH mirror list\n"
 			       "       vblkctl --control PATH nbd add ADDR[,name=NAME][,read-only]"
 			       "[,max-conn=N][,tls=x509:DIR|psk:FILE]\n"
@@ -210,7 +218,10 @@ int main(int argc, char **argv)
 			       "mirror start copies the disk to --target (an NBD URI, or a local path:\n"
 			       "a raw file made at the disk's size) while the guest writes, pass after\n"
 			       "pass, until it is ready (job list); job complete then ends it with the\n"
-			       "target holding the disk, job cancel leaves the target as it is.\n"
+			       "target holding the disk, job cancel leaves the target as it is.  --mode\n"
+			       "write-blocking: a guest write completes once it is on the target too (the\n"
+			       "mirror stays converged whatever the write rate); mirror change switches\n"
+			       "a running mirror's mode.\n"
 			       "nbd add serves the disk over NBD on one more address (the fields of\n"
 			       "vblkd --nbd); nbd remove stops the export NAME ('' for the default name),\n"
 			       "its clients disconnected once their requests are done; nbd list shows\n"
@@ -278,14 +289,19 @@ int main(int argc, char **argv)
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 		int n = argc - optind;
 
-		if (!((!strcmp(sub, "list") && n == 2) || (!strcmp(sub, "start") && n == 3)))
-			cli_die("mirror takes: start NAME --target URI|PATH [--rate BYTES] "
-				"[--granularity BYTES], or list");
+		if (!((!strcmp(sub, "list") && n == 2) ||
+		      ((!strcmp(sub, "start") || !strcmp(sub, "change")) && n == 3)))
+			cli_die("mirror takes: start NAME --target URI|PATH [--mode MODE] [--rate "
+				"BYTES] [--granularity BYTES], change NAME --mode MODE, or list");
 		if (!strcmp(sub, "start") && !target)
 			cli_die("mirror start needs --target: an NBD URI (nbd://HOST/EXPORT, "
 				"nbd+unix:///EXPORT?socket=PATH) or a local path");
+		if (!strcmp(sub, "change") && !mode)
+			cli_die("mirror change needs --mode background|write-blocking");
 		if (strcmp(sub, "start") && (target || rate || gran))
 			cli_die("--target, --rate and --granularity go with mirror start");
+		if (!strcmp(sub, "list") && mode)
+			cli_die("--mode goes with mirror start and mirror change");
 	} else if (!strcmp(cmd, "nbd")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 
@@ -308,6 +324,8 @@ int main(int argc, char **argv)
 		cli_die("--rate goes with stream and mirror start");
 	if (strcmp(cmd, "mirror") && target)
 		cli_die("--target goes with mirror start");
+	if (strcmp(cmd, "mirror") && mode)
+		cli_die("--mode goes with mirror start and mirror change");
 	if (strcmp(cmd, "iostat") && (interval || count || json))
 		cli_die("--interval, --count and --json go with iostat");
 	if (!strcmp(cmd, "iostat")) {
@@ -424,7 +442,12 @@ int main(int argc, char **argv)
 		const char *sub = argv[optind + 1];
 
 		json_object_object_add(req, "cmd", json_object_new_string(!strcmp(sub, "list") ?
-						   "mirror-list" : "mirror-start"));
+						   "mirror-list" : !strcmp(sub, "change") ?
+						   "mirror-change" : "mirror-start"));
+		if (mode)
+			json_object_object_add(req, "mode", json_object_new_string(mode));
+		if (!strcmp(sub, "change"))
+			json_object_object_add(req, "name", json_object_new_string(argv[optind + 2]));
 		if (!strcmp(sub, "start")) {
 			char abs[PATH_MAX];
 			const char *t = target;

@@ -68,13 +68,15 @@ static void usage(FILE *f)
 "socket PATH, and/or as NBD exports (both at once: one disk, one daemon).\n"
 "\n"
 "  --socket PATH        unix socket to listen on (a stale one is replaced)\n"
-"  --nbd ADDR[,name=NAME][,read-only][,max-conn=N][,tls=x509:DIR|psk:FILE]\n"
+"  --nbd ADDR[,name=NAME][,read-only][,incoming][,max-conn=N][,tls=x509:DIR|psk:FILE]\n"
 "                       also serve the disk over NBD (nbdcopy, qemu-img,\n"
 "                       nbdinfo, QEMU's nbd driver) on unix:PATH or HOST:PORT;\n"
 "                       export name NAME (default: the empty name), at most\n"
 "                       N clients at once (default %u); with tls=, clients\n"
 "                       must use TLS (DIR: server-cert.pem, server-key.pem;\n"
-"                       FILE: psktool's identity:hexkey lines); repeatable\n"
+"                       FILE: psktool's identity:hexkey lines); incoming: a\n"
+"                       migration's destination, writable for the source's\n"
+"                       mirror until the guest's rings start here; repeatable\n"
 "  --disk DISK          what to serve: an image file or block device;\n"
 "                       rbd:POOL/IMAGE[@SNAP], a Ceph RBD image (a snapshot\n"
 "                       is read-only); or an NBD export by its URI,\n"
@@ -762,6 +764,7 @@ static int add_commands(struct vblkd *v)
 		{ "backup-list", bkp_ctl, v->bkps },
 		{ "mirror-start", mir_ctl, v->mirs },
 		{ "mirror-list", mir_ctl, v->mirs },
+		{ "mirror-change", mir_ctl, v->mirs },
 	};
 	int r = 0;
 

@@ -11,7 +11,17 @@
 #  - cancel after ready leaves the target equal to the disk (no writes);
 #  - the target killed mid-copy: the job fails with one log line, the disk
 #    serves on, a second mirror succeeds;
-#  - bad requests refused in one line, nothing made.
+#  - bad requests refused in one line, nothing made;
+#  - write-blocking mode (the job paused, so only the write-through can
+#    bring the target along): every write a client had acknowledged is on
+#    the target, nothing dirty; background mode the same way leaves it
+#    dirty; mirror change switches at run time;
+#  - the hand-over (a migration's switch-over): a virtio-blk driver
+#    (vblk-bench) writes through vhost-user while a background mirror
+#    runs into another vblkd's incoming NBD export; when the driver stops
+#    the rings, the source's ring stop waits for the target to have every
+#    write, so the target equals the disk at once; the destination's
+#    rings started, its incoming export refuses writes (EPERM).
 # Usage: test_mirror.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
 set -uo pipefail
 BUILD=${1:?usage: test_mirror.sh BUILD_DIR}
@@ -38,12 +48,14 @@ RW=$tmp/rw.sock CTL=$tmp/c.ctl TS=$tmp/t.sock
 rw() { echo "nbd+unix:///?socket=$RW"; }
 ctl() { "$VBLKCTL" --control "$CTL" "$@"; }
 jget() { $PY -c "import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))" "$1"; }
-start() {	# start IMG LOG
+start() {	# start IMG LOG [VBLKD ARGS...]
+    local img=$1 log=$2
+    shift 2
     rm -f "$RW" "$CTL"
-    "$VBLKD" --disk "$1" --nbd "unix:$RW" --control "$CTL" >"$2" 2>&1 &
+    "$VBLKD" --disk "$img" --nbd "unix:$RW" --control "$CTL" "$@" >"$log" 2>&1 &
     dpid=$!
     for _ in $(seq 500); do
-        [[ -S $RW && -S $CTL ]] && grep -q serving "$2" && return 0
+        [[ -S $RW && -S $CTL ]] && grep -q serving "$log" && return 0
         kill -0 "$dpid" 2>/dev/null || return 1
         sleep 0.01
     done
@@ -57,14 +69,20 @@ target_up() {	# target_up FILE: qemu-nbd on it (raw, writable)
     return 1
 }
 target_down() { kill "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null; qpid=""; }
-# writer SECONDS SEED: async writes all over the disk, 16 in flight.
+# writer SECONDS SEED [distinct]: async writes all over the disk, 16 in
+# flight; distinct: no two overlap (each in a 256 KiB slot of its own).
 writer() {
-    $PY - "$(rw)" "$1" "$2" <<'PY' &
+    $PY - "$(rw)" "$1" "$2" "${3:-}" <<'PY' &
 import nbd, random, sys, time
 h = nbd.NBD(); h.connect_uri(sys.argv[1]); r = random.Random(int(sys.argv[3]))
 size = h.get_size(); end = time.time() + float(sys.argv[2]); n = 0
+slots = list(range(size // 262144)); r.shuffle(slots)
 while time.time() < end:
     ln = r.choice([4096, 65536, 262144]); off = r.randrange(0, (size - ln) // 4096) * 4096
+    if sys.argv[4]:
+        if not slots:
+            break
+        off = slots.pop() * 262144 + r.randrange(0, (262144 - ln) // 4096 + 1) * 4096
     if r.randrange(8) == 0:
         h.aio_zero(ln, off)
     else:
@@ -195,4 +213,110 @@ if start "$img" "$tmp/q.log"; then
     fi
 else
     fail "qcow2: vblkd starts" "$(tail -3 "$tmp/q.log")"
+fi
+
+# ---- write-blocking, and the hand-over at a switch-over ------------------------
+# The destination: another vblkd on an empty disk, its NBD export incoming.
+DS=$tmp/dst.nbd DCTL=$tmp/d.ctl DV=$tmp/d.vhost SV=$tmp/s.vhost
+dst_start() {	# dst_start IMG LOG
+    rm -f "$DS" "$DCTL" "$DV"
+    "$VBLKD" --disk "$1" --socket "$DV" --nbd "unix:$DS,incoming" --control "$DCTL" >"$2" 2>&1 &
+    ddpid=$!
+    for _ in $(seq 500); do
+        [[ -S $DS && -S $DCTL ]] && grep -q serving "$2" && return 0
+        sleep 0.01
+    done
+    return 1
+}
+ddpid=""
+trap 'kill -9 $ddpid 2>/dev/null; cleanup' EXIT
+dirty() { ctl mirror list | jget 'd["mirrors"][0]["'"$1"'"]'; }
+img=$tmp/wb.raw
+rm -f "$img" "$tmp/wbd.raw"
+truncate -s 128M "$img" "$tmp/wbd.raw"
+qemu-io -f raw -c 'write -P 0x44 0 32M' "$img" >/dev/null
+if start "$img" "$tmp/wb.log" --socket "$SV" && dst_start "$tmp/wbd.raw" "$tmp/wbd.log"; then
+    # Overlapping writes race the first pass (the unit and each other).
+    writer 2 5
+    job=$(ctl mirror start w1 --target "nbd+unix:///?socket=$DS" --mode write-blocking | jget 'd["job"]')
+    wait "$wpid"; wpid=""
+    if wait_ready 30 && ctl job pause "$job" >/dev/null; then
+        wt0=$(dirty written_through) lj0=$(dirty left_to_job)
+        echo "  (racing the first pass: $wt0 written through, $lj0 left to the job)"
+        writer 2 3 distinct
+        wait "$wpid"; wpid=""
+        wt=$(($(dirty written_through) - wt0)) lj=$(($(dirty left_to_job) - lj0)) left=$(dirty dirty_bytes)
+        mode=$(dirty mode)
+        if [[ $mode == write-blocking ]] && ((wt > 0 && lj == 0 && left == 0)) && cmp -s "$img" "$tmp/wbd.raw"; then
+            pass "write-blocking: with the job paused, every write a client had acknowledged is on the target ($wt written through, nothing dirty, cmp equal)"
+        else
+            fail "write-blocking write-through" "mode $mode, through $wt, left to job $lj, dirty $left, $(cmp "$img" "$tmp/wbd.raw" | head -1)"
+        fi
+        ctl mirror change w1 --mode background >/dev/null
+        writer 1 4 distinct
+        wait "$wpid"; wpid=""
+        left=$(dirty dirty_bytes) mode=$(dirty mode)
+        ctl mirror change w1 --mode write-blocking >/dev/null
+        ctl job resume "$job" >/dev/null
+        if [[ $mode == background ]] && ((left > 0)) && wait_ready 30 && complete "$job" &&
+            cmp -s "$img" "$tmp/wbd.raw" && grep -q "mirror w1: now background" "$tmp/wb.log"; then
+            pass "mirror change: background mode leaves the same kind of writes dirty ($left bytes) until the job copies them; back in write-blocking, complete leaves the target equal"
+        else
+            fail "mirror change" "mode $mode, dirty $left, $(cmp "$img" "$tmp/wbd.raw" | head -1)"
+        fi
+    else
+        fail "write-blocking: ready and pause" "$(ctl mirror list)"
+    fi
+    out=$(ctl mirror change w9 --mode background 2>&1) && fail "mirror change of no mirror accepted"
+    out2=$("$VBLKCTL" --control "$CTL" mirror change w1 --mode fast 2>&1) && fail "mode fast accepted"
+    [[ $(wc -l <<<"$out") == 1 && $(wc -l <<<"$out2") == 1 ]] || fail "mirror change refusals: one line" "$out / $out2"
+
+    # The hand-over: a background mirror, a driver writing through vhost-user.
+    # A slow job (4 MiB/s): without the ring stop's wait the target would
+    # lag the driver's writes by seconds.
+    job=$(ctl mirror start h1 --target "nbd+unix:///?socket=$DS" --rate 4M | jget 'd["job"]')
+    if wait_ready 30; then
+        "$BUILD/vblk-bench" --socket "$SV" --rw randwrite --bs 64k --iodepth 16 --runtime 2 --ramp 0 \
+            >"$tmp/bench.log" 2>&1
+        brc=$?
+        # At once: the ring stop waited for the target.
+        if ((brc == 0)) && cmp -s "$img" "$tmp/wbd.raw" &&
+            grep -q "mirror h1: the guest's rings stopped: .* has every write they completed, flushed" "$tmp/wb.log"; then
+            pass "hand-over: when the driver stops the rings, the target already has every write (cmp equal at once; $(grep -o 'flushed ([0-9.]* ms)' "$tmp/wb.log" | tail -1))"
+        else
+            fail "hand-over at the ring stop" "bench rc $brc, $(cmp "$img" "$tmp/wbd.raw" | head -1), $(grep "mirror h1" "$tmp/wb.log" | tail -2)"
+        fi
+        ctl job cancel "$job" >/dev/null
+        # The destination's guest starts: its incoming export takes no
+        # more writes (a client connected before: EPERM; one connecting
+        # after: a read-only export); reads go on.
+        $PY - "nbd+unix:///?socket=$DS" "$BUILD/vblk-bench" "$DV" >"$tmp/inc.out" 2>&1 <<'PY'
+import nbd, subprocess, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+h.pwrite(b"\x55" * 65536, 1 << 20)          # before: taken
+subprocess.run([sys.argv[2], "--socket", sys.argv[3], "--rw", "randread", "--runtime", "1",
+                "--ramp", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+try:
+    h.pwrite(b"\x66" * 65536, 1 << 20)
+    print("write taken after the rings started")
+except nbd.Error as e:
+    print("refused", "Operation not permitted" in e.string)
+assert h.pread(65536, 1 << 20) == b"\x55" * 65536
+h2 = nbd.NBD(); h2.connect_uri(sys.argv[1])
+print("new read-only", h2.is_read_only() == 1)
+PY
+        if [[ $(cat "$tmp/inc.out") == $'refused True\nnew read-only True' ]] &&
+            grep -q "(incoming): the guest's rings started here: writes refused" "$tmp/wbd.log"; then
+            pass "the destination's rings started: its incoming export refuses writes (EPERM to a client already there, read-only to a new one, one log line), reads go on"
+        else
+            fail "incoming export after the rings started" "$(cat "$tmp/inc.out"); $(grep incoming "$tmp/wbd.log" | tail -1)"
+        fi
+    else
+        fail "hand-over: ready" "$(ctl mirror list)"
+    fi
+    stop || fail "vblkd exits cleanly after the write-blocking mirrors" "$(tail -2 "$tmp/wb.log")"
+    kill -TERM "$ddpid"; wait "$ddpid" || fail "the destination exits cleanly" "$(tail -2 "$tmp/wbd.log")"
+    ddpid=""
+else
+    fail "write-blocking: the two vblkds start" "$(tail -3 "$tmp/wb.log" "$tmp/wbd.log")"
 fi

@@ -419,45 +419,87 @@ static void iot_wake(void *opaque, uint32_t events)
 
 /* ---- The view (the NBD connection's iothread) --------------------------- */
 
+/* Bytes [s, e) of the view from the scratch into orig's buffer at s - off:
+ * one pread per contiguous piece of the buffer (an NBD read's is one). */
+static int scratch_read(struct bkp *k, struct bdev_io *orig, uint64_t off, uint64_t s,
+			uint64_t e)
+{
+	struct iovec sl[8];
+	unsigned n = iov_slice(orig->iov, orig->iovcnt, s - off, e - s, sl, ARRAY_SIZE(sl));
+	uint64_t p = s;
+
+	if (!n) {
+		/* A buffer in many pieces: through a bounce, 16 KiB at a time. */
+		uint8_t tmp[16384];
+
+		for (; p < e;) {
+			size_t len = MIN(sizeof(tmp), e - p);
+
+			if (pread(k->scratch_fd, tmp, len, (off_t)p) != (ssize_t)len)
+				return -EIO;
+			iov_from_buf(orig->iov, orig->iovcnt, p - off, tmp, len);
+			p += len;
+		}
+		return 0;
+	}
+	for (unsigned i = 0; i < n; i++)
+		for (size_t done = 0; done < sl[i].iov_len;) {
+			ssize_t r = pread(k->scratch_fd, (uint8_t *)sl[i].iov_base + done,
+					  sl[i].iov_len - done, (off_t)(p + done));
+
+			if (r <= 0)
+				return -EIO;	/* the scratch holds every saved byte */
+			done += (size_t)r;
+		}
+	return 0;
+}
+
 static void view_read_done(struct bdev_io *io, int res)
 {
 	struct view_read *vr = container_of(io, struct view_read, io);
 	struct bkp *k = vr->k;
 	struct bdev_io *orig = vr->orig;
 	uint64_t off = orig->offset, len = iov_size(orig->iov, orig->iovcnt);
+	uint64_t last = (off + len - 1) >> BKP_CHUNK_BITS;
 
 	free(vr);
 	if (res == 0 && atomic_load(&k->failed))
 		res = -EIO;
-	for (uint64_t c = off >> BKP_CHUNK_BITS; res == 0 && c <= (off + len - 1) >> BKP_CHUNK_BITS;
-	     c++) {
-		uint64_t s = MAX(c * CHUNK, off), e = MIN((c + 1) * CHUNK, off + len);
+	for (uint64_t c = off >> BKP_CHUNK_BITS; res == 0 && c <= last;) {
+		uint64_t s = MAX(c * CHUNK, off), n = c + 1, e;
 		unsigned st;
 
+		/* A run of chunks in the same state. */
 		pthread_mutex_lock(&k->lock);
 		st = k->st[c] & CH_STATE;
+		while (n <= last && (k->st[n] & CH_STATE) == st)
+			n++;
 		pthread_mutex_unlock(&k->lock);
+		e = MIN(n * CHUNK, off + len);
 		/* Live or being copied: no write reached it; what was read is
 		 * the instant's. */
-		if (st == CH_SAVED_ZERO) {
+		if (st == CH_SAVED_ZERO)
 			iov_memset(orig->iov, orig->iovcnt, s - off, 0, e - s);
-		} else if (st == CH_SAVED) {
-			uint8_t tmp[4096];
-
-			for (uint64_t p = s; p < e && res == 0;) {
-				size_t n = MIN(sizeof(tmp), e - p);
-
-				if (pread(k->scratch_fd, tmp, n, (off_t)p) != (ssize_t)n)
-					res = -EIO;
-				else
-					iov_from_buf(orig->iov, orig->iovcnt, p - off, tmp, n);
-				p += n;
-			}
-		}
+		else if (st == CH_SAVED)
+			res = scratch_read(k, orig, off, s, e);
+		c = n;
 	}
 	if (res == 0)
 		atomic_fetch_add_explicit(&k->read_bytes, len, memory_order_relaxed);
 	orig->cb(orig, res);
+}
+
+/* Every chunk of [off, off + len) saved: the disk has nothing of the
+ * view's there (a saved chunk stays saved). */
+static bool all_saved(struct bkp *k, uint64_t off, uint64_t len)
+{
+	bool yes = true;
+
+	pthread_mutex_lock(&k->lock);
+	for (uint64_t c = off >> BKP_CHUNK_BITS; yes && c <= (off + len - 1) >> BKP_CHUNK_BITS; c++)
+		yes = (k->st[c] & CH_STATE) >= CH_SAVED;
+	pthread_mutex_unlock(&k->lock);
+	return yes;
 }
 
 static void view_read(void *opaque, struct disk_iothread *t, struct bdev_io *io)
@@ -473,6 +515,12 @@ static void view_read(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 	vr->orig = io;
 	vr->io = (struct bdev_io){ .op = BDEV_READ, .offset = io->offset, .iov = io->iov,
 				   .iovcnt = io->iovcnt, .cb = view_read_done };
+	/* All of it kept already (the guest wrote there): from the scratch
+	 * alone, no read of the disk to throw away. */
+	if (all_saved(k, io->offset, iov_size(io->iov, io->iovcnt))) {
+		view_read_done(&vr->io, 0);
+		return;
+	}
 	bdev_submit(k->d->b, t->bctx, &vr->io);
 }
 

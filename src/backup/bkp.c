@@ -82,6 +82,8 @@ struct view_read {
 	struct bkp *k;
 	struct bdev_io *orig;
 	struct bdev_io io;
+	uint64_t due;			/* paced: when it may go (sys_now_ns) */
+	struct view_read *next;		/* its iothread's paced list */
 };
 
 struct bkp_iot {
@@ -90,6 +92,10 @@ struct bkp_iot {
 	int efd;		/* a copy ended: look at the waiters */
 	struct loop_fd *h;
 	struct cbw_op *waiters;	/* under k->lock */
+	/* View reads the rate holds back, in the order they go (this
+	 * iothread's only), and the timer that sends them. */
+	struct view_read *paced, **paced_tail;
+	struct loop_timer *pace_timer;
 };
 
 struct bkp {
@@ -121,6 +127,9 @@ struct bkp {
 	char error[200];	/* under lock */
 	_Atomic uint64_t pending;	/* writes inside the filter */
 	_Atomic uint64_t read_bytes, saved, zero, waits;
+	/* The view's rate (job set-rate): a virtual clock, in ns, of when
+	 * the bytes read so far would have been read at the rate. */
+	_Atomic uint64_t rate, vclock, paced;
 	struct bkp *next;
 };
 
@@ -502,6 +511,70 @@ static bool all_saved(struct bkp *k, uint64_t off, uint64_t len)
 	return yes;
 }
 
+static void view_go(struct bkp *k, struct disk_iothread *t, struct view_read *vr, bool kick)
+{
+	/* All of it kept already (the guest wrote there): from the scratch
+	 * alone, no read of the disk to throw away. */
+	if (all_saved(k, vr->io.offset, iov_size(vr->io.iov, vr->io.iovcnt))) {
+		view_read_done(&vr->io, 0);
+		return;
+	}
+	bdev_submit(k->d->b, t->bctx, &vr->io);
+	/* The connection kicks after a batch; a paced read goes alone. */
+	if (kick)
+		k->d->b->engine->kick(t->bctx);
+}
+
+/* The paced reads whose time has come go (t's loop). */
+static void pace_cb(void *opaque)
+{
+	struct bkp_iot *w = opaque;
+	uint64_t now = sys_now_ns();
+
+	while (w->paced && (w->paced->due <= now || !atomic_load(&w->k->rate))) {
+		struct view_read *vr = w->paced;
+
+		w->paced = vr->next;
+		if (!w->paced)
+			w->paced_tail = &w->paced;
+		view_go(w->k, w->t, vr, true);
+	}
+	if (w->paced)
+		loop_timer_mod(w->pace_timer, w->paced->due);
+}
+
+/*
+ * With a rate, a read goes when the bytes read before it would have been
+ * read at that rate (QEMU's backup speed, the job framework's pacing);
+ * reads of every client and iothread share it.  Up to 1 ms early goes at
+ * once.
+ */
+static bool view_pace(struct bkp *k, struct disk_iothread *t, struct view_read *vr, uint64_t len)
+{
+	uint64_t rate = atomic_load_explicit(&k->rate, memory_order_relaxed), now, v, start;
+	struct bkp_iot *w;
+
+	if (likely(!rate))
+		return false;
+	now = sys_now_ns();
+	v = atomic_load(&k->vclock);
+	do
+		start = MAX(v, now);
+	while (!atomic_compare_exchange_weak(&k->vclock, &v,
+					     start + (uint64_t)((double)len * 1e9 / (double)rate)));
+	if (start <= now + 1000000 || t->idx >= k->niot || !k->iot[t->idx].pace_timer)
+		return false;
+	w = &k->iot[t->idx];
+	vr->due = start;
+	vr->next = NULL;
+	*w->paced_tail = vr;
+	w->paced_tail = &vr->next;
+	if (w->paced == vr)
+		loop_timer_mod(w->pace_timer, start);
+	atomic_fetch_add_explicit(&k->paced, 1, memory_order_relaxed);
+	return true;
+}
+
 static void view_read(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 {
 	struct bkp *k = opaque;
@@ -515,13 +588,9 @@ static void view_read(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 	vr->orig = io;
 	vr->io = (struct bdev_io){ .op = BDEV_READ, .offset = io->offset, .iov = io->iov,
 				   .iovcnt = io->iovcnt, .cb = view_read_done };
-	/* All of it kept already (the guest wrote there): from the scratch
-	 * alone, no read of the disk to throw away. */
-	if (all_saved(k, io->offset, iov_size(io->iov, io->iovcnt))) {
-		view_read_done(&vr->io, 0);
+	if (view_pace(k, t, vr, iov_size(io->iov, io->iovcnt)))
 		return;
-	}
-	bdev_submit(k->d->b, t->bctx, &vr->io);
+	view_go(k, t, vr, false);
 }
 
 static void view_served(void *opaque, uint64_t len)
@@ -614,6 +683,15 @@ static void job_end_op(struct job *j, void *priv)
 		sys_eventfd_signal(k->set->efd);
 }
 
+static void job_rate_op(void *priv, uint64_t rate)
+{
+	struct bkp *k = priv;
+
+	/* Paced from now (reads already held keep their time). */
+	atomic_store(&k->vclock, 0);
+	atomic_store(&k->rate, rate);
+}
+
 static void job_progress(void *priv, uint64_t *done, uint64_t *total)
 {
 	struct bkp *k = priv;
@@ -637,6 +715,7 @@ static const struct job_ops bkp_job_ops = {
 	.end = job_end_op,
 	.free = bkp_free,
 	.progress = job_progress,
+	.rate = job_rate_op,
 };
 
 /* ---- Main thread ---------------------------------------------------------- */
@@ -650,15 +729,33 @@ static void do_iot_add(void *opaque)
 {
 	struct iot_call *c = opaque;
 
+	c->w->paced_tail = &c->w->paced;
+	c->res = loop_timer_new(c->w->t->loop, pace_cb, c->w, &c->w->pace_timer);
+	if (c->res < 0) {
+		c->w->pace_timer = NULL;
+		return;
+	}
 	c->res = loop_fd_add(c->w->t->loop, c->w->efd, EPOLLIN, iot_wake, c->w, &c->w->h);
+}
+
+/* The reads the rate holds go now (the rate is off). */
+static void do_iot_unpace(void *opaque)
+{
+	struct bkp_iot *w = opaque;
+
+	if (w->pace_timer)
+		pace_cb(w);
 }
 
 static void do_iot_del(void *opaque)
 {
 	struct iot_call *c = opaque;
 
-	loop_fd_del(c->w->t->loop, c->w->h);
+	if (c->w->h)
+		loop_fd_del(c->w->t->loop, c->w->h);
 	c->w->h = NULL;
+	loop_timer_free(c->w->pace_timer);
+	c->w->pace_timer = NULL;
 }
 
 static struct bkp *find(struct bkp_set *s, const char *name)
@@ -675,6 +772,11 @@ static void teardown(struct bkp *k, bool finish)
 {
 	struct disk *d = k->d;
 
+	/* Reads held by the rate go first: the export's removal waits for
+	 * its clients' requests. */
+	atomic_store(&k->rate, 0);
+	for (unsigned i = 0; k->iot && i < k->niot; i++)
+		loop_call_sync(k->iot[i].t->loop, do_iot_unpace, &k->iot[i]);
 	if (k->exported)
 		(void)nbds_remove(k->set->srv, k->name);
 	k->exported = false;
@@ -706,7 +808,7 @@ static void teardown(struct bkp *k, bool finish)
 	for (unsigned i = 0; k->iot && i < k->niot; i++) {
 		struct iot_call c = { &k->iot[i], 0 };
 
-		if (k->iot[i].h)
+		if (k->iot[i].h || k->iot[i].pace_timer)
 			loop_call_sync(k->iot[i].t->loop, do_iot_del, &c);
 		if (k->iot[i].efd >= 0)
 			close(k->iot[i].efd);
@@ -860,7 +962,9 @@ int bkp_start(struct bkp_set *s, const struct bkp_start_opts *o, char *id, size_
 	if (r < 0)
 		goto fail;
 	k->claimed = true;
-	r = job_new(&bkp_job_ops, d, d->iot[0].loop, 0, JOB_ERR_REPORT, k, &k->job, err, errlen);
+	atomic_store(&k->rate, o->rate);
+	r = job_new(&bkp_job_ops, d, d->iot[0].loop, o->rate, JOB_ERR_REPORT, k, &k->job, err,
+		    errlen);
 	if (r < 0) {
 		k->job = NULL;
 		goto fail;
@@ -983,6 +1087,8 @@ unsigned bkp_list(struct bkp_set *s, struct bkp_info *out, unsigned max)
 				.saved_chunks = atomic_load(&k->saved),
 				.zero_chunks = atomic_load(&k->zero),
 				.waits = atomic_load(&k->waits),
+				.rate = atomic_load(&k->rate),
+				.paced = atomic_load(&k->paced),
 				.failed = atomic_load(&k->failed) != 0 };
 			snprintf(i->name, sizeof(i->name), "%s", k->name);
 			snprintf(i->job, sizeof(i->job), "%s", k->job_id);

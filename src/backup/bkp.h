@@ -56,6 +56,7 @@ struct bkp_start_opts {
 	const char *nbd;	/* "ADDR[,tls=...][,max-conn=N]" (nbds_export_parse) */
 	const char *bitmap;	/* NULL: a full backup with no checkpoint */
 	const char *scratch;	/* a directory; NULL: the disk's own */
+	uint64_t rate;		/* the view's reads, bytes/s; 0: none */
 };
 
 /* The backups of one disk (vblkd has one). */
@@ -89,13 +90,15 @@ struct bkp_info {
 	uint64_t zero_chunks;		/* of them, zeroes (no scratch) */
 	uint64_t scratch_bytes;		/* the scratch file's allocation */
 	uint64_t waits;			/* writes that waited for a copy */
+	uint64_t rate;			/* the view's reads, bytes/s; 0: none */
+	uint64_t paced;			/* reads that waited for the rate */
 	bool failed;
 	char error[200];
 };
 unsigned bkp_list(struct bkp_set *s, struct bkp_info *out, unsigned max);
 
 /* The control socket's commands (ctl.h's ctl_cmd_fn; opaque the set):
- *   {"cmd": "backup-start", "name", "nbd", "bitmap"?, "scratch"?} -> {"ok", "job"}
+ *   {"cmd": "backup-start", "name", "nbd", "bitmap"?, "scratch"?, "rate"?} -> {"ok", "job"}
  *   {"cmd": "backup-finish"|"backup-abort", "name"}               -> {"ok"}
  *   {"cmd": "backup-list"} -> {"backups": [{...bkp_info}]} */
 int bkp_ctl(void *opaque, struct json_object *req, struct json_object *reply, char *err,

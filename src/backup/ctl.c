@@ -35,6 +35,8 @@ static int list(struct bkp_set *s, struct json_object *reply, char *err, size_t 
 		json_object_object_add(o, "scratch_bytes",
 				       json_object_new_uint64(info[i].scratch_bytes));
 		json_object_object_add(o, "write_waits", json_object_new_uint64(info[i].waits));
+		json_object_object_add(o, "rate", json_object_new_uint64(info[i].rate));
+		json_object_object_add(o, "paced_reads", json_object_new_uint64(info[i].paced));
 		json_object_object_add(o, "failed", json_object_new_boolean(info[i].failed));
 		json_object_object_add(o, "error", json_object_new_string(info[i].error));
 		json_object_array_add(arr, o);
@@ -62,6 +64,10 @@ int bkp_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 					    .bitmap = jfield_str(req, "bitmap"),
 					    .scratch = jfield_str(req, "scratch") };
 
+		if (jfield_u64(req, "rate", &o.rate) < 0) {
+			snprintf(err, errlen, "\"rate\" takes a whole number of bytes per second");
+			return -EINVAL;
+		}
 		r = bkp_start(s, &o, id, sizeof(id), err, errlen);
 		if (r == 0)
 			json_object_object_add(reply, "job", json_object_new_string(id));

@@ -352,6 +352,8 @@ static void verb_fn(void *opaque)
 		}
 		j->rate = c->rate;
 		pace_from_now(j);
+		if (j->ops->rate)
+			j->ops->rate(j->priv, j->rate);
 		if (j->rate)
 			log_info("job %s (%s): at most %llu bytes/s from now", j->id, j->ops->type,
 				 (unsigned long long)j->rate);

@@ -86,6 +86,10 @@ struct job_ops {
 	 * when vblkctl job list or the metrics ask (job_set_progress's
 	 * place).  The job's loop; whatever the job's state. */
 	void (*progress)(void *priv, uint64_t *done, uint64_t *total);
+	/* Optional: a type whose work is not units of its own (a backup's
+	 * view, read by its clients) paces it itself: the rate (bytes/s, 0:
+	 * none) at start and at each set-rate.  The job's loop. */
+	void (*rate)(void *priv, uint64_t rate);
 };
 
 /* What vblkctl job list and the metrics show of one job. */

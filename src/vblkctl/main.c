@@ -160,7 +160,7 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH bitmap merge SOURCE... TARGET\n"
 			       "       vblkctl --control PATH bitmap list\n"
 			       "       vblkctl --control PATH backup start NAME --nbd ADDR[,tls=...] "
-			       "[--bitmap B] [--scratch DIR]\n"
+			       "[--bitmap B] [--scratch DIR] [--rate BYTES]\n"
 			       "       vblkctl --control PATH backup finish|abort NAME\n"
 			       "       vblkctl --control PATH backup list\n"
 			       "       vblkctl --control PATH mirror start NAME --target URI|PATH "
@@ -215,6 +215,8 @@ int main(int argc, char **argv)
 			       "what it marks.  finish: the client has it all; B from then on holds what\n"
 			       "was written since the start (the next incremental's).  abort: B as it\n"
 			       "was.  list shows each with its scratch use.  A backup is a job (job list).\n"
+			       "--rate 200M caps how fast its clients read the view (job set-rate changes\n"
+			       "it), leaving the guest's writes the daemon's time.\n"
 			       "mirror start copies the disk to --target (an NBD URI, or a local path:\n"
 			       "a raw file made at the disk's size) while the guest writes, pass after\n"
 			       "pass, until it is ready (job list); job complete then ends it with the\n"
@@ -283,8 +285,8 @@ int main(int argc, char **argv)
 		if (!strcmp(sub, "start") && !bk_nbd)
 			cli_die("backup start needs --nbd ADDR (unix:PATH or HOST:PORT): where its "
 				"view is served");
-		if (strcmp(sub, "start") && (bk_nbd || bk_bitmap || bk_scratch))
-			cli_die("--nbd, --bitmap and --scratch go with backup start");
+		if (strcmp(sub, "start") && (bk_nbd || bk_bitmap || bk_scratch || rate))
+			cli_die("--nbd, --bitmap, --scratch and --rate go with backup start");
 	} else if (!strcmp(cmd, "mirror")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 		int n = argc - optind;
@@ -320,8 +322,8 @@ int main(int argc, char **argv)
 		cli_die("--poll-* options go with set-poll");
 	if (strcmp(cmd, "upgrade") && exec)
 		cli_die("--exec goes with upgrade");
-	if (strcmp(cmd, "stream") && strcmp(cmd, "mirror") && rate)
-		cli_die("--rate goes with stream and mirror start");
+	if (strcmp(cmd, "stream") && strcmp(cmd, "mirror") && strcmp(cmd, "backup") && rate)
+		cli_die("--rate goes with stream, mirror start and backup start");
 	if (strcmp(cmd, "mirror") && target)
 		cli_die("--target goes with mirror start");
 	if (strcmp(cmd, "mirror") && mode)
@@ -437,6 +439,12 @@ int main(int argc, char **argv)
 				cli_die("--scratch '%s': %s (give a directory on local storage)",
 					bk_scratch, strerror(errno));
 			json_object_object_add(req, "scratch", json_object_new_string(abs));
+		}
+		if (rate) {
+			if (parse_size(rate, &size) < 0)
+				cli_die("--rate '%s' is not a rate: bytes per second, or with K, M "
+					"or G (e.g. 200M)", rate);
+			json_object_object_add(req, "rate", json_object_new_uint64(size));
 		}
 	} else if (!strcmp(cmd, "mirror")) {
 		const char *sub = argv[optind + 1];

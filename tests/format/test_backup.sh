@@ -272,3 +272,41 @@ print(sum(1 for i in range(0, len(d), 4096) if d[i:i + 4096] not in (b"\x07" * 4
 else
     fail "vblkd starts (2 iothreads)" "$(tail -3 "$tmp/race.log")"
 fi
+
+# ---- The view's rate --------------------------------------------------------------
+# backup start --rate paces the clients' reads of the view (shared by every
+# connection and iothread): nbdcopy's 4 connections over 2 iothreads take
+# at least about size / rate, reads were held (paced_reads), the view is
+# still the instant; job set-rate changes it; finish with reads held.
+img=$tmp/rate.raw
+truncate -s 64M "$img"
+qemu-io -f raw -c 'write -P 0x31 0 40M' "$img" >/dev/null
+if start "$img" "$tmp/rate.log" --iothreads 2 --queues 2; then
+    snap "$tmp/rate-ref"
+    job=$(ctl backup start paced --nbd "unix:$VIEW" --rate 32M | jget 'd["job"]')
+    qemu-io -f raw -c 'write -P 0x32 1M 8M' "$(rw)" >/dev/null
+    t0=$(date +%s.%N)
+    nbdcopy "$(view paced)" "$tmp/rate-view"; rc=$?
+    el=$($PY -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$t0" "$(date +%s.%N)")
+    paced=$(ctl backup list | jget 'd["backups"][0]["paced_reads"]')
+    jrate=$(ctl job list | jget '[j["rate"] for j in d["jobs"] if j["id"]=="'"$job"'"][0]')
+    ctl job set-rate "$job" 1M >/dev/null
+    nrate=$(ctl backup list | jget 'd["backups"][0]["rate"]')
+    # A client reading at 1M/s while the backup finishes: its held reads
+    # go, the export closes, nothing hangs.
+    ( nbdcopy "$(view paced)" "$tmp/rate-view2" 2>/dev/null ) & cp=$!
+    sleep 0.5
+    t1=$SECONDS
+    ctl backup finish paced >/dev/null; frc=$?
+    wait $cp
+    if ((rc == 0 && frc == 0 && paced > 0 && jrate == 33554432 && nrate == 1048576)) &&
+        $PY -c "import sys; sys.exit(float(sys.argv[1]) < 1.0)" "$el" && ((SECONDS - t1 < 10)) &&
+        cmp -s "$tmp/rate-view" "$tmp/rate-ref"; then
+        pass "backup --rate 32M: the 64 MiB view pulled in ${el} s by nbdcopy's connections ($paced reads held), still the instant; job set-rate changes it; finish with reads held returns"
+    else
+        fail "the view's rate" "rc $rc/$frc, ${el} s, paced $paced, job rate $jrate, new rate $nrate, $(cmp "$tmp/rate-view" "$tmp/rate-ref" | head -1)"
+    fi
+    stop || fail "vblkd exits cleanly after the paced backup" "$(tail -2 "$tmp/rate.log")"
+else
+    fail "vblkd starts (rate)" "$(tail -3 "$tmp/rate.log")"
+fi

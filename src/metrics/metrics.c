@@ -319,6 +319,43 @@ static void backup_families(FILE *f, const struct bkp_info *b, unsigned n)
 	}
 }
 
+static void mirror_families(FILE *f, const struct mir_info *m, unsigned n)
+{
+	static const struct {
+		const char *name, *help;
+		enum blk_counter_kind kind;
+	} fam[] = {
+		{ "vblkd_mirror_dirty_bytes", "Bytes a running mirror has still to copy to its "
+		  "target.", GAUGE },
+		{ "vblkd_mirror_copied_bytes_total", "Bytes a mirror's job wrote to its target as "
+		  "data.", COUNTER },
+		{ "vblkd_mirror_zeroed_bytes_total", "Bytes a mirror's job wrote to its target as "
+		  "zeroes (write zeroes, not data).", COUNTER },
+		{ "vblkd_mirror_passes_total", "Passes a mirror's job made over what was dirty.",
+		  COUNTER },
+		{ "vblkd_mirror_written_through_total", "Guest writes a write-blocking mirror wrote "
+		  "to its target before completing them.", COUNTER },
+		{ "vblkd_mirror_ready", "1 once a mirror converged (its target had everything "
+		  "once), else 0.", GAUGE },
+	};
+
+	for (unsigned k = 0; k < ARRAY_SIZE(fam); k++) {
+		header(f, fam[k].name, fam[k].help, fam[k].kind);
+		for (unsigned i = 0; i < n; i++) {
+			uint64_t v[] = { m[i].dirty, m[i].copied, m[i].zeroed, m[i].passes,
+					 m[i].wb_writes, m[i].ready };
+
+			fputs(fam[k].name, f);
+			fputs("{name=", f);
+			put_label_value(f, m[i].name);
+			fputs(",job=", f);
+			put_label_value(f, m[i].job);
+			fputs("} ", f);
+			put_value(f, PLAIN, v[k]);
+		}
+	}
+}
+
 int metrics_format(const struct metrics_snapshot *s, char **out)
 {
 	const struct blk_stats *st = s->blk;
@@ -385,6 +422,7 @@ int metrics_format(const struct metrics_snapshot *s, char **out)
 	/* Block jobs (vblkctl job list): a series each, by id and type. */
 	job_families(f, s->jobs, s->njobs);
 	backup_families(f, s->backups, s->nbackups);
+	mirror_families(f, s->mirrors, s->nmirrors);
 
 	single(f, "vblkd_poll_max_seconds", "Cap of the adaptive polling window for kicks.",
 	       GAUGE, NS_AS_SECONDS, st->poll.max_ns);
@@ -456,6 +494,12 @@ int metrics_render(const struct metrics_source *src, char **out)
 	if (src->bkps)
 		s.nbackups = MIN(bkp_list(src->bkps, backups, 4), 4u);
 	s.backups = backups;
+
+	struct mir_info mirrors[4];
+
+	if (src->mirs)
+		s.nmirrors = MIN(mir_list(src->mirs, mirrors, 4), 4u);
+	s.mirrors = mirrors;
 	r = blk_stats_snapshot(src->dev, &st);
 	if (r < 0)
 		return r;

@@ -29,6 +29,7 @@
 
 #include "job/job.h"
 #include "backup/bkp.h"
+#include "mirror/mir.h"
 #include "nbd/nbds.h"
 
 struct bdev;
@@ -46,6 +47,7 @@ struct metrics_source {
 	struct vu_server *srv;		/* NULL: no frontend counters (0) */
 	struct nbds *nbds;		/* NULL: no NBD server counters (0) */
 	struct bkp_set *bkps;		/* NULL: no backups */
+	struct mir_set *mirs;		/* NULL: no mirrors */
 	uint64_t start_time_ns;		/* CLOCK_REALTIME at start */
 };
 
@@ -69,6 +71,8 @@ struct metrics_snapshot {
 	unsigned njobs;
 	const struct bkp_info *backups;	/* running backups (bkp.h) */
 	unsigned nbackups;
+	const struct mir_info *mirrors;	/* running mirrors (mir.h) */
+	unsigned nmirrors;
 	uint64_t start_time_ns;		/* CLOCK_REALTIME */
 	uint64_t process_cpu_ns;	/* all threads */
 };

@@ -857,6 +857,7 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 		goto err_nbd;
 	ms.nbds = v->nbds;
 	ms.bkps = v->bkps;
+	ms.mirs = v->mirs;
 	if (v->ctl)
 		ctl_server_set_upgrade(v->ctl, upgrade_cb, v);
 	/* A resize (vblkctl resize) reaches the frontend as CONFIG_CHANGE_MSG. */

@@ -247,8 +247,12 @@ if start "$img" "$tmp/wb.log" --socket "$SV" && dst_start "$tmp/wbd.raw" "$tmp/w
         wait "$wpid"; wpid=""
         wt=$(($(dirty written_through) - wt0)) lj=$(($(dirty left_to_job) - lj0)) left=$(dirty dirty_bytes)
         mode=$(dirty mode)
+        # The metrics say the same as mirror list.
+        met=$(ctl metrics | grep -E '^vblkd_mirror_(written_through_total|ready|dirty_bytes)\{name="w1"' | awk '{print $2}' | tr '\n' ' ')
+        want="$(dirty dirty_bytes) $(dirty written_through) 1 "
+        [[ $met == "$want" ]] || fail "mirror metrics" "metrics '$met', mirror list '$want'"
         if [[ $mode == write-blocking ]] && ((wt > 0 && lj == 0 && left == 0)) && cmp -s "$img" "$tmp/wbd.raw"; then
-            pass "write-blocking: with the job paused, every write a client had acknowledged is on the target ($wt written through, nothing dirty, cmp equal)"
+            pass "write-blocking: with the job paused, every write a client had acknowledged is on the target ($wt written through, nothing dirty, cmp equal; the metrics agree)"
         else
             fail "write-blocking write-through" "mode $mode, through $wt, left to job $lj, dirty $left, $(cmp "$img" "$tmp/wbd.raw" | head -1)"
         fi

@@ -98,6 +98,12 @@ static const char *const families[] = {
 	"vblkd_backup_saved_chunks_total",
 	"vblkd_backup_read_bytes_total",
 	"vblkd_backup_write_waits_total",
+	"vblkd_mirror_dirty_bytes",
+	"vblkd_mirror_copied_bytes_total",
+	"vblkd_mirror_zeroed_bytes_total",
+	"vblkd_mirror_passes_total",
+	"vblkd_mirror_written_through_total",
+	"vblkd_mirror_ready",
 	"vblkd_poll_max_seconds",
 	"vblkd_completion_poll_max_seconds",
 	"vblkd_poll_grow",
@@ -363,6 +369,11 @@ static const struct bkp_info fake_backups[1] = {
 	  .read_bytes = 8192, .waits = 3 },
 };
 
+static const struct mir_info fake_mirrors[1] = {
+	{ .name = "m1", .job = "mirror-3", .dirty = 65536, .copied = 1 << 20, .zeroed = 4096,
+	  .passes = 2, .wb_writes = 7, .ready = true },
+};
+
 static struct metrics_snapshot fake(void)
 {
 	return (struct metrics_snapshot){
@@ -370,7 +381,7 @@ static struct metrics_snapshot fake(void)
 		.engine = "io_uring", .disk_size = 1ull << 30, .frontend_connected = true,
 		.frontend_connections = 3, .start_time_ns = 1700000000123000000ull,
 		.process_cpu_ns = 2500000000ull, .jobs = fake_jobs, .njobs = 1,
-		.backups = fake_backups, .nbackups = 1,
+		.backups = fake_backups, .nbackups = 1, .mirrors = fake_mirrors, .nmirrors = 1,
 	};
 }
 

@@ -105,6 +105,10 @@ static int nbd_connect_blocking(struct nbd_handle *h, const char *uri, char *err
 {
 	uint64_t deadline = sys_now_ns() + NBD_CONNECT_TIMEOUT_MS * 1000000ull;
 
+	/* The URI is the operator's (--disk, vblkctl mirror --target): its
+	 * tls-certificates=DIR and tls-psk-file=FILE name our own files
+	 * (libnbd refuses them unless told, nbd_connect_uri(3)). */
+	nbd_set_uri_allow_local_file(h, true);
 	if (nbd_aio_connect_uri(h, uri) < 0) {
 		int r = -(nbd_get_errno() ? nbd_get_errno() : EINVAL);
 
@@ -527,6 +531,8 @@ static void nbd_conn_retry_cb(void *opaque)
 		return;
 	}
 	h = nbd_create();
+	if (h)
+		nbd_set_uri_allow_local_file(h, true);	/* as nbd_connect_blocking */
 	if (!h || nbd_aio_connect_uri(h, c->d->uri) < 0 || nbd_conn_attach(c, h) < 0) {
 		nbd_close(h);
 		c->retry_s = MIN(c->retry_s * 2, NBD_RETRY_MAX_S);

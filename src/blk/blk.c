@@ -675,7 +675,6 @@ struct blk_call {
 	uint32_t base;			/* queue_stop: vq_base */
 	int call_fd, err_fd;
 	bool enabled;
-	bool was_started;		/* queue_stop: it ran */
 };
 
 static void blk_queue_free_pool(struct blk_queue *q)
@@ -752,7 +751,6 @@ static void do_queue_stop(void *opaque)
 	c->base = vq_base(&q->vq);
 	if (!q->started)
 		return;
-	c->was_started = true;
 	{
 		struct loop_poll_stats ps;
 
@@ -858,18 +856,17 @@ static uint32_t blk_queue_stop(void *opaque, unsigned idx)
 	struct blk_call c = { .q = &d->q[idx] };
 
 	loop_call_sync(d->q[idx].t->loop, do_queue_stop, &c);
-	if (c.was_started) {
-		bool any = false;
-
-		for (unsigned i = 0; i < d->num_queues; i++)
-			any |= READ_ONCE(d->q[i].started);
-		/* The last ring stopped: a mirror's target gets every write
-		 * the guest saw complete before the frontend hears the base
-		 * (a migration's destination starts its rings after). */
-		if (!any)
-			(void)disk_rings_stopped(d->disk);
-	}
 	return c.base;
+}
+
+/* A migration's switch-over (vu.h): a mirror's target gets every write
+ * the guest saw complete before the frontend hears the base (the
+ * destination starts its rings after). */
+static void blk_switchover(void *opaque)
+{
+	struct blk_dev *d = opaque;
+
+	(void)disk_rings_stopped(d->disk);
 }
 
 static void blk_queue_set_fds(void *opaque, unsigned idx, int call_fd, int err_fd)
@@ -941,6 +938,7 @@ const struct vu_dev_ops blk_vu_ops = {
 	.queue_set_log = blk_queue_set_log,
 	.claim = blk_claim,
 	.release = blk_release,
+	.switchover = blk_switchover,
 	.needs_reset = blk_needs_reset,
 	.save_state = blk__save_state,
 	.load_state = blk__load_state,

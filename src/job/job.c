@@ -40,6 +40,7 @@ struct job {
 	uint64_t rate, t0, passed;	/* pacing since t0 (sys_now_ns) */
 	uint64_t done, total, copied, errors;
 	char error[200];
+	bool error_given;		/* job_set_error's, for the unit in flight */
 };
 
 static struct job *jobs;
@@ -159,7 +160,7 @@ static void run(void *opaque)
 		return;
 	}
 	if (r < 0) {
-		fail(j, j->error[0] ? j->error : strerror(-r));
+		fail(j, j->error_given ? j->error : strerror(-r));
 		return;
 	}
 	/* JOB_STEP_END */
@@ -186,7 +187,11 @@ void job_step_done(struct job *j, int res, uint64_t bytes)
 		return;
 	if (res < 0) {
 		j->errors++;
-		snprintf(j->error, sizeof(j->error), "%s", strerror(-res));
+		/* The type's words if it gave them (where, on what), else the
+		 * errno's. */
+		if (!j->error_given)
+			snprintf(j->error, sizeof(j->error), "%s", strerror(-res));
+		j->error_given = false;
 		if (!j->cancelling && error_stops(j, -res)) {
 			char p[64];
 
@@ -202,6 +207,7 @@ void job_step_done(struct job *j, int res, uint64_t bytes)
 			return;
 		}
 	}
+	j->error_given = false;
 	j->passed += bytes;
 	j->copied += bytes;
 	if (!settle(j))
@@ -221,6 +227,7 @@ void job_set_error(struct job *j, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(j->error, sizeof(j->error), fmt, ap);
 	va_end(ap);
+	j->error_given = true;
 }
 
 void job_kick(struct job *j)

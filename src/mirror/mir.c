@@ -32,6 +32,8 @@
 
 /* While ready, how often the job looks for what the guest wrote. */
 #define MIR_READY_POLL_NS (10ull * 1000000)
+/* The switch-over's wait gives up after this long without progress. */
+#define MIR_SYNC_STALL_NS (30ull * 1000000000)
 
 struct mir {
 	struct mir_set *set;
@@ -526,7 +528,7 @@ static int wsync(void *opaque)
 {
 	struct mir *m = opaque;
 	uint64_t g = atomic_fetch_add(&m->sync_req, 1) + 1, t0 = sys_now_ns(), next = t0;
-	uint64_t rate = 0;
+	uint64_t rate = 0, seen = UINT64_MAX, moved = t0;
 	struct job_info ji[16];
 	unsigned nj = job_list(ji, ARRAY_SIZE(ji));
 	char e[200];
@@ -546,6 +548,22 @@ static int wsync(void *opaque)
 			log_err("mirror %s: ended before %s had every write the guest saw complete: "
 				"do not start the guest from the target", m->name, m->target);
 			r = -EIO;
+			break;
+		}
+		/* Stalled (the target unreachable): the destination is behind,
+		 * and waiting longer freezes this daemon's main thread. */
+		uint64_t sig = dbm_dirty_bytes(m->dirty) + atomic_load(&m->copied) +
+			       atomic_load(&m->zeroed) + atomic_load(&m->sync_done);
+
+		if (sig != seen) {
+			seen = sig;
+			moved = now;
+		} else if (now - moved > MIR_SYNC_STALL_NS) {
+			log_err("mirror %s: nothing reached %s for %llu s at the switch-over: it "
+				"lacks %" PRIu64 " bytes the guest wrote: do not run the guest "
+				"there (cancel the migration)", m->name, m->target,
+				MIR_SYNC_STALL_NS / 1000000000ull, dbm_dirty_bytes(m->dirty));
+			r = -ETIMEDOUT;
 			break;
 		}
 		if (now >= next) {

@@ -409,6 +409,10 @@ static int vu_get_vring_base(struct vu_server *s, struct vu_msg *m)
 	 * logging is on) before we answer: the frontend may hand the ring to
 	 * another backend, e.g. a migration's destination. */
 	vu__vring_stop(s, (unsigned)i);
+	/* The switch-over of a migration: the last ring stopped with dirty
+	 * logging on (spec "Migration"; a reset or a shutdown has it off). */
+	if (was_started && vu__logging(s) && !vu__rings_running(s) && s->ops->switchover)
+		s->ops->switchover(s->dev);
 	/* A stopped ring waits for a new kick fd to start again. */
 	sys_close(&s->vr[i].kick_fd);
 	vu__release_if_idle(s);

@@ -70,6 +70,11 @@ struct vu_dev_ops {
 	 * a disconnect): give up what claim took.  Not called when rings
 	 * only restart (memory table or kick fd changes). */
 	void (*release)(void *dev);
+	/* Optional.  The last running ring stopped by GET_VRING_BASE while
+	 * dirty logging is on: a migration's switch-over.  What must reach
+	 * the destination before the frontend hears the base (a mirror's
+	 * target, mir.h) goes there now; the reply waits for it. */
+	void (*switchover)(void *dev);
 	/* A running ring is broken (a request or index the driver got wrong
 	 * stopped it; see vq.h): the driver must reset the device.  Reported
 	 * as NEEDS_RESET in GET_STATUS.  Optional. */

@@ -18,7 +18,8 @@
 #   format   build, plus tests/format's oracles (qemu-utils, cryptsetup,
 #            python3-cryptography, gdb): the mutation campaign in tests/run asan
 #   all      everything: build, ops, remote, pkg, the guest tests' QEMU,
-#            kernel, busybox and fio, and tests/format's oracles (qemu-utils,
+#            kernel, busybox, fio and iproute2 (migrate-local's two hosts are
+#            network namespaces), and tests/format's oracles (qemu-utils,
 #            cryptsetup, python3-cryptography, gdb)
 set -euo pipefail
 
@@ -33,7 +34,7 @@ build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev lib
 format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb libnbd-bin python3 python3-libnbd gnutls-bin)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
-            util-linux procps python3 libnbd-bin)
+            util-linux procps python3 libnbd-bin iproute2)
 # (cryptsetup and python3-cryptography: test_remote's LUKS disks on NBD and RBD)
 remote_pkgs=(ceph-mon ceph-osd ceph-common nbdkit qemu-utils qemu-system-common
              qemu-block-extra procps python3 cryptsetup-bin python3-cryptography)

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -48,18 +49,24 @@ bool bdev_engine_is_module(const char *name)
 	return module_find(name) != NULL;
 }
 
-/* The directory of the running executable (malloc'd), or NULL. */
+/* The directory of the running executable (malloc'd), or NULL.  Read
+ * with readlink, not realpath: once the file was replaced under us (a
+ * rebuild, a package upgrade) the link says "PATH (deleted)" and no
+ * longer resolves, but its directory is still the one to look in. */
 static char *exe_dir(void)
 {
-	char *p = realpath("/proc/self/exe", NULL);
-	char *slash = p ? strrchr(p, '/') : NULL;
+	char buf[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+	char *slash;
 
-	if (!slash) {
-		free(p);
+	if (n <= 0)
 		return NULL;
-	}
+	buf[n] = '\0';
+	slash = strrchr(buf, '/');
+	if (!slash)
+		return NULL;
 	*slash = '\0';
-	return p;
+	return strdup(slash == buf ? "/" : buf);
 }
 
 /* Where m's file is: the first of the places bdev.h names that has it

@@ -83,20 +83,8 @@ cut_if=vA
 [[ $cut_ns == "$NSB" ]] && cut_if=vB
 
 # ---- TLS: a CA, B's server certificate (its address); the client has the CA -----
-mkdir -p "$tmp/pki" "$tmp/cli"
-printf 'cn = vblkd test CA\nca\ncert_signing_key\n' >"$tmp/pki/ca.info"
-printf 'cn = vblkd mirror-net\nip_address = %s\ntls_www_server\nencryption_key\nsigning_key\n' \
-    $IPB >"$tmp/pki/server.info"
-if ! (cd "$tmp/pki" &&
-    certtool --generate-privkey >ca-key.pem 2>/dev/null &&
-    certtool --generate-self-signed --load-privkey ca-key.pem --template ca.info \
-        --outfile ca-cert.pem >/dev/null 2>&1 &&
-    certtool --generate-privkey >server-key.pem 2>/dev/null &&
-    certtool --generate-certificate --load-ca-certificate ca-cert.pem --load-ca-privkey ca-key.pem \
-        --load-privkey server-key.pem --template server.info --outfile server-cert.pem >/dev/null 2>&1); then
-    fail "mirror-net: certtool failed"; exit 1
-fi
-cp "$tmp/pki/ca-cert.pem" "$tmp/cli/"
+. "$(dirname "$0")/../nbd/x509.sh"
+x509_make "$tmp/pki" "$tmp/cli" "vblkd mirror-net" --ip $IPB || { fail "mirror-net: certtool failed"; exit 1; }
 
 # ---- the daemons --------------------------------------------------------------
 A=$tmp/A.raw B=$tmp/B.raw

@@ -308,18 +308,8 @@ for img in m-top.qcow2 m-base.raw; do
 done
 
 # ---- TLS: X.509 (qemu-nbd's and nbdkit's directory layout) and PSK ------------
-mkdir -p "$tmp/pki" "$tmp/cli"
-printf 'cn = vblkd test CA\nca\ncert_signing_key\n' >"$tmp/pki/ca.info"
-printf 'cn = localhost\ndns_name = localhost\nip_address = 127.0.0.1\ntls_www_server\nencryption_key\nsigning_key\n' \
-    >"$tmp/pki/server.info"
-(cd "$tmp/pki" &&
-    certtool --generate-privkey >ca-key.pem 2>/dev/null &&
-    certtool --generate-self-signed --load-privkey ca-key.pem --template ca.info \
-        --outfile ca-cert.pem >/dev/null 2>&1 &&
-    certtool --generate-privkey >server-key.pem 2>/dev/null &&
-    certtool --generate-certificate --load-ca-certificate ca-cert.pem --load-ca-privkey ca-key.pem \
-        --load-privkey server-key.pem --template server.info --outfile server-cert.pem >/dev/null 2>&1)
-cp "$tmp/pki/ca-cert.pem" "$tmp/cli/"
+. "$here/x509.sh"
+x509_make "$tmp/pki" "$tmp/cli" localhost --dns localhost --ip 127.0.0.1
 psktool -u alice -p "$tmp/keys.psk" >/dev/null 2>&1
 psktool -u alice -p "$tmp/wrong.psk" >/dev/null 2>&1
 tport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

@@ -285,6 +285,19 @@ static void job_families(FILE *f, const struct job_info *jobs, unsigned n)
 	}
 }
 
+/* One series of a backup's or a mirror's: FAM{name="NAME",job="JOB"} V. */
+static void put_named_job(FILE *f, const char *fam, const char *name, const char *job,
+			  uint64_t v)
+{
+	fputs(fam, f);
+	fputs("{name=", f);
+	put_label_value(f, name);
+	fputs(",job=", f);
+	put_label_value(f, job);
+	fputs("} ", f);
+	put_value(f, PLAIN, v);
+}
+
 static void backup_families(FILE *f, const struct bkp_info *b, unsigned n)
 {
 	static const struct {
@@ -307,14 +320,9 @@ static void backup_families(FILE *f, const struct bkp_info *b, unsigned n)
 	for (unsigned k = 0; k < ARRAY_SIZE(fam); k++) {
 		header(f, fam[k].name, fam[k].help, fam[k].kind);
 		for (unsigned i = 0; i < n; i++) {
-			fputs(fam[k].name, f);
-			fputs("{name=", f);
-			put_label_value(f, b[i].name);
-			fputs(",job=", f);
-			put_label_value(f, b[i].job);
-			fputs("} ", f);
-			put_value(f, PLAIN, *(const uint64_t *)(const void *)
-					    ((const char *)&b[i] + fam[k].off));
+			put_named_job(f, fam[k].name, b[i].name, b[i].job,
+				      *(const uint64_t *)(const void *)((const char *)&b[i] +
+									fam[k].off));
 		}
 	}
 }
@@ -345,13 +353,7 @@ static void mirror_families(FILE *f, const struct mir_info *m, unsigned n)
 			uint64_t v[] = { m[i].dirty, m[i].copied, m[i].zeroed, m[i].passes,
 					 m[i].wb_writes, m[i].ready };
 
-			fputs(fam[k].name, f);
-			fputs("{name=", f);
-			put_label_value(f, m[i].name);
-			fputs(",job=", f);
-			put_label_value(f, m[i].job);
-			fputs("} ", f);
-			put_value(f, PLAIN, v[k]);
+			put_named_job(f, fam[k].name, m[i].name, m[i].job, v[k]);
 		}
 	}
 }

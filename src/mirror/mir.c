@@ -81,6 +81,7 @@ struct mir {
 	uint64_t u_off, u_len;
 	struct wbw *wbws;
 	_Atomic uint64_t wb_writes, wb_conflicts, wb_errors;
+	_Atomic uint64_t wb_inflight;	/* write-blocking writes not completed */
 	/* mir_sync: a flush asked for (req) and the last one that found
 	 * nothing dirty (done); flush_gen: the request the job's flush in
 	 * flight answers (the job's loop). */
@@ -156,6 +157,7 @@ static void wb_finish(struct wbw *w)
 	io->cb = io->up_cb;
 	io->up_cb = NULL;
 	io->up_priv = NULL;
+	atomic_fetch_sub_explicit(&m->wb_inflight, 1, memory_order_release);
 	atomic_fetch_sub_explicit(&m->writes, 1, memory_order_release);
 	io->cb(io, res);
 }
@@ -253,6 +255,7 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		pthread_mutex_unlock(&m->lk);
 		io->up_priv = w;
 		io->cb = wb_source_done;
+		atomic_fetch_add_explicit(&m->wb_inflight, 1, memory_order_relaxed);
 	} else {
 		/* Background mode (or a thread with no target connection):
 		 * marked as it completes. */
@@ -657,10 +660,25 @@ static int tctxs_new(struct mir *m)
 	return 0;
 }
 
+static void do_grace(void *opaque)
+{
+	(void)opaque;
+}
+
 /* Everything start took, let go (the struct stays for the job). */
 static void teardown(struct mir *m, bool remove_target)
 {
 	if (m->filtered) {
+		/* Write-blocking writes done first, the filter still set: a
+		 * front that drains meanwhile (an NBD connection closing on
+		 * its iothread) waits for them through wdrain, which it could
+		 * not once the filter is gone. */
+		set_mode(m, MIR_BACKGROUND);
+		/* No iothread still inside wsubmit under the old mode. */
+		for (unsigned i = 0; i < m->d->num_iothreads; i++)
+			loop_call_sync(m->d->iot[i].loop, do_grace, NULL);
+		while (atomic_load_explicit(&m->wb_inflight, memory_order_acquire))
+			usleep(100);
 		(void)disk_wfilter_set(m->d, NULL);
 		/* A write in flight completes through wdone, which uses m. */
 		while (atomic_load_explicit(&m->writes, memory_order_acquire))

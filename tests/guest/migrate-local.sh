@@ -23,6 +23,15 @@
 # in the guest as written, the final image on A holds what the guest read
 # last (md5 of both ranges), each vblkd exits 0, and a qcow2 destination
 # stays sparse (qemu-img check clean, data only where it was written).
+# A fault on the way (issue 47's third case, one format only): on the
+# A -> B hop, once the mirror is ready and before the switch-over, vblkd
+# A is killed (SIGKILL) and started again with the same arguments; QEMU A
+# (chardev reconnect=1) reconnects and hands it its in-flight region, the
+# rings restart; the mirror died with the process (not persistent):
+# mirror list is empty, and a second mirror start into the same incoming
+# export (B's rings never started: it still takes writes) copies the whole
+# disk again and gets ready; the hop goes on as above, and the checks
+# after it (the guest's verify, the md5s) cover the data.
 # Prints PASS:/FAIL: lines for tests/run, each hop's downtime and the
 # mirrors' time to ready.
 #
@@ -30,6 +39,9 @@
 # Environment:
 #   VBLK_MLOC_FORMATS="raw qcow2"   disk formats to run (one boot each)
 #   VBLK_MIGRATE_BANDWIDTH          max-bandwidth, bytes/s (default 4 GiB/s)
+#   VBLK_MLOC_KILL_SOURCE="raw"     formats whose A -> B hop kills and restarts
+#                                   the source's vblkd once the mirror is
+#                                   ready ("" for none)
 set -uo pipefail
 VBLKD=${1:?usage: migrate-local.sh PATH/TO/vblkd}
 CTL=$(dirname "$VBLKD")/vblkctl
@@ -41,6 +53,7 @@ set +e
 # writes in live migration otherwise (see tests/guest/migrate.sh).
 export VBLK_GUEST_MEM=${VBLK_GUEST_MEM:-524296K}
 formats=${VBLK_MLOC_FORMATS:-raw qcow2}
+kill_source=${VBLK_MLOC_KILL_SOURCE-raw}
 bw=${VBLK_MIGRATE_BANDWIDTH:-4294967296}
 gb="$VBLK_REPO_ROOT/build/guest"
 logs="$VBLK_REPO_ROOT/build/test-logs/migrate-local"
@@ -62,6 +75,7 @@ mkdir -p "$logs"
 work=$(mktemp -d /tmp/vblk-mloc.XXXXXX)
 
 declare -A dpid=() # host (A/B) -> its vblkd
+declare -A dopts=() # host -> its vblkd's options (daemon_start's), quoted
 declare -A qpid=() # QEMU (A1, B, A2) -> pid (timeout(1) wrapping it)
 probe_pid=""
 cleanup() {
@@ -138,6 +152,7 @@ new_disk() {
 daemon_start() {
     local h=$1 log=$logs/$name.vblkd-$2.log
     shift 2
+    dopts[$h]=${*@Q}
     rm -f "$work/$h/vhost.sock" "$work/$h/ctl.sock"
     # ip execs vblkd: $! is vblkd (in_ns would leave a shell in between).
     ip netns exec "${ns[$h]}" "$VBLKD" --socket "$work/$h/vhost.sock" --disk "$work/$h/disk.$fmt" --format "$fmt" \
@@ -242,6 +257,86 @@ mirror_start() {
     job=$(jget 'd["job"]' <<<"$out" 2>/dev/null)
 }
 
+# kill_source SRC DST QSRC HN MODE...: issue 47's third fault, between
+# the mirror's ready and the switch-over: host SRC's vblkd killed
+# (SIGKILL) and started again with the same arguments, its log kept as
+# .killedK; QEMU QSRC (chardev reconnect=1) reconnects to it, hands it its
+# in-flight region and its rings start again (the disk locked for
+# writing).  The mirror died with the process (not persistent): mirror
+# list is empty.  A second mirror (MODE) into host DST's incoming export,
+# which still takes writes (its rings never started), copies the whole
+# disk again (its bitmap starts full: what the first one copied counts for
+# nothing; checked: copied and zeroed bytes add up to the disk's size at
+# least) and gets ready; its job id in $job, its list entry in $minfo.
+# Up to 3 rounds of all that, until a kill finds guest requests in flight
+# (the new vblkd resubmits them; the kill is aimed at them, see below).
+kill_source() {
+    local src=$1 dst=$2 qs=$3 hn=$4 log=$logs/$name.vblkd-$3.log t0 trec i k st
+    local what1="$hn-source-killed-after-ready-qemu-reconnected-to-the-restarted-vblkd"
+    local what2="$hn-source-killed-after-ready-mirror-gone-second-mirror-ready"
+    shift 4
+    for k in 1 2 3; do
+        # Aimed at guest requests in flight: under TCG the guest leaves
+        # vblkd idle most of the time, so a QoS limit holds its requests
+        # there for a moment (the restarted vblkd has none); the kill once
+        # vblkd counts some in flight (its stats: the disk's counter comes
+        # first), or after 3 s.
+        ctl "$src" set-limits iops-total=50 >/dev/null
+        for ((i = 0; i < 40; i++)); do
+            [[ $(ctl "$src" stats 2>/dev/null | grep -o '"in_flight": [0-9]*' | head -1) == *[1-9]* ]] && break
+            sleep 0.05
+        done
+        t0=$SECONDS
+        kill -9 "${dpid[$src]}"
+        wait "${dpid[$src]}" 2>/dev/null
+        unset "dpid[$src]"
+        mv "$log" "$log.killed$k"
+        eval "daemon_start $src $qs ${dopts[$src]}" || return 1
+        for ((i = 0; i < 150; i++)); do
+            grep -q "in-flight region from the frontend" "$log" && grep -q "locked for writing" "$log" && break
+            kill -0 "${qpid[$qs]}" 2>/dev/null || break
+            sleep 0.1
+        done
+        if ((i == 150)) || ! kill -0 "${qpid[$qs]}" 2>/dev/null; then
+            st="no in-flight region from QEMU $qs or no ring start in 15 s"
+            kill -0 "${qpid[$qs]}" 2>/dev/null || st="QEMU $qs exited"
+            fail "$what1" "kill $k: $st (see $log, $log.killed$k, $logs/$name.qemu-$qs.log)"
+            return 1
+        fi
+        trec=$((SECONDS - t0))
+        out=$(ctl "$src" mirror list 2>&1)
+        st=$(jget 'len(d["mirrors"])' <<<"$out" 2>/dev/null)
+        if [[ $st != 0 ]]; then
+            fail "$what2" "kill $k: mirror list after the restart: $out"
+            return 1
+        fi
+        mirror_start "$src" "$dst" "$@"
+        if [[ -z $job ]]; then
+            fail "$what2" "kill $k: mirror start after the restart: $out"
+            return 1
+        fi
+        if ! mirror_ready "$src" 180; then
+            fail "$what2" "kill $k: ${minfo:-$(ctl "$src" mirror list 2>&1)}; $(ctl "$src" job list 2>&1 | tr -d '\n')"
+            return 1
+        fi
+        # B got part of the disk from the mirror killed: only a copy of all
+        # of it again (data or zeroes) makes B whole.
+        if (($(jget 'd["copied_bytes"] + d["zeroed_bytes"]' <<<"$minfo") < SIZE)); then
+            fail "$what2" "kill $k: the new mirror got ready without copying the whole disk again: $minfo"
+            return 1
+        fi
+        # (vblkd logs the resubmission as the ring starts: long done now)
+        st=$(grep -ho "resubmitting [0-9]* requests" "$log")
+        echo "  ($hn: kill $k of vblkd $src after the mirror's ready: QEMU $qs back on the restarted one in" \
+            "$trec s, ${st:-none in flight}; mirror $* again ready in $(jget 'd["ready_seconds"]' <<<"$minfo") s," \
+            "$(jget 'd["passes"]' <<<"$minfo") passes, $(jget 'd["copied_bytes"] >> 20' <<<"$minfo") MiB" \
+            "copied, $(jget 'd["zeroed_bytes"] >> 20' <<<"$minfo") MiB as zeroes)"
+        [[ -n $st ]] && break
+    done
+    pass "$what1 (its rings restarted; kills: $k, ${st:-none found requests in flight})"
+    pass "$what2 (mirror list empty after each restart; each new mirror copied the whole disk)"
+}
+
 # hop SRC DST QSRC QDST HOW: the VM on QEMU QSRC (host SRC) moves to a
 # new QEMU QDST on host DST, its disk mirrored first into a fresh one
 # there.  HOW: blocking (the mirror started write-blocking) or switch
@@ -267,6 +362,11 @@ hop() {
     else
         fail "$hn-mirror-ready" "${minfo:-$(ctl "$src" mirror list 2>&1)}; $(ctl "$src" job list 2>&1 | tr -d '\n')"
         return 1
+    fi
+    # The fault, on the first hop of the formats chosen (QEMU A1 was
+    # started with reconnect=1 for it).
+    if [[ $qs == A1 && " $kill_source " == *" $fmt "* ]]; then
+        kill_source "$src" "$dst" "$qs" "$hn" "${mode[@]}" || return 1
     fi
     if [[ $how == switch ]]; then
         if out=$(ctl "$src" mirror change m "${mode_blocking[@]}" 2>&1) &&
@@ -416,7 +516,11 @@ run() {
     rm -f "$work/seed" "$work/pre"
 
     daemon_start A A1 || return 1
+    # QEMU A1 reconnects to a restarted vblkd A (kill_source).
+    unset VBLK_GUEST_CHARDEV_OPTS
+    if [[ " $kill_source " == *" $fmt "* ]]; then export VBLK_GUEST_CHARDEV_OPTS=",reconnect=1"; fi
     qemu_start A1 || return 1
+    unset VBLK_GUEST_CHARDEV_OPTS # not on B nor A2
     guest_wait_log "$logs/$name.qemu-A1.log" "migrate fio start" 120 "${qpid[A1]}"
     case $? in
     0) ;;

@@ -122,20 +122,10 @@ net_up || { fail migrate-local-network "cannot set up the namespaces and veth pa
 
 # One CA; one server certificate for both hosts' vblkd (both addresses);
 # clients (the mirrors) hold the CA only.
-mkdir -p "$work/pki" "$work/cli"
-printf 'cn = vblkd test CA\nca\ncert_signing_key\n' >"$work/pki/ca.info"
-printf 'cn = vblkd migrate-local\nip_address = %s\nip_address = %s\ntls_www_server\nencryption_key\nsigning_key\n' \
-    "${ip[A]}" "${ip[B]}" >"$work/pki/server.info"
-if ! (cd "$work/pki" &&
-    certtool --generate-privkey >ca-key.pem 2>/dev/null &&
-    certtool --generate-self-signed --load-privkey ca-key.pem --template ca.info \
-        --outfile ca-cert.pem >/dev/null 2>&1 &&
-    certtool --generate-privkey >server-key.pem 2>/dev/null &&
-    certtool --generate-certificate --load-ca-certificate ca-cert.pem --load-ca-privkey ca-key.pem \
-        --load-privkey server-key.pem --template server.info --outfile server-cert.pem >/dev/null 2>&1); then
+. "$here/../nbd/x509.sh"
+if ! x509_make "$work/pki" "$work/cli" "vblkd migrate-local" --ip "${ip[A]}" --ip "${ip[B]}"; then
     fail migrate-local-certs "certtool failed"; exit 1
 fi
-cp "$work/pki/ca-cert.pem" "$work/cli/"
 
 # ---- one host's pieces ---------------------------------------------------------
 # new_disk H: an empty disk of the source's size on host H, in place of

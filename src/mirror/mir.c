@@ -34,6 +34,8 @@
 #define MIR_READY_POLL_NS (10ull * 1000000)
 /* The switch-over's wait gives up after this long without progress. */
 #define MIR_SYNC_STALL_NS (30ull * 1000000000)
+/* Runs a unit copies at once. */
+#define MIR_PAR 8
 
 struct mir {
 	struct mir_set *set;
@@ -54,11 +56,22 @@ struct mir {
 	struct dbm *dirty;
 	struct job *job;
 	struct loop_timer *poll;
-	uint64_t size, cursor, off, len;
-	uint8_t *buf;
-	struct bdev_io rio, wio;
-	struct iovec iov;
-	bool zero_unit, flushed, ready, claimed, done, by_main;
+	uint64_t size, cursor;
+	uint8_t *buf;		/* MIR_PAR runs of MIR_UNIT_MAX */
+	/* A unit: up to MIR_PAR runs copied at once (QEMU's mirror keeps
+	 * several in flight too), done when the last one is. */
+	struct mir_op {
+		struct mir *m;
+		uint64_t off, len;
+		struct bdev_io rio, wio;
+		struct iovec iov;
+		bool zero;
+	} ops[MIR_PAR];
+	unsigned nops, left;
+	int unit_res;
+	uint64_t unit_bytes;
+	struct bdev_io fio;	/* the target's flush */
+	bool flushed, ready, claimed, done, by_main;
 	bool gone;		/* torn down: progress says final (the job's loop) */
 	uint64_t final_dirty;
 	_Atomic bool ended;
@@ -280,68 +293,94 @@ static void wdrain(void *opaque, struct disk_iothread *t)
 
 /* ---- The job's loop ------------------------------------------------------ */
 
-/* The unit's range is no longer in flight (its write done or failed). */
-static void unit_end(struct mir *m)
+/* One run of the unit done (written, or failed): the last one ends the
+ * unit, its range no longer in flight. */
+static void op_end(struct mir_op *op, int res)
 {
-	pthread_mutex_lock(&m->lk);
-	m->u_busy = false;
-	pthread_mutex_unlock(&m->lk);
-}
-
-static void unit_written(struct bdev_io *io, int res)
-{
-	struct mir *m = container_of(io, struct mir, wio);
-
-	if (io->op != BDEV_FLUSH)
-		unit_end(m);
+	struct mir *m = op->m;
 
 	if (res < 0) {
 		/* Copied again by a later pass (the error policy may pause
 		 * the job first). */
-		dbm_set(m->dirty, m->off, m->len);
-		job_set_error(m->job, "writing %llu bytes at %llu to %s failed: %s",
-			      (unsigned long long)m->len, (unsigned long long)m->off, m->target,
-			      strerror(-res));
-	} else if (io->op == BDEV_FLUSH) {
-		m->flushed = true;
-		if (!dbm_dirty_bytes(m->dirty))
-			atomic_store(&m->sync_done, m->flush_gen);
+		dbm_set(m->dirty, op->off, op->len);
+		if (!m->unit_res)
+			m->unit_res = res;
 	} else {
-		atomic_fetch_add_explicit(m->zero_unit ? &m->zeroed : &m->copied, m->len,
+		atomic_fetch_add_explicit(op->zero ? &m->zeroed : &m->copied, op->len,
 					  memory_order_relaxed);
+		m->unit_bytes += op->len;
 	}
-	job_step_done(m->job, res, io->op == BDEV_FLUSH ? 0 : m->len);
+	if (--m->left)
+		return;
+	pthread_mutex_lock(&m->lk);
+	m->u_busy = false;
+	pthread_mutex_unlock(&m->lk);
+	job_step_done(m->job, m->unit_res, m->unit_bytes);
 }
 
-static void unit_read(struct bdev_io *io, int res)
+static void op_written(struct bdev_io *io, int res)
 {
-	struct mir *m = container_of(io, struct mir, rio);
+	struct mir_op *op = container_of(io, struct mir_op, wio);
+
+	if (res < 0 && !op->m->unit_res)
+		job_set_error(op->m->job, "writing %llu bytes at %llu to %s failed: %s",
+			      (unsigned long long)op->len, (unsigned long long)op->off,
+			      op->m->target, strerror(-res));
+	op_end(op, res);
+}
+
+static void op_write(struct mir_op *op)
+{
+	struct mir *m = op->m;
+
+	if (op->zero)
+		op->wio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = op->off,
+					    .length = op->len, .unmap = true, .cb = op_written };
+	else
+		op->wio = (struct bdev_io){ .op = BDEV_WRITE, .offset = op->off, .iov = &op->iov,
+					    .iovcnt = 1, .cb = op_written };
+	bdev_submit(&m->tgt, m->tctx, &op->wio);
+}
+
+static void op_read(struct bdev_io *io, int res)
+{
+	struct mir_op *op = container_of(io, struct mir_op, rio);
+	struct mir *m = op->m;
+	const uint8_t *p = op->iov.iov_base;
 
 	if (res < 0) {
-		dbm_set(m->dirty, m->off, m->len);
-		unit_end(m);
-		job_set_error(m->job, "reading %llu bytes at %llu failed: %s",
-			      (unsigned long long)m->len, (unsigned long long)m->off, strerror(-res));
-		job_step_done(m->job, res, 0);
+		if (!m->unit_res)
+			job_set_error(m->job, "reading %llu bytes at %llu failed: %s",
+				      (unsigned long long)op->len, (unsigned long long)op->off,
+				      strerror(-res));
+		op_end(op, res);
 		return;
 	}
 	/* Zeroes read: written as zeroes (the target stays sparse). */
-	m->zero_unit = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) && !m->buf[0] &&
-		       !memcmp(m->buf, m->buf + 1, m->len - 1);
-	if (m->zero_unit)
-		m->wio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = m->off,
-					   .length = m->len, .unmap = true, .cb = unit_written };
-	else
-		m->wio = (struct bdev_io){ .op = BDEV_WRITE, .offset = m->off, .iov = &m->iov,
-					   .iovcnt = 1, .cb = unit_written };
-	bdev_submit(&m->tgt, m->tctx, &m->wio);
+	op->zero = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) && !p[0] &&
+		   !memcmp(p, p + 1, op->len - 1);
+	op_write(op);
 	m->tgt.engine->kick(m->tctx);
 }
 
-/* Reads as zeroes throughout (the disk's block status)? */
-static bool unit_zero(struct mir *m)
+static void flush_done(struct bdev_io *io, int res)
 {
-	for (uint64_t o = m->off, left = m->len; left;) {
+	struct mir *m = container_of(io, struct mir, fio);
+
+	if (res < 0) {
+		job_set_error(m->job, "flushing %s failed: %s", m->target, strerror(-res));
+	} else {
+		m->flushed = true;
+		if (!dbm_dirty_bytes(m->dirty))
+			atomic_store(&m->sync_done, m->flush_gen);
+	}
+	job_step_done(m->job, res, 0);
+}
+
+/* Reads as zeroes throughout (the disk's block status)? */
+static bool unit_zero(struct mir *m, uint64_t off, uint64_t len)
+{
+	for (uint64_t o = off, left = len; left;) {
 		struct fmt_extent e;
 
 		if (fmt_block_status(m->d->b, o, left, &e) < 0 || !(e.flags & FMT_EXT_ZERO))
@@ -360,10 +399,17 @@ static int step(struct job *j, void *priv)
 
 	if (!m->t0)
 		m->t0 = sys_now_ns();
-	/* The next dirty run from the cursor. */
-	while (m->cursor < m->size &&
-	       !(dirty = dbm_extent(m->dirty, m->cursor, MIR_UNIT_MAX, &len)))
+	/* The next dirty runs from the cursor (this pass). */
+	m->nops = 0;
+	while (m->nops < MIR_PAR && m->cursor < m->size) {
+		if (!dbm_extent(m->dirty, m->cursor, MIR_UNIT_MAX, &len)) {
+			m->cursor += len;
+			continue;
+		}
+		m->ops[m->nops++] = (struct mir_op){ .m = m, .off = m->cursor, .len = len };
 		m->cursor += len;
+	}
+	dirty = m->nops != 0;
 	if (!dirty) {
 		m->cursor = 0;
 		if (dbm_dirty_bytes(m->dirty)) {
@@ -376,8 +422,8 @@ static int step(struct job *j, void *priv)
 			/* A flush asked for by mir_sync covers every write
 			 * done before it asked. */
 			m->flush_gen = want;
-			m->wio = (struct bdev_io){ .op = BDEV_FLUSH, .cb = unit_written };
-			bdev_submit(&m->tgt, m->tctx, &m->wio);
+			m->fio = (struct bdev_io){ .op = BDEV_FLUSH, .cb = flush_done };
+			bdev_submit(&m->tgt, m->tctx, &m->fio);
 			m->tgt.engine->kick(m->tctx);
 			return JOB_STEP_IO;
 		}
@@ -392,35 +438,42 @@ static int step(struct job *j, void *priv)
 		loop_timer_mod(m->poll, sys_now_ns() + MIR_READY_POLL_NS);
 		return JOB_STEP_END;
 	}
-	m->off = m->cursor;
-	m->len = len;
-	m->cursor += len;
 	m->flushed = false;
+	m->left = m->nops;
+	m->unit_res = 0;
+	m->unit_bytes = 0;
 	/* Taken before the copy: a write from now on marks it again (and a
 	 * write-blocking one that completes while the unit is out leaves
-	 * the target to it: wb_source_done). */
+	 * the target to it: wb_source_done).  The runs ascend: their span
+	 * is the unit's range. */
 	pthread_mutex_lock(&m->lk);
 	m->u_busy = true;
-	m->u_off = m->off;
-	m->u_len = m->len;
-	dbm_reset(m->dirty, m->off, m->len);
+	m->u_off = m->ops[0].off;
+	m->u_len = m->ops[m->nops - 1].off + m->ops[m->nops - 1].len - m->u_off;
+	for (unsigned i = 0; i < m->nops; i++)
+		dbm_reset(m->dirty, m->ops[i].off, m->ops[i].len);
 	pthread_mutex_unlock(&m->lk);
 	job_set_progress(j, m->size - dbm_dirty_bytes(m->dirty), m->size);
-	/* The status where it costs nothing (qcow2); a raw file's lseek walks
-	 * tmpfs's page cache to the next hole: read, and look (unit_read). */
-	m->zero_unit = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) &&
-		       fmt_block_status_cheap(m->d->b) && unit_zero(m);
-	if (m->zero_unit) {
-		m->wio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = m->off,
-					   .length = m->len, .unmap = true, .cb = unit_written };
-		bdev_submit(&m->tgt, m->tctx, &m->wio);
-		m->tgt.engine->kick(m->tctx);
-		return JOB_STEP_IO;
+	for (unsigned i = 0; i < m->nops; i++) {
+		struct mir_op *op = &m->ops[i];
+
+		op->iov = (struct iovec){ m->buf + (size_t)i * MIR_UNIT_MAX, op->len };
+		/* The status where it costs nothing (qcow2); a raw file's
+		 * lseek walks tmpfs's page cache to the next hole: read, and
+		 * look (op_read). */
+		op->zero = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) &&
+			   fmt_block_status_cheap(m->d->b) && unit_zero(m, op->off, op->len);
+		if (op->zero) {
+			op_write(op);
+			continue;
+		}
+		op->rio = (struct bdev_io){ .op = BDEV_READ, .offset = op->off, .iov = &op->iov,
+					    .iovcnt = 1, .cb = op_read };
+		disk_submit(m->d, m->t, &op->rio);
 	}
-	m->iov = (struct iovec){ m->buf, m->len };
-	m->rio = (struct bdev_io){ .op = BDEV_READ, .offset = m->off, .iov = &m->iov,
-				   .iovcnt = 1, .cb = unit_read };
-	disk_submit(m->d, m->t, &m->rio);
+	/* Completions may run inside these (a read answered at once): the
+	 * unit's state is set up before. */
+	m->tgt.engine->kick(m->tctx);
 	disk_kick(m->d, m->t);
 	return JOB_STEP_IO;
 }
@@ -781,7 +834,7 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 	m->size = READ_ONCE(d->b->size);
 	snprintf(m->name, sizeof(m->name), "%s", o->name);
 	snprintf(m->target, sizeof(m->target), "%s", o->target);
-	if (posix_memalign((void **)&m->buf, 4096, MIR_UNIT_MAX)) {
+	if (posix_memalign((void **)&m->buf, 4096, (size_t)MIR_PAR * MIR_UNIT_MAX)) {
 		m->buf = NULL;
 		snprintf(err, errlen, "out of memory");
 		r = -ENOMEM;

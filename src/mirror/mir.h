@@ -45,7 +45,7 @@ struct disk;
 struct loop;
 struct json_object;
 
-#define MIR_UNIT_MAX (1u << 20)	/* bytes one unit copies at most */
+#define MIR_UNIT_MAX (1u << 20)	/* bytes one run copies at most (a unit: 8 runs) */
 
 enum mir_mode {
 	MIR_BACKGROUND,		/* writes marked, copied by the job */

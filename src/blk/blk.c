@@ -866,7 +866,7 @@ static void blk_switchover(void *opaque)
 {
 	struct blk_dev *d = opaque;
 
-	(void)disk_rings_stopped(d->disk);
+	(void)disk_switchover(d->disk);
 }
 
 static void blk_queue_set_fds(void *opaque, unsigned idx, int call_fd, int err_fd)

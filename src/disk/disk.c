@@ -361,7 +361,7 @@ static void do_wfilter_grace(void *opaque)
 {
 }
 
-int disk_rings_stopped(struct disk *d)
+int disk_switchover(struct disk *d)
 {
 	const struct disk_wfilter *f = atomic_load_explicit(&d->wfilter, memory_order_acquire);
 

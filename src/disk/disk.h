@@ -183,7 +183,7 @@ struct disk_wfilter {
 	void (*submit)(void *opaque, struct disk_iothread *t, struct bdev_io *io);
 	/* Optional.  drain: on iothread t, every write of t's that the
 	 * filter holds is completed (disk_drain).  sync: on the main thread,
-	 * when the guest's rings all stopped (disk_rings_stopped), whatever
+	 * at a migration's switch-over (disk_switchover), whatever
 	 * the filter owes elsewhere for the writes completed so far is done
 	 * (a mirror: its target has them, flushed) before the caller goes
 	 * on; 0 or -errno (it could not: logged). */
@@ -271,11 +271,11 @@ static inline void disk_drain(struct disk *d, struct disk_iothread *t)
 	if (__builtin_expect(f != NULL, 0) && f->drain)
 		f->drain(f->opaque, t);
 }
-/* The virtio-blk front's rings all stopped (GET_VRING_BASE of each: a
- * migration's switch-over, a shutdown): the write filter's sync (a
- * mirror's target brought up to date) before the stop is answered.
- * Main thread. */
-int disk_rings_stopped(struct disk *d);
+/* A migration's switch-over: the virtio-blk front's last ring stopped by
+ * GET_VRING_BASE with dirty logging on (vu.h switchover; a shutdown or a
+ * reset does not come here): the write filter's sync (a mirror's target
+ * brought up to date) before the stop is answered.  Main thread. */
+int disk_switchover(struct disk *d);
 static inline bool disk_wfilter_on(const struct disk *d)
 {
 	return atomic_load_explicit(&d->wfilter, memory_order_relaxed) != NULL;

@@ -395,7 +395,6 @@ static int step(struct job *j, void *priv)
 {
 	struct mir *m = priv;
 	uint64_t len = 0;
-	bool dirty = false;
 
 	if (!m->t0)
 		m->t0 = sys_now_ns();
@@ -409,8 +408,7 @@ static int step(struct job *j, void *priv)
 		m->ops[m->nops++] = (struct mir_op){ .m = m, .off = m->cursor, .len = len };
 		m->cursor += len;
 	}
-	dirty = m->nops != 0;
-	if (!dirty) {
+	if (!m->nops) {
 		m->cursor = 0;
 		if (dbm_dirty_bytes(m->dirty)) {
 			atomic_fetch_add(&m->passes, 1);
@@ -575,7 +573,7 @@ static void do_kick(void *opaque)
 }
 
 /*
- * The guest's rings all stopped (disk_rings_stopped, the switch-over):
+ * A migration's switch-over (disk_switchover: the last ring stopped):
  * the job copies what is dirty and flushes the target; wait for a flush
  * asked after now that found nothing dirty.  No front of the guest
  * writes meanwhile (an NBD client's write may: it is copied too).

@@ -25,8 +25,8 @@
  * switchable at run time (mir_change).
  *
  * The hand-over at a migration's switch-over: the mirror is the disk's
- * write filter, and when the guest's rings all stop (GET_VRING_BASE,
- * disk_rings_stopped) its sync waits until the target has every write
+ * write filter, and when the last ring stops by GET_VRING_BASE with dirty
+ * logging on (disk_switchover) its sync waits until the target has every write
  * the guest saw complete, flushed, before the frontend hears where the
  * rings stopped; the destination's rings start after that.
  *

@@ -82,6 +82,17 @@ static unsigned front_resume(void *opaque)
 	return n;
 }
 
+/* disk_front.rebind: the disk's image replaced, every iothread parked
+ * (no loop_call_sync here): the device's copies taken again. */
+static void front_rebind(void *opaque)
+{
+	struct blk_dev *d = opaque;
+
+	d->b = d->disk->b;
+	for (unsigned i = 0; i < d->num_iothreads; i++)
+		d->iot[i].bctx = d->iot[i].dt->bctx;
+}
+
 void blk__held_at_stop(struct blk_queue *q)
 {
 	struct blk_req *r = q->held_head;
@@ -120,7 +131,8 @@ void blk__held_at_stop(struct blk_queue *q)
 
 void blk__held_init(struct blk_dev *d)
 {
-	d->front = (struct disk_front){ .name = "virtio-blk", .resume = front_resume, .opaque = d };
+	d->front = (struct disk_front){ .name = "virtio-blk", .resume = front_resume,
+				      .rebind = front_rebind, .opaque = d };
 	disk_front_add(d->disk, &d->front);
 }
 

@@ -184,6 +184,7 @@ int disk_new(struct bdev *b, const struct disk_opts *o, struct disk **out)
 		return r;
 	}
 	d->b = b;
+	d->file = o->file ? o->file : b;
 	pthread_mutex_init(&d->bm_lock, NULL);
 	/* A raw disk's bitmap file (bmfile.c): where --bitmap-file says, or
 	 * beside a regular file. */

@@ -79,6 +79,10 @@ struct disk_front {
 	const char *name;		/* "virtio-blk", "nbd" */
 	unsigned (*resume)(void *opaque);
 	void (*acct)(void *opaque, struct acct *sum);
+	/* Optional: the disk's image and its iothreads' ctxs were replaced
+	 * (disk_replace_image), every iothread parked: copies of d->b or
+	 * of a disk_iothread's bctx the front keeps are taken again. */
+	void (*rebind)(void *opaque);
 	void *opaque;
 	struct disk_front *next;
 };
@@ -104,6 +108,9 @@ struct disk_opts {
 	/* A raw disk's bitmap file (bmfile.c); NULL: the default, beside a
 	 * regular file. */
 	const char *bitmap_file;
+	/* The file under the disk's format (disk_open_image's; NULL: b
+	 * itself): the disk keeps them together (disk_replace_image). */
+	struct bdev *file;
 };
 
 struct disk_iothread {
@@ -116,6 +123,7 @@ struct disk_iothread {
 
 struct disk {
 	struct bdev *b;			/* what the fronts serve */
+	struct bdev *file;		/* the file under it (b for raw); main */
 	unsigned num_iothreads;
 	struct disk_iothread *iot;
 	/* Fronts that hold the disk now (disk_claim); main thread. */
@@ -215,6 +223,31 @@ int disk_open_image(const struct bdev_opts *bo, const struct fmt_opts *fo, unsig
  * format could not write its tables back.  Main thread, every front and
  * iothread gone. */
 int disk_close_image(struct bdev *disk, struct bdev *file);
+
+/*
+ * Serve b (over file; b itself for raw) instead of the disk's image from
+ * now on: a mirror's pivot (mir.h).  b is checked (the disk's size, as
+ * many iothreads, writable if the disk is) and taken as a claim takes an
+ * image if a front holds the disk; an engine ctx of b is made on every
+ * iothread; then every iothread is parked at once, each after draining
+ * what it has in flight (disk_drain) and q->quiesce's own I/O of that
+ * thread.  With all parked, q->ready says whether the switch is right
+ * now: 0 yes, -EAGAIN not yet (the caller tries again), another -errno
+ * no (why in err).  On yes: d->b, d->file and every ctx replaced, the
+ * write filter cleared (it served the old image), each front's rebind,
+ * and the iothreads go on.  The old image's ctxs are freed and its claim
+ * let go; *oldb and *oldfile are the caller's to close
+ * (disk_close_image).  Refused (-EBUSY, one line): a paused disk, or
+ * persistent bitmaps kept with the old image.  Main thread.
+ */
+struct disk_quiesce {
+	void (*quiesce)(void *opaque, struct disk_iothread *t);
+	int (*ready)(void *opaque, char *err, size_t errlen);
+	void *opaque;
+};
+int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
+		       const struct disk_quiesce *q, struct bdev **oldb, struct bdev **oldfile,
+		       char *err, size_t errlen);
 
 /* Start the iothreads that serve b, each with its engine ctx.  0 and
  * *out, or -errno (one line logged).  Main thread. */

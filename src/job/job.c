@@ -533,6 +533,23 @@ int job_cancel(const char *id, char *err, size_t errlen)
 
 int job_complete(const char *id, char *err, size_t errlen)
 {
+	struct job *j = find(id, err, errlen);
+	struct job_info i;
+	int r;
+
+	if (!j)
+		return -ENOENT;
+	if (j->ops->prepare_complete) {
+		call(j, V_INFO, &(struct call){ .info = &i });
+		if (i.state != JOB_READY) {
+			snprintf(err, errlen, "job %s is %s: it cannot be completed before it is "
+				 "ready", id, job_state_name(i.state));
+			return -EINVAL;
+		}
+		r = j->ops->prepare_complete(j->priv, err, errlen);
+		if (r < 0)
+			return r;
+	}
 	return verb(id, V_COMPLETE, 0, err, errlen);
 }
 

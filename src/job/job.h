@@ -76,6 +76,11 @@ struct job_ops {
 	 * itself.  Ready, vblkctl job complete: 0 and a summary, or -errno
 	 * and why (the job stays ready). */
 	int (*complete)(struct job *j, void *priv, char *msg, size_t len);
+	/* Optional: the main thread's part of a complete, before complete
+	 * runs on the loop (a local mirror's pivot, which parks every
+	 * iothread: disk_replace_image).  Only for a ready job; 0, or
+	 * -errno and one line in err (the job stays ready). */
+	int (*prepare_complete)(void *priv, char *err, size_t errlen);
 	/* The job concluded (finished, failed or cancelled; no unit in
 	 * flight): let go of what a run holds.  May be NULL. */
 	void (*end)(struct job *j, void *priv);

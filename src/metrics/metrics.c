@@ -460,7 +460,7 @@ static uint64_t clock_ns(clockid_t c)
 }
 
 void metrics_source_init(struct metrics_source *m, struct blk_dev *dev,
-			 const struct bdev *disk)
+			 struct bdev *const *disk)
 {
 	*m = (struct metrics_source){ .dev = dev, .disk = disk,
 				      .start_time_ns = clock_ns(CLOCK_REALTIME) };
@@ -469,15 +469,16 @@ void metrics_source_init(struct metrics_source *m, struct blk_dev *dev,
 int metrics_render(const struct metrics_source *src, char **out)
 {
 	struct blk_stats st;
+	const struct bdev *b = *src->disk;
 	struct metrics_snapshot s = {
 		.blk = &st,
 		.version = VBLKD_VERSION,
-		.disk_path = src->disk->path,
-		.engine = src->disk->engine->name,
+		.disk_path = b->path,
+		.engine = b->engine->name,
 		/* A resize on this thread grows it; READ_ONCE as the
 		 * iothreads read it. */
-		.disk_size = READ_ONCE(src->disk->size),
-		.read_only = src->disk->read_only,
+		.disk_size = READ_ONCE(b->size),
+		.read_only = b->read_only,
 		.frontend_connected = src->srv && vu_server_connected(src->srv),
 		.frontend_connections = src->srv ? vu_server_connections(src->srv) : 0,
 		.start_time_ns = src->start_time_ns,

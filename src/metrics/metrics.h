@@ -43,7 +43,9 @@ struct vu_server;
  * the main thread at each scrape. */
 struct metrics_source {
 	struct blk_dev *dev;
-	const struct bdev *disk;	/* size (grows on resize), path, engine */
+	/* *disk: the disk served now (a mirror's pivot replaces it): size
+	 * (grows on resize), path, engine */
+	struct bdev *const *disk;
 	struct vu_server *srv;		/* NULL: no frontend counters (0) */
 	struct nbds *nbds;		/* NULL: no NBD server counters (0) */
 	struct bkp_set *bkps;		/* NULL: no backups */
@@ -53,7 +55,7 @@ struct metrics_source {
 
 /* Set m up for dev on disk, started now (srv still NULL).  Any thread. */
 void metrics_source_init(struct metrics_source *m, struct blk_dev *dev,
-			 const struct bdev *disk);
+			 struct bdev *const *disk);
 
 /* What one scrape shows, gathered at one moment (metrics_render) or made
  * up (tests): what metrics_format turns into text. */

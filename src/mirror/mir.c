@@ -71,7 +71,12 @@ struct mir {
 	int unit_res;
 	uint64_t unit_bytes;
 	struct bdev_io fio;	/* the target's flush */
+	bool fio_busy;
 	bool flushed, ready, claimed, done, by_main;
+	/* A pivot (mir_pivot): hold: the job starts no unit (main sets it,
+	 * the job's loop reads it); pivoted: the target is the disk now. */
+	_Atomic bool hold;
+	bool pivoted;
 	bool gone;		/* torn down: progress says final (the job's loop) */
 	uint64_t final_dirty;
 	_Atomic bool ended;
@@ -367,6 +372,7 @@ static void flush_done(struct bdev_io *io, int res)
 {
 	struct mir *m = container_of(io, struct mir, fio);
 
+	m->fio_busy = false;
 	if (res < 0) {
 		job_set_error(m->job, "flushing %s failed: %s", m->target, strerror(-res));
 	} else {
@@ -398,6 +404,13 @@ static int step(struct job *j, void *priv)
 
 	if (!m->t0)
 		m->t0 = sys_now_ns();
+	/* A pivot under way or done: no unit (nothing to copy once done:
+	 * the target is the disk). */
+	if (atomic_load_explicit(&m->hold, memory_order_acquire)) {
+		if (!m->pivoted)
+			loop_timer_mod(m->poll, sys_now_ns() + MIR_READY_POLL_NS);
+		return JOB_STEP_END;
+	}
 	/* The next dirty runs from the cursor (this pass). */
 	m->nops = 0;
 	while (m->nops < MIR_PAR && m->cursor < m->size) {
@@ -421,6 +434,7 @@ static int step(struct job *j, void *priv)
 			 * done before it asked. */
 			m->flush_gen = want;
 			m->fio = (struct bdev_io){ .op = BDEV_FLUSH, .cb = flush_done };
+			m->fio_busy = true;
 			bdev_submit(&m->tgt, m->tctx, &m->fio);
 			m->tgt.engine->kick(m->tctx);
 			return JOB_STEP_IO;
@@ -489,6 +503,12 @@ static int complete(struct job *j, void *priv, char *msg, size_t len)
 	struct mir *m = priv;
 	uint64_t left = dbm_dirty_bytes(m->dirty);
 
+	if (m->pivoted) {
+		snprintf(msg, len, "the disk is %s now (%u passes, %" PRIu64 " bytes copied, %"
+			 PRIu64 " written as zeroes)", m->target, atomic_load(&m->passes),
+			 atomic_load(&m->copied), atomic_load(&m->zeroed));
+		return 0;
+	}
 	if (left || !m->flushed) {
 		snprintf(msg, len, "%" PRIu64 " bytes written since are still to be copied: "
 			 "complete it again in a moment (or stop the writes)", left);
@@ -527,10 +547,14 @@ static void mir_free(void *priv)
 	free(m);
 }
 
+static int mir_pivot(void *priv, char *err, size_t errlen);
+static bool is_uri(const char *t);
+
 static const struct job_ops mir_ops = {
 	.type = "mirror",
 	.step = step,
 	.complete = complete,
+	.prepare_complete = mir_pivot,
 	.end = end,
 	.free = mir_free,
 	.progress = progress,
@@ -578,9 +602,9 @@ static void do_kick(void *opaque)
  * asked after now that found nothing dirty.  No front of the guest
  * writes meanwhile (an NBD client's write may: it is copied too).
  */
-static int wsync(void *opaque)
+static int sync_target(struct mir *m, bool pivot)
 {
-	struct mir *m = opaque;
+	const char *when = pivot ? "for the pivot" : "at the switch-over";
 	uint64_t g = atomic_fetch_add(&m->sync_req, 1) + 1, t0 = sys_now_ns(), next = t0;
 	uint64_t rate = 0, seen = UINT64_MAX, moved = t0;
 	struct job_info ji[16];
@@ -599,8 +623,8 @@ static int wsync(void *opaque)
 		uint64_t now = sys_now_ns();
 
 		if (atomic_load(&m->ended)) {
-			log_err("mirror %s: ended before %s had every write the guest saw complete: "
-				"do not start the guest from the target", m->name, m->target);
+			log_err("mirror %s: ended before %s had every write the guest saw complete "
+				"%s: do not start the guest from the target", m->name, m->target, when);
 			r = -EIO;
 			break;
 		}
@@ -613,30 +637,172 @@ static int wsync(void *opaque)
 			seen = sig;
 			moved = now;
 		} else if (now - moved > MIR_SYNC_STALL_NS) {
-			log_err("mirror %s: nothing reached %s for %llu s at the switch-over: it "
-				"lacks %" PRIu64 " bytes the guest wrote: do not run the guest "
-				"there (cancel the migration)", m->name, m->target,
-				MIR_SYNC_STALL_NS / 1000000000ull, dbm_dirty_bytes(m->dirty));
+			log_err("mirror %s: nothing reached %s for %llu s %s: it lacks %" PRIu64
+				" bytes the guest wrote: %s", m->name, m->target,
+				MIR_SYNC_STALL_NS / 1000000000ull, when, dbm_dirty_bytes(m->dirty),
+				pivot ? "the disk stays where it is" :
+				"do not run the guest there (cancel the migration)");
 			r = -ETIMEDOUT;
 			break;
 		}
 		if (now >= next) {
 			if (next != t0)
-				log_info("mirror %s: the guest's rings stopped; %" PRIu64 " bytes "
-					 "still to copy to %s", m->name, dbm_dirty_bytes(m->dirty),
-					 m->target);
+				log_info("mirror %s: %s: %" PRIu64 " bytes still to copy to %s",
+					 m->name, pivot ? "pivoting" : "the guest's rings stopped",
+					 dbm_dirty_bytes(m->dirty), m->target);
 			next = now + 5000000000ull;
 		}
 		loop_call_sync(m->t->loop, do_kick, m);
 		usleep(500);
 	}
-	if (!r)
+	if (!r && !pivot)
 		log_info("mirror %s: the guest's rings stopped: %s has every write they "
 			 "completed, flushed (%.1f ms)", m->name, m->target,
 			 (double)(sys_now_ns() - t0) / 1e6);
 	if (rate && !atomic_load(&m->ended))
 		(void)job_set_rate(m->job_id, rate, e, sizeof(e));
 	return r;
+}
+
+static int wsync(void *opaque)
+{
+	return sync_target(opaque, false);
+}
+
+/* ---- The pivot (main thread, every iothread parked around it) ------------ */
+
+/* Parked iothread t: the job's unit and flush, and the write-blocking
+ * writes t has out to the target, completed (hold keeps the job from
+ * starting another). */
+static void pivot_quiesce(void *opaque, struct disk_iothread *t)
+{
+	struct mir *m = opaque;
+	struct bdev_ctx *x = t->idx < m->ntctx ? m->tctxs[t->idx] : NULL;
+
+	if (!x)
+		return;
+	for (;;) {
+		m->tgt.engine->kick(x);
+		m->tgt.engine->drain(x);
+		disk_kick(m->d, t);
+		m->d->b->engine->drain(t->bctx);
+		if (m->tpending[t->idx])
+			continue;
+		if (t->idx == 0 && (m->u_busy || m->fio_busy))
+			continue;
+		break;
+	}
+}
+
+/* Every iothread parked: the switch is right if the target has every
+ * write completed so far (nothing dirty, none in flight), on stable
+ * storage. */
+static int pivot_ready(void *opaque, char *err, size_t errlen)
+{
+	struct mir *m = opaque;
+
+	if (atomic_load(&m->ended)) {
+		snprintf(err, errlen, "the mirror's job ended meanwhile");
+		return -EIO;
+	}
+	if (dbm_dirty_bytes(m->dirty) || m->u_busy || atomic_load(&m->writes) ||
+	    atomic_load(&m->wb_inflight))
+		return -EAGAIN;
+	if (fdatasync(m->tgt.fd) < 0) {
+		int e = errno;
+
+		snprintf(err, errlen, "flushing %s failed: %s", m->target, strerror(e));
+		return -e;
+	}
+	return 0;
+}
+
+/* Tries before a pivot gives up: each syncs the target, then parks the
+ * iothreads and finds nothing new dirty (write-blocking mode from the
+ * first: only a write racing the last unit can spoil one). */
+#define MIR_PIVOT_TRIES 20
+
+/*
+ * vblkctl job complete of a mirror to a local path (QEMU's
+ * block-job-complete of a mirror): the target is opened as a raw image
+ * and becomes the disk, every front going on with it; the old image is
+ * let go and closed.  An NBD target: nothing here (the job concludes, the
+ * target has the disk).
+ */
+static int mir_pivot(void *priv, char *err, size_t errlen)
+{
+	struct mir *m = priv;
+	struct disk *d = m->d;
+	enum mir_mode mode = atomic_load(&m->mode);
+	struct bdev_opts bo = { .path = m->target, .cache = BDEV_CACHE_AUTO };
+	struct fmt_opts fo = { .kind = FMT_RAW, .bo = &bo };
+	struct disk_quiesce q = { .quiesce = pivot_quiesce, .ready = pivot_ready, .opaque = m };
+	struct bdev *nf, *nb = NULL, *ob = NULL, *of = NULL;
+	char old[sizeof(m->target)];
+	struct job_info ji[16];
+	unsigned nj = job_list(ji, ARRAY_SIZE(ji));
+	int r = 0;
+
+	if (is_uri(m->target))
+		return 0;
+	for (unsigned i = 0; i < nj && i < ARRAY_SIZE(ji); i++)
+		if (strcmp(ji[i].id, m->job_id) && ji[i].state != JOB_CONCLUDED) {
+			snprintf(err, errlen, "job %s (%s) runs on the disk: the disk cannot move "
+				 "under it; let it end or cancel it first", ji[i].id, ji[i].type);
+			return -EBUSY;
+		}
+	nf = calloc(1, sizeof(*nf));
+	if (!nf) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	r = disk_open_image(&bo, &fo, d->num_iothreads, nf, &nb, err, errlen);
+	if (r < 0) {
+		free(nf);
+		return r;
+	}
+	/* From here every write the guest sees complete is on the target
+	 * too, or marked for the job: each try converges at once. */
+	set_mode(m, MIR_WRITE_BLOCKING);
+	for (unsigned tries = 1;; tries++) {
+		atomic_store(&m->hold, false);
+		r = sync_target(m, true);
+		if (r < 0) {
+			snprintf(err, errlen, "the target %s could not be brought up to date: the "
+				 "disk stays where it is", m->target);
+			break;
+		}
+		atomic_store_explicit(&m->hold, true, memory_order_release);
+		r = disk_replace_image(d, nb, nf, &q, &ob, &of, err, errlen);
+		if (r == 0)
+			m->pivoted = true;
+		if (r != -EAGAIN)
+			break;
+		if (tries == MIR_PIVOT_TRIES) {
+			snprintf(err, errlen, "the guest's writes kept %s behind in %u tries: try "
+				 "again", m->target, tries);
+			break;
+		}
+	}
+	if (r < 0) {
+		atomic_store(&m->hold, false);
+		set_mode(m, mode);
+		disk_close_image(nb, nf);
+		free(nf);
+		loop_call_sync(m->t->loop, do_kick, m);
+		return r;
+	}
+	/* The disk's filter is gone with the old image (disk_replace_image):
+	 * teardown leaves it be. */
+	m->filtered = false;
+	snprintf(old, sizeof(old), "%s", ob->path);
+	if (disk_close_image(ob, of) < 0)
+		log_err("mirror %s: the old image %s did not close cleanly (its tables could not "
+			"be written back): nothing the guest wrote since the pivot is in it",
+			m->name, old);
+	log_info("mirror %s: the disk is %s now (was %s, closed): restart vblkd with --disk %s "
+		 "--format raw from now on", m->name, m->target, old, m->target);
+	return 0;
 }
 
 struct tcall {

@@ -10,8 +10,9 @@
  * pass copies it once more.  When a pass finds nothing dirty, the target
  * is flushed and the job is ready (one log line: passes, time); it stays
  * so, copying what the guest writes as it comes, until job complete (the
- * target then has everything written before the complete, flushed) or
- * job cancel (the target as the last unit left it).
+ * target then has everything written before the complete, flushed; a
+ * local target becomes the disk: the pivot below) or job cancel (the
+ * target as the last unit left it).
  *
  * The target: an NBD URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?
  * socket=PATH; libnbd, the nbd engine, TLS as its URI says) of the disk's
@@ -30,7 +31,12 @@
  * the guest saw complete, flushed, before the frontend hears where the
  * rings stopped; the destination's rings start after that.
  *
- * Not yet (issue 47): the pivot to a local target.
+ * The pivot (vblkctl job complete of a mirror to a local path, QEMU's
+ * block-job-complete): write-blocking from then on, the target brought up
+ * to date, then every iothread parked and the target made the disk in
+ * the old image's place (disk_replace_image): the fronts go on with it,
+ * the old image is let go and closed.  Refused while a persistent bitmap
+ * is kept with the old image, or another job runs on the disk.
  *
  * Threads: this header on the main thread; the job on the disk's iothread
  * 0 (a qcow2 disk's tables are that thread's).

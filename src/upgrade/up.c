@@ -62,6 +62,66 @@ void up_init(char **argv)
 	up_self[n > 0 ? n : 0] = '\0';
 }
 
+/* Options of the old image that a raw one does not take (main.c's), with
+ * a value each but copy-on-read. */
+static const char *const up_image_opts[] = {
+	"disk", "format", "key-file", "l2-cache-size", "bitmap-file", "kdf-max-ms",
+	"kdf-max-memory", "ceph-conf", "ceph-id", "copy-on-read",
+};
+
+/* --name or --name=value: the option's index in up_image_opts, or -1. */
+static int up_image_opt(const char *a, bool *inline_value)
+{
+	if (strncmp(a, "--", 2))
+		return -1;
+	for (size_t i = 0; i < sizeof(up_image_opts) / sizeof(up_image_opts[0]); i++) {
+		size_t n = strlen(up_image_opts[i]);
+
+		if (!strncmp(a + 2, up_image_opts[i], n) && (a[2 + n] == '\0' || a[2 + n] == '=')) {
+			*inline_value = a[2 + n] == '=';
+			return (int)i;
+		}
+	}
+	return -1;
+}
+
+int up_set_disk(const char *path)
+{
+	size_t argc = 0, k = 0;
+	char **nv, *p = strdup(path);
+
+	while (up_argv[argc])
+		argc++;
+	nv = calloc(argc + 5, sizeof(*nv));
+	if (!nv || !p) {
+		free(nv);
+		free(p);
+		return -ENOMEM;
+	}
+	nv[k++] = up_argv[0];
+	for (size_t i = 1; i < argc; i++) {
+		bool inl = false;
+		int o = up_image_opt(up_argv[i], &inl);
+
+		if (o < 0) {
+			nv[k++] = up_argv[i];
+			continue;
+		}
+		/* Skipped, its value too (copy-on-read has none). */
+		if (!inl && strcmp(up_image_opts[o], "copy-on-read") && i + 1 < argc)
+			i++;
+	}
+	nv[k++] = "--disk";
+	nv[k++] = p;
+	nv[k++] = "--format";
+	nv[k++] = "raw";
+	nv[k] = NULL;
+	/* The old arrays stay: argv is main's, an earlier one is in use
+	 * nowhere but cheap to keep. */
+	up_argv = nv;
+	return 0;
+}
+
 static int *up_fd_slot(struct up_fds *f, unsigned i)
 {
 	int *slots[] = { &f->listen, &f->control, &f->metrics, &f->disk, &f->key };

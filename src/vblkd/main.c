@@ -317,7 +317,7 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 		/* Files and block devices go over as they are (the image
 		 * file under a format); network disks are opened again by the
 		 * new process. */
-		.disk = v->file->engine->open ? -1 : v->file->fd,
+		.disk = v->disk->file->engine->open ? -1 : v->disk->file->fd,
 		.key = -1,
 	};
 	struct up_result res;
@@ -341,13 +341,21 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 	 * passphrase (its key file may be gone, or was standard input).
 	 * A qcow2 image's tables are written back once the rings stopped
 	 * and read again by the new process (fmt_quiesce, fmt_claim). */
-	r = fmt_key_export(v->b);
+	r = fmt_key_export(v->disk->b);
 	if (r < 0 && r != -ENOENT) {
 		snprintf(msg, msglen, "cannot put the disk's key where the new process can take "
 			 "it: %s", strerror(-r));
 		return r;
 	}
 	f.key = r;
+	/* A mirror's pivot moved the disk to a raw image: the new process
+	 * is told so (its fd goes over as any file's). */
+	if (v->disk->file != v->file && up_set_disk(v->disk->file->path) < 0) {
+		if (f.key >= 0)
+			close(f.key);
+		snprintf(msg, msglen, "out of memory");
+		return -ENOMEM;
+	}
 	r = up_start(v->srv, &f, exec, &res, msg, msglen);
 	if (f.key >= 0)
 		close(f.key);
@@ -697,7 +705,8 @@ static void start_disk(struct cfg *o, bool handover, struct vblkd *v)
 						  .poll = o->ko.poll, .qos = o->ko.qos,
 						  .rerror = o->rerror, .werror = o->werror,
 						  .error_retry_ns = o->error_retry_ns,
-						  .bitmap_file = o->bitmap_file }, &v->disk);
+						  .bitmap_file = o->bitmap_file,
+						  .file = v->file }, &v->disk);
 	o->ko.qos = NULL;
 	if (r < 0) {
 		snprintf(err, sizeof(err), "cannot start the iothreads: %s", strerror(-r));
@@ -800,7 +809,7 @@ static int start_services(struct cfg *o, struct vblkd *v, struct up_child *uc, b
 	}
 	/* Metrics (vblkctl metrics, --metrics) read what ctl's stats read,
 	 * on this thread; the frontend counters once srv exists. */
-	metrics_source_init(&ms, v->dev, v->b);
+	metrics_source_init(&ms, v->dev, &v->disk->b);
 	if (o->ctl_path) {
 		r = ctl_server_new_fd(o->ctl_path, uc->fds.control, v->loop, v->dev, &v->ctl, msg,
 				      sizeof(msg));
@@ -939,8 +948,14 @@ static int stop_all(struct vblkd *v)
 	ctl_server_free(v->ctl);
 	blk_dev_free(v->dev);
 	job_free_all(v->disk);
+	/* A mirror's pivot may have replaced the image (disk.h); its file's
+	 * struct is the mirror's allocation, ours to free. */
+	struct bdev *b = v->disk->b, *file = v->disk->file;
+
 	disk_free(v->disk);
-	r = disk_close_image(v->b, v->file);
+	r = disk_close_image(b, file);
+	if (file != v->file)
+		free(file);
 	loop_fd_del(v->loop, v->sfd_h);
 	loop_free(v->loop);
 	close(v->sfd);

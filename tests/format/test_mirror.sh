@@ -7,7 +7,12 @@
 #    throughout (4 KiB to 256 KiB, 16 in flight): after complete the target
 #    equals the disk; what the disk says reads as zeroes went as write
 #    zeroes, not bytes;
-#  - a qcow2 disk to a local raw file the mirror makes: qemu-img compare;
+#  - a qcow2 disk to a local raw file the mirror makes: qemu-img compare
+#    equal at ready; job complete pivots (the file becomes the disk) while
+#    a virtio-blk driver (vblk-bench --verify) and an NBD client write:
+#    the driver's verify clean, later writes in the new file only, the old
+#    image closed clean; refused while a persistent bitmap is kept with
+#    the old image; vblkctl upgrade afterwards serves the new file;
 #  - cancel after ready leaves the target equal to the disk (no writes);
 #  - the target killed mid-copy: the job fails with one log line, the disk
 #    serves on, a second mirror succeeds;
@@ -74,9 +79,9 @@ target_down() { kill "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null; qpid=""; }
 # flight; distinct: no two overlap (each in a 256 KiB slot of its own).
 writer() {
     $PY - "$(rw)" "$1" "$2" "${3:-}" <<'PY' &
-import nbd, random, sys, time
+import nbd, os, random, sys, time
 h = nbd.NBD(); h.connect_uri(sys.argv[1]); r = random.Random(int(sys.argv[3]))
-size = h.get_size(); end = time.time() + float(sys.argv[2]); n = 0
+size = int(os.environ.get("WSIZE", 0)) or h.get_size(); end = time.time() + float(sys.argv[2]); n = 0
 slots = list(range(size // 262144)); r.shuffle(slots)
 while time.time() < end:
     ln = r.choice([4096, 65536, 262144]); off = r.randrange(0, (size - ln) // 4096) * 4096
@@ -194,26 +199,84 @@ else
     fail "raw: vblkd and qemu-nbd start" "$(tail -3 "$tmp/a.log")"
 fi
 
-# ---- qcow2 disk -> a local raw file the mirror makes --------------------------
-img=$tmp/src.qcow2
+# ---- qcow2 disk -> a local raw file the mirror makes, and the pivot ----------
+# job complete of a local mirror pivots: the target becomes the disk while
+# a virtio-blk driver (vblk-bench --verify, through vhost-user) and an NBD
+# client write on; the driver reads every block it wrote back from the
+# new disk at the end.
+img=$tmp/src.qcow2 PV=$tmp/p.vhost
 qemu-img create -q -f qcow2 "$img" 128M
 qemu-io -f qcow2 -c 'write -P 0x33 8M 24M' -c 'write -z 40M 8M' "$img" >/dev/null
-if start "$img" "$tmp/q.log"; then
+if start "$img" "$tmp/q.log" --socket "$PV"; then
     writer 2 2
     job=$(ctl mirror start q1 --target "$tmp/made.raw" | jget 'd["job"]')
     wait "$wpid"; wpid=""
-    if wait_ready 30 && complete "$job"; then
-        stop
-        if qemu-img compare -q -f qcow2 -F raw "$img" "$tmp/made.raw"; then
-            pass "qcow2 -> a local raw file made at the disk's size: qemu-img compare equal after complete (writes raced the copy)"
+    if wait_ready 30; then
+        # Equal before the pivot (the copy); qemu-img reads both shared.
+        eq=0
+        qemu-img compare -U -q -f qcow2 -F raw "$img" "$tmp/made.raw" && eq=1
+        "$BUILD/vblk-bench" --socket "$PV" --rw randrw --bs 4k --iodepth 16 --runtime 3 --ramp 0 \
+            --offset 64M --size 64M --verify >"$tmp/pv.log" 2>&1 &
+        bpid=$!
+        WSIZE=67108864 writer 3 7
+        sleep 1
+        complete "$job"; crc=$?
+        wait "$wpid"; wpid=""
+        wait "$bpid"; brc=$?
+        # After the pivot: an NBD write lands in the new disk only.
+        qemu-io -f raw -c 'write -P 0x5a 100M 1M' "$(rw)" >/dev/null
+        res=$(ctl job list | jget '[j["state"] + ":" + j["result"] for j in d["jobs"] if j["id"]=="'"$job"'"][0]')
+        stop; src=$?
+        newok=0 oldok=0
+        qemu-io -f raw -c 'read -P 0x5a 100M 1M' "$tmp/made.raw" | grep -q "read 1048576" && newok=1
+        out=$(qemu-io -f qcow2 -c 'read -P 0x5a 100M 1M' "$img" 2>&1)
+        [[ $out == *"Pattern verification failed"* ]] && oldok=1
+        if ((eq && crc == 0 && brc == 0 && src == 0 && newok && oldok)) &&
+            grep -q "mirror q1: the disk is $tmp/made.raw now" "$tmp/q.log" &&
+            [[ $res == concluded:ok ]] && qemu-img check -q "$img" &&
+            grep -q " 0 mismatches" "$tmp/pv.log"; then
+            pass "qcow2 -> a local raw file: equal at ready; job complete pivots while a virtio-blk driver and an NBD client write: the driver's verify is clean across it ($(grep -o '[0-9]* blocks checked' "$tmp/pv.log")), later writes land in the new file only, the old qcow2 closed clean"
         else
-            fail "qcow2 -> local raw" "$(qemu-img compare -f qcow2 -F raw "$img" "$tmp/made.raw" 2>&1 | head -2)"
+            fail "qcow2 -> local raw, pivot" "eq $eq complete $crc bench $brc stop $src new $newok old $oldok job $res; $(grep -E "mirror q1|verify" "$tmp/q.log" "$tmp/pv.log" | tail -3)"
         fi
     else
-        fail "qcow2 -> local raw: ready and complete" "$(ctl mirror list)"; stop
+        fail "qcow2 -> local raw: ready" "$(ctl mirror list)"; stop
     fi
 else
     fail "qcow2: vblkd starts" "$(tail -3 "$tmp/q.log")"
+fi
+
+# The pivot refused (persistent bitmap), then upgrade in place after one:
+# the new process serves the new file.
+img=$tmp/up.raw
+truncate -s 64M "$img"; rm -f "$tmp/up2.raw"
+qemu-io -f raw -c 'write -P 0x61 0 8M' "$img" >/dev/null
+rm -f "$CTL" "$PV"
+"$VBLKD" --disk "$img" --socket "$PV" --control "$CTL" >"$tmp/up.log" 2>&1 &
+dpid=$!
+for _ in $(seq 500); do [[ -S $CTL ]] && grep -q serving "$tmp/up.log" && break; sleep 0.01; done
+ctl bitmap add keep --persistent >/dev/null
+job=$(ctl mirror start u1 --target "$tmp/up2.raw" | jget 'd["job"]')
+ok=0
+if wait_ready 30; then
+    out=$(ctl job complete "$job" 2>&1) && echo "  complete with a persistent bitmap accepted"
+    ctl bitmap remove keep >/dev/null
+    if [[ $(wc -l <<<"$out") == 1 && $out == *"persistent bitmap 'keep'"* ]] && complete "$job" &&
+        ctl upgrade >/dev/null 2>&1; then
+        wait "$dpid" 2>/dev/null; dpid=$(pgrep -n -f "vblkd --socket $PV" || true)
+        "$BUILD/vblk-bench" --socket "$PV" --rw randwrite --bs 4k --iodepth 4 --runtime 1 --ramp 0 \
+            --size 8M --verify >"$tmp/up-b.log" 2>&1 && ok=1
+        [[ -n $dpid ]] && stop
+        grep -q "serving $tmp/up2.raw" "$tmp/up.log" || ok=0
+        # What the driver wrote is in the new file, not the old one.
+        cmp -s -n 8M "$img" <(head -c 8M /dev/zero | tr '\0' 'a') || ok=0
+    fi
+fi
+[[ -n $dpid ]] && { kill "$dpid"; wait "$dpid" 2>/dev/null; dpid=""; }
+if ((ok)); then
+    pass "pivot refused while a persistent bitmap is kept with the old image (one line); after it, vblkctl upgrade starts the new process on the new file, which serves on"
+else
+    fail "pivot refusal and upgrade after a pivot" "$(grep -E "u1|upgrade|serving|error" "$tmp/up.log" | tail -4); $(tail -2 "$tmp/up-b.log" 2>/dev/null)"
 fi
 
 # ---- write-blocking, and the hand-over at a switch-over ------------------------

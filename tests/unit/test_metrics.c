@@ -968,6 +968,7 @@ int main(void)
 {
 	struct bdev_opts bo = { .engine = "null", .size = 1 << 20 };
 	struct metrics_http *h;
+	static struct bdev *bdevp = &bdev;
 	char err[256];
 	int r;
 
@@ -978,7 +979,7 @@ int main(void)
 		T_FAIL("bdev_open: %s", err);
 	ASSERT_EQ(blk_dev_new(&bdev, &(struct blk_opts){ .num_queues = NUM_QUEUES,
 							 .num_iothreads = NUM_IOTHREADS }, &dev), 0);
-	metrics_source_init(&src, dev, &bdev);
+	metrics_source_init(&src, dev, &bdevp);
 
 	RUN(test_format_lines_and_families);
 	RUN(test_fields_map_to_families);

@@ -17,6 +17,7 @@
 #include "disk/disk.h"
 #include "format/format.h"
 #include "util/log.h"
+#include "util/sys.h"
 
 struct park {
 	struct disk *d;
@@ -126,6 +127,7 @@ int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
 	struct park p = { .d = d, .q = q };
 	struct bdev *ob = d->b, *of = d->file;
 	bool locked = false, claimed = false;
+	uint64_t t0;
 	int r;
 
 	if (!nctx || !octx || !pa) {
@@ -179,6 +181,7 @@ int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
 		}
 		pa[i].started = true;
 	}
+	t0 = sys_now_ns();
 	pthread_mutex_lock(&p.lk);
 	while (r == 0 && p.parked < n)
 		pthread_cond_wait(&p.cv, &p.lk);
@@ -214,6 +217,8 @@ int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
 	pthread_mutex_destroy(&p.lk);
 	if (r < 0)
 		goto out_ctx;
+	log_info("disk: %s serves in place of %s (every iothread parked for %.2f ms)", b->path,
+		 ob->path, (double)(sys_now_ns() - t0) / 1e6);
 
 	/* The old image: its ctxs (drained) freed on their threads, its
 	 * claim let go as disk_release lets go of the last one. */

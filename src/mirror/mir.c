@@ -955,11 +955,24 @@ static struct mir *find(struct mir_set *s, const char *name)
 	return NULL;
 }
 
+/* Bits of the default bitmap at most: 2 MiB of it. */
+#define MIR_DEFAULT_BITS (1ull << 24)
+
+uint32_t mir_default_granularity(uint64_t size)
+{
+	uint32_t g = DBM_MIN_GRANULARITY;
+
+	while (g < MIR_UNIT_MAX && size / g > MIR_DEFAULT_BITS)
+		g <<= 1;
+	return g;
+}
+
 int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_t idlen,
 	      char *err, size_t errlen)
 {
 	struct disk *d = s->d;
-	uint32_t gran = o->granularity ? o->granularity : DBM_DEFAULT_GRANULARITY;
+	uint32_t gran = o->granularity ? o->granularity :
+			mir_default_granularity(READ_ONCE(d->b->size));
 	struct bdev_opts bo = { .cache = BDEV_CACHE_AUTO };
 	struct mir *m;
 	int r;
@@ -1053,8 +1066,8 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 	s->list = m;
 	job_start(m->job);
 	snprintf(id, idlen, "%s", m->job_id);
-	log_info("mirror %s: copying the disk to %s%s (job %s, %s)", m->name, m->target,
-		 m->made ? " (made)" : "", m->job_id, mir_mode_name(o->mode));
+	log_info("mirror %s: copying the disk to %s%s (job %s, %s, %u-byte granularity)", m->name,
+		 m->target, m->made ? " (made)" : "", m->job_id, mir_mode_name(o->mode), gran);
 	if (o->mode == MIR_WRITE_BLOCKING && m->ntctx < d->num_iothreads)
 		log_warn("mirror %s: %s takes %u connection(s): writes on iothreads past that "
 			 "are copied by the job, not written through", m->name, m->target,
@@ -1108,6 +1121,7 @@ unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max)
 			uint64_t rn = atomic_load(&m->ready_ns);
 
 			*i = (struct mir_info){ .size = m->size, .dirty = dbm_dirty_bytes(m->dirty),
+						.granularity = dbm_granularity(m->dirty),
 						.copied = atomic_load(&m->copied),
 						.zeroed = atomic_load(&m->zeroed),
 						.passes = atomic_load(&m->passes),
@@ -1186,6 +1200,8 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 			json_object_object_add(o, "job", json_object_new_string(info[i].job));
 			json_object_object_add(o, "target", json_object_new_string(info[i].target));
 			json_object_object_add(o, "size", json_object_new_uint64(info[i].size));
+			json_object_object_add(o, "granularity",
+					       json_object_new_uint64(info[i].granularity));
 			json_object_object_add(o, "dirty_bytes", json_object_new_uint64(info[i].dirty));
 			json_object_object_add(o, "copied_bytes",
 					       json_object_new_uint64(info[i].copied));

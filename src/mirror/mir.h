@@ -65,9 +65,16 @@ struct mir_start_opts {
 	const char *name;
 	const char *target;	/* NBD URI or local path */
 	uint64_t rate;		/* bytes/s, 0: none */
-	uint32_t granularity;	/* 0: 64 KiB */
+	uint32_t granularity;	/* 0: mir_default_granularity */
 	enum mir_mode mode;
 };
+
+/* The bitmap's granularity when none is given: 4 KiB, so a guest's 4 KiB
+ * write costs the job 4 KiB (at 64 KiB, QEMU's, the job copied 16 times
+ * what was written and the guest's writes during a background mirror
+ * halved: docs/benchmarks.md "Mirror"), up to a disk of 64 GiB; above,
+ * the power of two that keeps the bitmap at 2 MiB (64 KiB at 1 TiB). */
+uint32_t mir_default_granularity(uint64_t size);
 
 struct mir_set;
 int mir_set_new(struct disk *d, struct loop *main_loop, struct mir_set **out);
@@ -92,6 +99,7 @@ struct mir_info {
 	 * (their range busy), failed on the target (copied again) */
 	uint64_t wb_writes, wb_conflicts, wb_errors;
 	uint64_t size, dirty;		/* bytes still to copy */
+	uint32_t granularity;		/* the bitmap's, bytes */
 	uint64_t copied, zeroed;	/* bytes written to the target, as data, as zeroes */
 	unsigned passes;
 	double ready_s;			/* seconds from start to ready; -1 not yet */

@@ -145,6 +145,9 @@ if start "$img" "$tmp/a.log" && target_up "$tmp/dst.raw"; then
     rm -f "$tmp/dst2.raw"; truncate -s 128M "$tmp/dst2.raw"
     target_up "$tmp/dst2.raw"
     job=$(ctl mirror start m2 --target "nbd+unix:///?socket=$TS" | jget 'd["job"]')
+    # No --granularity: 4 KiB on a disk this small (mir_default_granularity).
+    gran=$(ctl mirror list | jget 'd["mirrors"][0]["granularity"]')
+    [[ $gran == 4096 ]] || fail "the mirror's default granularity on a 128 MiB disk" "$gran, not 4096"
     if wait_ready 30 && ctl job cancel "$job" >/dev/null; then
         sleep 0.2; target_down
         nbdcopy "$(rw)" "$tmp/now.raw"

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -107,6 +108,11 @@ struct loop {
 	bool has_thread;		/* started by loop_thread_start */
 	bool accepting;			/* calls are queued, under call_lock */
 	bool no_pwait2;			/* the kernel has no epoll_pwait2 */
+	/* loop_moderate: the sleep asked for this iteration; the thread's
+	 * timer slack made 1 ns at the first (a 40 us sleep is not 90). */
+	uint64_t moderate_ns;
+	bool slack_set;
+	_Atomic uint64_t st_moderated;
 	/* Shared-fd operations begun and ended by the loop thread (odd: one
 	 * under way; sys_shared_fd_watch), for loop_call_sync's watchdog. */
 	_Atomic uint64_t shared_ops;
@@ -405,6 +411,7 @@ void loop_get_stats(struct loop *l, struct loop_stats *out)
 	out->pay_aborted = atomic_load_explicit(&l->st_pay_aborted, memory_order_relaxed);
 	out->pay_off = atomic_load_explicit(&l->st_pay_off, memory_order_relaxed);
 	out->pay_ratio_pm = atomic_load_explicit(&l->st_pay_ratio_pm, memory_order_relaxed);
+	out->moderated = atomic_load_explicit(&l->st_moderated, memory_order_relaxed);
 	out->cpu_ns = atomic_load(&l->have_cpu_clock) && atomic_load(&l->running) ?
 		      clock_ns(l->cpu_clock) : 0;
 }
@@ -731,6 +738,27 @@ static bool loop_spin(struct loop *l, uint64_t window_ns)
  * Returns true if work was found (the caller must not block).
  * timeout_ns is the block time the other phases allow (-1: forever).
  */
+/* About to sleep: every poll handler's notifications on, then one last
+ * look.  True if it found work. */
+static bool loop_poll_end(struct loop *l, uint64_t now)
+{
+	bool progress = false;
+
+	l->poll_started = false;
+	defer_begin();
+	for (struct loop_fd *h = l->polls, *next; h; h = next) {
+		next = h->next_poll;
+		if (h->deleted)
+			continue;
+		if (h->pops->end(h->opaque)) {
+			loop_poll_hit(h, now);
+			progress = true;
+		}
+	}
+	defer_end();
+	return progress;
+}
+
 static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 {
 	struct loop_poll_params p;
@@ -815,21 +843,8 @@ static bool loop_poll_or_sleep(struct loop *l, int64_t timeout_ns)
 			return true;	/* stay in polling mode, kicks stay off */
 		}
 	}
-	if (l->poll_started && timeout_ns != 0) {
-		/* About to sleep: notifications on, then one last look. */
-		l->poll_started = false;
-		defer_begin();
-		for (struct loop_fd *h = l->polls, *next; h; h = next) {
-			next = h->next_poll;
-			if (h->deleted)
-				continue;
-			if (h->pops->end(h->opaque)) {
-				loop_poll_hit(h, now);
-				progress = true;
-			}
-		}
-		defer_end();
-	}
+	if (l->poll_started && timeout_ns != 0)
+		progress |= loop_poll_end(l, now);
 	return progress;
 }
 
@@ -965,6 +980,36 @@ static int loop_epoll_wait(struct loop *l, struct epoll_event *evs, int max, int
 			  (int)((timeout_ns + 999999) / 1000000));
 }
 
+void loop_moderate(struct loop *l, uint64_t ns)
+{
+	if (ns > l->moderate_ns)
+		l->moderate_ns = ns;
+}
+
+/* Before phase 2: the sleep a handler asked for (loop_moderate), cut to
+ * what is due sooner.  True if it slept (no polling window then). */
+static bool loop_moderation_sleep(struct loop *l, uint64_t now)
+{
+	int64_t due = loop_timeout_ns(l, now);
+	uint64_t ns = l->moderate_ns;
+	struct timespec ts;
+
+	l->moderate_ns = 0;
+	if (due >= 0 && (uint64_t)due < ns)
+		ns = (uint64_t)due;
+	if (!ns)
+		return false;
+	if (!l->slack_set) {
+		(void)prctl(PR_SET_TIMERSLACK, 1UL);
+		l->slack_set = true;
+	}
+	ts = (struct timespec){ .tv_sec = 0, .tv_nsec = (long)MIN(ns, 999999999ull) };
+	st_add(&l->st_moderated, 1);
+	while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) == EINTR)
+		;
+	return true;
+}
+
 int loop_run(struct loop *l)
 {
 	struct epoll_event evs[LOOP_MAX_EVENTS];
@@ -999,7 +1044,12 @@ int loop_run(struct loop *l)
 		 * that just missed must see the whole wait, polling included. */
 		idle_start = sys_now_ns();
 		timeout = loop_timeout_ns(l, now);
-		if (loop_poll_or_sleep(l, timeout))
+		if (l->moderate_ns && loop_moderation_sleep(l, idle_start)) {
+			/* A handler's notifications off from an earlier
+			 * window: on before epoll_wait may sleep. */
+			timeout = l->poll_started && loop_poll_end(l, sys_now_ns()) ? 0 :
+				  loop_timeout_ns(l, sys_now_ns());
+		} else if (loop_poll_or_sleep(l, timeout))
 			timeout = 0;
 		else if (timeout > 0)
 			/* Less what polling used up: a timer is not late by a

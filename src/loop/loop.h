@@ -163,6 +163,7 @@ struct loop_stats {
 	uint64_t pay_off;	/* 1 while the last decision has spinning off */
 	uint64_t pay_ratio_pm;	/* the last decision's median time per unit of
 				 * work without spinning / with, per mille */
+	uint64_t moderated;	/* sleeps a handler asked for (loop_moderate) */
 };
 void loop_get_stats(struct loop *l, struct loop_stats *out);
 
@@ -223,6 +224,18 @@ bool loop_polling(const struct loop *l);
  * backed off for contention): only then is a timer of a few microseconds
  * kept to the microsecond (loop.c, LOOP_SPIN_TIMER_NS).  Loop thread. */
 bool loop_can_spin(struct loop *l);
+
+/*
+ * Moderation: a handler that would rather take its next events in a batch
+ * than one wake-up each (an NBD connection whose client pipelines:
+ * nbd/conn.c) asks the loop to look for new events no sooner than ns from
+ * the end of this iteration.  The loop then sleeps that long (less if a
+ * timer or bottom half is due sooner), without its polling window, before
+ * it waits for events as usual: what came meanwhile is one batch.  Every
+ * fd of the loop waits as long, by at most ns.  The largest request of an
+ * iteration holds; it lasts one iteration.  Loop thread.
+ */
+void loop_moderate(struct loop *l, uint64_t ns);
 
 /* True when called on the thread currently running l. */
 bool loop_in_thread(struct loop *l);

@@ -133,6 +133,12 @@ struct nbds_conn {
 	 * queued, conn_read need not ask again). */
 	uint64_t taken;
 	bool in_drained;
+	/* Coalescing (conn_moderate): the client pipelines, so the loop
+	 * waits CONN_MOD_NS after a pass before taking more (mod_on); off,
+	 * one pass in CONN_MOD_PROBE tries it again (mod_skip counts down);
+	 * mod_waited: the pass now running came after such a wait. */
+	bool mod_on, mod_waited;
+	unsigned mod_skip;
 	/* Transmission. */
 	struct nbds_req *cur;		/* the write whose payload is coming */
 	unsigned inflight;
@@ -1654,9 +1660,49 @@ static bool conn_input_waits(const struct nbds_conn *c)
 	return c->in_pos < c->in_len || (c->tls_up && nbds__tls_pending(c->tls));
 }
 
+/*
+ * Coalescing a pipelining client's requests (loop_moderate).  A client
+ * that keeps many requests in flight (fio's nbd engine at QD32, nbdcopy)
+ * sends the next one as each reply comes back, so a server as fast as it
+ * finds one or two requests per wake-up, and pays a wake-up, a receive
+ * and a send for each: at 4k QD32 on tmpfs, 4.8-4.9 syscalls and 17 us of
+ * CPU per request.  Waiting CONN_MOD_NS after a pass lets the next ones
+ * gather: one wake-up, one receive and one send for several (1.0-1.6
+ * syscalls, 8-13 us per request).  Only while it pays: a pass after the
+ * wait that takes fewer than CONN_MOD_MIN requests (a QD1 client: its
+ * next request waits for our reply) turns it off, and it is tried again
+ * one pass in CONN_MOD_PROBE (a QD1 client's p50 does not see it).
+ * Plain connections in transmission only (TLS records are batched by
+ * the client's own writes).
+ */
+#define CONN_MOD_NS 40000ull
+#define CONN_MOD_MIN 3
+#define CONN_MOD_PROBE 256u
+
+static void conn_moderate(struct nbds_conn *c, uint64_t taken)
+{
+	if (c->mod_waited) {
+		c->mod_waited = false;
+		ctr_add(&c->srv->coalesced_requests, taken);
+		c->mod_on = taken >= CONN_MOD_MIN;
+		if (!c->mod_on)
+			c->mod_skip = CONN_MOD_PROBE;
+	}
+	if (!taken || c->tls || !c->transmission || c->closing || c->broken)
+		return;
+	if (!c->mod_on && c->mod_skip) {
+		c->mod_skip--;
+		return;
+	}
+	c->mod_waited = true;
+	ctr_add(&c->srv->coalesced_waits, 1);
+	loop_moderate(c->t->loop, CONN_MOD_NS);
+}
+
 static void conn_cb(void *opaque, uint32_t events)
 {
 	struct nbds_conn *c = opaque;
+	uint64_t taken = c->taken;
 
 	if (c->tls && !c->tls_up && !c->broken) {
 		if (events & (EPOLLERR | EPOLLHUP))
@@ -1690,6 +1736,7 @@ static void conn_cb(void *opaque, uint32_t events)
 	if (events & EPOLLHUP)
 		c->closing = true;
 	conn_flush(c);
+	conn_moderate(c, c->taken - taken);
 	conn_update_events(c);
 	conn_maybe_finish(c);
 }

@@ -94,6 +94,8 @@ int nbds_ctl_list(void *opaque, struct json_object *req, struct json_object *rep
 	ADD(read_bytes);
 	ADD(write_bytes);
 	ADD(throttled);
+	ADD(coalesced_waits);
+	ADD(coalesced_requests);
 #undef ADD
 	json_object_object_add(reply, "exports", arr);
 	json_object_object_add(reply, "stats", st);

@@ -108,6 +108,10 @@ struct nbds_stats {
 	uint64_t connections, clients, refused, handshake_failed;
 	uint64_t requests, bad_requests, read_bytes, write_bytes;
 	uint64_t throttled;	/* requests that waited for the QoS budget */
+	/* A pipelining client's requests gathered (conn.c, loop_moderate):
+	 * the short waits taken, and the requests the passes after them
+	 * took. */
+	uint64_t coalesced_waits, coalesced_requests;
 };
 void nbds_stats(struct nbds *s, struct nbds_stats *st);
 

@@ -91,6 +91,9 @@ struct nbds {
 	_Atomic uint64_t connections, refused, handshake_failed;
 	_Atomic uint64_t requests, bad_requests, read_bytes, write_bytes;
 	_Atomic uint64_t throttled;
+	/* Coalescing (conn.c conn_moderate): waits, and the requests the
+	 * passes after them took. */
+	_Atomic uint64_t coalesced_waits, coalesced_requests;
 	/* The server as a front of the disk (its error policy, its
 	 * accounting). */
 	struct disk_front front;

@@ -430,6 +430,8 @@ void nbds_stats(struct nbds *s, struct nbds_stats *st)
 				   .handshake_failed = LD(handshake_failed),
 				   .requests = LD(requests), .bad_requests = LD(bad_requests),
 				   .read_bytes = LD(read_bytes), .write_bytes = LD(write_bytes),
-				   .throttled = LD(throttled) };
+				   .throttled = LD(throttled),
+				   .coalesced_waits = LD(coalesced_waits),
+				   .coalesced_requests = LD(coalesced_requests) };
 #undef LD
 }

@@ -240,6 +240,29 @@ assert set(ex) == {"", "late"}, ex
 assert ex["late"]["read_only"] and ex["late"]["max_conn"] == 2 and ex["late"]["accepted"] >= 1
 assert not ex[""]["read_only"] and r["stats"]["connections"] >= 1
 EOF2
+    # Coalescing (conn.c conn_moderate): a client with 32 reads in flight
+    # (nbdcopy, 4 KiB requests over the 64 MiB disk) has its requests
+    # gathered after a short wait, several per pass; a QD1 client's next
+    # request waits for our reply, so the wait is only tried now and then
+    # (one pass in 256) and turned off again.
+    /usr/bin/python3 -c 'import nbd' 2>/dev/null || echo "SKIP: nbd-coalescing (no python3-libnbd: scripts/deps.sh format)"
+    coal() { ctl nbd list | python3 -c 'import json,sys; s=json.load(sys.stdin)["stats"]; print(s["coalesced_waits"], s["coalesced_requests"], s["requests"])'; }
+    read -r w0 r0 q0 < <(coal)
+    nbdcopy --connections=1 --requests=32 --request-size=4096 --no-extents "$(uri "$tmp/c0.sock")" null:
+    read -r w1 r1 q1 < <(coal)
+    /usr/bin/python3 -c 'import nbd, sys
+h = nbd.NBD(); h.connect_uri(sys.argv[1])
+for i in range(2000):
+    h.pread(4096, i * 4096)' "$(uri "$tmp/c0.sock")"
+    read -r w2 r2 q2 < <(coal)
+    out="QD32: $((w1 - w0)) waits for $((q1 - q0)) requests, $(((r1 - r0) / (w1 - w0 > 0 ? w1 - w0 : 1))) taken after each; QD1: $((w2 - w1)) waits for $((q2 - q1)) requests"
+    if ! /usr/bin/python3 -c 'import nbd' 2>/dev/null; then
+        :
+    elif ((w1 > w0 && r1 - r0 >= 3 * (w1 - w0) && q2 - q1 >= 2000 && w2 - w1 <= (q2 - q1) / 256 + 4)); then
+        pass "nbd-coalescing: $out"
+    else
+        fail nbd-coalescing "$out"
+    fi
     hold "$tmp/c1.sock" 20
     ctl nbd remove late >/dev/null && ! [[ -e $tmp/c1.sock ]] &&
         ! nbdinfo "$(uri "$tmp/c1.sock" late)" >/dev/null 2>&1 &&

@@ -109,7 +109,7 @@ struct loop {
 	bool accepting;			/* calls are queued, under call_lock */
 	bool no_pwait2;			/* the kernel has no epoll_pwait2 */
 	/* loop_moderate: the sleep asked for this iteration; the thread's
-	 * timer slack made 1 ns at the first (a 40 us sleep is not 90). */
+	 * timer slack made 1 ns at the first (an 80 us sleep is not 130). */
 	uint64_t moderate_ns;
 	bool slack_set;
 	_Atomic uint64_t st_moderated;

@@ -1668,14 +1668,16 @@ static bool conn_input_waits(const struct nbds_conn *c)
  * and a send for each: at 4k QD32 on tmpfs, 4.8-4.9 syscalls and 17 us of
  * CPU per request.  Waiting CONN_MOD_NS after a pass lets the next ones
  * gather: one wake-up, one receive and one send for several (1.0-1.6
- * syscalls, 8-13 us per request).  Only while it pays: a pass after the
+ * syscalls, 8-13 us per request at 40 us; 80 us took 0.70-0.91x of that
+ * CPU per request in a paired run, p50 within 0-11 %: docs/benchmarks.md
+ * "Serving NBD").  Only while it pays: a pass after the
  * wait that takes fewer than CONN_MOD_MIN requests (a QD1 client: its
  * next request waits for our reply) turns it off, and it is tried again
  * one pass in CONN_MOD_PROBE (a QD1 client's p50 does not see it).
  * Plain connections in transmission only (TLS records are batched by
  * the client's own writes).
  */
-#define CONN_MOD_NS 40000ull
+#define CONN_MOD_NS 80000ull
 #define CONN_MOD_MIN 3
 #define CONN_MOD_PROBE 256u
 

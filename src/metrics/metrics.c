@@ -343,6 +343,8 @@ static void mirror_families(FILE *f, const struct mir_info *m, unsigned n)
 		  COUNTER },
 		{ "vblkd_mirror_written_through_total", "Guest writes a write-blocking mirror wrote "
 		  "to its target before completing them.", COUNTER },
+		{ "vblkd_mirror_written_through_bytes_total", "Bytes of those guest writes, on "
+		  "the target.", COUNTER },
 		{ "vblkd_mirror_ready", "1 once a mirror converged (its target had everything "
 		  "once), else 0.", GAUGE },
 	};
@@ -351,7 +353,7 @@ static void mirror_families(FILE *f, const struct mir_info *m, unsigned n)
 		header(f, fam[k].name, fam[k].help, fam[k].kind);
 		for (unsigned i = 0; i < n; i++) {
 			uint64_t v[] = { m[i].dirty, m[i].copied, m[i].zeroed, m[i].passes,
-					 m[i].wb_writes, m[i].ready };
+					 m[i].wb_writes, m[i].wb_bytes, m[i].ready };
 
 			put_named_job(f, fam[k].name, m[i].name, m[i].job, v[k]);
 		}

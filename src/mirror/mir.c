@@ -99,6 +99,7 @@ struct mir {
 	uint64_t u_off, u_len;
 	struct wbw *wbws;
 	_Atomic uint64_t wb_writes, wb_conflicts, wb_errors;
+	_Atomic uint64_t wb_bytes;	/* of the writes written through, on the target */
 	_Atomic uint64_t wb_inflight;	/* write-blocking writes not completed */
 	/* mir_sync: a flush asked for (req) and the last one that found
 	 * nothing dirty (done); flush_gen: the request the job's flush in
@@ -190,6 +191,8 @@ static void wb_target_done(struct bdev_io *tio, int res)
 	if (res < 0)
 		dbm_set(m->dirty, w->off, w->len);
 	pthread_mutex_unlock(&m->lk);
+	if (res >= 0)
+		atomic_fetch_add_explicit(&m->wb_bytes, w->len, memory_order_relaxed);
 	if (res < 0 && atomic_fetch_add(&m->wb_errors, 1) == 0)
 		log_warn("mirror %s: a guest write to %s failed (%s): it stays dirty, the job "
 			 "copies it again", m->name, m->target, strerror(-res));
@@ -1128,6 +1131,7 @@ unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max)
 						.ready_s = rn ? (double)rn / 1e9 : -1, .ready = rn != 0,
 						.mode = atomic_load(&m->mode),
 						.wb_writes = atomic_load(&m->wb_writes),
+						.wb_bytes = atomic_load(&m->wb_bytes),
 						.wb_conflicts = atomic_load(&m->wb_conflicts),
 						.wb_errors = atomic_load(&m->wb_errors) };
 			snprintf(i->name, sizeof(i->name), "%s", m->name);
@@ -1211,6 +1215,8 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 					       json_object_new_string(mir_mode_name(info[i].mode)));
 			json_object_object_add(o, "written_through",
 					       json_object_new_uint64(info[i].wb_writes));
+			json_object_object_add(o, "written_through_bytes",
+					       json_object_new_uint64(info[i].wb_bytes));
 			json_object_object_add(o, "left_to_job",
 					       json_object_new_uint64(info[i].wb_conflicts));
 			json_object_object_add(o, "target_errors",

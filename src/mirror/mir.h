@@ -98,6 +98,7 @@ struct mir_info {
 	/* write-blocking: guest writes written through, left to the job
 	 * (their range busy), failed on the target (copied again) */
 	uint64_t wb_writes, wb_conflicts, wb_errors;
+	uint64_t wb_bytes;		/* the bytes of those written through */
 	uint64_t size, dirty;		/* bytes still to copy */
 	uint32_t granularity;		/* the bitmap's, bytes */
 	uint64_t copied, zeroed;	/* bytes written to the target, as data, as zeroes */

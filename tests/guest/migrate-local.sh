@@ -256,8 +256,9 @@ mirror_start() {
 # list is empty.  A second mirror (MODE) into host DST's incoming export,
 # which still takes writes (its rings never started), copies the whole
 # disk again (its bitmap starts full: what the first one copied counts for
-# nothing; checked: copied and zeroed bytes add up to the disk's size at
-# least) and gets ready; its job id in $job, its list entry in $minfo.
+# nothing; checked: copied, zeroed and written-through bytes add up to the
+# disk's size at least) and gets ready; its job id in $job, its list entry
+# in $minfo.
 # Up to 3 rounds of all that, until a kill finds guest requests in flight
 # (the new vblkd resubmits them; the kill is aimed at them, see below).
 kill_source() {
@@ -310,8 +311,9 @@ kill_source() {
             return 1
         fi
         # B got part of the disk from the mirror killed: only a copy of all
-        # of it again (data or zeroes) makes B whole.
-        if (($(jget 'd["copied_bytes"] + d["zeroed_bytes"]' <<<"$minfo") < SIZE)); then
+        # of it again (data or zeroes, or a guest write written through
+        # that covered a granule before the job got there) makes B whole.
+        if (($(jget 'd["copied_bytes"] + d["zeroed_bytes"] + d["written_through_bytes"]' <<<"$minfo") < SIZE)); then
             fail "$what2" "kill $k: the new mirror got ready without copying the whole disk again: $minfo"
             return 1
         fi
@@ -320,7 +322,8 @@ kill_source() {
         echo "  ($hn: kill $k of vblkd $src after the mirror's ready: QEMU $qs back on the restarted one in" \
             "$trec s, ${st:-none in flight}; mirror $* again ready in $(jget 'd["ready_seconds"]' <<<"$minfo") s," \
             "$(jget 'd["passes"]' <<<"$minfo") passes, $(jget 'd["copied_bytes"] >> 20' <<<"$minfo") MiB" \
-            "copied, $(jget 'd["zeroed_bytes"] >> 20' <<<"$minfo") MiB as zeroes)"
+            "copied, $(jget 'd["zeroed_bytes"] >> 20' <<<"$minfo") MiB as zeroes," \
+            "$(jget 'd["written_through_bytes"] >> 10' <<<"$minfo") KiB written through)"
         [[ -n $st ]] && break
     done
     pass "$what1 (its rings restarted; kills: $k, ${st:-none found requests in flight})"

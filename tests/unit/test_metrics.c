@@ -103,6 +103,7 @@ static const char *const families[] = {
 	"vblkd_mirror_zeroed_bytes_total",
 	"vblkd_mirror_passes_total",
 	"vblkd_mirror_written_through_total",
+	"vblkd_mirror_written_through_bytes_total",
 	"vblkd_mirror_ready",
 	"vblkd_poll_max_seconds",
 	"vblkd_completion_poll_max_seconds",
@@ -371,7 +372,7 @@ static const struct bkp_info fake_backups[1] = {
 
 static const struct mir_info fake_mirrors[1] = {
 	{ .name = "m1", .job = "mirror-3", .dirty = 65536, .copied = 1 << 20, .zeroed = 4096,
-	  .passes = 2, .wb_writes = 7, .ready = true },
+	  .passes = 2, .wb_writes = 7, .wb_bytes = 28672, .ready = true },
 };
 
 static struct metrics_snapshot fake(void)

@@ -627,7 +627,9 @@ static int sync_target(struct mir *m, bool pivot)
 
 		if (atomic_load(&m->ended)) {
 			log_err("mirror %s: ended before %s had every write the guest saw complete "
-				"%s: do not start the guest from the target", m->name, m->target, when);
+				"%s: %s", m->name, m->target, when,
+				pivot ? "the disk stays where it is" :
+				"do not start the guest from the target");
 			r = -EIO;
 			break;
 		}

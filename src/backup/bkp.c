@@ -96,6 +96,11 @@ struct bkp_iot {
 	 * iothread's only), and the timer that sends them. */
 	struct view_read *paced, **paced_tail;
 	struct loop_timer *pace_timer;
+	/* Guest writes inside the filter here, or at the disk after it,
+	 * and when the last one came (sys_now_ns; view_busy); this
+	 * thread's only. */
+	unsigned guest_out;
+	uint64_t guest_ns;
 };
 
 struct bkp {
@@ -130,6 +135,7 @@ struct bkp {
 	/* The view's rate (job set-rate): a virtual clock, in ns, of when
 	 * the bytes read so far would have been read at the rate. */
 	_Atomic uint64_t rate, vclock, paced;
+	_Atomic bool yield;	/* the view yields to the guest (view_busy) */
 	struct bkp *next;
 };
 
@@ -354,6 +360,15 @@ static void op_step(struct cbw_op *op)
 	run_copy(op);
 }
 
+static void guest_done(struct bdev_io *io, int res)
+{
+	struct bkp_iot *w = io->up_priv;
+
+	w->guest_out--;
+	io->cb = io->up_cb;
+	io->cb(io, res);
+}
+
 /* The filter's submit (disk.h, disk_wfilter): a write, discard or write
  * zeroes of a front, on t. */
 static void cbw_submit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
@@ -362,6 +377,14 @@ static void cbw_submit(void *opaque, struct disk_iothread *t, struct bdev_io *io
 	uint64_t len = io->op == BDEV_WRITE ? iov_size(io->iov, io->iovcnt) : io->length;
 	struct cbw_op *op;
 
+	/* Counted until it completes (guest_done). */
+	if (t->idx < k->niot) {
+		k->iot[t->idx].guest_out++;
+		k->iot[t->idx].guest_ns = loop_now(t->loop);
+		io->up_cb = io->cb;
+		io->up_priv = &k->iot[t->idx];
+		io->cb = guest_done;
+	}
 	/* Every write from the instant on is in the record, whatever the
 	 * bitmap list it saw (a write parked for QoS before the instant). */
 	if (k->since && len)
@@ -600,6 +623,29 @@ static void view_served(void *opaque, uint64_t len)
 	atomic_fetch_add_explicit(&k->read_bytes, len, memory_order_relaxed);
 }
 
+/*
+ * The guest is busy on t: it has writes in flight there, or sent one in
+ * the last BKP_BUSY_NS (a guest between two batches is still at work:
+ * with in-flight writes alone the pull ran whenever the guest's driver
+ * lost its CPU, to the pull's client among others, and took more).  The
+ * view's connections on t then yield to it (nbds.h, nbds_source.busy,
+ * conn.c "Yielding"): a pull takes a small share of the thread while the
+ * guest writes, not half of it, and all of it when the guest is quiet.
+ * Off: backup start --no-yield.  t's thread.
+ */
+#define BKP_BUSY_NS 1000000ull
+
+static bool view_busy(void *opaque, struct disk_iothread *t)
+{
+	struct bkp *k = opaque;
+	struct bkp_iot *w;
+
+	if (!atomic_load_explicit(&k->yield, memory_order_relaxed) || t->idx >= k->niot)
+		return false;
+	w = &k->iot[t->idx];
+	return w->guest_out || loop_now(t->loop) - w->guest_ns < BKP_BUSY_NS;
+}
+
 /* fmt_block_status of the view: a saved chunk's status as kept; a run of
  * unsaved ones as the disk says now, checked again after (no write went
  * to a chunk still unsaved). */
@@ -747,6 +793,15 @@ static void do_iot_unpace(void *opaque)
 		pace_cb(w);
 }
 
+/* The guest's writes that went through the filter here completed. */
+static void do_iot_drain(void *opaque)
+{
+	struct bkp_iot *w = opaque;
+
+	while (w->guest_out)
+		w->k->d->b->engine->drain(w->t->bctx);
+}
+
 static void do_iot_del(void *opaque)
 {
 	struct iot_call *c = opaque;
@@ -785,6 +840,9 @@ static void teardown(struct bkp *k, bool finish)
 		/* What is inside it gets out as its copies end. */
 		while (atomic_load(&k->pending))
 			usleep(100);
+		/* And the writes it counts (guest_done) complete. */
+		for (unsigned i = 0; k->iot && i < k->niot; i++)
+			loop_call_sync(k->iot[i].t->loop, do_iot_drain, &k->iot[i]);
 	}
 	k->filtered = false;
 	if (k->live) {
@@ -963,6 +1021,7 @@ int bkp_start(struct bkp_set *s, const struct bkp_start_opts *o, char *id, size_
 		goto fail;
 	k->claimed = true;
 	atomic_store(&k->rate, o->rate);
+	atomic_store(&k->yield, !o->no_yield);
 	r = job_new(&bkp_job_ops, d, d->iot[0].loop, o->rate, JOB_ERR_REPORT, k, &k->job, err,
 		    errlen);
 	if (r < 0) {
@@ -994,7 +1053,8 @@ int bkp_start(struct bkp_set *s, const struct bkp_start_opts *o, char *id, size_
 	}
 
 	k->src = (struct nbds_source){ .read = view_read, .block_status = view_status,
-				       .served = view_served, .bitmap = k->frozen, .opaque = k };
+				       .served = view_served, .busy = view_busy,
+				       .bitmap = k->frozen, .opaque = k };
 	eo.src = &k->src;
 	eo.read_only = true;
 	r = nbds_add(s->srv, &eo, err, errlen);
@@ -1089,6 +1149,7 @@ unsigned bkp_list(struct bkp_set *s, struct bkp_info *out, unsigned max)
 				.waits = atomic_load(&k->waits),
 				.rate = atomic_load(&k->rate),
 				.paced = atomic_load(&k->paced),
+				.yield = atomic_load(&k->yield),
 				.failed = atomic_load(&k->failed) != 0 };
 			snprintf(i->name, sizeof(i->name), "%s", k->name);
 			snprintf(i->job, sizeof(i->job), "%s", k->job_id);

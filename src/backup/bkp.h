@@ -57,6 +57,7 @@ struct bkp_start_opts {
 	const char *bitmap;	/* NULL: a full backup with no checkpoint */
 	const char *scratch;	/* a directory; NULL: the disk's own */
 	uint64_t rate;		/* the view's reads, bytes/s; 0: none */
+	bool no_yield;		/* the view does not yield to the guest (view_busy) */
 };
 
 /* The backups of one disk (vblkd has one). */
@@ -92,13 +93,15 @@ struct bkp_info {
 	uint64_t waits;			/* writes that waited for a copy */
 	uint64_t rate;			/* the view's reads, bytes/s; 0: none */
 	uint64_t paced;			/* reads that waited for the rate */
+	bool yield;			/* the view yields to the guest */
 	bool failed;
 	char error[200];
 };
 unsigned bkp_list(struct bkp_set *s, struct bkp_info *out, unsigned max);
 
 /* The control socket's commands (ctl.h's ctl_cmd_fn; opaque the set):
- *   {"cmd": "backup-start", "name", "nbd", "bitmap"?, "scratch"?, "rate"?} -> {"ok", "job"}
+ *   {"cmd": "backup-start", "name", "nbd", "bitmap"?, "scratch"?, "rate"?, "yield"?}
+ *	-> {"ok", "job"}
  *   {"cmd": "backup-finish"|"backup-abort", "name"}               -> {"ok"}
  *   {"cmd": "backup-list"} -> {"backups": [{...bkp_info}]} */
 int bkp_ctl(void *opaque, struct json_object *req, struct json_object *reply, char *err,

@@ -37,6 +37,7 @@ static int list(struct bkp_set *s, struct json_object *reply, char *err, size_t 
 		json_object_object_add(o, "write_waits", json_object_new_uint64(info[i].waits));
 		json_object_object_add(o, "rate", json_object_new_uint64(info[i].rate));
 		json_object_object_add(o, "paced_reads", json_object_new_uint64(info[i].paced));
+		json_object_object_add(o, "yield", json_object_new_boolean(info[i].yield));
 		json_object_object_add(o, "failed", json_object_new_boolean(info[i].failed));
 		json_object_object_add(o, "error", json_object_new_string(info[i].error));
 		json_object_array_add(arr, o);
@@ -64,9 +65,18 @@ int bkp_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 					    .bitmap = jfield_str(req, "bitmap"),
 					    .scratch = jfield_str(req, "scratch") };
 
+		struct json_object *v;
+
 		if (jfield_u64(req, "rate", &o.rate) < 0) {
 			snprintf(err, errlen, "\"rate\" takes a whole number of bytes per second");
 			return -EINVAL;
+		}
+		if (json_object_object_get_ex(req, "yield", &v)) {
+			if (!json_object_is_type(v, json_type_boolean)) {
+				snprintf(err, errlen, "\"yield\" is true or false");
+				return -EINVAL;
+			}
+			o.no_yield = !json_object_get_boolean(v);
 		}
 		r = bkp_start(s, &o, id, sizeof(id), err, errlen);
 		if (r == 0)

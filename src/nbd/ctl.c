@@ -96,6 +96,7 @@ int nbds_ctl_list(void *opaque, struct json_object *req, struct json_object *rep
 	ADD(throttled);
 	ADD(coalesced_waits);
 	ADD(coalesced_requests);
+	ADD(yielded);
 #undef ADD
 	json_object_object_add(reply, "exports", arr);
 	json_object_object_add(reply, "stats", st);

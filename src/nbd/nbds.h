@@ -49,6 +49,10 @@ struct nbds_source {
 	 * served without read.  Any iothread. */
 	void (*served)(void *opaque, uint64_t len);
 	struct dbm *bitmap;	/* NULL: none */
+	/* Optional, on iothread t: the guest is busy there.  While it says
+	 * so, the source's connections on t yield: each takes at most a
+	 * quarter of t's time (conn.c, "Yielding"). */
+	bool (*busy)(void *opaque, struct disk_iothread *t);
 	void *opaque;
 };
 
@@ -112,6 +116,9 @@ struct nbds_stats {
 	 * the short waits taken, and the requests the passes after them
 	 * took. */
 	uint64_t coalesced_waits, coalesced_requests;
+	/* Requests of a yielding source's connections that waited for the
+	 * guest (nbds_source.busy). */
+	uint64_t yielded;
 };
 void nbds_stats(struct nbds *s, struct nbds_stats *st);
 

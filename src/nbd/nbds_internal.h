@@ -73,7 +73,16 @@ struct nbds_export {
 	uint64_t accepted, refused;
 	bool removed;			/* freed when its last client is gone */
 	atomic_bool incoming_closed;	/* incoming: a write refused, logged */
+	/* A source with busy: per iothread (its index), shared by the
+	 * export's connections there, touched by that thread only (conn.c,
+	 * "Yielding"). */
+	struct nbds_yield *ys;
 	struct nbds_export *next;
+};
+
+struct nbds_yield {
+	uint64_t until;		/* no request starts before (sys_now_ns) */
+	unsigned out;		/* requests at the source */
 };
 
 struct nbds {
@@ -94,6 +103,7 @@ struct nbds {
 	/* Coalescing (conn.c conn_moderate): waits, and the requests the
 	 * passes after them took. */
 	_Atomic uint64_t coalesced_waits, coalesced_requests;
+	_Atomic uint64_t yielded;	/* conn.c, "Yielding" */
 	/* The server as a front of the disk (its error policy, its
 	 * accounting). */
 	struct disk_front front;

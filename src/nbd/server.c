@@ -97,6 +97,7 @@ static void export_free(struct nbds_export *ex)
 	nbds__tls_free(ex->tls);
 	nbds_export_opts_free(&ex->o);
 	free(ex->unix_path);
+	free(ex->ys);
 	free(ex);
 }
 
@@ -335,7 +336,10 @@ int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t
 					   .read_only = o->read_only || o->src, .max_conn = o->max_conn,
 					   .incoming = o->incoming,
 					   .src = o->src };
-	if (!ex->o.addr || !ex->o.name || (o->tls && !ex->o.tls)) {
+	if (o->src && o->src->busy)
+		ex->ys = calloc(s->disk->num_iothreads, sizeof(*ex->ys));
+	if (!ex->o.addr || !ex->o.name || (o->tls && !ex->o.tls) ||
+	    (o->src && o->src->busy && !ex->ys)) {
 		r = -ENOMEM;
 		snprintf(err, errlen, "out of memory");
 		goto err;
@@ -432,6 +436,7 @@ void nbds_stats(struct nbds *s, struct nbds_stats *st)
 				   .read_bytes = LD(read_bytes), .write_bytes = LD(write_bytes),
 				   .throttled = LD(throttled),
 				   .coalesced_waits = LD(coalesced_waits),
-				   .coalesced_requests = LD(coalesced_requests) };
+				   .coalesced_requests = LD(coalesced_requests),
+				   .yielded = LD(yielded) };
 #undef LD
 }

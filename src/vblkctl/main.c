@@ -85,6 +85,7 @@ int main(int argc, char **argv)
 		{ "scratch", required_argument, NULL, 'S' },
 		{ "target", required_argument, NULL, 'X' },
 		{ "mode", required_argument, NULL, 'M' },
+		{ "no-yield", no_argument, NULL, 'Y' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -96,7 +97,7 @@ int main(int argc, char **argv)
 		"nbd add|remove|list, upgrade or iostat";
 	const char *path = NULL, *max = NULL, *cmax = NULL, *grow = NULL, *shrink = NULL, *cmd;
 	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL, *gran = NULL;
-	bool disabled = false, persistent = false;
+	bool disabled = false, persistent = false, no_yield = false;
 	const char *bk_nbd = NULL, *bk_bitmap = NULL, *bk_scratch = NULL, *target = NULL;
 	const char *mode = NULL;
 	char exec_abs[PATH_MAX], err[512];
@@ -130,6 +131,7 @@ int main(int argc, char **argv)
 		case 'R': gran = optarg; break;
 		case 'D': disabled = true; break;
 		case 'T': persistent = true; break;
+		case 'Y': no_yield = true; break;
 		case 'N': bk_nbd = optarg; break;
 		case 'B': bk_bitmap = optarg; break;
 		case 'S': bk_scratch = optarg; break;
@@ -160,7 +162,7 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH bitmap merge SOURCE... TARGET\n"
 			       "       vblkctl --control PATH bitmap list\n"
 			       "       vblkctl --control PATH backup start NAME --nbd ADDR[,tls=...] "
-			       "[--bitmap B] [--scratch DIR] [--rate BYTES]\n"
+			       "[--bitmap B] [--scratch DIR] [--rate BYTES] [--no-yield]\n"
 			       "       vblkctl --control PATH backup finish|abort NAME\n"
 			       "       vblkctl --control PATH backup list\n"
 			       "       vblkctl --control PATH mirror start NAME --target URI|PATH "
@@ -216,7 +218,9 @@ int main(int argc, char **argv)
 			       "was written since the start (the next incremental's).  abort: B as it\n"
 			       "was.  list shows each with its scratch use.  A backup is a job (job list).\n"
 			       "--rate 200M caps how fast its clients read the view (job set-rate changes\n"
-			       "it), leaving the guest's writes the daemon's time.\n"
+			       "it), leaving the guest's writes the daemon's time.  While the guest\n"
+			       "writes, the view's clients get a small share of the iothread (all of it\n"
+			       "when the guest is quiet); --no-yield serves them as any NBD client.\n"
 			       "mirror start copies the disk to --target (an NBD URI, or a local path:\n"
 			       "a raw file made at the disk's size) while the guest writes, pass after\n"
 			       "pass, until it is ready (job list); job complete then ends it with the\n"
@@ -286,8 +290,9 @@ int main(int argc, char **argv)
 		if (!strcmp(sub, "start") && !bk_nbd)
 			cli_die("backup start needs --nbd ADDR (unix:PATH or HOST:PORT): where its "
 				"view is served");
-		if (strcmp(sub, "start") && (bk_nbd || bk_bitmap || bk_scratch || rate))
-			cli_die("--nbd, --bitmap, --scratch and --rate go with backup start");
+		if (strcmp(sub, "start") && (bk_nbd || bk_bitmap || bk_scratch || rate || no_yield))
+			cli_die("--nbd, --bitmap, --scratch, --rate and --no-yield go with backup "
+				"start");
 	} else if (!strcmp(cmd, "mirror")) {
 		const char *sub = optind + 1 < argc ? argv[optind + 1] : "";
 		int n = argc - optind;
@@ -315,8 +320,8 @@ int main(int argc, char **argv)
 		   !(optind + 2 == argc && (!strcmp(cmd, "resize") || !strcmp(cmd, "set-limits")))) {
 		cli_die("give one command: %s", commands);
 	}
-	if (strcmp(cmd, "backup") && (bk_nbd || bk_bitmap || bk_scratch))
-		cli_die("--nbd, --bitmap and --scratch go with backup start");
+	if (strcmp(cmd, "backup") && (bk_nbd || bk_bitmap || bk_scratch || no_yield))
+		cli_die("--nbd, --bitmap, --scratch and --no-yield go with backup start");
 	if (strcmp(cmd, "set-limits") && group)
 		cli_die("--group goes with set-limits");
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink || check))
@@ -447,6 +452,8 @@ int main(int argc, char **argv)
 					"or G (e.g. 200M)", rate);
 			json_object_object_add(req, "rate", json_object_new_uint64(size));
 		}
+		if (no_yield)
+			json_object_object_add(req, "yield", json_object_new_boolean(0));
 	} else if (!strcmp(cmd, "mirror")) {
 		const char *sub = argv[optind + 1];
 

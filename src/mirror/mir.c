@@ -116,7 +116,10 @@ struct wbw {
 	struct bdev_io tio;	/* to the target */
 	uint64_t off, len;
 	unsigned tidx;
-	int res;		/* the source's */
+	int res, tres;		/* the source's, the target's */
+	unsigned left;		/* halves not done (its thread's) */
+	bool through;		/* to the target too (wsubmit) */
+	bool raced;		/* a unit started on its range (under lk) */
 	struct wbw *prev, *next;
 };
 
@@ -181,79 +184,74 @@ static void wb_finish(struct wbw *w)
 	io->cb(io, res);
 }
 
-static void wb_target_done(struct bdev_io *tio, int res)
+/*
+ * Both halves of a write-blocking write done (or the source's alone, for
+ * one not written through): the granules it covers whole are clean if
+ * it went to the target too, both landed, and no unit of the job started
+ * on its range meanwhile (raced: the unit may have read the old data and
+ * written it after ours); otherwise it is marked dirty and the job copies
+ * it (QEMU's do_sync_target_write, mirror_wait_on_conflicts).
+ */
+static void wb_done(struct wbw *w)
 {
-	struct wbw *w = container_of(tio, struct wbw, tio);
 	struct mir *m = w->m;
+	uint32_t g = dbm_granularity(m->dirty);
+	bool clean = w->through && w->res >= 0 && w->tres >= 0 && !w->raced;
 
 	pthread_mutex_lock(&m->lk);
 	wb_unlist(m, w);
-	if (res < 0)
-		dbm_set(m->dirty, w->off, w->len);
-	pthread_mutex_unlock(&m->lk);
-	if (res >= 0)
-		atomic_fetch_add_explicit(&m->wb_bytes, w->len, memory_order_relaxed);
-	if (res < 0 && atomic_fetch_add(&m->wb_errors, 1) == 0)
-		log_warn("mirror %s: a guest write to %s failed (%s): it stays dirty, the job "
-			 "copies it again", m->name, m->target, strerror(-res));
-	m->tpending[w->tidx]--;
-	wb_finish(w);
-}
-
-/*
- * The source has the write.  It goes to the target too, before the guest
- * hears of it, if nobody else has a range of it in flight (the unit may
- * have read the old data and write it after; another write's order on
- * the source is unknown): then the granules it covers whole are clean.
- * Otherwise, or for a discard (what the disk reads after it is the
- * format's), it is marked dirty and the job copies it (QEMU's
- * do_sync_target_write, mirror_wait_on_conflicts).
- */
-static void wb_source_done(struct bdev_io *io, int res)
-{
-	struct wbw *w = io->up_priv;
-	struct mir *m = w->m;
-	bool conflict = res < 0 || io->op == BDEV_DISCARD ||
-			(io->op == BDEV_WRITE_ZEROES && !(m->tgt.caps & BDEV_CAP_WRITE_ZEROES));
-	uint32_t g = dbm_granularity(m->dirty);
-
-	w->res = res;
-	pthread_mutex_lock(&m->lk);
-	if (!conflict && m->u_busy && overlaps(m->u_off, m->u_len, w->off, w->len))
-		conflict = true;
-	for (struct wbw *o = m->wbws; o && !conflict; o = o->next)
-		if (o != w && overlaps(o->off, o->len, w->off, w->len))
-			conflict = true;
-	if (conflict) {
-		wb_unlist(m, w);
-		dbm_set(m->dirty, w->off, w->len);
-	} else {
+	if (clean) {
 		uint64_t a = (w->off + g - 1) & ~(uint64_t)(g - 1);
 		uint64_t e = (w->off + w->len) & ~(uint64_t)(g - 1);
 
 		if (e > a)
 			dbm_reset(m->dirty, a, e - a);
+	} else {
+		dbm_set(m->dirty, w->off, w->len);
 	}
 	pthread_mutex_unlock(&m->lk);
-	if (conflict) {
-		if (res >= 0)
-			atomic_fetch_add_explicit(&m->wb_conflicts, 1, memory_order_relaxed);
-		wb_finish(w);
-		return;
+	if (clean) {
+		atomic_fetch_add_explicit(&m->wb_writes, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&m->wb_bytes, w->len, memory_order_relaxed);
+	} else if (w->res >= 0 && w->tres >= 0) {
+		atomic_fetch_add_explicit(&m->wb_conflicts, 1, memory_order_relaxed);
 	}
-	atomic_fetch_add_explicit(&m->wb_writes, 1, memory_order_relaxed);
-	if (io->op == BDEV_WRITE)
-		w->tio = (struct bdev_io){ .op = BDEV_WRITE, .offset = w->off, .iov = io->iov,
-					   .iovcnt = io->iovcnt, .cb = wb_target_done };
-	else
-		w->tio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = w->off,
-					   .length = w->len, .unmap = io->unmap,
-					   .cb = wb_target_done };
-	m->tpending[w->tidx]++;
-	bdev_submit(&m->tgt, m->tctxs[w->tidx], &w->tio);
-	m->tgt.engine->kick(m->tctxs[w->tidx]);
+	if (w->tres < 0 && atomic_fetch_add(&m->wb_errors, 1) == 0)
+		log_warn("mirror %s: a guest write to %s failed (%s): it stays dirty, the job "
+			 "copies it again", m->name, m->target, strerror(-w->tres));
+	wb_finish(w);
 }
 
+static void wb_target_done(struct bdev_io *tio, int res)
+{
+	struct wbw *w = container_of(tio, struct wbw, tio);
+
+	w->tres = res;
+	w->m->tpending[w->tidx]--;
+	if (!--w->left)
+		wb_done(w);
+}
+
+static void wb_source_done(struct bdev_io *io, int res)
+{
+	struct wbw *w = io->up_priv;
+
+	w->res = res;
+	if (!--w->left)
+		wb_done(w);
+}
+
+/*
+ * A write-blocking write goes to the source and to the target at once
+ * (the guest waits for the slower, not for both in turn), if nobody else
+ * has a range of it in flight: not the job's unit (it may have read the
+ * old data and write it after ours), nor another write (their order on
+ * the source is unknown).  A unit that starts on its range while it is
+ * out, or another write of its range, makes it raced (mir_step, here):
+ * it then leaves the range dirty too.  Otherwise, or for a discard (what the
+ * disk reads after it is the format's), it goes to the source alone and
+ * is marked dirty as it completes: the job copies it.
+ */
 static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 {
 	struct mir *m = opaque;
@@ -268,7 +266,18 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		w->off = io->offset;
 		w->len = io->op == BDEV_WRITE ? iov_size(io->iov, io->iovcnt) : io->length;
 		w->tidx = t->idx;
+		w->through = io->op == BDEV_WRITE ||
+			     (io->op == BDEV_WRITE_ZEROES && (m->tgt.caps & BDEV_CAP_WRITE_ZEROES));
 		pthread_mutex_lock(&m->lk);
+		if (w->through && m->u_busy && overlaps(m->u_off, m->u_len, w->off, w->len))
+			w->through = false;
+		/* Two writes of one range out at once: their order on the
+		 * source is unknown, so neither leaves it clean. */
+		for (struct wbw *o = m->wbws; o; o = o->next)
+			if (overlaps(o->off, o->len, w->off, w->len)) {
+				w->through = false;
+				o->raced = true;
+			}
 		w->next = m->wbws;
 		if (w->next)
 			w->next->prev = w;
@@ -277,6 +286,21 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		io->up_priv = w;
 		io->cb = wb_source_done;
 		atomic_fetch_add_explicit(&m->wb_inflight, 1, memory_order_relaxed);
+		w->left = w->through ? 2 : 1;
+		if (w->through) {
+			if (io->op == BDEV_WRITE)
+				w->tio = (struct bdev_io){ .op = BDEV_WRITE, .offset = w->off,
+							   .iov = io->iov, .iovcnt = io->iovcnt,
+							   .cb = wb_target_done };
+			else
+				w->tio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES,
+							   .offset = w->off, .length = w->len,
+							   .unmap = io->unmap,
+							   .cb = wb_target_done };
+			m->tpending[w->tidx]++;
+			bdev_submit(&m->tgt, m->tctxs[w->tidx], &w->tio);
+			m->tgt.engine->kick(m->tctxs[w->tidx]);
+		}
 	} else {
 		/* Background mode (or a thread with no target connection):
 		 * marked as it completes. */
@@ -458,15 +482,21 @@ static int step(struct job *j, void *priv)
 	m->unit_res = 0;
 	m->unit_bytes = 0;
 	/* Taken before the copy: a write from now on marks it again (and a
-	 * write-blocking one that completes while the unit is out leaves
-	 * the target to it: wb_source_done).  The runs ascend: their span
-	 * is the unit's range. */
+	 * write-blocking one submitted while the unit is out leaves the
+	 * target to it: wsubmit, wb_done).  The runs ascend: their span is
+	 * the unit's range. */
 	pthread_mutex_lock(&m->lk);
 	m->u_busy = true;
 	m->u_off = m->ops[0].off;
 	m->u_len = m->ops[m->nops - 1].off + m->ops[m->nops - 1].len - m->u_off;
 	for (unsigned i = 0; i < m->nops; i++)
 		dbm_reset(m->dirty, m->ops[i].off, m->ops[i].len);
+	/* A write-blocking write out there now may land on the target
+	 * before what the unit read (the old data): it leaves the range
+	 * dirty (wb_done). */
+	for (struct wbw *o = m->wbws; o; o = o->next)
+		if (overlaps(o->off, o->len, m->u_off, m->u_len))
+			o->raced = true;
 	pthread_mutex_unlock(&m->lk);
 	job_set_progress(j, m->size - dbm_dirty_bytes(m->dirty), m->size);
 	for (unsigned i = 0; i < m->nops; i++) {

@@ -65,19 +65,17 @@ int bkp_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 					    .bitmap = jfield_str(req, "bitmap"),
 					    .scratch = jfield_str(req, "scratch") };
 
-		struct json_object *v;
+		bool yield = true;
 
 		if (jfield_u64(req, "rate", &o.rate) < 0) {
 			snprintf(err, errlen, "\"rate\" takes a whole number of bytes per second");
 			return -EINVAL;
 		}
-		if (json_object_object_get_ex(req, "yield", &v)) {
-			if (!json_object_is_type(v, json_type_boolean)) {
-				snprintf(err, errlen, "\"yield\" is true or false");
-				return -EINVAL;
-			}
-			o.no_yield = !json_object_get_boolean(v);
+		if (jfield_bool(req, "yield", &yield) < 0) {
+			snprintf(err, errlen, "\"yield\" is true or false");
+			return -EINVAL;
 		}
+		o.no_yield = !yield;
 		r = bkp_start(s, &o, id, sizeof(id), err, errlen);
 		if (r == 0)
 			json_object_object_add(reply, "job", json_object_new_string(id));

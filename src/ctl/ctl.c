@@ -291,20 +291,6 @@ int ctl_stats_json(struct blk_dev *d, char *buf, size_t len)
 /* ---- Requests ---- */
 
 
-/* Field key of req as a boolean: 1 found, 0 absent, -EINVAL present but
- * not true or false. */
-static int get_bool(struct json_object *req, const char *key, bool *v)
-{
-	struct json_object *f;
-
-	if (!json_object_object_get_ex(req, key, &f))
-		return 0;
-	if (!json_object_is_type(f, json_type_boolean))
-		return -EINVAL;
-	*v = json_object_get_boolean(f);
-	return 1;
-}
-
 static int cmd_stats(void *opaque, struct json_object *req, struct json_object *reply,
 		     char *err, size_t errlen)
 {
@@ -350,7 +336,7 @@ static int cmd_set_poll(void *opaque, struct json_object *req, struct json_objec
 	    poll_knob(req, "shrink", 0, 1024, &shrink, err, errlen) < 0)
 		return -EINVAL;
 	check = !p.no_check;
-	if (get_bool(req, "check", &check) < 0) {
+	if (jfield_bool(req, "check", &check) < 0) {
 		snprintf(err, errlen, "check must be true or false");
 		return -EINVAL;
 	}

@@ -121,20 +121,13 @@ int disk_ctl_bitmap(void *opaque, struct json_object *req, struct json_object *r
 				}
 				gran = (uint64_t)json_object_get_int64(v);
 			}
-			if (json_object_object_get_ex(req, "disabled", &v)) {
-				if (!json_object_is_type(v, json_type_boolean)) {
-					snprintf(err, errlen, "bitmap-add: \"disabled\" is true or false");
-					return -EINVAL;
-				}
-				disabled = json_object_get_boolean(v);
+			if (jfield_bool(req, "disabled", &disabled) < 0) {
+				snprintf(err, errlen, "bitmap-add: \"disabled\" is true or false");
+				return -EINVAL;
 			}
-			if (json_object_object_get_ex(req, "persistent", &v)) {
-				if (!json_object_is_type(v, json_type_boolean)) {
-					snprintf(err, errlen, "bitmap-add: \"persistent\" is true or "
-						 "false");
-					return -EINVAL;
-				}
-				persistent = json_object_get_boolean(v);
+			if (jfield_bool(req, "persistent", &persistent) < 0) {
+				snprintf(err, errlen, "bitmap-add: \"persistent\" is true or false");
+				return -EINVAL;
 			}
 			r = disk_bitmap_add(d, name, (uint32_t)gran, disabled, persistent, err,
 					    errlen);

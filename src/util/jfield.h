@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <json-c/json.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Field key of req as an unsigned integer: 1 found, 0 absent, -EINVAL
@@ -20,6 +21,20 @@ static inline int jfield_u64(struct json_object *req, const char *key, uint64_t 
 	if (!json_object_is_type(f, json_type_int) || json_object_get_int64(f) < 0)
 		return -EINVAL;
 	*v = json_object_get_uint64(f);
+	return 1;
+}
+
+/* Field key of req as a boolean: 1 found, 0 absent, -EINVAL present but
+ * not true or false. */
+static inline int jfield_bool(struct json_object *req, const char *key, bool *v)
+{
+	struct json_object *f;
+
+	if (!json_object_object_get_ex(req, key, &f))
+		return 0;
+	if (!json_object_is_type(f, json_type_boolean))
+		return -EINVAL;
+	*v = json_object_get_boolean(f);
 	return 1;
 }
 

@@ -694,7 +694,6 @@ static void conn_unthrottle(struct nbds_conn *c, bool over)
 	disk_kick(c->disk, c->t);
 }
 
-
 static inline uint64_t conn_yield_t0(const struct nbds_conn *c)
 {
 	return unlikely(c->ys != NULL) ? sys_now_ns() : 0;

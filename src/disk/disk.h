@@ -225,27 +225,37 @@ int disk_open_image(const struct bdev_opts *bo, const struct fmt_opts *fo, unsig
 int disk_close_image(struct bdev *disk, struct bdev *file);
 
 /*
- * Serve b (over file; b itself for raw) instead of the disk's image from
- * now on: a mirror's pivot (mir.h).  b is checked (the disk's size, as
- * many iothreads, writable if the disk is) and taken as a claim takes an
- * image if a front holds the disk; an engine ctx of b is made on every
- * iothread; then every iothread is parked at once, each after draining
- * what it has in flight (disk_drain) and q->quiesce's own I/O of that
- * thread.  With all parked, q->ready says whether the switch is right
- * now: 0 yes, -EAGAIN not yet (the caller tries again), another -errno
- * no (why in err).  On yes: d->b, d->file and every ctx replaced, the
- * write filter cleared (it served the old image), each front's rebind,
- * and the iothreads go on.  The old image's ctxs are freed and its claim
- * let go; *oldb and *oldfile are the caller's to close
- * (disk_close_image).  Refused (-EBUSY, one line): a paused disk, or
- * persistent bitmaps kept with the old image.  Main thread.
+ * Serve ni->b (over ni->file; b itself for raw) instead of the disk's
+ * image from now on: a mirror's pivot (mir.h).  b is checked (the disk's
+ * size, as many iothreads, writable if the disk is) and, unless the
+ * caller holds it already (ni->held: locked and claimed), taken as a
+ * claim takes an image if a front holds the disk; an engine ctx of b is
+ * made on every iothread that ni->ctx does not give one for (a qcow2
+ * takes one ctx: the mirror's own, which wrote it, so that one instance
+ * of its tables is ever in use); then every iothread is parked at once,
+ * each after draining what it has in flight (disk_drain) and
+ * q->quiesce's own I/O of that thread.  With all parked, q->ready says
+ * whether the switch is right now: 0 yes, -EAGAIN not yet (the caller
+ * tries again), another -errno no (why in err).  On yes: d->b, d->file
+ * and every ctx replaced (the given ctxs and the hold are the disk's
+ * now), the write filter cleared (it served the old image), each front's
+ * rebind, and the iothreads go on.  The old image's ctxs are freed and
+ * its claim let go; *oldb and *oldfile are the caller's to close
+ * (disk_close_image).  On failure what ni gave stays the caller's.
+ * Refused (-EBUSY, one line): a paused disk, or persistent bitmaps kept
+ * with the old image.  Main thread.
  */
 struct disk_quiesce {
 	void (*quiesce)(void *opaque, struct disk_iothread *t);
 	int (*ready)(void *opaque, char *err, size_t errlen);
 	void *opaque;
 };
-int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
+struct disk_image {
+	struct bdev *b, *file;
+	struct bdev_ctx *const *ctx;	/* NULL, or per iothread: b's ctx made there, or NULL */
+	bool held;			/* b locked (bdev_lock) and claimed (fmt_claim) */
+};
+int disk_replace_image(struct disk *d, const struct disk_image *ni,
 		       const struct disk_quiesce *q, struct bdev **oldb, struct bdev **oldfile,
 		       char *err, size_t errlen);
 

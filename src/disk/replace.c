@@ -88,11 +88,15 @@ static void do_nctx_free(void *opaque)
 	}
 }
 
-static void ctxs_free(struct disk *d, struct bdev *b, struct bdev_ctx **ctx)
+/* keep: ctxs not to free (the caller's: disk_image.ctx), or NULL. */
+static void ctxs_free(struct disk *d, struct bdev *b, struct bdev_ctx **ctx,
+		      struct bdev_ctx *const *keep)
 {
 	for (unsigned i = 0; i < d->num_iothreads; i++)
-		loop_call_sync(d->iot[i].loop, do_nctx_free,
-			       &(struct nctx_call){ .b = b, .t = &d->iot[i], .ctx = ctx[i] });
+		if (!keep || keep[i] != ctx[i])
+			loop_call_sync(d->iot[i].loop, do_nctx_free,
+				       &(struct nctx_call){ .b = b, .t = &d->iot[i],
+							    .ctx = ctx[i] });
 }
 
 /* Anything on the disk that belongs to the image now served, not to what
@@ -117,10 +121,11 @@ static int replace_refused(struct disk *d, char *err, size_t errlen)
 	return 0;
 }
 
-int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
+int disk_replace_image(struct disk *d, const struct disk_image *ni,
 		       const struct disk_quiesce *q, struct bdev **oldb, struct bdev **oldfile,
 		       char *err, size_t errlen)
 {
+	struct bdev *b = ni->b, *file = ni->file;
 	unsigned n = d->num_iothreads;
 	struct bdev_ctx **nctx = calloc(n, sizeof(*nctx)), **octx = calloc(n, sizeof(*octx));
 	struct park_arg *pa = calloc(n, sizeof(*pa));
@@ -147,7 +152,7 @@ int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
 		goto out;
 	/* Held by a front now: the new image is taken as a claim takes it
 	 * (disk_claim), before anything moves. */
-	if (d->claims) {
+	if (d->claims && !ni->held) {
 		r = bdev_lock(b, 0);
 		if (r < 0) {
 			snprintf(err, errlen, "%s is in use: another process holds its lock", b->path);
@@ -161,6 +166,10 @@ int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
 	for (unsigned i = 0; i < n; i++) {
 		struct nctx_call c = { .b = b, .t = &d->iot[i] };
 
+		if (ni->ctx && ni->ctx[i]) {
+			nctx[i] = ni->ctx[i];
+			continue;
+		}
 		loop_call_sync(d->iot[i].loop, do_nctx_new, &c);
 		if (!(nctx[i] = c.ctx)) {
 			snprintf(err, errlen, "cannot set up the %s engine for %s on iothread%u",
@@ -222,7 +231,7 @@ int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
 
 	/* The old image: its ctxs (drained) freed on their threads, its
 	 * claim let go as disk_release lets go of the last one. */
-	ctxs_free(d, ob, octx);
+	ctxs_free(d, ob, octx, NULL);
 	/* A raw disk's bitmap file, with no persistent bitmap left in it
 	 * (replace_refused), stays with the old image: stored as it is now
 	 * (empty of them), let go and closed. */
@@ -250,7 +259,7 @@ int disk_replace_image(struct disk *d, struct bdev *b, struct bdev *file,
 	goto out;
 
 out_ctx:
-	ctxs_free(d, b, nctx);
+	ctxs_free(d, b, nctx, ni->ctx);
 	if (claimed)
 		fmt_release(b);
 out:

@@ -36,6 +36,43 @@ int fmt_parse(const char *s, enum fmt_kind *out)
 	return 0;
 }
 
+int fmt_create(const char *path, enum fmt_kind kind, uint64_t size, char *err, size_t errlen)
+{
+	int fd, r;
+
+	if (kind == FMT_QCOW2)
+		return qcow2_create(path, NULL, size, err, errlen);
+	if (kind != FMT_RAW) {
+		snprintf(err, errlen, "cannot make %s: vblkd makes raw and qcow2 images only", path);
+		return -EINVAL;
+	}
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot make %s: %s", path, strerror(-r));
+		return r;
+	}
+	r = ftruncate(fd, (off_t)size) < 0 ? -errno : 0;
+	close(fd);
+	if (r < 0) {
+		unlink(path);
+		snprintf(err, errlen, "cannot size %s to %llu bytes: %s", path,
+			 (unsigned long long)size, strerror(-r));
+	}
+	return r;
+}
+
+enum fmt_kind fmt_kind_of(const struct bdev *disk)
+{
+	if (disk && qcow2_io_is(disk->engine))
+		return FMT_QCOW2;
+#ifdef HAVE_LUKS
+	if (disk && luks_is(disk->engine))
+		return FMT_LUKS;
+#endif
+	return FMT_RAW;
+}
+
 /* A LUKS header, as QEMU's probe knows it too (block/crypto.c). */
 static bool luks_magic(const void *buf, size_t len)
 {
@@ -546,7 +583,7 @@ int fmt_bitmap_file_open(const char *path, const char *disk_path, uint64_t disk_
 	if (!realpath(disk_path, real))
 		snprintf(real, sizeof(real), "%s", disk_path);
 	if (create && access(path, F_OK) < 0 && errno == ENOENT &&
-	    (r = qcow2_create_bitmap_file(path, real, disk_size, err, errlen)) < 0)
+	    (r = qcow2_create(path, real, disk_size, err, errlen)) < 0)
 		goto fail;
 	if ((r = bdev_open(&bo, f, err, errlen)) < 0)
 		goto fail;

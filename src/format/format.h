@@ -71,6 +71,14 @@ struct fmt_opts {
 /* "raw", "qcow2", "luks", "auto" -> *out.  0 or -EINVAL. */
 int fmt_parse(const char *s, enum fmt_kind *out);
 
+/* A new image at path, size bytes, nothing in it: raw (a sparse file) or
+ * qcow2 (v3, 64 KiB clusters, no backing file: qcow2_create); O_EXCL, so
+ * never over a file that is there (-EEXIST).  0, or -errno with one line
+ * in err (nothing left behind).  Any thread. */
+int fmt_create(const char *path, enum fmt_kind kind, uint64_t size, char *err, size_t errlen);
+/* The format of a disk fmt_open gave: FMT_QCOW2, FMT_LUKS or FMT_RAW. */
+enum fmt_kind fmt_kind_of(const struct bdev *disk);
+
 /*
  * Open the format of file (opened by bdev_open).  On success *disk is the
  * disk to serve: file itself for raw, else the format's own.  On failure

@@ -19,6 +19,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2080,4 +2081,87 @@ void qcow2_describe(const struct qcow2 *q, char *buf, size_t len)
 	if (q->backing_name && !q->standalone && n > 0 && (size_t)n < len)
 		snprintf(buf + n, len - (size_t)n, ", backing %s (%s)", q->backing_name,
 			 q->backing != q->backing_file ? "qcow2" : "raw");
+}
+
+/* ---- New images ------------------------------------------------------- */
+
+/*
+ * A new qcow2 image at path (qcow2.txt, "Header"; 64 KiB clusters, v3,
+ * 16-bit refcounts, QEMU's defaults): size bytes, no data; backing (raw,
+ * never probed) or none.  Cluster 0 the header, 1 the refcount table, 2
+ * its one block, then the L1 table (all unallocated); the refcount
+ * table's one cluster covers 2^28 clusters, the allocator adds blocks as
+ * the image grows.  Written whole, then synced with its directory;
+ * O_EXCL: never over a file that is there (-EEXIST, nothing written).
+ */
+int qcow2_create(const char *path, const char *backing, uint64_t size, char *err,
+		 size_t errlen)
+{
+	const uint64_t cs = 65536;
+	uint64_t l1_size = div_up(size, cs * (cs / 8)), l1c = div_up(l1_size * 8, cs);
+	uint64_t nclusters = 3 + MAX(l1c, 1), blen = backing ? strlen(backing) : 0, at;
+	uint8_t *img;
+	int fd, r = 0;
+
+	if ((backing && (blen == 0 || blen > 1023 || 112 + 8 + 8 + 8 + blen > cs)) ||
+	    nclusters > cs / 2 || size == 0 || size > (1ull << 50)) {
+		snprintf(err, errlen, "cannot make qcow2 image %s: %s", path,
+			 backing && (blen == 0 || blen > 1023) ? "its backing file's path is too long" :
+			 "give a size from 1 byte to 1 PiB");
+		return -EINVAL;
+	}
+	img = calloc(nclusters, cs);
+	if (!img)
+		return -ENOMEM;
+	be32_put(img, QCOW2_MAGIC);
+	be32_put(img + 4, 3);
+	be32_put(img + 20, 16);			/* cluster_bits */
+	be64_put(img + 24, size);
+	be32_put(img + 36, (uint32_t)l1_size);
+	be64_put(img + 40, 3 * cs);		/* l1_table_offset */
+	be64_put(img + 48, cs);			/* refcount_table_offset */
+	be32_put(img + 56, 1);			/* refcount_table_clusters */
+	be32_put(img + 96, 4);			/* refcount_order */
+	be32_put(img + 100, 112);		/* header_length */
+	if (backing) {
+		/* The backing file's format: raw (never probed). */
+		at = 112;
+		be32_put(img + at, QCOW2_EXT_BACKING_FMT);
+		be32_put(img + at + 4, 3);
+		memcpy(img + at + 8, "raw", 3);
+		at += 16 + 8;			/* and the end marker */
+		memcpy(img + at, backing, blen);
+		be64_put(img + 8, at);
+		be32_put(img + 16, (uint32_t)blen);
+	}
+	be64_put(img + cs, 2 * cs);		/* refcount table -> block */
+	for (uint64_t c = 0; c < nclusters; c++) {
+		img[2 * cs + 2 * c] = 0;
+		img[2 * cs + 2 * c + 1] = 1;
+	}
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "cannot make qcow2 image %s: %s", path, strerror(-r));
+		free(img);
+		return r;
+	}
+	if ((r = sys_pwrite_full(fd, img, nclusters * cs, 0)) < 0 || (fsync(fd) < 0 && (r = -errno))) {
+		snprintf(err, errlen, "cannot write qcow2 image %s: %s", path, strerror(-r));
+		unlink(path);
+	}
+	close(fd);
+	free(img);
+	if (r == 0) {
+		/* The new name durable too. */
+		char *dup = strdup(path);
+		int dfd = dup ? open(dirname(dup), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+
+		if (dfd >= 0) {
+			(void)fsync(dfd);
+			close(dfd);
+		}
+		free(dup);
+	}
+	return r;
 }

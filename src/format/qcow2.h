@@ -41,6 +41,17 @@ static inline void be64_put(uint8_t *p, uint64_t v)
 	memcpy(p, &v, 8);
 }
 
+static inline void be32_put(uint8_t *p, uint32_t v)
+{
+	v = htobe32(v);
+	memcpy(p, &v, 4);
+}
+
+static inline uint64_t div_up(uint64_t a, uint64_t b)
+{
+	return (a + b - 1) / b;
+}
+
 /* qcow2.txt, "Header" */
 #define QCOW2_MAGIC 0x514649fbu		/* "QFI\xfb" */
 #define QCOW2_INCOMPAT_DIRTY     (1ull << 0)
@@ -352,8 +363,6 @@ bool qcow2_meta_clash(const struct qcow2 *q, uint64_t off, uint64_t len);
  * on, if the image was written since the claim or changed says a bitmap
  * was; 0 or -errno with one line in err. */
 void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h);
-int qcow2_create_bitmap_file(const char *path, const char *backing, uint64_t size, char *err,
-			     size_t errlen);
 int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen);
 void qcow2_bm_free(struct qcow2 *q);
 int qcow2_bm_meta(struct qcow2 *q, int (*add)(struct qcow2 *q, uint64_t off, uint64_t len));
@@ -478,6 +487,11 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen);
 /* The header rewritten without its backing file, synced (after a
  * stream).  0 or -errno (the image is then broken for writes). */
 int qcow2_drop_backing(struct qcow2 *q);
+
+/* A new image at path (qcow2.c, qcow2_create): 0, or -errno with one line
+ * in err (-EEXIST: a file is there; nothing written).  Any thread. */
+int qcow2_create(const char *path, const char *backing, uint64_t size, char *err,
+		 size_t errlen);
 
 /* The image handed on (format.h: fmt_quiesce, fmt_release): tables
  * written back and synced, the reserve given back; -EBUSY while a stream

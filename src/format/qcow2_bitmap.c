@@ -84,19 +84,6 @@ static uint16_t be16_at(const uint8_t *p)
 	return (uint16_t)(p[0] << 8 | p[1]);
 }
 
-static void be32_put(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
-
-static uint64_t div_up(uint64_t a, uint64_t b)
-{
-	return (a + b - 1) / b;
-}
-
 /* Bytes of bitmap data for a disk of size at 2^gran_bits per bit. */
 static uint64_t data_bytes(uint64_t size, unsigned gran_bits)
 {
@@ -1136,81 +1123,4 @@ int qcow2_bm_wal_sync(struct qcow2 *q)
 	}
 	q->wal_npend = 0;
 	return 0;
-}
-
-/* ---- A raw disk's bitmap file -------------------------------------- */
-
-/*
- * A new qcow2 image at path (qcow2.txt, "Header"; 64 KiB clusters, v3,
- * 16-bit refcounts): the disk's size, the disk as its backing file (raw),
- * no data: cluster 0 the header, 1 the refcount table, 2 its one block,
- * then the L1 table (all unallocated).  Written whole, then synced with
- * its directory; O_EXCL: never over a file that is there.
- */
-int qcow2_create_bitmap_file(const char *path, const char *backing, uint64_t size, char *err,
-			     size_t errlen)
-{
-	const uint64_t cs = 65536;
-	uint64_t l1_size = div_up(size, cs * (cs / 8)), l1c = div_up(l1_size * 8, cs);
-	uint64_t nclusters = 3 + MAX(l1c, 1), blen = strlen(backing), at;
-	uint8_t *img;
-	int fd, r = 0;
-
-	if (blen == 0 || blen > 1023 || 112 + 8 + 8 + 8 + blen > cs || nclusters > cs / 2) {
-		snprintf(err, errlen, "cannot make a bitmap file for %s: its path is too long or "
-			 "the disk too big", backing);
-		return -EINVAL;
-	}
-	img = calloc(nclusters, cs);
-	if (!img)
-		return -ENOMEM;
-	be32_put(img, QCOW2_MAGIC);
-	be32_put(img + 4, 3);
-	be32_put(img + 20, 16);			/* cluster_bits */
-	be64_put(img + 24, size);
-	be32_put(img + 36, (uint32_t)l1_size);
-	be64_put(img + 40, 3 * cs);		/* l1_table_offset */
-	be64_put(img + 48, cs);			/* refcount_table_offset */
-	be32_put(img + 56, 1);			/* refcount_table_clusters */
-	be32_put(img + 96, 4);			/* refcount_order */
-	be32_put(img + 100, 112);		/* header_length */
-	/* The backing file's format: raw (never probed). */
-	at = 112;
-	be32_put(img + at, QCOW2_EXT_BACKING_FMT);
-	be32_put(img + at + 4, 3);
-	memcpy(img + at + 8, "raw", 3);
-	at += 16 + 8;				/* and the end marker */
-	memcpy(img + at, backing, blen);
-	be64_put(img + 8, at);
-	be32_put(img + 16, (uint32_t)blen);
-	be64_put(img + cs, 2 * cs);		/* refcount table -> block */
-	for (uint64_t c = 0; c < nclusters; c++) {
-		img[2 * cs + 2 * c] = 0;
-		img[2 * cs + 2 * c + 1] = 1;
-	}
-	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		r = -errno;
-		snprintf(err, errlen, "cannot create the bitmap file %s: %s", path, strerror(-r));
-		free(img);
-		return r;
-	}
-	if ((r = sys_pwrite_full(fd, img, nclusters * cs, 0)) < 0 || (fsync(fd) < 0 && (r = -errno))) {
-		snprintf(err, errlen, "cannot write the bitmap file %s: %s", path, strerror(-r));
-		unlink(path);
-	}
-	close(fd);
-	free(img);
-	if (r == 0) {
-		/* The new name durable too. */
-		char *dup = strdup(path);
-		int dfd = dup ? open(dirname(dup), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-
-		if (dfd >= 0) {
-			(void)fsync(dfd);
-			close(dfd);
-		}
-		free(dup);
-	}
-	return r;
 }

@@ -42,8 +42,20 @@ struct mir {
 	struct disk *d;
 	struct disk_iothread *t;
 	char name[64], target[256], job_id[32];
-	struct bdev tgt;
-	bool tgt_open, made;	/* made: the file is ours (removed if start fails) */
+	/* The target: tfile, the file or NBD connection (bdev_open), and
+	 * tgt, what is written: tfile itself, or a qcow2 over it (fmt_open).
+	 * A local one is locked and claimed (held) as a disk is, so that
+	 * the pivot hands it to the disk as it is: one instance of a
+	 * qcow2's tables, ever. */
+	struct bdev *tgt, *tfile;
+	enum fmt_kind tkind;
+	bool tgt_open, held;
+	bool made;		/* the file is ours (removed if start fails) */
+	/* The pivot: the target's flush on iothread 0 once parked (a
+	 * qcow2's tables belong to that thread). */
+	struct bdev_io pfio;
+	int pfio_res;
+	bool pfio_done;
 	struct bdev_ctx *tctx;	/* the job's: tctxs[0] */
 	/* A ctx of the target per iothread of the disk (write-blocking
 	 * writes go out on their own thread); NULL past the target's
@@ -267,7 +279,7 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		w->len = io->op == BDEV_WRITE ? iov_size(io->iov, io->iovcnt) : io->length;
 		w->tidx = t->idx;
 		w->through = io->op == BDEV_WRITE ||
-			     (io->op == BDEV_WRITE_ZEROES && (m->tgt.caps & BDEV_CAP_WRITE_ZEROES));
+			     (io->op == BDEV_WRITE_ZEROES && (m->tgt->caps & BDEV_CAP_WRITE_ZEROES));
 		pthread_mutex_lock(&m->lk);
 		if (w->through && m->u_busy && overlaps(m->u_off, m->u_len, w->off, w->len))
 			w->through = false;
@@ -298,8 +310,8 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 							   .unmap = io->unmap,
 							   .cb = wb_target_done };
 			m->tpending[w->tidx]++;
-			bdev_submit(&m->tgt, m->tctxs[w->tidx], &w->tio);
-			m->tgt.engine->kick(m->tctxs[w->tidx]);
+			bdev_submit(m->tgt, m->tctxs[w->tidx], &w->tio);
+			m->tgt->engine->kick(m->tctxs[w->tidx]);
 		}
 	} else {
 		/* Background mode (or a thread with no target connection):
@@ -318,7 +330,7 @@ static void wdrain(void *opaque, struct disk_iothread *t)
 	if (t->idx >= m->ntctx || !m->tctxs[t->idx])
 		return;
 	while (m->tpending[t->idx]) {
-		m->tgt.engine->drain(m->tctxs[t->idx]);
+		m->tgt->engine->drain(m->tctxs[t->idx]);
 		m->d->b->engine->drain(t->bctx);
 	}
 }
@@ -371,7 +383,7 @@ static void op_write(struct mir_op *op)
 	else
 		op->wio = (struct bdev_io){ .op = BDEV_WRITE, .offset = op->off, .iov = &op->iov,
 					    .iovcnt = 1, .cb = op_written };
-	bdev_submit(&m->tgt, m->tctx, &op->wio);
+	bdev_submit(m->tgt, m->tctx, &op->wio);
 }
 
 static void op_read(struct bdev_io *io, int res)
@@ -389,10 +401,10 @@ static void op_read(struct bdev_io *io, int res)
 		return;
 	}
 	/* Zeroes read: written as zeroes (the target stays sparse). */
-	op->zero = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) && !p[0] &&
+	op->zero = (m->tgt->caps & BDEV_CAP_WRITE_ZEROES) && !p[0] &&
 		   !memcmp(p, p + 1, op->len - 1);
 	op_write(op);
-	m->tgt.engine->kick(m->tctx);
+	m->tgt->engine->kick(m->tctx);
 }
 
 static void flush_done(struct bdev_io *io, int res)
@@ -410,20 +422,6 @@ static void flush_done(struct bdev_io *io, int res)
 	job_step_done(m->job, res, 0);
 }
 
-/* Reads as zeroes throughout (the disk's block status)? */
-static bool unit_zero(struct mir *m, uint64_t off, uint64_t len)
-{
-	for (uint64_t o = off, left = len; left;) {
-		struct fmt_extent e;
-
-		if (fmt_block_status(m->d->b, o, left, &e) < 0 || !(e.flags & FMT_EXT_ZERO))
-			return false;
-		o += e.length;
-		left -= e.length;
-	}
-	return true;
-}
-
 static int step(struct job *j, void *priv)
 {
 	struct mir *m = priv;
@@ -438,14 +436,28 @@ static int step(struct job *j, void *priv)
 			loop_timer_mod(m->poll, sys_now_ns() + MIR_READY_POLL_NS);
 		return JOB_STEP_END;
 	}
-	/* The next dirty runs from the cursor (this pass). */
+	/* The next dirty runs from the cursor (this pass).  Where the
+	 * disk's block status costs nothing (qcow2), a run ends where it
+	 * changes between data and zeroes (QEMU's mirror_iteration asks
+	 * it too): zeroes go as write zeroes, and a sparse target stays
+	 * so, not filled by a run's data around them. */
+	bool cheap = fmt_block_status_cheap(m->d->b);
+
 	m->nops = 0;
 	while (m->nops < MIR_PAR && m->cursor < m->size) {
+		struct fmt_extent e = { 0 };
+		bool zero = false;
+
 		if (!dbm_extent(m->dirty, m->cursor, MIR_UNIT_MAX, &len)) {
 			m->cursor += len;
 			continue;
 		}
-		m->ops[m->nops++] = (struct mir_op){ .m = m, .off = m->cursor, .len = len };
+		if (cheap && fmt_block_status(m->d->b, m->cursor, len, &e) == 0) {
+			len = MIN(len, e.length);
+			zero = e.flags & FMT_EXT_ZERO;
+		}
+		m->ops[m->nops++] = (struct mir_op){ .m = m, .off = m->cursor, .len = len,
+						     .zero = zero };
 		m->cursor += len;
 	}
 	if (!m->nops) {
@@ -462,8 +474,8 @@ static int step(struct job *j, void *priv)
 			m->flush_gen = want;
 			m->fio = (struct bdev_io){ .op = BDEV_FLUSH, .cb = flush_done };
 			m->fio_busy = true;
-			bdev_submit(&m->tgt, m->tctx, &m->fio);
-			m->tgt.engine->kick(m->tctx);
+			bdev_submit(m->tgt, m->tctx, &m->fio);
+			m->tgt->engine->kick(m->tctx);
 			return JOB_STEP_IO;
 		}
 		if (!m->ready) {
@@ -503,11 +515,10 @@ static int step(struct job *j, void *priv)
 		struct mir_op *op = &m->ops[i];
 
 		op->iov = (struct iovec){ m->buf + (size_t)i * MIR_UNIT_MAX, op->len };
-		/* The status where it costs nothing (qcow2); a raw file's
+		/* The status where it costs nothing (above); a raw file's
 		 * lseek walks tmpfs's page cache to the next hole: read, and
 		 * look (op_read). */
-		op->zero = (m->tgt.caps & BDEV_CAP_WRITE_ZEROES) &&
-			   fmt_block_status_cheap(m->d->b) && unit_zero(m, op->off, op->len);
+		op->zero = op->zero && (m->tgt->caps & BDEV_CAP_WRITE_ZEROES);
 		if (op->zero) {
 			op_write(op);
 			continue;
@@ -518,7 +529,7 @@ static int step(struct job *j, void *priv)
 	}
 	/* Completions may run inside these (a read answered at once): the
 	 * unit's state is set up before. */
-	m->tgt.engine->kick(m->tctx);
+	m->tgt->engine->kick(m->tctx);
 	disk_kick(m->d, m->t);
 	return JOB_STEP_IO;
 }
@@ -706,6 +717,14 @@ static int wsync(void *opaque)
 
 /* ---- The pivot (main thread, every iothread parked around it) ------------ */
 
+static void pivot_flushed(struct bdev_io *io, int res)
+{
+	struct mir *m = container_of(io, struct mir, pfio);
+
+	m->pfio_res = res;
+	m->pfio_done = true;
+}
+
 /* Parked iothread t: the job's unit and flush, and the write-blocking
  * writes t has out to the target, completed (hold keeps the job from
  * starting another). */
@@ -717,8 +736,8 @@ static void pivot_quiesce(void *opaque, struct disk_iothread *t)
 	if (!x)
 		return;
 	for (;;) {
-		m->tgt.engine->kick(x);
-		m->tgt.engine->drain(x);
+		m->tgt->engine->kick(x);
+		m->tgt->engine->drain(x);
 		disk_kick(m->d, t);
 		m->d->b->engine->drain(t->bctx);
 		if (m->tpending[t->idx])
@@ -726,6 +745,19 @@ static void pivot_quiesce(void *opaque, struct disk_iothread *t)
 		if (t->idx == 0 && (m->u_busy || m->fio_busy))
 			continue;
 		break;
+	}
+	/* A qcow2 target (one iothread: replace refuses more): what its
+	 * writes allocated made durable, tables and all, here where they
+	 * are this thread's; a raw one is synced in pivot_ready, every
+	 * thread parked. */
+	if (t->idx == 0 && m->tgt != m->tfile) {
+		m->pfio_done = false;
+		m->pfio = (struct bdev_io){ .op = BDEV_FLUSH, .cb = pivot_flushed };
+		bdev_submit(m->tgt, x, &m->pfio);
+		while (!m->pfio_done) {
+			m->tgt->engine->kick(x);
+			m->tgt->engine->drain(x);
+		}
 	}
 }
 
@@ -743,7 +775,13 @@ static int pivot_ready(void *opaque, char *err, size_t errlen)
 	if (dbm_dirty_bytes(m->dirty) || m->u_busy || atomic_load(&m->writes) ||
 	    atomic_load(&m->wb_inflight))
 		return -EAGAIN;
-	if (fdatasync(m->tgt.fd) < 0) {
+	if (m->tgt != m->tfile) {
+		if (m->pfio_res < 0)
+			snprintf(err, errlen, "flushing %s failed: %s", m->target,
+				 strerror(-m->pfio_res));
+		return m->pfio_res;
+	}
+	if (fdatasync(m->tfile->fd) < 0) {
 		int e = errno;
 
 		snprintf(err, errlen, "flushing %s failed: %s", m->target, strerror(e));
@@ -759,20 +797,20 @@ static int pivot_ready(void *opaque, char *err, size_t errlen)
 
 /*
  * vblkctl job complete of a mirror to a local path (QEMU's
- * block-job-complete of a mirror): the target is opened as a raw image
- * and becomes the disk, every front going on with it; the old image is
- * let go and closed.  An NBD target: nothing here (the job concludes, the
- * target has the disk).
+ * block-job-complete of a mirror): the target, as the mirror opened it
+ * (raw, or qcow2 with its tables as its writes left them), becomes the
+ * disk, every front going on with it; the old image is let go and
+ * closed.  An NBD target: nothing here (the job concludes, the target
+ * has the disk).
  */
 static int mir_pivot(void *priv, char *err, size_t errlen)
 {
 	struct mir *m = priv;
 	struct disk *d = m->d;
 	enum mir_mode mode = atomic_load(&m->mode);
-	struct bdev_opts bo = { .path = m->target, .cache = BDEV_CACHE_AUTO };
-	struct fmt_opts fo = { .kind = FMT_RAW, .bo = &bo };
 	struct disk_quiesce q = { .quiesce = pivot_quiesce, .ready = pivot_ready, .opaque = m };
-	struct bdev *nf, *nb = NULL, *ob = NULL, *of = NULL;
+	struct disk_image ni = { .b = m->tgt, .file = m->tfile, .ctx = m->tctxs, .held = true };
+	struct bdev *ob = NULL, *of = NULL;
 	char old[sizeof(m->target)];
 	struct job_info ji[16];
 	unsigned nj = job_list(ji, ARRAY_SIZE(ji));
@@ -786,15 +824,11 @@ static int mir_pivot(void *priv, char *err, size_t errlen)
 				 "under it; let it end or cancel it first", ji[i].id, ji[i].type);
 			return -EBUSY;
 		}
-	nf = calloc(1, sizeof(*nf));
-	if (!nf) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
-	r = disk_open_image(&bo, &fo, d->num_iothreads, nf, &nb, err, errlen);
-	if (r < 0) {
-		free(nf);
-		return r;
+	if (m->ntctx < d->num_iothreads) {
+		snprintf(err, errlen, "%s is a qcow2 image, served from one iothread, and the disk "
+			 "has %u: cancel the job (the target keeps the copy) and serve it with "
+			 "--iothreads 1, or mirror to a raw target", m->target, d->num_iothreads);
+		return -EINVAL;
 	}
 	/* From here every write the guest sees complete is on the target
 	 * too, or marked for the job: each try converges at once. */
@@ -808,7 +842,7 @@ static int mir_pivot(void *priv, char *err, size_t errlen)
 			break;
 		}
 		atomic_store_explicit(&m->hold, true, memory_order_release);
-		r = disk_replace_image(d, nb, nf, &q, &ob, &of, err, errlen);
+		r = disk_replace_image(d, &ni, &q, &ob, &of, err, errlen);
 		if (r == 0)
 			m->pivoted = true;
 		if (r != -EAGAIN)
@@ -822,13 +856,17 @@ static int mir_pivot(void *priv, char *err, size_t errlen)
 	if (r < 0) {
 		atomic_store(&m->hold, false);
 		set_mode(m, mode);
-		disk_close_image(nb, nf);
-		free(nf);
 		loop_call_sync(m->t->loop, do_kick, m);
 		return r;
 	}
-	/* The disk's filter is gone with the old image (disk_replace_image):
-	 * teardown leaves it be. */
+	/* The target, its ctxs and its claim are the disk's now, and the
+	 * disk's filter is gone with the old image (disk_replace_image):
+	 * teardown leaves them be.  The job starts nothing more (hold). */
+	for (unsigned i = 0; i < m->ntctx; i++)
+		m->tctxs[i] = NULL;
+	m->tctx = NULL;
+	m->tgt = m->tfile = NULL;
+	m->tgt_open = m->held = false;
 	m->filtered = false;
 	snprintf(old, sizeof(old), "%s", ob->path);
 	if (disk_close_image(ob, of) < 0)
@@ -836,7 +874,8 @@ static int mir_pivot(void *priv, char *err, size_t errlen)
 			"be written back): nothing the guest wrote since the pivot is in it",
 			m->name, old);
 	log_info("mirror %s: the disk is %s now (was %s, closed): restart vblkd with --disk %s "
-		 "--format raw from now on", m->name, m->target, old, m->target);
+		 "--format %s from now on", m->name, m->target, old, m->target,
+		 m->tkind == FMT_QCOW2 ? "qcow2" : "raw");
 	return 0;
 }
 
@@ -851,7 +890,10 @@ static void do_tctx_new(void *opaque)
 	struct tcall *c = opaque;
 	struct mir *m = c->m;
 
-	if (bdev_ctx_new(&m->tgt, m->d->iot[c->i].loop, 64, &m->tctxs[c->i]) < 0)
+	/* A local target's ctxs become the disk's at the pivot: the depth
+	 * of the disk's own (disk.c do_ctx_new). */
+	if (bdev_ctx_new(m->tgt, m->d->iot[c->i].loop, is_uri(m->target) ? 64 : 1024,
+			 &m->tctxs[c->i]) < 0)
 		m->tctxs[c->i] = NULL;
 	if (c->i == 0 && loop_timer_new(m->t->loop, poll_cb, m, &m->poll) < 0)
 		m->poll = NULL;
@@ -864,8 +906,8 @@ static void do_tctx_free(void *opaque)
 	struct bdev_ctx *x = m->tctxs[c->i];
 
 	if (x) {
-		m->tgt.engine->drain(x);
-		m->tgt.engine->ctx_free(x);
+		m->tgt->engine->drain(x);
+		m->tgt->engine->ctx_free(x);
 	}
 	m->tctxs[c->i] = NULL;
 	if (c->i)
@@ -896,8 +938,8 @@ static int tctxs_new(struct mir *m)
 {
 	unsigned n = m->d->num_iothreads;
 
-	if (m->tgt.max_ctxs && m->tgt.max_ctxs < n)
-		n = m->tgt.max_ctxs;
+	if (m->tgt->max_ctxs && m->tgt->max_ctxs < n)
+		n = m->tgt->max_ctxs;
 	m->tctxs = calloc(m->d->num_iothreads, sizeof(*m->tctxs));
 	m->tpending = calloc(m->d->num_iothreads, sizeof(*m->tpending));
 	if (!m->tctxs || !m->tpending)
@@ -937,14 +979,24 @@ static void teardown(struct mir *m, bool remove_target)
 			usleep(100);
 	}
 	m->filtered = false;
+	/* A local target let go as a disk lets go of its image: a qcow2's
+	 * tables written back on its thread, before its ctx goes. */
+	if (m->held) {
+		fmt_release(m->tgt);
+		bdev_unlock(m->tgt);
+	}
+	m->held = false;
 	if (m->tctxs)
 		tctxs_free(m);
 	if (m->dirty)
 		disk_bitmap_hidden_remove(m->d, m->dirty);
 	m->dirty = NULL;
-	if (m->tgt_open)
-		bdev_close(&m->tgt);
+	if (m->tgt_open && disk_close_image(m->tgt, m->tfile) < 0)
+		log_err("mirror %s: the target %s did not close cleanly (its tables could not be "
+			"written back)", m->name, m->target);
 	m->tgt_open = false;
+	free(m->tfile);
+	m->tfile = m->tgt = NULL;
 	if (remove_target && m->made)
 		unlink(m->target);
 	if (m->claimed)
@@ -960,25 +1012,55 @@ static bool is_uri(const char *t)
 	return !strncmp(t, "nbd://", 6) || !strncmp(t, "nbds://", 7) || !strncmp(t, "nbd+", 4);
 }
 
-/* A local target: made at size if it is not there (raw, sparse). */
-static int make_target(struct mir *m, char *err, size_t errlen)
+/*
+ * A local target: made at the disk's size if it is not there, as the
+ * caller asked (QEMU's drive-mirror: the disk's own format by default,
+ * raw for a raw or LUKS one), else opened as what it is.  0, or -errno
+ * with one line in err.
+ */
+static int open_local(struct mir *m, enum fmt_kind want, char *err, size_t errlen)
 {
-	int fd = open(m->target, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	struct bdev_opts bo = { .path = m->target, .cache = BDEV_CACHE_AUTO };
+	struct fmt_opts fo = { .kind = want, .bo = &bo };
+	int r;
 
-	if (fd < 0)
-		return errno == EEXIST ? 0 : (snprintf(err, errlen, "target '%s': cannot make it: %s",
-						       m->target, strerror(errno)), -errno);
-	m->made = true;
-	if (ftruncate(fd, (off_t)m->size) < 0) {
-		int e = errno;
-
-		close(fd);
-		unlink(m->target);
-		m->made = false;
-		snprintf(err, errlen, "target '%s': cannot size it: %s", m->target, strerror(e));
-		return -e;
+	if (access(m->target, F_OK) < 0 && errno == ENOENT) {
+		if (want == FMT_AUTO)
+			want = fmt_kind_of(m->d->b) == FMT_QCOW2 ? FMT_QCOW2 : FMT_RAW;
+		if ((r = fmt_create(m->target, want, m->size, err, errlen)) < 0)
+			return r;
+		m->made = true;
+		fo.kind = want;
 	}
-	close(fd);
+	r = disk_open_image(&bo, &fo, 1, m->tfile, &m->tgt, err, errlen);
+	if (r < 0)
+		return r;
+	m->tgt_open = true;
+	m->tkind = fmt_kind_of(m->tgt);
+	if (m->tkind == FMT_LUKS) {
+		snprintf(err, errlen, "target %s is a LUKS volume: vblkd mirrors to a raw or qcow2 "
+			 "image", m->target);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* A local target held as a disk holds its image (disk_claim): locked
+ * against other writers, a qcow2's tables read.  0, or -errno with one
+ * line in err. */
+static int hold_local(struct mir *m, char *err, size_t errlen)
+{
+	int r = bdev_lock(m->tgt, 0);
+
+	if (r < 0) {
+		snprintf(err, errlen, "target %s is in use: another process writes it", m->target);
+		return r;
+	}
+	if ((r = fmt_claim(m->tgt, err, errlen)) < 0) {
+		bdev_unlock(m->tgt);
+		return r;
+	}
+	m->held = true;
 	return 0;
 }
 
@@ -1052,25 +1134,43 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 		r = -ENOMEM;
 		goto fail;
 	}
-	if (!is_uri(m->target) && (r = make_target(m, err, errlen)) < 0)
+	m->tfile = calloc(1, sizeof(*m->tfile));
+	if (!m->tfile) {
+		snprintf(err, errlen, "out of memory");
+		r = -ENOMEM;
 		goto fail;
-	bo.path = m->target;
-	r = bdev_open(&bo, &m->tgt, err, errlen);
-	if (r < 0)
+	}
+	if (is_uri(m->target)) {
+		if (o->format != FMT_AUTO && o->format != FMT_RAW) {
+			snprintf(err, errlen, "target %s: an NBD export is written as the server "
+				 "exports it: drop --format", m->target);
+			r = -EINVAL;
+			goto fail;
+		}
+		bo.path = m->target;
+		r = bdev_open(&bo, m->tfile, err, errlen);
+		if (r < 0)
+			goto fail;
+		m->tgt = m->tfile;
+		m->tgt_open = true;
+		m->tkind = FMT_RAW;
+	} else if ((r = open_local(m, o->format, err, errlen)) < 0) {
 		goto fail;
-	m->tgt_open = true;
-	if (m->tgt.read_only || m->tgt.size != m->size) {
+	}
+	if (m->tgt->read_only || m->tgt->size != m->size) {
 		snprintf(err, errlen, "target %s: %s", m->target,
-			 m->tgt.read_only ? "read-only" : "not the disk's size");
-		if (!m->tgt.read_only)
+			 m->tgt->read_only ? "read-only" : "not the disk's size");
+		if (!m->tgt->read_only)
 			snprintf(err, errlen, "target %s is %" PRIu64 " bytes, the disk %" PRIu64
-				 ": give one of the disk's size", m->target, m->tgt.size, m->size);
+				 ": give one of the disk's size", m->target, m->tgt->size, m->size);
 		r = -EINVAL;
 		goto fail;
 	}
+	if (!is_uri(m->target) && (r = hold_local(m, err, errlen)) < 0)
+		goto fail;
 	if ((r = tctxs_new(m)) < 0) {
 		snprintf(err, errlen, "target %s: cannot set up its %s engine", m->target,
-			 m->tgt.engine->name);
+			 m->tgt->engine->name);
 		goto fail;
 	}
 	r = disk_claim(d, BDEV_LOCK_WAIT_MS, err, errlen);
@@ -1162,6 +1262,7 @@ unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max)
 						.passes = atomic_load(&m->passes),
 						.ready_s = rn ? (double)rn / 1e9 : -1, .ready = rn != 0,
 						.mode = atomic_load(&m->mode),
+						.format = m->tkind,
 						.wb_writes = atomic_load(&m->wb_writes),
 						.wb_bytes = atomic_load(&m->wb_bytes),
 						.wb_conflicts = atomic_load(&m->wb_conflicts),
@@ -1235,6 +1336,8 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 			json_object_object_add(o, "name", json_object_new_string(info[i].name));
 			json_object_object_add(o, "job", json_object_new_string(info[i].job));
 			json_object_object_add(o, "target", json_object_new_string(info[i].target));
+			json_object_object_add(o, "format", json_object_new_string(
+					       info[i].format == FMT_QCOW2 ? "qcow2" : "raw"));
 			json_object_object_add(o, "size", json_object_new_uint64(info[i].size));
 			json_object_object_add(o, "granularity",
 					       json_object_new_uint64(info[i].granularity));
@@ -1293,6 +1396,12 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 		return -EINVAL;
 	}
 	o.granularity = (uint32_t)gran;
+	const char *fmt = jfield_str(req, "format");
+
+	if (fmt && (fmt_parse(fmt, &o.format) < 0 || o.format == FMT_LUKS)) {
+		snprintf(err, errlen, "format '%.40s': give raw or qcow2", fmt);
+		return -EINVAL;
+	}
 	r = mir_start(s, &o, id, sizeof(id), err, errlen);
 
 	if (r == 0) {

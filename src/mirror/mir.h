@@ -16,8 +16,12 @@
  *
  * The target: an NBD URI (nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?
  * socket=PATH; libnbd, the nbd engine, TLS as its URI says) of the disk's
- * size, or a local path: a raw file made at the disk's size if it is not
- * there, or an existing file or block device of that size.
+ * size, or a local path: an image made at the disk's size if it is not
+ * there (qcow2 for a qcow2 disk, else raw, or as asked: QEMU's
+ * drive-mirror), or an existing raw file, block device or qcow2 image of
+ * that size.  A local target is locked and claimed as a disk is, and a
+ * qcow2 one is the mirror's own instance of the format (its tables on
+ * iothread 0), which the pivot hands to the disk as it is.
  *
  * Write-blocking mode (QEMU's copy-mode=write-blocking, "active
  * mirror"): a guest write completes only once it is on the target too,
@@ -47,6 +51,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "format/format.h"
+
 struct disk;
 struct loop;
 struct json_object;
@@ -67,6 +73,9 @@ struct mir_start_opts {
 	uint64_t rate;		/* bytes/s, 0: none */
 	uint32_t granularity;	/* 0: mir_default_granularity */
 	enum mir_mode mode;
+	/* A local target's format: FMT_AUTO (a new one: the disk's, qcow2
+	 * or raw; one there: as it is), FMT_RAW or FMT_QCOW2. */
+	enum fmt_kind format;
 };
 
 /* The bitmap's granularity when none is given: 4 KiB, so a guest's 4 KiB
@@ -95,6 +104,7 @@ int mir_change(struct mir_set *s, const char *name, enum mir_mode mode, char *er
 struct mir_info {
 	char name[64], job[32], target[256];
 	enum mir_mode mode;
+	enum fmt_kind format;		/* the target's: FMT_RAW or FMT_QCOW2 */
 	/* write-blocking: guest writes written through, left to the job
 	 * (their range busy), failed on the target (copied again) */
 	uint64_t wb_writes, wb_conflicts, wb_errors;
@@ -108,7 +118,8 @@ struct mir_info {
 };
 unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max);
 
-/* {"cmd": "mirror-start", "name", "target", "rate"?, "granularity"?, "mode"?} -> {"ok", "job"}
+/* {"cmd": "mirror-start", "name", "target", "rate"?, "granularity"?, "mode"?, "format"?}
+ *   -> {"ok", "job"}
  * {"cmd": "mirror-change", "name", "mode"} -> {"ok"}
  * {"cmd": "mirror-list"} -> {"mirrors": [...]} */
 int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, char *err,

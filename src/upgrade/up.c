@@ -85,7 +85,7 @@ static int up_image_opt(const char *a, bool *inline_value)
 	return -1;
 }
 
-int up_set_disk(const char *path)
+int up_set_disk(const char *path, const char *format)
 {
 	size_t argc = 0, k = 0;
 	char **nv, *p = strdup(path);
@@ -114,7 +114,7 @@ int up_set_disk(const char *path)
 	nv[k++] = "--disk";
 	nv[k++] = p;
 	nv[k++] = "--format";
-	nv[k++] = "raw";
+	nv[k++] = (char *)format;
 	nv[k] = NULL;
 	/* The old arrays stay: argv is main's, an earlier one is in use
 	 * nowhere but cheap to keep. */

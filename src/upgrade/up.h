@@ -52,10 +52,11 @@ struct up_fds {
 /* Remember how we were started (argv is kept, not copied): the binary's
  * path now, before a package upgrade replaces the file. */
 void up_init(char **argv);
-/* The disk is served from path now, a raw image (a mirror's pivot): a
- * new process is started with --disk path --format raw, without the old
- * image's format options.  0 or -ENOMEM (the arguments unchanged). */
-int up_set_disk(const char *path);
+/* The disk is served from path now, a raw or qcow2 image (a mirror's
+ * pivot): a new process is started with --disk path --format format
+ * (static), without the old image's format options.  0 or -ENOMEM (the
+ * arguments unchanged). */
+int up_set_disk(const char *path, const char *format);
 
 struct up_result {
 	pid_t pid;		/* the new process */

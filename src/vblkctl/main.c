@@ -85,6 +85,7 @@ int main(int argc, char **argv)
 		{ "scratch", required_argument, NULL, 'S' },
 		{ "target", required_argument, NULL, 'X' },
 		{ "mode", required_argument, NULL, 'M' },
+		{ "format", required_argument, NULL, 'F' },
 		{ "no-yield", no_argument, NULL, 'Y' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -99,7 +100,7 @@ int main(int argc, char **argv)
 	const char *exec = NULL, *count = NULL, *rate = NULL, *check = NULL, *gran = NULL;
 	bool disabled = false, persistent = false, no_yield = false;
 	const char *bk_nbd = NULL, *bk_bitmap = NULL, *bk_scratch = NULL, *target = NULL;
-	const char *mode = NULL;
+	const char *mode = NULL, *format = NULL;
 	char exec_abs[PATH_MAX], err[512];
 	int wait_ms = 5000;
 	struct json_object *req, *rep, *v;
@@ -132,6 +133,11 @@ int main(int argc, char **argv)
 		case 'D': disabled = true; break;
 		case 'T': persistent = true; break;
 		case 'Y': no_yield = true; break;
+		case 'F':
+			if (strcmp(optarg, "raw") && strcmp(optarg, "qcow2"))
+				cli_die("--format '%s': give raw or qcow2", optarg);
+			format = optarg;
+			break;
 		case 'N': bk_nbd = optarg; break;
 		case 'B': bk_bitmap = optarg; break;
 		case 'S': bk_scratch = optarg; break;
@@ -166,7 +172,8 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH backup finish|abort NAME\n"
 			       "       vblkctl --control PATH backup list\n"
 			       "       vblkctl --control PATH mirror start NAME --target URI|PATH "
-			       "[--mode background|write-blocking] [--rate BYTES] [--granularity BYTES]\n"
+			       "[--format raw|qcow2] [--mode background|write-blocking] [--rate BYTES] "
+			       "[--granularity BYTES]\n"
 			       "       vblkctl --control PATH mirror change NAME --mode background|write-blocking\n"
 			       "       vblkctl --control PATH mirror list\n"
 			       "       vblkctl --control PATH nbd add ADDR[,name=NAME][,read-only]"
@@ -222,10 +229,11 @@ int main(int argc, char **argv)
 			       "writes, the view's clients get a small share of the iothread (all of it\n"
 			       "when the guest is quiet); --no-yield serves them as any NBD client.\n"
 			       "mirror start copies the disk to --target (an NBD URI, or a local path:\n"
-			       "a raw file made at the disk's size) while the guest writes, pass after\n"
-			       "pass, until it is ready (job list); job complete then ends it with the\n"
-			       "target holding the disk (a local target becomes the disk served: the\n"
-			       "pivot), job cancel leaves the target as it is.  --mode\n"
+			       "an image made at the disk's size, --format raw or qcow2, by default the\n"
+			       "disk's own; one already there is used as it is) while the guest\n"
+			       "writes, pass after pass, until it is ready (job list); job complete then\n"
+			       "ends it with the target holding the disk (a local target becomes the\n"
+			       "disk served: the pivot), job cancel leaves the target as it is.  --mode\n"
 			       "write-blocking: a guest write completes once it is on the target too (the\n"
 			       "mirror stays converged whatever the write rate); mirror change switches\n"
 			       "a running mirror's mode.\n"
@@ -306,8 +314,8 @@ int main(int argc, char **argv)
 				"nbd+unix:///EXPORT?socket=PATH) or a local path");
 		if (!strcmp(sub, "change") && !mode)
 			cli_die("mirror change needs --mode background|write-blocking");
-		if (strcmp(sub, "start") && (target || rate || gran))
-			cli_die("--target, --rate and --granularity go with mirror start");
+		if (strcmp(sub, "start") && (target || rate || gran || format))
+			cli_die("--target, --format, --rate and --granularity go with mirror start");
 		if (!strcmp(sub, "list") && mode)
 			cli_die("--mode goes with mirror start and mirror change");
 	} else if (!strcmp(cmd, "nbd")) {
@@ -479,6 +487,8 @@ int main(int argc, char **argv)
 				t = abs;
 			}
 			json_object_object_add(req, "target", json_object_new_string(t));
+			if (format)
+				json_object_object_add(req, "format", json_object_new_string(format));
 			if (rate) {
 				if (parse_size(rate, &size) < 0)
 					cli_die("--rate '%s' is not a rate: bytes per second, or with "

@@ -348,9 +348,11 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 		return r;
 	}
 	f.key = r;
-	/* A mirror's pivot moved the disk to a raw image: the new process
-	 * is told so (its fd goes over as any file's). */
-	if (v->disk->file != v->file && up_set_disk(v->disk->file->path) < 0) {
+	/* A mirror's pivot moved the disk to a raw or qcow2 image: the new
+	 * process is told so (its fd goes over as any file's). */
+	if (v->disk->file != v->file &&
+	    up_set_disk(v->disk->file->path,
+			fmt_kind_of(v->disk->b) == FMT_QCOW2 ? "qcow2" : "raw") < 0) {
 		if (f.key >= 0)
 			close(f.key);
 		snprintf(msg, msglen, "out of memory");

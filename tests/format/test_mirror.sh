@@ -7,12 +7,17 @@
 #    throughout (4 KiB to 256 KiB, 16 in flight): after complete the target
 #    equals the disk; what the disk says reads as zeroes went as write
 #    zeroes, not bytes;
-#  - a qcow2 disk to a local raw file the mirror makes: qemu-img compare
-#    equal at ready; job complete pivots (the file becomes the disk) while
-#    a virtio-blk driver (vblk-bench --verify) and an NBD client write:
-#    the driver's verify clean, later writes in the new file only, the old
-#    image closed clean; refused while a persistent bitmap is kept with
-#    the old image; vblkctl upgrade afterwards serves the new file;
+#  - a qcow2 disk to a local qcow2 image the mirror makes (the disk's
+#    format by default): qemu-img compare equal at ready, the target no
+#    more allocated than the disk (zeroes are not written as data);
+#    job complete pivots (the image, as the mirror's own qcow2 instance
+#    left it, becomes the disk) while a virtio-blk driver (vblk-bench
+#    --verify) and an NBD client write: the driver's verify clean, later
+#    writes in the new image only, both images clean by qemu-img check;
+#  - a raw disk to a raw file it makes: the pivot refused while a
+#    persistent bitmap is kept with the old image; vblkctl upgrade
+#    afterwards serves the new file; --format raw on a qcow2 disk makes a
+#    raw file;
 #  - cancel after ready leaves the target equal to the disk (no writes);
 #  - the target killed mid-copy: the job fails with one log line, the disk
 #    serves on, a second mirror succeeds;
@@ -182,18 +187,25 @@ if start "$img" "$tmp/a.log" && target_up "$tmp/dst.raw"; then
     ok=1
     truncate -s 64M "$tmp/small.raw"
     for args in "m5" "m5 --target $tmp/small.raw" "m5 --target nbd+unix:///?socket=$tmp/none.sock" \
-        "m5 --target $tmp/x.raw --granularity 3000" "a/b --target $tmp/y.raw"; do
+        "m5 --target $tmp/x.raw --granularity 3000" "a/b --target $tmp/y.raw" \
+        "m5 --target nbd+unix:///?socket=$TS --format qcow2"; do
         # shellcheck disable=SC2086
         out=$(ctl mirror start $args 2>&1) && { ok=0; echo "  accepted: $args"; continue; }
         (($(wc -l <<<"$out") == 1)) || { ok=0; echo "  $args: $out"; }
     done
+    # A local target another process writes (qemu-nbd holds QEMU's lock).
+    truncate -s 128M "$tmp/held.raw"
+    target_up "$tmp/held.raw"
+    out=$(ctl mirror start m7 --target "$tmp/held.raw" 2>&1) && ok=0
+    [[ $out == *"is in use: another process writes it"* ]] || { ok=0; echo "  a held target: $out"; }
+    target_down
     ctl backup start b --nbd "unix:$tmp/v.sock" >/dev/null
     out=$(ctl mirror start m6 --target "$tmp/z.raw" 2>&1) && ok=0
     [[ $out == *"one at a time"* ]] || { ok=0; echo "  mirror during a backup: $out"; }
     ctl backup abort b >/dev/null
     if ((ok)) && [[ ! -e $tmp/x.raw && ! -e $tmp/y.raw && ! -e $tmp/z.raw ]] &&
         [[ $(ctl mirror list | jget 'len(d["mirrors"])') == 0 ]]; then
-        pass "mirror start refuses no target, a target of another size, a target not there, a bad granularity or name, a mirror during a backup: one line each, nothing made"
+        pass "mirror start refuses no target, a target of another size, a target not there, a bad granularity or name, a format for an NBD target, a local target another process writes, a mirror during a backup: one line each, nothing made"
     else
         fail "mirror refusals"
     fi
@@ -202,7 +214,7 @@ else
     fail "raw: vblkd and qemu-nbd start" "$(tail -3 "$tmp/a.log")"
 fi
 
-# ---- qcow2 disk -> a local raw file the mirror makes, and the pivot ----------
+# ---- qcow2 disk -> a local qcow2 image the mirror makes, and the pivot -------
 # job complete of a local mirror pivots: the target becomes the disk while
 # a virtio-blk driver (vblk-bench --verify, through vhost-user) and an NBD
 # client write on; the driver reads every block it wrote back from the
@@ -211,13 +223,19 @@ img=$tmp/src.qcow2 PV=$tmp/p.vhost
 qemu-img create -q -f qcow2 "$img" 128M
 qemu-io -f qcow2 -c 'write -P 0x33 8M 24M' -c 'write -z 40M 8M' "$img" >/dev/null
 if start "$img" "$tmp/q.log" --socket "$PV"; then
-    writer 2 2
-    job=$(ctl mirror start q1 --target "$tmp/made.raw" | jget 'd["job"]')
+    WSIZE=100663296 writer 2 2
+    job=$(ctl mirror start q1 --target "$tmp/made.qcow2" | jget 'd["job"]')
     wait "$wpid"; wpid=""
     if wait_ready 30; then
         # Equal before the pivot (the copy); qemu-img reads both shared.
+        # The target holds no more data than the disk: what reads as
+        # zeroes went as write zeroes, which leave its clusters free.
         eq=0
-        qemu-img compare -U -q -f qcow2 -F raw "$img" "$tmp/made.raw" && eq=1
+        data() { qemu-img map -U -f qcow2 --output=json "$1" |
+            $PY -c 'import json,sys; print(sum(e["length"] for e in json.load(sys.stdin) if e["data"]))'; }
+        qemu-img compare -U -q -f qcow2 -F qcow2 "$img" "$tmp/made.qcow2" && eq=1
+        sd=$(data "$img") td=$(data "$tmp/made.qcow2")
+        ((td <= sd)) || eq=0
         "$BUILD/vblk-bench" --socket "$PV" --rw randrw --bs 4k --iodepth 16 --runtime 3 --ramp 0 \
             --offset 64M --size 64M --verify >"$tmp/pv.log" 2>&1 &
         bpid=$!
@@ -229,21 +247,29 @@ if start "$img" "$tmp/q.log" --socket "$PV"; then
         # After the pivot: an NBD write lands in the new disk only.
         qemu-io -f raw -c 'write -P 0x5a 100M 1M' "$(rw)" >/dev/null
         res=$(ctl job list | jget '[j["state"] + ":" + j["result"] for j in d["jobs"] if j["id"]=="'"$job"'"][0]')
+        # --format raw from a qcow2 disk (the new one): a raw copy.
+        job=$(ctl mirror start q2 --target "$tmp/as.raw" --format raw | jget 'd["job"]')
+        asraw=0
+        wait_ready 30 && ctl job cancel "$job" >/dev/null && sleep 0.2 &&
+            [[ $(qemu-img info -U --output=json "$tmp/as.raw" | jget 'd["format"]') == raw ]] &&
+            qemu-img compare -U -q -f qcow2 -F raw "$tmp/made.qcow2" "$tmp/as.raw" && asraw=1
+        ((asraw)) && pass "--format raw on a qcow2 disk: the mirror makes a raw file, equal to the disk at cancel" ||
+            fail "mirror --format raw of a qcow2 disk" "$(ctl mirror list)"
         stop; src=$?
         newok=0 oldok=0
-        qemu-io -f raw -c 'read -P 0x5a 100M 1M' "$tmp/made.raw" | grep -q "read 1048576" && newok=1
+        qemu-io -f qcow2 -c 'read -P 0x5a 100M 1M' "$tmp/made.qcow2" | grep -q "read 1048576" && newok=1
         out=$(qemu-io -f qcow2 -c 'read -P 0x5a 100M 1M' "$img" 2>&1)
         [[ $out == *"Pattern verification failed"* ]] && oldok=1
         if ((eq && crc == 0 && brc == 0 && src == 0 && newok && oldok)) &&
-            grep -q "mirror q1: the disk is $tmp/made.raw now" "$tmp/q.log" &&
-            [[ $res == concluded:ok ]] && qemu-img check -q "$img" &&
+            grep -q "mirror q1: the disk is $tmp/made.qcow2 now .* --format qcow2 from now on" "$tmp/q.log" &&
+            [[ $res == concluded:ok ]] && qemu-img check -q "$img" && qemu-img check -q "$tmp/made.qcow2" &&
             grep -q " 0 mismatches" "$tmp/pv.log"; then
-            pass "qcow2 -> a local raw file: equal at ready; job complete pivots while a virtio-blk driver and an NBD client write: the driver's verify is clean across it ($(grep -o '[0-9]* blocks checked' "$tmp/pv.log")), later writes land in the new file only, the old qcow2 closed clean"
+            pass "qcow2 -> a local qcow2 image the mirror makes: equal at ready, $td data bytes against the disk's $sd; job complete pivots while a virtio-blk driver and an NBD client write: the driver's verify is clean across it ($(grep -o '[0-9]* blocks checked' "$tmp/pv.log")), later writes land in the new image only, both images clean (qemu-img check)"
         else
-            fail "qcow2 -> local raw, pivot" "eq $eq complete $crc bench $brc stop $src new $newok old $oldok job $res; $(grep -E "mirror q1|verify" "$tmp/q.log" "$tmp/pv.log" | tail -3)"
+            fail "qcow2 -> local qcow2, pivot" "eq $eq (data $td of $sd) complete $crc bench $brc stop $src new $newok old $oldok job $res; $(qemu-img check "$tmp/made.qcow2" 2>&1 | tail -2); $(grep -E "mirror q1|verify" "$tmp/q.log" "$tmp/pv.log" | tail -3)"
         fi
     else
-        fail "qcow2 -> local raw: ready" "$(ctl mirror list)"; stop
+        fail "qcow2 -> local qcow2: ready" "$(ctl mirror list)"; stop
     fi
 else
     fail "qcow2: vblkd starts" "$(tail -3 "$tmp/q.log")"

@@ -36,6 +36,12 @@
 #define MIR_SYNC_STALL_NS (30ull * 1000000000)
 /* Runs a unit copies at once. */
 #define MIR_PAR 8
+/* A run read as data is written in pieces of data and of zeroes at this
+ * grain (QEMU's default qcow2 cluster): a target stays as sparse as what
+ * the disk holds, not filled around the data a run has.  MIR_SEGS: the
+ * pieces of a run at most (one more for an unaligned start). */
+#define MIR_ZERO_GRAIN (64u * 1024)
+#define MIR_SEGS (MIR_UNIT_MAX / MIR_ZERO_GRAIN + 1)
 
 struct mir {
 	struct mir_set *set;
@@ -75,9 +81,19 @@ struct mir {
 	struct mir_op {
 		struct mir *m;
 		uint64_t off, len;
-		struct bdev_io rio, wio;
+		struct bdev_io rio;
+		/* The writes: one, or the pieces of a run read as data
+		 * with zeroes in it (op_split); wleft not done yet. */
+		struct mir_w {
+			struct bdev_io io;
+			struct iovec iov;
+			struct mir_op *op;
+		} w[MIR_SEGS];
+		unsigned nw, wleft;
+		int wres;
+		uint64_t zbytes;	/* written as zeroes */
 		struct iovec iov;
-		bool zero;
+		bool zero;	/* the disk's block status: it reads as zeroes */
 	} ops[MIR_PAR];
 	unsigned nops, left;
 	int unit_res;
@@ -350,8 +366,8 @@ static void op_end(struct mir_op *op, int res)
 		if (!m->unit_res)
 			m->unit_res = res;
 	} else {
-		atomic_fetch_add_explicit(op->zero ? &m->zeroed : &m->copied, op->len,
-					  memory_order_relaxed);
+		atomic_fetch_add_explicit(&m->zeroed, op->zbytes, memory_order_relaxed);
+		atomic_fetch_add_explicit(&m->copied, op->len - op->zbytes, memory_order_relaxed);
 		m->unit_bytes += op->len;
 	}
 	if (--m->left)
@@ -364,33 +380,90 @@ static void op_end(struct mir_op *op, int res)
 
 static void op_written(struct bdev_io *io, int res)
 {
-	struct mir_op *op = container_of(io, struct mir_op, wio);
+	struct mir_op *op = container_of(io, struct mir_w, io)->op;
 
-	if (res < 0 && !op->m->unit_res)
-		job_set_error(op->m->job, "writing %llu bytes at %llu to %s failed: %s",
-			      (unsigned long long)op->len, (unsigned long long)op->off,
-			      op->m->target, strerror(-res));
-	op_end(op, res);
+	if (res < 0 && !op->wres) {
+		op->wres = res;
+		if (!op->m->unit_res)
+			job_set_error(op->m->job, "writing %llu bytes at %llu to %s failed: %s",
+				      (unsigned long long)op->len, (unsigned long long)op->off,
+				      op->m->target, strerror(-res));
+	}
+	if (--op->wleft)
+		return;
+	op_end(op, op->wres);
+}
+
+static void op_add_write(struct mir_op *op, uint64_t off, uint64_t len, bool zero)
+{
+	struct mir_w *w = &op->w[op->nw++];
+
+	w->op = op;
+	if (zero) {
+		w->io = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = off, .length = len,
+					  .unmap = true, .cb = op_written };
+		op->zbytes += len;
+	} else {
+		w->iov = (struct iovec){ (uint8_t *)op->iov.iov_base + (off - op->off), len };
+		w->io = (struct bdev_io){ .op = BDEV_WRITE, .offset = off, .iov = &w->iov,
+					  .iovcnt = 1, .cb = op_written };
+	}
+}
+
+static bool all_zero(const uint8_t *p, size_t len)
+{
+	return !p[0] && !memcmp(p, p + 1, len - 1);
+}
+
+/*
+ * A run read: its pieces, each MIR_ZERO_GRAIN-aligned stretch of zeroes
+ * or of data a write of its own (zeroes as write zeroes: unmapped where
+ * the target can), or the whole as one write of data where the target
+ * writes no zeroes.
+ */
+static void op_split(struct mir_op *op)
+{
+	const uint8_t *p = op->iov.iov_base;
+	bool can = op->m->tgt->caps & BDEV_CAP_WRITE_ZEROES;
+	uint64_t start = op->off, end = op->off + op->len, at = start;
+	bool zero = false;
+
+	op->nw = 0;
+	op->zbytes = 0;
+	if (!can) {
+		op_add_write(op, start, op->len, false);
+		return;
+	}
+	while (at < end) {
+		uint64_t next = MIN(end, (at / MIR_ZERO_GRAIN + 1) * MIR_ZERO_GRAIN);
+		bool z = all_zero(p + (at - op->off), next - at);
+
+		if (at == start) {
+			zero = z;
+		} else if (z != zero) {
+			op_add_write(op, start, at - start, zero);
+			start = at;
+			zero = z;
+		}
+		at = next;
+	}
+	op_add_write(op, start, end - start, zero);
 }
 
 static void op_write(struct mir_op *op)
 {
 	struct mir *m = op->m;
 
-	if (op->zero)
-		op->wio = (struct bdev_io){ .op = BDEV_WRITE_ZEROES, .offset = op->off,
-					    .length = op->len, .unmap = true, .cb = op_written };
-	else
-		op->wio = (struct bdev_io){ .op = BDEV_WRITE, .offset = op->off, .iov = &op->iov,
-					    .iovcnt = 1, .cb = op_written };
-	bdev_submit(m->tgt, m->tctx, &op->wio);
+	op->wleft = op->nw;
+	op->wres = 0;
+	for (unsigned i = 0; i < op->nw; i++)
+		bdev_submit(m->tgt, m->tctx, &op->w[i].io);
 }
 
 static void op_read(struct bdev_io *io, int res)
 {
 	struct mir_op *op = container_of(io, struct mir_op, rio);
 	struct mir *m = op->m;
-	const uint8_t *p = op->iov.iov_base;
 
 	if (res < 0) {
 		if (!m->unit_res)
@@ -400,9 +473,7 @@ static void op_read(struct bdev_io *io, int res)
 		op_end(op, res);
 		return;
 	}
-	/* Zeroes read: written as zeroes (the target stays sparse). */
-	op->zero = (m->tgt->caps & BDEV_CAP_WRITE_ZEROES) && !p[0] &&
-		   !memcmp(p, p + 1, op->len - 1);
+	op_split(op);
 	op_write(op);
 	m->tgt->engine->kick(m->tctx);
 }
@@ -456,8 +527,13 @@ static int step(struct job *j, void *priv)
 			len = MIN(len, e.length);
 			zero = e.flags & FMT_EXT_ZERO;
 		}
-		m->ops[m->nops++] = (struct mir_op){ .m = m, .off = m->cursor, .len = len,
-						     .zero = zero };
+		/* Field by field: the op's pieces (w[]) are set as used. */
+		struct mir_op *op = &m->ops[m->nops++];
+
+		op->m = m;
+		op->off = m->cursor;
+		op->len = len;
+		op->zero = zero;
 		m->cursor += len;
 	}
 	if (!m->nops) {
@@ -518,8 +594,10 @@ static int step(struct job *j, void *priv)
 		/* The status where it costs nothing (above); a raw file's
 		 * lseek walks tmpfs's page cache to the next hole: read, and
 		 * look (op_read). */
-		op->zero = op->zero && (m->tgt->caps & BDEV_CAP_WRITE_ZEROES);
-		if (op->zero) {
+		op->nw = 0;
+		op->zbytes = 0;
+		if (op->zero && (m->tgt->caps & BDEV_CAP_WRITE_ZEROES)) {
+			op_add_write(op, op->off, op->len, true);
 			op_write(op);
 			continue;
 		}

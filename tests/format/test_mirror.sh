@@ -280,6 +280,10 @@ fi
 img=$tmp/up.raw
 truncate -s 64M "$img"; rm -f "$tmp/up2.raw"
 qemu-io -f raw -c 'write -P 0x61 0 8M' "$img" >/dev/null
+# 64 KiB of data every 256 KiB from 8 MiB on: runs of data and zeroes.
+args=()
+for i in $(seq 0 31); do args+=(-c "write -P 0x62 $((8192 + i * 256))k 64k"); done
+qemu-io -f raw "${args[@]}" "$img" >/dev/null
 rm -f "$CTL" "$PV"
 "$VBLKD" --disk "$img" --socket "$PV" --control "$CTL" >"$tmp/up.log" 2>&1 &
 dpid=$!
@@ -288,6 +292,10 @@ ctl bitmap add keep --persistent >/dev/null
 job=$(ctl mirror start u1 --target "$tmp/up2.raw" | jget 'd["job"]')
 ok=0
 if wait_ready 30; then
+    # The runs read as data with zeroes in them went as pieces: the new
+    # file holds the disk's 10 MiB of data, not the 16 MiB its runs span.
+    sk=$(du -k "$img" | cut -f1) tk=$(du -k "$tmp/up2.raw" | cut -f1)
+    ((tk <= sk + 256)) || echo "  the made target holds $tk KiB, the disk $sk KiB"
     out=$(ctl job complete "$job" 2>&1) && echo "  complete with a persistent bitmap accepted"
     ctl bitmap remove keep >/dev/null
     if [[ $(wc -l <<<"$out") == 1 && $out == *"persistent bitmap 'keep'"* ]] && complete "$job" &&
@@ -299,11 +307,12 @@ if wait_ready 30; then
         grep -q "serving $tmp/up2.raw" "$tmp/up.log" || ok=0
         # What the driver wrote is in the new file, not the old one.
         cmp -s -n 8M "$img" <(head -c 8M /dev/zero | tr '\0' 'a') || ok=0
+        ((tk <= sk + 256)) || ok=0
     fi
 fi
 [[ -n $dpid ]] && { kill "$dpid"; wait "$dpid" 2>/dev/null; dpid=""; }
 if ((ok)); then
-    pass "pivot refused while a persistent bitmap is kept with the old image (one line); after it, vblkctl upgrade starts the new process on the new file, which serves on"
+    pass "raw -> a raw file the mirror makes: it holds what the disk holds ($tk KiB of $sk), the runs mixing data and zeroes written in pieces; the pivot refused while a persistent bitmap is kept with the old image (one line); after it, vblkctl upgrade starts the new process on the new file, which serves on"
 else
     fail "pivot refusal and upgrade after a pivot" "$(grep -E "u1|upgrade|serving|error" "$tmp/up.log" | tail -4); $(tail -2 "$tmp/up-b.log" 2>/dev/null)"
 fi

@@ -1281,6 +1281,9 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 	snprintf(id, idlen, "%s", m->job_id);
 	log_info("mirror %s: copying the disk to %s%s (job %s, %s, %u-byte granularity)", m->name,
 		 m->target, m->made ? " (made)" : "", m->job_id, mir_mode_name(o->mode), gran);
+	if (fmt_kind_of(d->b) == FMT_LUKS)
+		log_warn("mirror %s: the disk is a LUKS volume and %s gets what the guest sees: "
+			 "its plaintext", m->name, m->target);
 	if (o->mode == MIR_WRITE_BLOCKING && m->ntctx < d->num_iothreads)
 		log_warn("mirror %s: %s takes %u connection(s): writes on iothreads past that "
 			 "are copied by the job, not written through", m->name, m->target,

@@ -513,6 +513,7 @@ static int step(struct job *j, void *priv)
 	 * it too): zeroes go as write zeroes, and a sparse target stays
 	 * so, not filled by a run's data around them. */
 	bool cheap = fmt_block_status_cheap(m->d->b);
+	uint32_t g = dbm_granularity(m->dirty);
 
 	m->nops = 0;
 	while (m->nops < MIR_PAR && m->cursor < m->size) {
@@ -523,9 +524,19 @@ static int step(struct job *j, void *priv)
 			m->cursor += len;
 			continue;
 		}
+		/* Cut on a granule's edge only: dbm_reset clears whole
+		 * granules, and a granule split between two runs would stay
+		 * dirty pass after pass.  A status that changes inside the
+		 * first granule is not followed (op_split keeps the target
+		 * sparse then). */
 		if (cheap && fmt_block_status(m->d->b, m->cursor, len, &e) == 0) {
-			len = MIN(len, e.length);
-			zero = e.flags & FMT_EXT_ZERO;
+			uint64_t cut = e.length >= len ? len :
+				       ((m->cursor + e.length) & ~(uint64_t)(g - 1)) - m->cursor;
+
+			if (cut) {
+				len = cut;
+				zero = e.flags & FMT_EXT_ZERO;
+			}
 		}
 		/* Field by field: the op's pieces (w[]) are set as used. */
 		struct mir_op *op = &m->ops[m->nops++];
@@ -1115,6 +1126,16 @@ static int open_local(struct mir *m, enum fmt_kind want, char *err, size_t errle
 		return r;
 	m->tgt_open = true;
 	m->tkind = fmt_kind_of(m->tgt);
+	/* A mirror is a whole copy: a backing file under the target has no
+	 * place, and one found by probing a file that was raw (a guest's
+	 * own data that starts like a qcow2 header) is a path of the
+	 * guest's choosing (QEMU's rule for probed images). */
+	if (m->tkind == FMT_QCOW2 && fmt_has_backing(m->tgt)) {
+		snprintf(err, errlen, "target %s is a qcow2 image with a backing file: give a "
+			 "new path, or an image of its own (qemu-img create -f qcow2)%s", m->target,
+			 want == FMT_AUTO ? ", or --format raw if it holds a raw disk" : "");
+		return -EINVAL;
+	}
 	if (m->tkind == FMT_LUKS) {
 		snprintf(err, errlen, "target %s is a LUKS volume: vblkd mirrors to a raw or qcow2 "
 			 "image", m->target);
@@ -1281,6 +1302,10 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 	snprintf(id, idlen, "%s", m->job_id);
 	log_info("mirror %s: copying the disk to %s%s (job %s, %s, %u-byte granularity)", m->name,
 		 m->target, m->made ? " (made)" : "", m->job_id, mir_mode_name(o->mode), gran);
+	if (!is_uri(m->target) && m->ntctx < d->num_iothreads)
+		log_warn("mirror %s: %s is a qcow2 image, served from one iothread: the disk has "
+			 "%u, so job complete cannot make it the disk (cancel keeps the copy)",
+			 m->name, m->target, d->num_iothreads);
 	if (fmt_kind_of(d->b) == FMT_LUKS)
 		log_warn("mirror %s: the disk is a LUKS volume and %s gets what the guest sees: "
 			 "its plaintext", m->name, m->target);

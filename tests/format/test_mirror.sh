@@ -247,13 +247,16 @@ if start "$img" "$tmp/q.log" --socket "$PV"; then
         # After the pivot: an NBD write lands in the new disk only.
         qemu-io -f raw -c 'write -P 0x5a 100M 1M' "$(rw)" >/dev/null
         res=$(ctl job list | jget '[j["state"] + ":" + j["result"] for j in d["jobs"] if j["id"]=="'"$job"'"][0]')
-        # --format raw from a qcow2 disk (the new one): a raw copy.
-        job=$(ctl mirror start q2 --target "$tmp/as.raw" --format raw | jget 'd["job"]')
+        # --format raw from a qcow2 disk (the new one): a raw copy.  Its
+        # 128 KiB granules hold 64 KiB clusters of data and of zeroes:
+        # runs follow the block status only on granule edges (a granule
+        # cut in two was never cleared, and the job never got ready).
+        job=$(ctl mirror start q2 --target "$tmp/as.raw" --format raw --granularity 128K | jget 'd["job"]')
         asraw=0
         wait_ready 30 && ctl job cancel "$job" >/dev/null && sleep 0.2 &&
             [[ $(qemu-img info -U --output=json "$tmp/as.raw" | jget 'd["format"]') == raw ]] &&
             qemu-img compare -U -q -f qcow2 -F raw "$tmp/made.qcow2" "$tmp/as.raw" && asraw=1
-        ((asraw)) && pass "--format raw on a qcow2 disk: the mirror makes a raw file, equal to the disk at cancel" ||
+        ((asraw)) && pass "--format raw on a qcow2 disk, 128 KiB granules over 64 KiB clusters: the mirror makes a raw file, gets ready, equal to the disk at cancel" ||
             fail "mirror --format raw of a qcow2 disk" "$(ctl mirror list)"
         stop; src=$?
         newok=0 oldok=0

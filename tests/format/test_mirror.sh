@@ -186,9 +186,10 @@ if start "$img" "$tmp/a.log" && target_up "$tmp/dst.raw"; then
     # Refusals.
     ok=1
     truncate -s 64M "$tmp/small.raw"
+    qemu-img create -q -u -f qcow2 -b "$img" -F raw "$tmp/backed.qcow2" 128M
     for args in "m5" "m5 --target $tmp/small.raw" "m5 --target nbd+unix:///?socket=$tmp/none.sock" \
         "m5 --target $tmp/x.raw --granularity 3000" "a/b --target $tmp/y.raw" \
-        "m5 --target nbd+unix:///?socket=$TS --format qcow2"; do
+        "m5 --target nbd+unix:///?socket=$TS --format qcow2" "m5 --target $tmp/backed.qcow2"; do
         # shellcheck disable=SC2086
         out=$(ctl mirror start $args 2>&1) && { ok=0; echo "  accepted: $args"; continue; }
         (($(wc -l <<<"$out") == 1)) || { ok=0; echo "  $args: $out"; }
@@ -205,7 +206,7 @@ if start "$img" "$tmp/a.log" && target_up "$tmp/dst.raw"; then
     ctl backup abort b >/dev/null
     if ((ok)) && [[ ! -e $tmp/x.raw && ! -e $tmp/y.raw && ! -e $tmp/z.raw ]] &&
         [[ $(ctl mirror list | jget 'len(d["mirrors"])') == 0 ]]; then
-        pass "mirror start refuses no target, a target of another size, a target not there, a bad granularity or name, a format for an NBD target, a local target another process writes, a mirror during a backup: one line each, nothing made"
+        pass "mirror start refuses no target, a target of another size, a target not there, a bad granularity or name, a format for an NBD target, a qcow2 target with a backing file, a local target another process writes, a mirror during a backup: one line each, nothing made"
     else
         fail "mirror refusals"
     fi

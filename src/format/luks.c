@@ -1121,7 +1121,7 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 	struct luks *l = NULL;
 	char *pass = NULL;
 	size_t passlen = 0, vk_len;
-	const char *type;
+	const char *type, *cipher, *mode;
 	int version, r;
 
 	bd.total_ms = 4 * bd.ms;
@@ -1165,7 +1165,7 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 		goto fail;
 	}
 	type = crypt_get_type(cd);
-	version = !strcmp(type, CRYPT_LUKS2) ? 2 : 1;
+	version = type && !strcmp(type, CRYPT_LUKS2) ? 2 : 1;
 	/* LUKS2 header auto-recovery wrote the copy: one header copy is
 	 * damaged (or older than the other), and we serve from the good one. */
 	if (version == 2 && copy_same(&src, hfd, hdr_bytes) == 0)
@@ -1174,10 +1174,21 @@ int luks_open(struct bdev *file, const struct fmt_opts *o, struct bdev **disk, c
 			 file->path, file->path);
 	if (version == 2 && (r = keyslots_copy(cd, &src, hfd, err, errlen)) < 0)
 		goto fail;
-	if (strcmp(crypt_get_cipher(cd), "aes") || strcmp(crypt_get_cipher_mode(cd), "xts-plain64")) {
+	/* A LUKS2 header with no usable data segment loads, and has no
+	 * cipher: NULL (found by fuzz_luks). */
+	cipher = crypt_get_cipher(cd);
+	mode = crypt_get_cipher_mode(cd);
+	if (!cipher || !mode) {
+		snprintf(err, errlen, "the LUKS header of %s names no cipher for the data (no "
+			 "usable segment): it is damaged or hostile; check it with cryptsetup "
+			 "luksDump", file->path);
+		r = -EINVAL;
+		goto fail;
+	}
+	if (strcmp(cipher, "aes") || strcmp(mode, "xts-plain64")) {
 		snprintf(err, errlen, "LUKS disk %s uses %s-%s; vblkd serves aes-xts-plain64 only: "
 			 "re-encrypt it with cryptsetup reencrypt --cipher aes-xts-plain64",
-			 file->path, crypt_get_cipher(cd), crypt_get_cipher_mode(cd));
+			 file->path, cipher, mode);
 		r = -EOPNOTSUPP;
 		goto fail;
 	}

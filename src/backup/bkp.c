@@ -221,11 +221,6 @@ static unsigned run_status(struct bkp *k, uint64_t off, uint64_t len)
 	return hole | zero | (MIN(depth, 15u) << CH_DEPTH_SHIFT);
 }
 
-static bool all_zero(const uint8_t *p, size_t len)
-{
-	return !p[0] && !memcmp(p, p + 1, len - 1);
-}
-
 /* The run is kept (or the backup failed): mark it, go on with the write. */
 static void run_saved(struct cbw_op *op, bool read_ok)
 {
@@ -237,7 +232,7 @@ static void run_saved(struct cbw_op *op, bool read_ok)
 		uint8_t *p = op->zero_run ? NULL : op->buf + (off - base);
 		unsigned state = CH_SAVED_ZERO;
 
-		if (p && !all_zero(p, len)) {
+		if (p && !buf_is_zero(p, len)) {
 			ssize_t w = pwrite(k->scratch_fd, p, len, (off_t)off);
 
 			if (w != (ssize_t)len) {

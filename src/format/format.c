@@ -36,6 +36,17 @@ int fmt_parse(const char *s, enum fmt_kind *out)
 	return 0;
 }
 
+const char *fmt_kind_name(enum fmt_kind kind)
+{
+	switch (kind) {
+	case FMT_RAW: return "raw";
+	case FMT_QCOW2: return "qcow2";
+	case FMT_LUKS: return "luks";
+	case FMT_AUTO: break;
+	}
+	return "auto";
+}
+
 int fmt_create(const char *path, enum fmt_kind kind, uint64_t size, char *err, size_t errlen)
 {
 	int fd, r;

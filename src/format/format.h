@@ -70,6 +70,8 @@ struct fmt_opts {
 
 /* "raw", "qcow2", "luks", "auto" -> *out.  0 or -EINVAL. */
 int fmt_parse(const char *s, enum fmt_kind *out);
+/* The name fmt_parse takes for kind ("raw", "qcow2", "luks", "auto"). */
+const char *fmt_kind_name(enum fmt_kind kind);
 
 /* A new image at path, size bytes, nothing in it: raw (a sparse file) or
  * qcow2 (v3, 64 KiB clusters, no backing file: qcow2_create); O_EXCL, so

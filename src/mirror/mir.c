@@ -410,11 +410,6 @@ static void op_add_write(struct mir_op *op, uint64_t off, uint64_t len, bool zer
 	}
 }
 
-static bool all_zero(const uint8_t *p, size_t len)
-{
-	return !p[0] && !memcmp(p, p + 1, len - 1);
-}
-
 /*
  * A run read: its pieces, each MIR_ZERO_GRAIN-aligned stretch of zeroes
  * or of data a write of its own (zeroes as write zeroes: unmapped where
@@ -436,7 +431,7 @@ static void op_split(struct mir_op *op)
 	}
 	while (at < end) {
 		uint64_t next = MIN(end, (at / MIR_ZERO_GRAIN + 1) * MIR_ZERO_GRAIN);
-		bool z = all_zero(p + (at - op->off), next - at);
+		bool z = buf_is_zero(p + (at - op->off), next - at);
 
 		if (at == start) {
 			zero = z;
@@ -964,7 +959,7 @@ static int mir_pivot(void *priv, char *err, size_t errlen)
 			m->name, old);
 	log_info("mirror %s: the disk is %s now (was %s, closed): restart vblkd with --disk %s "
 		 "--format %s from now on", m->name, m->target, old, m->target,
-		 m->tkind == FMT_QCOW2 ? "qcow2" : "raw");
+		 fmt_kind_name(m->tkind));
 	return 0;
 }
 
@@ -1443,7 +1438,7 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 			json_object_object_add(o, "job", json_object_new_string(info[i].job));
 			json_object_object_add(o, "target", json_object_new_string(info[i].target));
 			json_object_object_add(o, "format", json_object_new_string(
-					       info[i].format == FMT_QCOW2 ? "qcow2" : "raw"));
+					       fmt_kind_name(info[i].format)));
 			json_object_object_add(o, "size", json_object_new_uint64(info[i].size));
 			json_object_object_add(o, "granularity",
 					       json_object_new_uint64(info[i].granularity));

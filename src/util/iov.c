@@ -133,3 +133,10 @@ unsigned iov_slice_count(const struct iovec *iov, unsigned cnt, size_t off, size
 {
 	return iov_slice(iov, cnt, off, len, NULL, cnt);
 }
+
+bool buf_is_zero(const void *buf, size_t len)
+{
+	const unsigned char *p = buf;
+
+	return !p[0] && !memcmp(p, p + 1, len - 1);
+}

@@ -6,8 +6,13 @@
 #ifndef VBLK_IOV_H
 #define VBLK_IOV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/uio.h>
+
+/* Whether buf[0..len) is all zero bytes (len > 0): the first byte, then
+ * memcmp of the buffer against itself one byte on. */
+bool buf_is_zero(const void *buf, size_t len);
 
 /* Total bytes described by iov[0..cnt). */
 size_t iov_size(const struct iovec *iov, unsigned cnt);

@@ -352,7 +352,7 @@ static int upgrade_cb(void *opaque, const char *exec, char *msg, size_t msglen)
 	 * process is told so (its fd goes over as any file's). */
 	if (v->disk->file != v->file &&
 	    up_set_disk(v->disk->file->path,
-			fmt_kind_of(v->disk->b) == FMT_QCOW2 ? "qcow2" : "raw") < 0) {
+			fmt_kind_name(fmt_kind_of(v->disk->b))) < 0) {
 		if (f.key >= 0)
 			close(f.key);
 		snprintf(msg, msglen, "out of memory");

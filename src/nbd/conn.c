@@ -1649,14 +1649,23 @@ static ssize_t conn_recv(struct nbds_conn *c, void *buf, size_t len)
 	return -1;
 }
 
+/* A receive of n bytes of the want asked for emptied the socket: parse
+ * what came and stop, without the receive that would only say -EAGAIN
+ * (one syscall per request of a QD1 client).  Safe because the fd is
+ * level-triggered: what comes meanwhile is an EPOLLIN at the next
+ * epoll_wait.  Through TLS, when the session's own last read of the
+ * socket was short and it holds nothing more, decrypted or not: a
+ * client that writes record by record (libnbd, a 4 KiB write's header
+ * and payload apart) is otherwise chased one record per receive for as
+ * long as it keeps writing, and the pass never ends (conn_moderate then
+ * gathers its records). */
+static bool conn_drained(struct nbds_conn *c, size_t n, size_t want)
+{
+	return c->tls_up ? nbds__tls_drained(c->tls) : n < want;
+}
+
 static void conn_read(struct nbds_conn *c)
 {
-	/* A plain stream socket that filled less than we asked for had
-	 * nothing more queued: parse it and stop, without the receive that
-	 * would only say -EAGAIN (one syscall per request of a QD1 client).
-	 * Safe because the fd is level-triggered: what comes meanwhile is
-	 * an EPOLLIN at the next epoll_wait.  Not through TLS, whose session
-	 * may hold decrypted records (conn_input_waits). */
 	bool drained = c->in_drained;
 
 	c->in_drained = false;
@@ -1677,7 +1686,7 @@ static void conn_read(struct nbds_conn *c)
 			n = conn_recv(c, (uint8_t *)c->cur->buf + c->cur->got, want);
 			if (n > 0) {
 				c->cur->got += (size_t)n;
-				drained = !c->tls_up && (size_t)n < want;
+				drained = conn_drained(c, (size_t)n, want);
 				continue;
 			}
 		} else {
@@ -1690,7 +1699,7 @@ static void conn_read(struct nbds_conn *c)
 			n = conn_recv(c, c->in + c->in_len, want);
 			if (n > 0) {
 				c->in_len += (size_t)n;
-				drained = !c->tls_up && (size_t)n < want;
+				drained = conn_drained(c, (size_t)n, want);
 				continue;
 			}
 		}
@@ -1737,15 +1746,20 @@ static bool conn_input_waits(const struct nbds_conn *c)
  * wait that takes fewer than CONN_MOD_MIN requests (a QD1 client: its
  * next request waits for our reply) turns it off, and it is tried again
  * one pass in CONN_MOD_PROBE (a QD1 client's p50 does not see it).
- * Plain connections in transmission only (TLS records are batched by
- * the client's own writes; tried on TLS too, 2026-12-06: no CPU saved per
- * request, 10 % more wall time), and not on a disk whose guest's rings
- * ever started: the wait holds the whole iothread, the guest's queues
- * on it too.
+ * Connections in transmission only, and not on a disk whose guest's
+ * rings ever started: the wait holds the whole iothread, the guest's
+ * queues on it too.  Through TLS only after a pass of fewer than
+ * CONN_MOD_TLS_MAX requests: a client reading 4 KiB at QD32 through TLS
+ * keeps the server's core busy, its passes take many requests, and a wait
+ * cost 10 % of the wall time for no CPU saved (2026-12-06); a writing
+ * client's records came one receive each (conn_drained) and are worth
+ * gathering (1.93x plain's CPU per 4 KiB write before, 1.27x
+ * after: docs/benchmarks.md "Serving NBD").
  */
 #define CONN_MOD_NS 80000ull
 #define CONN_MOD_MIN 3
 #define CONN_MOD_PROBE 256u
+#define CONN_MOD_TLS_MAX 8u
 
 static void conn_moderate(struct nbds_conn *c, uint64_t taken)
 {
@@ -1756,8 +1770,10 @@ static void conn_moderate(struct nbds_conn *c, uint64_t taken)
 		if (!c->mod_on)
 			c->mod_skip = CONN_MOD_PROBE;
 	}
-	if (!taken || c->tls || !c->transmission || c->closing || c->broken ||
+	if (!taken || !c->transmission || c->closing || c->broken ||
 	    atomic_load_explicit(&c->disk->rings_started, memory_order_relaxed))
+		return;
+	if (c->tls && taken >= CONN_MOD_TLS_MAX)
 		return;
 	if (!c->mod_on && c->mod_skip) {
 		c->mod_skip--;

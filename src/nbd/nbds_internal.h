@@ -58,6 +58,10 @@ ssize_t nbds__tls_send(struct nbds_tls_sess *ss, const void *buf, size_t len);
 /* Input waits inside the session, decrypted or received from the socket
  * but not yet decrypted: the socket will not say so. */
 bool nbds__tls_pending(struct nbds_tls_sess *ss);
+/* The last read of the socket emptied it and the session holds nothing
+ * more: a reader may stop without a receive that only says EAGAIN (a
+ * partial record's rest comes with an EPOLLIN). */
+bool nbds__tls_drained(struct nbds_tls_sess *ss);
 void nbds__tls_bye(struct nbds_tls_sess *ss);
 
 struct nbds_export {

@@ -42,6 +42,7 @@ struct nbds_tls_sess {
 	 * GnuTLS's. */
 	uint8_t *rbuf;
 	size_t rpos, rlen;
+	bool short_read;	/* the last recv took less than asked: the socket was empty */
 };
 
 /* GnuTLS's pull: from rbuf, refilled by one recv() when empty.  -1 with
@@ -62,6 +63,7 @@ static ssize_t tls_pull(gnutls_transport_ptr_t p, void *data, size_t len)
 		}
 		ss->rpos = 0;
 		ss->rlen = (size_t)r;
+		ss->short_read = (size_t)r < NBDS_TLS_RBUF;
 	}
 	n = MIN(len, ss->rlen - ss->rpos);
 	memcpy(data, ss->rbuf + ss->rpos, n);
@@ -378,6 +380,11 @@ bool nbds__tls_pending(struct nbds_tls_sess *ss)
 	return ss->rpos < ss->rlen || gnutls_record_check_pending(ss->s) > 0;
 }
 
+bool nbds__tls_drained(struct nbds_tls_sess *ss)
+{
+	return ss->short_read && !nbds__tls_pending(ss);
+}
+
 void nbds__tls_bye(struct nbds_tls_sess *ss)
 {
 	/* Best effort, never waits: the socket closes next. */
@@ -422,6 +429,11 @@ ssize_t nbds__tls_send(struct nbds_tls_sess *ss, const void *buf, size_t len)
 }
 
 bool nbds__tls_pending(struct nbds_tls_sess *ss)
+{
+	return false;
+}
+
+bool nbds__tls_drained(struct nbds_tls_sess *ss)
 {
 	return false;
 }

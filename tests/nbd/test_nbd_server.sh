@@ -342,13 +342,25 @@ puri="nbds://alice@127.0.0.1:$tport/p?tls-psk-file=$tmp/keys.psk"
 head -c $((64 << 20)) /dev/urandom >"$tmp/tls-src.raw"
 truncate -s 64M "$tmp/tls.raw"
 if start "$tmp/tls.log" --disk "$tmp/tls.raw" --nbd "unix:$X,tls=x509:$tmp/pki" \
-        --nbd "127.0.0.1:$tport,name=p,tls=psk:$tmp/keys.psk"; then
+        --nbd "127.0.0.1:$tport,name=p,tls=psk:$tmp/keys.psk" --control "$tmp/tls.ctl"; then
     out=$(nbdinfo "$xuri" 2>&1)
     grep -q "with TLS" <<<"$out" && pass tls-x509-nbdinfo || fail tls-x509-nbdinfo "$out"
-    nbdcopy "$tmp/tls-src.raw" "$puri" && nbdcopy "$xuri" "$tmp/tls-out.raw" &&
+    # 4 KiB writes, 32 in flight: libnbd sends each one's header and
+    # payload as two records, and a server that read them as they came
+    # took one receive per record for as long as the client wrote.  A
+    # pass now ends when the socket is empty, and the next one waits for
+    # several (conn.c conn_drained, conn_moderate).
+    tcoal() { "$VBLKCTL" --control "$tmp/tls.ctl" nbd list | python3 -c 'import json,sys; s=json.load(sys.stdin)["stats"]; print(s["coalesced_waits"], s["coalesced_requests"], s["requests"])'; }
+    read -r w0 r0 q0 < <(tcoal)
+    nbdcopy --connections=1 --requests=32 --request-size=4096 "$tmp/tls-src.raw" "$puri" &&
+        read -r w1 r1 q1 < <(tcoal) &&
+        nbdcopy "$xuri" "$tmp/tls-out.raw" &&
         cmp -s "$tmp/tls-src.raw" "$tmp/tls-out.raw" &&
         pass tls-psk-tcp-write-x509-unix-read-round-trip ||
         fail tls-psk-tcp-write-x509-unix-read-round-trip
+    out="$((w1 - w0)) waits for $((q1 - q0)) requests, $(((r1 - r0) / (w1 - w0 > 0 ? w1 - w0 : 1))) taken after each"
+    ((q1 - q0 >= 16384 && w1 > w0 && r1 - r0 >= 2 * (w1 - w0))) &&
+        pass "tls-write-coalesced: $out" || fail tls-write-coalesced "$out"
     check tls-x509-qemu-img-compare qemu-img compare -q \
         --object "tls-creds-x509,id=t0,dir=$tmp/cli,endpoint=client" \
         --image-opts "driver=nbd,server.type=unix,server.path=$X,tls-creds=t0,tls-hostname=localhost" \

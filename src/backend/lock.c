@@ -113,8 +113,8 @@ int bdev_lock(struct bdev *b, unsigned wait_ms)
 		holder(b, busy, who, sizeof(who));
 		log_err("disk %s is in use: another process%s writes it (a vblkd, "
 			"QEMU or qemu-storage-daemon serving it to a running VM); "
-			"two writers would corrupt it, so neither this frontend's rings "
-			"nor an NBD client start here: stop the other writer, or migrate its VM here",
+			"two writers would corrupt it, so it is not written from here: "
+			"stop the other writer, or migrate its VM here",
 			b->path, who);
 		return -EBUSY;
 	}
@@ -133,7 +133,7 @@ int bdev_lock(struct bdev *b, unsigned wait_ms)
 	 * the disk may not (flushes fail; reads need not go back in time). */
 	if (!b->direct && !atomic_load(&b->cache_lost))
 		(void)posix_fadvise(b->fd, 0, 0, POSIX_FADV_DONTNEED);
-	log_info("disk %s: locked for writing (a guest or NBD client uses it)", b->path);
+	log_info("disk %s: locked for writing", b->path);
 	return 0;
 }
 
@@ -159,7 +159,7 @@ void bdev_unlock(struct bdev *b)
 	}
 	(void)ofd_lock(b->fd, F_UNLCK, LOCK_UNSHARE_WRITE, F_OFD_SETLK, &fl);
 	(void)ofd_lock(b->fd, F_UNLCK, LOCK_PERM_WRITE, F_OFD_SETLK, &fl);
-	log_info("disk %s: unlocked (no guest ring or NBD client uses it)", b->path);
+	log_info("disk %s: unlocked", b->path);
 }
 
 bool bdev_lock_busy(const struct bdev *b)

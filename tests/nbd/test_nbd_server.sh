@@ -358,9 +358,19 @@ if start "$tmp/tls.log" --disk "$tmp/tls.raw" --nbd "unix:$X,tls=x509:$tmp/pki" 
         cmp -s "$tmp/tls-src.raw" "$tmp/tls-out.raw" &&
         pass tls-psk-tcp-write-x509-unix-read-round-trip ||
         fail tls-psk-tcp-write-x509-unix-read-round-trip
+    # Where the server is the slower side (one CPU, a sanitizer build)
+    # its passes fill up by themselves and hardly any wait is tried:
+    # nothing to judge then.
     out="$((w1 - w0)) waits for $((q1 - q0)) requests, $(((r1 - r0) / (w1 - w0 > 0 ? w1 - w0 : 1))) taken after each"
-    ((q1 - q0 >= 16384 && w1 > w0 && r1 - r0 >= 2 * (w1 - w0))) &&
-        pass "tls-write-coalesced: $out" || fail tls-write-coalesced "$out"
+    if ((q1 - q0 < 16384)); then
+        fail tls-write-coalesced "$out"
+    elif ((w1 - w0 < 20)); then
+        echo "SKIP: tls-write-coalesced (the server was the slower side: $out)"
+    elif ((r1 - r0 >= 2 * (w1 - w0))); then
+        pass "tls-write-coalesced: $out"
+    else
+        fail tls-write-coalesced "$out"
+    fi
     check tls-x509-qemu-img-compare qemu-img compare -q \
         --object "tls-creds-x509,id=t0,dir=$tmp/cli,endpoint=client" \
         --image-opts "driver=nbd,server.type=unix,server.path=$X,tls-creds=t0,tls-hostname=localhost" \
@@ -372,6 +382,17 @@ if start "$tmp/tls.log" --disk "$tmp/tls.raw" --nbd "unix:$X,tls=x509:$tmp/pki" 
     if nbdinfo "nbds://alice@127.0.0.1:$tport/p?tls-psk-file=$tmp/wrong.psk" >/dev/null 2>&1; then
         fail tls-wrong-psk-refused
     else pass tls-wrong-psk-refused; fi
+    # A TLS 1.3 KeyUpdate (GnuTLS clients send one after 2^24 records) and
+    # a READ behind it in one segment: the READ is answered, though
+    # GnuTLS reports the KeyUpdate as "nothing yet" (tls.c nbds__tls_recv).
+    if [[ -x $BUILD/nbd-tls-keyupdate ]]; then
+        out=$(timeout 30 "$BUILD/nbd-tls-keyupdate" 127.0.0.1 "$tport" p alice \
+              "$(cut -d: -f2 "$tmp/keys.psk")" 2>&1) &&
+            pass "tls-keyupdate-then-read-answered: $out" ||
+            fail tls-keyupdate-then-read-answered "$out"
+    else
+        echo "SKIP: tls-keyupdate-then-read-answered (built without GnuTLS)"
+    fi
     timeout 120 python3 "$here/nbd_clients.py" --tls "$X" "$tmp/tls.raw" "$dpid" ||
         fail nbd-tls-clients-script "exited $?"
     grep -q "TLS handshake failed" "$tmp/tls.log" && pass tls-failed-handshake-logged ||

@@ -1656,8 +1656,8 @@ static ssize_t conn_recv(struct nbds_conn *c, void *buf, size_t len)
  * epoll_wait.  Through TLS, when the session's own last read of the
  * socket was short and it holds nothing more, decrypted or not: a
  * client that writes record by record (libnbd, a 4 KiB write's header
- * and payload apart) is otherwise chased one record per receive for as
- * long as it keeps writing, and the pass never ends (conn_moderate then
+ * and payload apart) is otherwise chased one record per receive, in a
+ * pass that lasts as long as it keeps writing (conn_moderate then
  * gathers its records). */
 static bool conn_drained(struct nbds_conn *c, size_t n, size_t want)
 {

@@ -347,13 +347,15 @@ static void mirror_families(FILE *f, const struct mir_info *m, unsigned n)
 		  "the target.", COUNTER },
 		{ "vblkd_mirror_ready", "1 once a mirror converged (its target had everything "
 		  "once), else 0.", GAUGE },
+		{ "vblkd_mirror_yielded_total", "Units a ready background mirror's job held back "
+		  "for a busy guest.", COUNTER },
 	};
 
 	for (unsigned k = 0; k < ARRAY_SIZE(fam); k++) {
 		header(f, fam[k].name, fam[k].help, fam[k].kind);
 		for (unsigned i = 0; i < n; i++) {
 			uint64_t v[] = { m[i].dirty, m[i].copied, m[i].zeroed, m[i].passes,
-					 m[i].wb_writes, m[i].wb_bytes, m[i].ready };
+					 m[i].wb_writes, m[i].wb_bytes, m[i].ready, m[i].yields };
 
 			put_named_job(f, fam[k].name, m[i].name, m[i].job, v[k]);
 		}

@@ -36,6 +36,24 @@
 #define MIR_SYNC_STALL_NS (30ull * 1000000000)
 /* Runs a unit copies at once. */
 #define MIR_PAR 8
+/*
+ * Yielding (background mode, once ready; mirror start --no-yield turns it
+ * off).  The job's units run on the thread that serves the guest's queue
+ * there, and a background mirror's job never rests while the guest writes
+ * flat out: it took half of that thread, and the guest's writes fell to
+ * 0.47x of no mirror (docs/benchmarks.md "Mirror").  While the guest is
+ * busy on the job's thread (a write in flight there, or one in the last
+ * MIR_BUSY_NS), each stretch of the job's own work there (a unit's
+ * submission, a write's completion) that took T makes its next unit wait
+ * until MIR_YIELD_K * T later: the job keeps about 1 / (1 + K) of the
+ * thread while the guest writes, and all of it when the guest is quiet.
+ * What the guest writes meanwhile stays dirty and is copied later, in
+ * longer runs; write-blocking mode, a pivot and a switch-over's sync never
+ * wait (they are how a mirror converges).  The backup's view yields the
+ * same way (nbd/conn.c, "Yielding").
+ */
+#define MIR_YIELD_K 15u
+#define MIR_BUSY_NS 1000000ull
 /* A run read as data is written in pieces of data and of zeroes at this
  * grain (QEMU's default qcow2 cluster): a target stays as sparse as what
  * the disk holds, not filled around the data a run has.  MIR_SEGS: the
@@ -134,6 +152,14 @@ struct mir {
 	 * flight answers (the job's loop). */
 	_Atomic uint64_t sync_req, sync_done;
 	uint64_t flush_gen;
+	/* Yielding: on (start's), the guest's background writes in flight
+	 * on the job's thread and when the last one came, when the next
+	 * unit may start (the job's thread's, all three), the units that
+	 * waited. */
+	_Atomic bool yield;
+	unsigned here_out;
+	uint64_t here_ns, owed;
+	_Atomic uint64_t yields;
 	struct mir *next;
 };
 
@@ -178,6 +204,15 @@ static void wdone(struct bdev_io *io, int res)
 	io->up_priv = NULL;
 	atomic_fetch_sub_explicit(&m->writes, 1, memory_order_release);
 	io->cb(io, res);
+}
+
+/* A background write on the job's thread (counted for yielding). */
+static void wdone_here(struct bdev_io *io, int res)
+{
+	struct mir *m = io->up_priv;
+
+	m->here_out--;
+	wdone(io, res);
 }
 
 static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
@@ -334,6 +369,11 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		 * marked as it completes. */
 		io->up_priv = m;
 		io->cb = wdone;
+		if (t == m->t) {
+			m->here_out++;
+			m->here_ns = loop_now(t->loop);
+			io->cb = wdone_here;
+		}
 	}
 	bdev_submit(m->d->b, t->bctx, io);
 }
@@ -352,6 +392,24 @@ static void wdrain(void *opaque, struct disk_iothread *t)
 }
 
 /* ---- The job's loop ------------------------------------------------------ */
+
+/* The job waits for the guest now ("Yielding" above): the job's thread. */
+static bool yielding(struct mir *m)
+{
+	return atomic_load_explicit(&m->yield, memory_order_relaxed) && m->ready &&
+	       atomic_load_explicit(&m->mode, memory_order_relaxed) == MIR_BACKGROUND &&
+	       atomic_load(&m->sync_done) >= atomic_load(&m->sync_req) &&
+	       (m->here_out || loop_now(m->t->loop) - m->here_ns < MIR_BUSY_NS);
+}
+
+/* The job's work since t0 is owed to the guest while it is busy. */
+static void charge(struct mir *m, uint64_t t0)
+{
+	uint64_t now = sys_now_ns();
+
+	if (yielding(m))
+		m->owed = MAX(m->owed, now) + (now - t0) * MIR_YIELD_K;
+}
 
 /* One run of the unit done (written, or failed): the last one ends the
  * unit, its range no longer in flight. */
@@ -378,7 +436,19 @@ static void op_end(struct mir_op *op, int res)
 	job_step_done(m->job, m->unit_res, m->unit_bytes);
 }
 
+static void op_written_1(struct bdev_io *io, int res);
+
+/* A write's completion is the job's work too. */
 static void op_written(struct bdev_io *io, int res)
+{
+	struct mir *m = container_of(io, struct mir_w, io)->op->m;
+	uint64_t t0 = sys_now_ns();
+
+	op_written_1(io, res);
+	charge(m, t0);
+}
+
+static void op_written_1(struct bdev_io *io, int res)
 {
 	struct mir_op *op = container_of(io, struct mir_w, io)->op;
 
@@ -455,7 +525,20 @@ static void op_write(struct mir_op *op)
 		bdev_submit(m->tgt, m->tctx, &op->w[i].io);
 }
 
+static void op_read_1(struct bdev_io *io, int res);
+
+/* A read's completion (the run's writes go out from here) is the job's
+ * work too. */
 static void op_read(struct bdev_io *io, int res)
+{
+	struct mir *m = container_of(io, struct mir_op, rio)->m;
+	uint64_t t0 = sys_now_ns();
+
+	op_read_1(io, res);
+	charge(m, t0);
+}
+
+static void op_read_1(struct bdev_io *io, int res)
 {
 	struct mir_op *op = container_of(io, struct mir_op, rio);
 	struct mir *m = op->m;
@@ -509,6 +592,13 @@ static int step(struct job *j, void *priv)
 	 * so, not filled by a run's data around them. */
 	bool cheap = fmt_block_status_cheap(m->d->b);
 	uint32_t g = dbm_granularity(m->dirty);
+	uint64_t t0 = sys_now_ns();
+
+	if (m->owed > t0 && yielding(m)) {
+		loop_timer_mod(m->poll, m->owed);
+		atomic_fetch_add_explicit(&m->yields, 1, memory_order_relaxed);
+		return JOB_STEP_END;
+	}
 
 	m->nops = 0;
 	while (m->nops < MIR_PAR && m->cursor < m->size) {
@@ -615,6 +705,7 @@ static int step(struct job *j, void *priv)
 	 * unit's state is set up before. */
 	m->tgt->engine->kick(m->tctx);
 	disk_kick(m->d, m->t);
+	charge(m, t0);
 	return JOB_STEP_IO;
 }
 
@@ -1280,6 +1371,7 @@ int mir_start(struct mir_set *s, const struct mir_start_opts *o, char *id, size_
 	}
 	dbm_set(m->dirty, 0, m->size);
 	set_mode(m, o->mode);
+	atomic_store(&m->yield, !o->no_yield);
 	m->wf = (struct disk_wfilter){ .submit = wsubmit, .drain = wdrain, .sync = wsync,
 				       .opaque = m };
 	if ((r = disk_wfilter_set(d, &m->wf)) < 0) {
@@ -1362,6 +1454,8 @@ unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max)
 						.zeroed = atomic_load(&m->zeroed),
 						.passes = atomic_load(&m->passes),
 						.ready_s = rn ? (double)rn / 1e9 : -1, .ready = rn != 0,
+						.yield = atomic_load(&m->yield),
+						.yields = atomic_load(&m->yields),
 						.mode = atomic_load(&m->mode),
 						.format = m->tkind,
 						.wb_writes = atomic_load(&m->wb_writes),
@@ -1461,6 +1555,8 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 			json_object_object_add(o, "ready", json_object_new_boolean(info[i].ready));
 			json_object_object_add(o, "ready_seconds",
 					       json_object_new_double(info[i].ready_s));
+			json_object_object_add(o, "yield", json_object_new_boolean(info[i].yield));
+			json_object_object_add(o, "yielded", json_object_new_uint64(info[i].yields));
 			json_object_array_add(arr, o);
 		}
 		json_object_object_add(reply, "mirrors", arr);
@@ -1497,6 +1593,13 @@ int mir_ctl(void *opaque, struct json_object *req, struct json_object *reply, ch
 		return -EINVAL;
 	}
 	o.granularity = (uint32_t)gran;
+	bool yield = true;
+
+	if (jfield_bool(req, "yield", &yield) < 0) {
+		snprintf(err, errlen, "\"yield\" is true or false");
+		return -EINVAL;
+	}
+	o.no_yield = !yield;
 	const char *fmt = jfield_str(req, "format");
 
 	if (fmt && (fmt_parse(fmt, &o.format) < 0 || o.format == FMT_LUKS)) {

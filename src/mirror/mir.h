@@ -76,6 +76,9 @@ struct mir_start_opts {
 	/* A local target's format: FMT_AUTO (a new one: the disk's, qcow2
 	 * or raw; one there: as it is), FMT_RAW or FMT_QCOW2. */
 	enum fmt_kind format;
+	/* The job does not yield to a busy guest in background mode once
+	 * ready (mir.c, "Yielding"). */
+	bool no_yield;
 };
 
 /* The bitmap's granularity when none is given: 4 KiB, so a guest's 4 KiB
@@ -115,10 +118,13 @@ struct mir_info {
 	unsigned passes;
 	double ready_s;			/* seconds from start to ready; -1 not yet */
 	bool ready;
+	bool yield;			/* yields to a busy guest (background, ready) */
+	uint64_t yields;		/* units that waited for the guest */
 };
 unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max);
 
-/* {"cmd": "mirror-start", "name", "target", "rate"?, "granularity"?, "mode"?, "format"?}
+/* {"cmd": "mirror-start", "name", "target", "rate"?, "granularity"?, "mode"?, "format"?,
+ *  "yield"?}
  *   -> {"ok", "job"}
  * {"cmd": "mirror-change", "name", "mode"} -> {"ok"}
  * {"cmd": "mirror-list"} -> {"mirrors": [...]} */

@@ -173,7 +173,7 @@ int main(int argc, char **argv)
 			       "       vblkctl --control PATH backup list\n"
 			       "       vblkctl --control PATH mirror start NAME --target URI|PATH "
 			       "[--format raw|qcow2] [--mode background|write-blocking] [--rate BYTES] "
-			       "[--granularity BYTES]\n"
+			       "[--granularity BYTES] [--no-yield]\n"
 			       "       vblkctl --control PATH mirror change NAME --mode background|write-blocking\n"
 			       "       vblkctl --control PATH mirror list\n"
 			       "       vblkctl --control PATH nbd add ADDR[,name=NAME][,read-only]"
@@ -236,7 +236,10 @@ int main(int argc, char **argv)
 			       "disk served: the pivot), job cancel leaves the target as it is.  --mode\n"
 			       "write-blocking: a guest write completes once it is on the target too (the\n"
 			       "mirror stays converged whatever the write rate); mirror change switches\n"
-			       "a running mirror's mode.\n"
+			       "a running mirror's mode.  A ready background mirror gives a busy guest\n"
+			       "most of the iothread (what it writes is copied later, in longer runs;\n"
+			       "dirty_bytes in mirror list is how far behind the target is);\n"
+			       "--no-yield copies as fast as it can.\n"
 			       "nbd add serves the disk over NBD on one more address (the fields of\n"
 			       "vblkd --nbd); nbd remove stops the export NAME ('' for the default name),\n"
 			       "its clients disconnected once their requests are done; nbd list shows\n"
@@ -308,14 +311,16 @@ int main(int argc, char **argv)
 		if (!((!strcmp(sub, "list") && n == 2) ||
 		      ((!strcmp(sub, "start") || !strcmp(sub, "change")) && n == 3)))
 			cli_die("mirror takes: start NAME --target URI|PATH [--mode MODE] [--rate "
-				"BYTES] [--granularity BYTES], change NAME --mode MODE, or list");
+				"BYTES] [--granularity BYTES] [--no-yield], change NAME --mode MODE, "
+				"or list");
 		if (!strcmp(sub, "start") && !target)
 			cli_die("mirror start needs --target: an NBD URI (nbd://HOST/EXPORT, "
 				"nbd+unix:///EXPORT?socket=PATH) or a local path");
 		if (!strcmp(sub, "change") && !mode)
 			cli_die("mirror change needs --mode background|write-blocking");
-		if (strcmp(sub, "start") && (target || rate || gran || format))
-			cli_die("--target, --format, --rate and --granularity go with mirror start");
+		if (strcmp(sub, "start") && (target || rate || gran || format || no_yield))
+			cli_die("--target, --format, --rate, --granularity and --no-yield go with "
+				"mirror start");
 		if (!strcmp(sub, "list") && mode)
 			cli_die("--mode goes with mirror start and mirror change");
 	} else if (!strcmp(cmd, "nbd")) {
@@ -328,8 +333,10 @@ int main(int argc, char **argv)
 		   !(optind + 2 == argc && (!strcmp(cmd, "resize") || !strcmp(cmd, "set-limits")))) {
 		cli_die("give one command: %s", commands);
 	}
-	if (strcmp(cmd, "backup") && (bk_nbd || bk_bitmap || bk_scratch || no_yield))
-		cli_die("--nbd, --bitmap, --scratch and --no-yield go with backup start");
+	if (strcmp(cmd, "backup") && (bk_nbd || bk_bitmap || bk_scratch))
+		cli_die("--nbd, --bitmap and --scratch go with backup start");
+	if (strcmp(cmd, "backup") && strcmp(cmd, "mirror") && no_yield)
+		cli_die("--no-yield goes with backup start and mirror start");
 	if (strcmp(cmd, "set-limits") && group)
 		cli_die("--group goes with set-limits");
 	if (strcmp(cmd, "set-poll") && (max || cmax || grow || shrink || check))
@@ -489,6 +496,8 @@ int main(int argc, char **argv)
 			json_object_object_add(req, "target", json_object_new_string(t));
 			if (format)
 				json_object_object_add(req, "format", json_object_new_string(format));
+			if (no_yield)
+				json_object_object_add(req, "yield", json_object_new_boolean(0));
 			if (rate) {
 				if (parse_size(rate, &size) < 0)
 					cli_die("--rate '%s' is not a rate: bytes per second, or with "

@@ -32,7 +32,10 @@
 #    stops the rings with dirty logging on, the source's ring stop waits
 #    for the target to have every write, so the target equals the disk at
 #    once (a stop without dirty logging, a shutdown, does not wait); the
-#    destination's rings started, its incoming export refuses writes.
+#    destination's rings started, its incoming export refuses writes;
+#  - yielding: a ready background mirror's job waits for a driver writing
+#    flat out (mirror list "yielded"), never in write-blocking mode or
+#    with --no-yield, and catches up once the driver stops (cmp equal).
 # Usage: test_mirror.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
 set -uo pipefail
 BUILD=${1:?usage: test_mirror.sh BUILD_DIR}
@@ -444,4 +447,65 @@ PY
     ddpid=""
 else
     fail "write-blocking: the two vblkds start" "$(tail -3 "$tmp/wb.log" "$tmp/wbd.log")"
+fi
+
+# ---- yielding: a ready background mirror leaves a busy guest the thread --------
+# A virtio-blk driver (vblk-bench --verify, 16 in flight) writes flat out
+# while a ready background mirror runs: the job waits for it (mirror list
+# "yielded" counts the units that did), and catches up once the driver
+# stops; complete leaves the target equal.  Write-blocking mode never
+# waits (it is how a mirror converges); --no-yield turns it off.
+img=$tmp/y.raw
+rm -f "$img" "$tmp/yd.raw"
+truncate -s 128M "$img" "$tmp/yd.raw"
+qemu-io -f raw -c 'write -P 0x5a 0 64M' "$img" >/dev/null
+yget() { ctl mirror list | jget '[m for m in d["mirrors"] if m["name"] == "'"$1"'"][0]["'"$2"'"]'; }
+if start "$img" "$tmp/y.log" --socket "$SV" && dst_start "$tmp/yd.raw" "$tmp/yd.log"; then
+    job=$(ctl mirror start y1 --target "nbd+unix:///?socket=$DS" | jget 'd["job"]')
+    if wait_ready 30; then
+        "$BUILD/vblk-bench" --socket "$SV" --rw randwrite --bs 4k --iodepth 16 --runtime 2 --ramp 0 \
+            --size 64M --verify >"$tmp/y-b1.log" 2>&1 &
+        bpid=$!
+        sleep 1
+        y_on=$(yget y1 yielded) yopt=$(yget y1 yield)
+        # Write-blocking from here: no unit waits any more.
+        ctl mirror change y1 --mode write-blocking >/dev/null
+        y_wb0=$(yget y1 yielded)
+        sleep 0.5
+        y_wb1=$(yget y1 yielded)
+        wait "$bpid"; brc=$?
+        ctl mirror change y1 --mode background >/dev/null
+        if ((brc == 0)) && [[ $yopt == True ]] && ((y_on > 0 && y_wb1 == y_wb0)) &&
+            wait_ready 30 && complete "$job" && cmp -s "$img" "$tmp/yd.raw"; then
+            pass "a ready background mirror yields to a busy driver ($y_on units waited in its first second; none once write-blocking), catches up when it stops, and complete leaves the target equal (cmp); the driver's verify clean"
+        else
+            fail "yielding" "bench rc $brc, yield $yopt, yielded $y_on then $y_wb0 -> $y_wb1, $(cmp "$img" "$tmp/yd.raw" | head -1), $(tail -1 "$tmp/y-b1.log")"
+        fi
+    else
+        fail "yielding: ready" "$(ctl mirror list)"
+    fi
+    job=$(ctl mirror start y2 --target "nbd+unix:///?socket=$DS" --no-yield | jget 'd["job"]')
+    if wait_ready 30; then
+        "$BUILD/vblk-bench" --socket "$SV" --rw randwrite --bs 4k --iodepth 16 --runtime 1 --ramp 0 \
+            --size 64M --verify >"$tmp/y-b2.log" 2>&1
+        brc=$?
+        yn=$(yget y2 yielded) yopt=$(yget y2 yield)
+        if ((brc == 0)) && [[ $yopt == False ]] && ((yn == 0)) && wait_ready 30 &&
+            complete "$job" && cmp -s "$img" "$tmp/yd.raw"; then
+            pass "mirror start --no-yield: the job never waits for the driver (yielded 0), complete leaves the target equal"
+        else
+            fail "--no-yield" "bench rc $brc, yield $yopt, yielded $yn, $(cmp "$img" "$tmp/yd.raw" | head -1)"
+        fi
+    else
+        fail "--no-yield: ready" "$(ctl mirror list)"
+    fi
+    out=$(ctl mirror change y2 --mode background --no-yield 2>&1) &&
+        fail "--no-yield with mirror change accepted"
+    [[ $(wc -l <<<"$out") == 1 && $out == *"--no-yield go with mirror start"* ]] ||
+        fail "--no-yield with mirror change: one line" "$out"
+    stop || fail "vblkd exits cleanly after the yielding mirrors" "$(tail -2 "$tmp/y.log")"
+    kill -TERM "$ddpid"; wait "$ddpid" || fail "the destination exits cleanly" "$(tail -2 "$tmp/yd.log")"
+    ddpid=""
+else
+    fail "yielding: the two vblkds start" "$(tail -3 "$tmp/y.log" "$tmp/yd.log")"
 fi

@@ -105,6 +105,7 @@ static const char *const families[] = {
 	"vblkd_mirror_written_through_total",
 	"vblkd_mirror_written_through_bytes_total",
 	"vblkd_mirror_ready",
+	"vblkd_mirror_yielded_total",
 	"vblkd_poll_max_seconds",
 	"vblkd_completion_poll_max_seconds",
 	"vblkd_poll_grow",

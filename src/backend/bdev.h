@@ -210,6 +210,10 @@ struct bdev {
 	/* ... and each segment's length (the device's logical block: the
 	 * kernel checks every iovec, not only the total; 0: as mem_align) */
 	unsigned dio_len_align;
+	/* This struct was allocated by its opener (a mirror's local
+	 * target): whoever closes it last frees it too, the disk after a
+	 * pivot included (set after bdev_open, which clears the struct). */
+	bool heap;
 	bool uring_sqpoll;
 	bool no_early_submit;
 	bool no_sync_io;

@@ -347,8 +347,8 @@ static void mirror_families(FILE *f, const struct mir_info *m, unsigned n)
 		  "the target.", COUNTER },
 		{ "vblkd_mirror_ready", "1 once a mirror converged (its target had everything "
 		  "once), else 0.", GAUGE },
-		{ "vblkd_mirror_yielded_total", "Units a ready background mirror's job held back "
-		  "for a busy guest.", COUNTER },
+		{ "vblkd_mirror_yielded_total", "Times a ready background mirror's job waited "
+		  "for a busy guest (a look each millisecond at most).", COUNTER },
 	};
 
 	for (unsigned k = 0; k < ARRAY_SIZE(fam); k++) {

@@ -154,9 +154,10 @@ struct mir {
 	uint64_t flush_gen;
 	/* Yielding: on (start's), the guest's background writes in flight
 	 * on the job's thread and when the last one came, when the next
-	 * unit may start (the job's thread's, all three), the units that
-	 * waited. */
+	 * unit may start (the job's thread's, all three), the times the
+	 * job waited (a look every MIR_BUSY_NS at most). */
 	_Atomic bool yield;
+	bool completing;	/* job complete was asked: no more yielding */
 	unsigned here_out;
 	uint64_t here_ns, owed;
 	_Atomic uint64_t yields;
@@ -396,7 +397,7 @@ static void wdrain(void *opaque, struct disk_iothread *t)
 /* The job waits for the guest now ("Yielding" above): the job's thread. */
 static bool yielding(struct mir *m)
 {
-	return atomic_load_explicit(&m->yield, memory_order_relaxed) && m->ready &&
+	return atomic_load_explicit(&m->yield, memory_order_relaxed) && m->ready && !m->completing &&
 	       atomic_load_explicit(&m->mode, memory_order_relaxed) == MIR_BACKGROUND &&
 	       atomic_load(&m->sync_done) >= atomic_load(&m->sync_req) &&
 	       (m->here_out || loop_now(m->t->loop) - m->here_ns < MIR_BUSY_NS);
@@ -595,7 +596,9 @@ static int step(struct job *j, void *priv)
 	uint64_t t0 = sys_now_ns();
 
 	if (m->owed > t0 && yielding(m)) {
-		loop_timer_mod(m->poll, m->owed);
+		/* Looked at again within MIR_BUSY_NS: a guest gone quiet
+		 * gets the job going at once, not after all it owes. */
+		loop_timer_mod(m->poll, MIN(m->owed, t0 + MIR_BUSY_NS));
 		atomic_fetch_add_explicit(&m->yields, 1, memory_order_relaxed);
 		return JOB_STEP_END;
 	}
@@ -729,8 +732,12 @@ static int complete(struct job *j, void *priv, char *msg, size_t len)
 		return 0;
 	}
 	if (left || !m->flushed) {
+		/* Asked to end: the job stops yielding to the guest, so that
+		 * it converges unless the guest outwrites the whole thread. */
+		m->completing = true;
 		snprintf(msg, len, "%" PRIu64 " bytes written since are still to be copied: "
-			 "complete it again in a moment (or stop the writes)", left);
+			 "complete it again in a moment (or stop the writes, or mirror change "
+			 "--mode write-blocking)", left);
 		return -EAGAIN;
 	}
 	snprintf(msg, len, "the target %s has the disk (%u passes, %" PRIu64 " bytes copied, %"
@@ -1044,10 +1051,16 @@ static int mir_pivot(void *priv, char *err, size_t errlen)
 	m->tgt_open = m->held = false;
 	m->filtered = false;
 	snprintf(old, sizeof(old), "%s", ob->path);
+	bool heap = of->heap;
+
 	if (disk_close_image(ob, of) < 0)
 		log_err("mirror %s: the old image %s did not close cleanly (its tables could not "
 			"be written back): nothing the guest wrote since the pivot is in it",
 			m->name, old);
+	/* The old image was an earlier mirror's target (a second pivot):
+	 * its struct is freed with it (vblkd's own is static). */
+	if (heap)
+		free(of);
 	log_info("mirror %s: the disk is %s now (was %s, closed): restart vblkd with --disk %s "
 		 "--format %s from now on", m->name, m->target, old, m->target,
 		 fmt_kind_name(m->tkind));
@@ -1210,6 +1223,7 @@ static int open_local(struct mir *m, enum fmt_kind want, char *err, size_t errle
 	r = disk_open_image(&bo, &fo, 1, m->tfile, &m->tgt, err, errlen);
 	if (r < 0)
 		return r;
+	m->tfile->heap = true;	/* calloc'd in mir_start: a later pivot frees it */
 	m->tgt_open = true;
 	m->tkind = fmt_kind_of(m->tgt);
 	/* A mirror is a whole copy: a backing file under the target has no

@@ -119,7 +119,7 @@ struct mir_info {
 	double ready_s;			/* seconds from start to ready; -1 not yet */
 	bool ready;
 	bool yield;			/* yields to a busy guest (background, ready) */
-	uint64_t yields;		/* units that waited for the guest */
+	uint64_t yields;		/* times the job waited for the guest */
 };
 unsigned mir_list(struct mir_set *s, struct mir_info *out, unsigned max);
 

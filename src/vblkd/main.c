@@ -953,10 +953,11 @@ static int stop_all(struct vblkd *v)
 	/* A mirror's pivot may have replaced the image (disk.h); its file's
 	 * struct is the mirror's allocation, ours to free. */
 	struct bdev *b = v->disk->b, *file = v->disk->file;
+	bool heap = file->heap;
 
 	disk_free(v->disk);
 	r = disk_close_image(b, file);
-	if (file != v->file)
+	if (heap)
 		free(file);
 	loop_fd_del(v->loop, v->sfd_h);
 	loop_free(v->loop);

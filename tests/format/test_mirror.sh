@@ -349,6 +349,11 @@ dst_start() {	# dst_start IMG LOG
 }
 ddpid=""
 trap 'kill -9 $ddpid 2>/dev/null; cleanup' EXIT
+both_stop() {	# both_stop WHAT LOG DEST_LOG: the source, then the destination, exit clean
+    stop || fail "vblkd exits cleanly after $1" "$(tail -2 "$2")"
+    kill -TERM "$ddpid"; wait "$ddpid" || fail "the destination exits cleanly" "$(tail -2 "$3")"
+    ddpid=""
+}
 dirty() { ctl mirror list | jget 'd["mirrors"][0]["'"$1"'"]'; }
 img=$tmp/wb.raw
 rm -f "$img" "$tmp/wbd.raw"
@@ -452,9 +457,7 @@ PY
     else
         fail "hand-over: ready" "$(ctl mirror list)"
     fi
-    stop || fail "vblkd exits cleanly after the write-blocking mirrors" "$(tail -2 "$tmp/wb.log")"
-    kill -TERM "$ddpid"; wait "$ddpid" || fail "the destination exits cleanly" "$(tail -2 "$tmp/wbd.log")"
-    ddpid=""
+    both_stop "the write-blocking mirrors" "$tmp/wb.log" "$tmp/wbd.log"
 else
     fail "write-blocking: the two vblkds start" "$(tail -3 "$tmp/wb.log" "$tmp/wbd.log")"
 fi
@@ -513,9 +516,7 @@ if start "$img" "$tmp/y.log" --socket "$SV" && dst_start "$tmp/yd.raw" "$tmp/yd.
         fail "--no-yield with mirror change accepted"
     [[ $(wc -l <<<"$out") == 1 && $out == *"--no-yield go with mirror start"* ]] ||
         fail "--no-yield with mirror change: one line" "$out"
-    stop || fail "vblkd exits cleanly after the yielding mirrors" "$(tail -2 "$tmp/y.log")"
-    kill -TERM "$ddpid"; wait "$ddpid" || fail "the destination exits cleanly" "$(tail -2 "$tmp/yd.log")"
-    ddpid=""
+    both_stop "the yielding mirrors" "$tmp/y.log" "$tmp/yd.log"
 else
     fail "yielding: the two vblkds start" "$(tail -3 "$tmp/y.log" "$tmp/yd.log")"
 fi

@@ -29,6 +29,12 @@
  * job copies it), so the job stays converged under any write rate;
  * switchable at run time (mir_change).
  *
+ * Yielding (mir.c): a ready background mirror's job waits while the guest
+ * is busy on its thread, taking about 1/16 of it (all of it when the
+ * guest is quiet); the target falls behind under a guest writing flat
+ * out.  Never in write-blocking mode, at a switch-over or a pivot, or once
+ * job complete was asked; mirror start --no-yield turns it off.
+ *
  * The hand-over at a migration's switch-over: the mirror is the disk's
  * write filter, and when the last ring stops by GET_VRING_BASE with dirty
  * logging on (disk_switchover) its sync waits until the target has every write

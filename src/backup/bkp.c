@@ -99,8 +99,7 @@ struct bkp_iot {
 	/* Guest writes inside the filter here, or at the disk after it,
 	 * and when the last one came (sys_now_ns; view_busy); this
 	 * thread's only. */
-	unsigned guest_out;
-	uint64_t guest_ns;
+	struct disk_busy guest;
 };
 
 struct bkp {
@@ -359,7 +358,7 @@ static void guest_done(struct bdev_io *io, int res)
 {
 	struct bkp_iot *w = io->up_priv;
 
-	w->guest_out--;
+	disk_busy_end(&w->guest);
 	io->cb = io->up_cb;
 	io->cb(io, res);
 }
@@ -374,8 +373,7 @@ static void cbw_submit(void *opaque, struct disk_iothread *t, struct bdev_io *io
 
 	/* Counted until it completes (guest_done). */
 	if (t->idx < k->niot) {
-		k->iot[t->idx].guest_out++;
-		k->iot[t->idx].guest_ns = loop_now(t->loop);
+		disk_busy_begin(&k->iot[t->idx].guest, t->loop);
 		io->up_cb = io->cb;
 		io->up_priv = &k->iot[t->idx];
 		io->cb = guest_done;
@@ -638,7 +636,7 @@ static bool view_busy(void *opaque, struct disk_iothread *t)
 	if (!atomic_load_explicit(&k->yield, memory_order_relaxed) || t->idx >= k->niot)
 		return false;
 	w = &k->iot[t->idx];
-	return w->guest_out || loop_now(t->loop) - w->guest_ns < BKP_BUSY_NS;
+	return disk_busy_now(&w->guest, t->loop, BKP_BUSY_NS);
 }
 
 /* fmt_block_status of the view: a saved chunk's status as kept; a run of
@@ -793,7 +791,7 @@ static void do_iot_drain(void *opaque)
 {
 	struct bkp_iot *w = opaque;
 
-	while (w->guest_out)
+	while (w->guest.out)
 		w->k->d->b->engine->drain(w->t->bctx);
 }
 

@@ -179,6 +179,35 @@ struct disk {
 	atomic_bool rings_started;
 };
 
+
+/*
+ * A guest's writes on one iothread as a write filter sees them: how many
+ * are in flight and when the last came (loop_now).  Busy while one is in
+ * flight or came within window_ns: work that shares the thread with the
+ * guest gives way to it then (a backup's view, a mirror's job).  That
+ * thread's only.
+ */
+struct disk_busy {
+	unsigned out;
+	uint64_t last_ns;
+};
+
+static inline void disk_busy_begin(struct disk_busy *b, const struct loop *l)
+{
+	b->out++;
+	b->last_ns = loop_now(l);
+}
+
+static inline void disk_busy_end(struct disk_busy *b)
+{
+	b->out--;
+}
+
+static inline bool disk_busy_now(const struct disk_busy *b, const struct loop *l,
+				 uint64_t window_ns)
+{
+	return b->out || loop_now(l) - b->last_ns < window_ns;
+}
 /*
  * A write filter (a backup's copy-before-write, backup/bkp.h): while one
  * is set, every write, discard and write zeroes a front submits through

@@ -44,9 +44,10 @@
  * 0.47x of no mirror (docs/benchmarks.md "Mirror").  While the guest is
  * busy on the job's thread (a write in flight there, or one in the last
  * MIR_BUSY_NS), each stretch of the job's own work there (a unit's
- * submission, a write's completion) that took T makes its next unit wait
- * until MIR_YIELD_K * T later: the job keeps about 1 / (1 + K) of the
- * thread while the guest writes, and all of it when the guest is quiet.
+ * submission, a read's or write's completion) that took T makes its next
+ * unit wait until MIR_YIELD_K * T later: the job keeps about 1 / (1 + K)
+ * of the thread while the guest writes, and all of it when the guest is
+ * quiet.
  * What the guest writes meanwhile stays dirty and is copied later, in
  * longer runs; write-blocking mode, a pivot and a switch-over's sync never
  * wait (they are how a mirror converges).  The backup's view yields the
@@ -152,14 +153,14 @@ struct mir {
 	 * flight answers (the job's loop). */
 	_Atomic uint64_t sync_req, sync_done;
 	uint64_t flush_gen;
-	/* Yielding: on (start's), the guest's background writes in flight
-	 * on the job's thread and when the last one came, when the next
-	 * unit may start (the job's thread's, all three), the times the
-	 * job waited (a look every MIR_BUSY_NS at most). */
+	/* Yielding: on (start's), the guest's background writes on the
+	 * job's thread (disk_busy), when the next unit may start (the
+	 * job's thread's, both), the times the job waited (a look every
+	 * MIR_BUSY_NS at most). */
 	_Atomic bool yield;
 	bool completing;	/* job complete was asked: no more yielding */
-	unsigned here_out;
-	uint64_t here_ns, owed;
+	struct disk_busy here;
+	uint64_t owed;
 	_Atomic uint64_t yields;
 	struct mir *next;
 };
@@ -212,7 +213,7 @@ static void wdone_here(struct bdev_io *io, int res)
 {
 	struct mir *m = io->up_priv;
 
-	m->here_out--;
+	disk_busy_end(&m->here);
 	wdone(io, res);
 }
 
@@ -371,8 +372,7 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		io->up_priv = m;
 		io->cb = wdone;
 		if (t == m->t) {
-			m->here_out++;
-			m->here_ns = loop_now(t->loop);
+			disk_busy_begin(&m->here, t->loop);
 			io->cb = wdone_here;
 		}
 	}
@@ -400,7 +400,7 @@ static bool yielding(struct mir *m)
 	return atomic_load_explicit(&m->yield, memory_order_relaxed) && m->ready && !m->completing &&
 	       atomic_load_explicit(&m->mode, memory_order_relaxed) == MIR_BACKGROUND &&
 	       atomic_load(&m->sync_done) >= atomic_load(&m->sync_req) &&
-	       (m->here_out || loop_now(m->t->loop) - m->here_ns < MIR_BUSY_NS);
+	       disk_busy_now(&m->here, m->t->loop, MIR_BUSY_NS);
 }
 
 /* The job's work since t0 is owed to the guest while it is busy. */

@@ -143,7 +143,8 @@ struct mir {
 	pthread_mutex_t lk;
 	bool lk_init;
 	bool u_busy;
-	uint64_t u_off, u_len;
+	unsigned u_n;			/* the unit's runs, copied from ops[] */
+	struct { uint64_t off, len; } u_run[MIR_PAR];
 	struct wbw *wbws;
 	_Atomic uint64_t wb_writes, wb_conflicts, wb_errors;
 	_Atomic uint64_t wb_bytes;	/* of the writes written through, on the target */
@@ -220,6 +221,20 @@ static void wdone_here(struct bdev_io *io, int res)
 static bool overlaps(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 {
 	return a < b + blen && b < a + alen;
+}
+
+/* A range and the unit out now (under lk): its runs, not their span, which
+ * crosses every clean gap between them (a pass over a sparse bitmap spans
+ * most of the disk, and every write-blocking write in it was left to the
+ * job: the job never caught up with a busy guest). */
+static bool in_unit(const struct mir *m, uint64_t off, uint64_t len)
+{
+	if (!m->u_busy)
+		return false;
+	for (unsigned i = 0; i < m->u_n; i++)
+		if (overlaps(m->u_run[i].off, m->u_run[i].len, off, len))
+			return true;
+	return false;
 }
 
 static void wb_unlist(struct mir *m, struct wbw *w)
@@ -334,7 +349,7 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		w->through = io->op == BDEV_WRITE ||
 			     (io->op == BDEV_WRITE_ZEROES && (m->tgt->caps & BDEV_CAP_WRITE_ZEROES));
 		pthread_mutex_lock(&m->lk);
-		if (w->through && m->u_busy && overlaps(m->u_off, m->u_len, w->off, w->len))
+		if (w->through && in_unit(m, w->off, w->len))
 			w->through = false;
 		/* Two writes of one range out at once: their order on the
 		 * source is unknown, so neither leaves it clean. */
@@ -670,19 +685,21 @@ static int step(struct job *j, void *priv)
 	m->unit_bytes = 0;
 	/* Taken before the copy: a write from now on marks it again (and a
 	 * write-blocking one submitted while the unit is out leaves the
-	 * target to it: wsubmit, wb_done).  The runs ascend: their span is
-	 * the unit's range. */
+	 * target to it: wsubmit, wb_done).  The unit's ranges are its runs
+	 * (in_unit). */
 	pthread_mutex_lock(&m->lk);
 	m->u_busy = true;
-	m->u_off = m->ops[0].off;
-	m->u_len = m->ops[m->nops - 1].off + m->ops[m->nops - 1].len - m->u_off;
-	for (unsigned i = 0; i < m->nops; i++)
+	m->u_n = m->nops;
+	for (unsigned i = 0; i < m->nops; i++) {
+		m->u_run[i].off = m->ops[i].off;
+		m->u_run[i].len = m->ops[i].len;
 		dbm_reset(m->dirty, m->ops[i].off, m->ops[i].len);
+	}
 	/* A write-blocking write out there now may land on the target
 	 * before what the unit read (the old data): it leaves the range
 	 * dirty (wb_done). */
 	for (struct wbw *o = m->wbws; o; o = o->next)
-		if (overlaps(o->off, o->len, m->u_off, m->u_len))
+		if (in_unit(m, o->off, o->len))
 			o->raced = true;
 	pthread_mutex_unlock(&m->lk);
 	job_set_progress(j, m->size - dbm_dirty_bytes(m->dirty), m->size);

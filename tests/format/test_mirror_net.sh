@@ -330,10 +330,14 @@ if a_start "$tmp/a3.log" && b_start "$tmp/b3.log"; then
         complete "$job"; then
         a_stop; arc=$?; b_stop; b3rc=$?
         d=$(equal)
-        if [[ -z $d ]] && ((brc == 0 && arc == 0 && b3rc == 0)); then
+        # A write is left to the job only when a run of the job's or
+        # another write has its range out: a few in a hundred.  A unit's
+        # span taken for its runs left a quarter (the job then caught up
+        # with the writer only once it stopped, on a slow machine).
+        if [[ -z $d ]] && ((brc == 0 && arc == 0 && b3rc == 0 && lj * 10 <= wt)); then
             pass "write-blocking over TLS: ready in $rdy ms while the guest wrote ($bres), complete once the writes stopped; the target equals the disk ($wt written through, $lj left to the job, $te target errors)"
         else
-            fail "write-blocking over TLS" "${d:-equal}; vblk-bench rc $brc ($bres); vblkd A rc $arc, B rc $b3rc"
+            fail "write-blocking over TLS" "${d:-equal}; vblk-bench rc $brc ($bres); vblkd A rc $arc, B rc $b3rc; $wt written through, $lj left to the job (at most a tenth)"
         fi
     else
         fail "write-blocking over TLS: ready while the writes run, then complete" "ready ${rdy:-never} ms, writer alive then $alive, vblk-bench rc $brc ($bres), $(ctl mirror list 2>&1 | tr -d '\n ')"

@@ -149,6 +149,11 @@ struct mir {
 	_Atomic uint64_t wb_writes, wb_conflicts, wb_errors;
 	_Atomic uint64_t wb_bytes;	/* of the writes written through, on the target */
 	_Atomic uint64_t wb_inflight;	/* write-blocking writes not completed */
+	/* Writes not listed (wdone: a background one, or in write-blocking
+	 * mode one on a thread with no target connection) completed so far:
+	 * a listed write they may overlap, out meanwhile, leaves its range to
+	 * the job (wb_done). */
+	_Atomic uint64_t bg_done;
 	/* mir_sync: a flush asked for (req) and the last one that found
 	 * nothing dirty (done); flush_gen: the request the job's flush in
 	 * flight answers (the job's loop). */
@@ -177,6 +182,7 @@ struct wbw {
 	unsigned left;		/* halves not done (its thread's) */
 	bool through;		/* to the target too (wsubmit) */
 	bool raced;		/* a unit started on its range (under lk) */
+	uint64_t bg_done;	/* mir.bg_done when it was listed */
 	struct wbw *prev, *next;
 };
 
@@ -201,7 +207,19 @@ static void wdone(struct bdev_io *io, int res)
 	struct mir *m = io->up_priv;
 	uint64_t len = io->op == BDEV_WRITE ? iov_size(io->iov, io->iovcnt) : io->length;
 
-	dbm_set(m->dirty, io->offset, len);
+	/* A listed write out now clears the granules it covers when it is
+	 * done (wb_done), and may have reached the source before this one:
+	 * counted first, and marked under lk, it sees this one and leaves
+	 * them dirty.  None out (a background mirror): no lock; a write
+	 * listed later counts this one as done before it. */
+	atomic_fetch_add(&m->bg_done, 1);
+	if (atomic_load(&m->wb_inflight)) {
+		pthread_mutex_lock(&m->lk);
+		dbm_set(m->dirty, io->offset, len);
+		pthread_mutex_unlock(&m->lk);
+	} else {
+		dbm_set(m->dirty, io->offset, len);
+	}
 	io->cb = io->up_cb;
 	io->up_cb = NULL;
 	io->up_priv = NULL;
@@ -279,6 +297,10 @@ static void wb_done(struct wbw *w)
 	bool clean = w->through && w->res >= 0 && w->tres >= 0 && !w->raced;
 
 	pthread_mutex_lock(&m->lk);
+	/* A write not listed completed while this one was out (wdone): their
+	 * order on the source is unknown. */
+	if (atomic_load(&m->bg_done) != w->bg_done)
+		clean = false;
 	wb_unlist(m, w);
 	if (clean) {
 		uint64_t a = (w->off + g - 1) & ~(uint64_t)(g - 1);
@@ -348,7 +370,10 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		w->tidx = t->idx;
 		w->through = io->op == BDEV_WRITE ||
 			     (io->op == BDEV_WRITE_ZEROES && (m->tgt->caps & BDEV_CAP_WRITE_ZEROES));
+		/* Counted before bg_done is read (wdone). */
+		atomic_fetch_add(&m->wb_inflight, 1);
 		pthread_mutex_lock(&m->lk);
+		w->bg_done = atomic_load(&m->bg_done);
 		if (w->through && in_unit(m, w->off, w->len))
 			w->through = false;
 		/* Two writes of one range out at once: their order on the
@@ -365,7 +390,6 @@ static void wsubmit(void *opaque, struct disk_iothread *t, struct bdev_io *io)
 		pthread_mutex_unlock(&m->lk);
 		io->up_priv = w;
 		io->cb = wb_source_done;
-		atomic_fetch_add_explicit(&m->wb_inflight, 1, memory_order_relaxed);
 		w->left = w->through ? 2 : 1;
 		if (w->through) {
 			if (io->op == BDEV_WRITE)

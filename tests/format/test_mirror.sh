@@ -26,6 +26,10 @@
 #    bring the target along): every write a client had acknowledged is on
 #    the target, nothing dirty; background mode the same way leaves it
 #    dirty; mirror change switches at run time;
+#  - write-blocking with a target of one connection (nbdkit, multi-conn
+#    off, writes held 0.3 s) and two iothreads: a write of the thread with
+#    no connection, landing on the source after one written through,
+#    stays dirty, and complete leaves the target equal;
 #  - the hand-over (a migration's switch-over): a virtio-blk driver
 #    (vblk-bench) writes through vhost-user while a slow background
 #    mirror runs into another vblkd's incoming NBD export; when the driver
@@ -460,6 +464,65 @@ PY
     both_stop "the write-blocking mirrors" "$tmp/wb.log" "$tmp/wbd.log"
 else
     fail "write-blocking: the two vblkds start" "$(tail -3 "$tmp/wb.log" "$tmp/wbd.log")"
+fi
+
+# ---- write-blocking, a thread with no connection to the target ----------------
+# A target without multi-conn takes one connection: in write-blocking
+# mode the second iothread's writes go to the source alone and are left
+# to the job.  nbdkit (multi-conn off, each write held 0.3 s) is such a
+# target.  Two NBD clients, one per iothread (connections are dealt round
+# the iothreads): the first writes 0xaa over 8 ranges (written through,
+# slow), the second 0xbb over the same ranges 50 ms later (source only,
+# done at once): on the source 0xbb is last.  The first's completion must
+# not clear the second's marks (regression: it did, the target kept 0xaa,
+# and complete said equal while cmp did not).
+img=$tmp/t2.raw
+rm -f "$img" "$tmp/t2d.raw"
+truncate -s 64M "$img" "$tmp/t2d.raw"
+T2=$tmp/t2.sock
+if start "$img" "$tmp/t2.log" --queues 2 --iothreads 2 &&
+    { nbdkit -f -U "$T2" --filter=multi-conn --filter=delay file "$tmp/t2d.raw" \
+        multi-conn-mode=disable wdelay=300ms >"$tmp/t2k.log" 2>&1 & qpid=$!; } &&
+    for _ in $(seq 200); do [[ -S $T2 ]] && break; sleep 0.02; done && [[ -S $T2 ]]; then
+    job=$(ctl mirror start t2 --target "nbd+unix:///?socket=$T2" --mode write-blocking | jget 'd["job"]')
+    # The job paused: its units would copy the ranges anyway.
+    if [[ -n $job ]] && wait_ready 30 && ctl job pause "$job" >/dev/null; then
+        $PY - "$(rw)" <<'PY'
+import nbd, sys, time
+h1 = nbd.NBD(); h1.connect_uri(sys.argv[1])     # iothread 0: to the target too
+h2 = nbd.NBD(); h2.connect_uri(sys.argv[1])     # iothread 1: the source alone
+offs = [i * 4 * 1048576 + 8192 for i in range(8)]
+for o in offs:
+    h1.aio_pwrite(b"\xaa" * 65536, o)
+time.sleep(0.05)
+for o in offs:
+    h2.pwrite(b"\xbb" * 65536, o)
+while h1.aio_in_flight():
+    h1.poll(-1)
+PY
+        wt=$(ctl mirror list | jget 'd["mirrors"][0]["written_through"]')
+        lj=$(ctl mirror list | jget 'd["mirrors"][0]["left_to_job"]')
+        left=$(ctl mirror list | jget 'd["mirrors"][0]["dirty_bytes"]')
+        ctl job resume "$job" >/dev/null
+        if wait_ready 30 && complete "$job" && stop; then
+            # The first client's 8 writes took the write-blocking path.
+            if ((wt + lj >= 8)) && cmp -s "$img" "$tmp/t2d.raw"; then
+                pass "write-blocking with one target connection for two iothreads: a write on the other thread that lands on the source after one written through stays dirty ($left bytes, $lj left to the job), complete leaves the target equal"
+            else
+                fail "write-blocking, two iothreads, one target connection" "$(cmp "$img" "$tmp/t2d.raw" | head -1) ($wt written through, $lj left to the job, $left bytes dirty)"
+            fi
+        else
+            fail "write-blocking, two iothreads: complete" "$(ctl mirror list 2>&1 | tr -d '\n ')"
+        fi
+    else
+        fail "write-blocking, two iothreads: ready" "job '$job', $(tail -2 "$tmp/t2.log")"
+    fi
+    [[ -n $dpid ]] && stop
+    target_down
+else
+    fail "write-blocking, two iothreads: vblkd and nbdkit start" "$(tail -n 3 "$tmp/t2.log" "$tmp/t2k.log")"
+    [[ -n $dpid ]] && stop
+    target_down
 fi
 
 # ---- yielding: a ready background mirror leaves a busy guest the thread --------

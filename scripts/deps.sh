@@ -30,8 +30,10 @@ build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libjson-c-dev lib
 # (Debian's /usr/bin/python3) for the LUKS data oracle, gdb's gcore;
 # tests/nbd: libnbd's nbdinfo and nbdcopy (libnbd-bin) as the NBD server's,
 # python3-libnbd for a client that holds a dirty bitmap's context, certtool
-# and psktool (gnutls-bin) for its TLS keys.
-format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb libnbd-bin python3 python3-libnbd gnutls-bin)
+# and psktool (gnutls-bin) for its TLS keys; test_mirror: nbdkit as a slow
+# target of one connection.
+format_pkgs=(qemu-utils cryptsetup-bin python3-cryptography gdb libnbd-bin python3 python3-libnbd
+             gnutls-bin nbdkit)
 ops_pkgs=(curl prometheus python3)
 guest_pkgs=(qemu-system-x86 qemu-utils linux-image-amd64 busybox-static fio cpio
             util-linux procps python3 libnbd-bin iproute2)

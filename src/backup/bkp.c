@@ -208,11 +208,25 @@ static uint8_t *buf_get(struct bkp_iot *w, size_t len, size_t *cap)
 	return p;
 }
 
-/* p back to w's pool, or freed when the pool is full. */
+/* p back to w's pool.  A full pool gives up its smallest buffers for a
+ * bigger one (a guest that goes from small writes to large ones would
+ * otherwise find none big enough, pass after pass); else p is freed. */
 static void buf_put(struct bkp_iot *w, uint8_t *p, size_t cap)
 {
 	if (!p)
 		return;
+	while (w->npool && (w->npool == BKP_POOL_BUFS || w->pool_bytes + cap > BKP_POOL_BYTES)) {
+		unsigned s = 0;
+
+		for (unsigned i = 1; i < w->npool; i++)
+			if (w->pool[i].cap < w->pool[s].cap)
+				s = i;
+		if (w->pool[s].cap >= cap)
+			break;
+		free(w->pool[s].p);
+		w->pool_bytes -= w->pool[s].cap;
+		w->pool[s] = w->pool[--w->npool];
+	}
 	if (w->npool < BKP_POOL_BUFS && w->pool_bytes + cap <= BKP_POOL_BYTES) {
 		w->pool[w->npool].p = p;
 		w->pool[w->npool++].cap = cap;

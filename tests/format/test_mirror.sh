@@ -55,9 +55,9 @@ trap cleanup EXIT
 pass() { echo "PASS: $1"; }
 fail() { echo "FAIL: $1${2:+: $2}"; }
 
-for t in qemu-img qemu-io qemu-nbd nbdcopy; do
+for t in qemu-img qemu-io qemu-nbd nbdcopy nbdkit; do
     command -v $t >/dev/null || {
-        echo "SKIP: mirror (no $t: scripts/deps.sh installs qemu-utils, libnbd-bin)"; exit 0; }
+        echo "SKIP: mirror (no $t: scripts/deps.sh format installs qemu-utils, libnbd-bin, nbdkit)"; exit 0; }
 done
 PY=/usr/bin/python3
 $PY -c 'import nbd' 2>/dev/null || { echo "SKIP: mirror (no python3-libnbd)"; exit 0; }

@@ -167,10 +167,19 @@ fs 8M && start && {
         grep -q 'held request.* failed with an I/O error as the ring stopped (no in-flight region' \
             "$tmp/vblkd.log" && pass held-fail-at-stop-without-region ||
             fail held-fail-at-stop-without-region "$(grep -i held "$tmp/vblkd.log")"
-        wait "$bpid" 2>/dev/null; bpid=""
+        # The new process holds what the client sent after the upgrade:
+        # resume before waiting for the client (waiting first sat out the
+        # client's 120 s stall limit).
         grow
         ctl resume >/dev/null
         wait_state running 5 && pass resumed-after-upgrade || fail resumed-after-upgrade "$(ctl status)"
+        for _ in $(seq 200); do kill -0 "$bpid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$bpid" 2>/dev/null; then
+            fail held-after-upgrade-done-at-resume "the client still waits 20 s after the resume"
+        else
+            pass held-after-upgrade-done-at-resume
+        fi
+        wait "$bpid" 2>/dev/null; bpid=""
         dpid=$newpid
     else
         fail paused-across-upgrade "not paused within 20 s"

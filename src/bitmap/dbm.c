@@ -103,8 +103,15 @@ void dbm_reset(struct dbm *b, uint64_t off, uint64_t len)
 bool dbm_extent(const struct dbm *b, uint64_t off, uint64_t max, uint64_t *len)
 {
 	uint64_t i = off >> b->gran_bits, end = off + max;
-	bool dirty = bit(b, i);
+	bool dirty;
 
+	/* Past the size (a disk grown before its bitmaps were, or whose
+	 * bitmaps could not grow): dirty, what a backup must copy. */
+	if (off >= b->size) {
+		*len = max;
+		return true;
+	}
+	dirty = bit(b, i);
 	if (end > b->size || end < off)
 		end = b->size;
 	/* Whole words of the same state go at once. */

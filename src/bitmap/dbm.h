@@ -35,9 +35,34 @@ struct dbm {
 	atomic_bool enabled;	/* marks are taken (else ignored) */
 	bool persistent;	/* kept with the image (fmt_bitmaps_store) */
 	/* NBD connections that selected it (advisory: removal is refused
-	 * while any has; they look it up by name at each use). */
+	 * while any has; they look it up by name at each use), and a
+	 * removal under way (dbm_use). */
 	_Atomic unsigned users;
+	atomic_bool removing;
 };
+
+/* A connection's use of b (an iothread), against a removal (main: sets
+ * removing, then looks at users): both sides seq_cst, so either the
+ * removal sees the user or the user sees the removal and backs out
+ * (false: b is going, not to be selected). */
+static inline bool dbm_use(struct dbm *b)
+{
+	atomic_fetch_add(&b->users, 1);
+	if (!atomic_load(&b->removing))
+		return true;
+	atomic_fetch_sub(&b->users, 1);
+	return false;
+}
+
+/* The use given back; never below 0 (a bitmap of the same name made
+ * after the one selected was dropped with the image's). */
+static inline void dbm_unuse(struct dbm *b)
+{
+	unsigned u = atomic_load(&b->users);
+
+	while (u && !atomic_compare_exchange_weak(&b->users, &u, u - 1))
+		;
+}
 
 /* A valid name: 1..DBM_NAME_MAX of [A-Za-z0-9_.-].  Any thread. */
 bool dbm_name_ok(const char *name);
@@ -98,8 +123,9 @@ void dbm_clear(struct dbm *b);
  * differ: a dst chunk is dirty if any src chunk in it is).  Sizes may
  * differ: what lies past dst's size is ignored. */
 void dbm_merge(struct dbm *dst, const struct dbm *src);
-/* The run from off (< size): *len bytes, at most max, all dirty (returns
- * true) or all clean (false), ending at a chunk boundary or the size. */
+/* The run from off: *len bytes, at most max, all dirty (returns true) or
+ * all clean (false), ending at a chunk boundary or the size.  From the
+ * size on (off >= size): max bytes, dirty. */
 bool dbm_extent(const struct dbm *b, uint64_t off, uint64_t max, uint64_t *len);
 /* A copy of b covering size (>= b's) bytes, same name, granularity,
  * state and bits (NULL: out of memory).  Marks on b meanwhile are the

@@ -54,6 +54,17 @@ static void grace(struct disk *d)
 		loop_call_sync(d->iot[i].loop, noop, NULL);
 }
 
+/* nb replaced ob in the list, the grace passed: the uses taken or given
+ * back on ob since nb was given its count (copied, ob's then) go to nb
+ * too (unsigned: a net give-back wraps to a subtraction). */
+static void carry_users(struct dbm *nb, struct dbm *ob, unsigned copied)
+{
+	unsigned now = atomic_load(&ob->users);
+
+	if (now != copied)
+		atomic_fetch_add(&nb->users, now - copied);
+}
+
 static struct disk_bitmaps *list_of(const struct disk *d)
 {
 	return atomic_load_explicit(&d->bitmaps, memory_order_acquire);
@@ -196,13 +207,20 @@ int disk_bitmap_remove(struct disk *d, const char *name, char *err, size_t errle
 
 	if (!b)
 		return -ENOENT;
+	/* dbm_use's other side: a connection selecting it now either is
+	 * counted here or backs out. */
+	atomic_store(&b->removing, true);
 	if (atomic_load(&b->users)) {
+		unsigned u = atomic_load(&b->users);
+
+		atomic_store(&b->removing, false);
 		snprintf(err, errlen, "bitmap '%s' is in use by %u NBD client%s: it goes once "
-			 "they do", name, atomic_load(&b->users), atomic_load(&b->users) == 1 ? "" : "s");
+			 "they do", name, u, u == 1 ? "" : "s");
 		return -EBUSY;
 	}
 	r = publish(d, NULL, b);
 	if (r < 0) {
+		atomic_store(&b->removing, false);
 		snprintf(err, errlen, "out of memory");
 		return r;
 	}
@@ -290,13 +308,17 @@ unsigned disk_bitmap_list(struct disk *d, struct disk_bitmap_info *out, unsigned
 int disk_bitmaps_grow(struct disk *d, uint64_t size)
 {
 	struct disk_bitmaps *old = list_of(d), *l;
-	unsigned n = old ? old->n : 0;
+	unsigned n = old ? old->n : 0, *copied;
 
 	if (!n)
 		return 0;
 	l = malloc(sizeof(*l) + n * sizeof(l->b[0]));
-	if (!l)
+	copied = calloc(n, sizeof(*copied));
+	if (!l || !copied) {
+		free(l);
+		free(copied);
 		return -ENOMEM;
+	}
 	for (unsigned i = 0; i < n; i++) {
 		l->b[i] = old->b[i]->size >= size ? old->b[i] : dbm_grow(old->b[i], size);
 		if (!l->b[i]) {
@@ -304,22 +326,31 @@ int disk_bitmaps_grow(struct disk *d, uint64_t size)
 				if (l->b[i] != old->b[i])
 					dbm_free(l->b[i]);
 			free(l);
+			free(copied);
 			return -ENOMEM;
 		}
-		atomic_store(&l->b[i]->users, atomic_load(&old->b[i]->users));
+		if (l->b[i] != old->b[i]) {
+			copied[i] = atomic_load(&old->b[i]->users);
+			atomic_store(&l->b[i]->users, copied[i]);
+		}
 	}
 	l->n = n;
 	atomic_store_explicit(&d->bitmaps, l, memory_order_release);
 	grace(d);
-	/* What was marked on the old ones before the grace, carried over. */
+	/* What was marked on the old ones before the grace, carried over;
+	 * so are the uses taken or given back on them meanwhile (none
+	 * after the grace: every lookup finds the new ones). */
 	for (unsigned i = 0; i < n; i++)
-		if (l->b[i] != old->b[i])
+		if (l->b[i] != old->b[i]) {
 			dbm_merge(l->b[i], old->b[i]);
+			carry_users(l->b[i], old->b[i], copied[i]);
+		}
 	(void)hold(d, true, NULL, 0);
 	for (unsigned i = 0; i < n; i++)
 		if (l->b[i] != old->b[i])
 			dbm_free(old->b[i]);
 	free(old);
+	free(copied);
 	return 0;
 }
 
@@ -363,6 +394,7 @@ static int adopt(struct disk *d, struct dbm **v, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++) {
 		struct dbm *old = disk_bitmap_find(d, v[i]->name);
+		unsigned copied = 0;
 		int r;
 
 		if (old && !old->persistent) {
@@ -371,13 +403,17 @@ static int adopt(struct disk *d, struct dbm **v, unsigned n)
 			dbm_free(v[i]);
 			continue;
 		}
-		if (old)
-			atomic_store(&v[i]->users, atomic_load(&old->users));
+		if (old) {
+			copied = atomic_load(&old->users);
+			atomic_store(&v[i]->users, copied);
+		}
 		if ((r = publish(d, v[i], old)) < 0) {
 			while (i < n)
 				dbm_free(v[i++]);
 			return r;
 		}
+		if (old)
+			carry_users(v[i], old, copied);	/* after publish's grace */
 		(void)hold(d, false, NULL, 0);
 		dbm_free(old);
 		BM_CALL(d, (fmt_bitmaps_taken(bmt, v[i]->name), 0));

@@ -154,6 +154,7 @@ struct nbds_conn {
 	unsigned npool;
 	size_t pool_bytes;
 	struct out *oq, **oq_tail;
+	unsigned noq;			/* outs on oq (NBDS_MAX_QUEUED) */
 	size_t oq_off;			/* bytes of oq's head sent */
 	bool want_out;			/* EPOLLOUT: the socket was full */
 	/* Main thread. */
@@ -184,6 +185,7 @@ static void conn_queue(struct nbds_conn *c, struct out *o)
 	o->next = NULL;
 	*c->oq_tail = o;
 	c->oq_tail = &o->next;
+	c->noq++;
 	loop_bh_schedule(c->flush_bh);
 }
 
@@ -248,6 +250,7 @@ static void conn_drop_output(struct nbds_conn *c)
 		o->done(o);
 	}
 	c->oq_tail = &c->oq;
+	c->noq = 0;
 	c->oq_off = 0;
 	c->tls_staged = 0;
 }
@@ -265,6 +268,7 @@ static void conn_retire(struct nbds_conn *c)
 			break;
 		c->oq_off -= len;
 		c->oq = o->next;
+		c->noq--;
 		c->held -= o->held;
 		o->done(o);
 	}
@@ -580,10 +584,24 @@ static void req_done(struct bdev_io *io, int res)
 }
 
 /* A request to the disk, or a read to the export's view (nbds_source). */
+static void req_answer(struct nbds_conn *c, struct nbds_req *r, uint32_t err);
+static bool conn_refuses_writes(struct nbds_conn *c);
+
+/* Every request reaches the disk here: at once, or later (parked by
+ * QoS or yielding, held by the error policy).  An incoming export's
+ * writes are refused again here: one whose header came before the
+ * guest's rings started may reach this after (its payload still
+ * coming, or parked), and the disk is the guest's then. */
 static void conn_submit(struct nbds_conn *c, struct nbds_req *r)
 {
 	const struct nbds_source *src = c->ex->o.src;
 
+	if (unlikely(c->ex->o.incoming) && r->io.op != BDEV_READ && r->io.op != BDEV_FLUSH &&
+	    conn_refuses_writes(c)) {
+		c->inflight--;
+		req_answer(c, r, NBD_EPERM);
+		return;
+	}
 	if (c->ys)
 		c->ys->out++;
 	if (unlikely(src != NULL) && r->io.op == BDEV_READ)
@@ -1248,7 +1266,7 @@ static void meta_reset(struct nbds_conn *c)
 		struct dbm *b = conn_bitmap(c, c->meta_bitmap);
 
 		if (b)
-			atomic_fetch_sub(&b->users, 1);
+			dbm_unuse(b);
 	}
 	c->meta_base = c->meta_depth = c->meta_dirty = false;
 }
@@ -1366,6 +1384,11 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 			opt_error(c, NBD_REP_ERR_INVALID, "malformed meta context query");
 			return;
 		}
+		/* "Strings" in the spec's conventions: no NUL inside. */
+		if (memchr(d + pos + 4, 0, ql)) {
+			opt_error(c, NBD_REP_ERR_INVALID, "a meta context query holds a NUL byte");
+			return;
+		}
 		meta_match(c, d + pos + 4, ql, !set, &base, &depth, &all_bitmaps, bitmap);
 		pos += 4 + ql;
 	}
@@ -1379,6 +1402,14 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 	}
 	if (!set && nq == 0)
 		base = depth = all_bitmaps = true;
+	/* The bitmap selected is taken now, once: a removal meanwhile
+	 * (main thread) leaves it unselected, never a stale pointer. */
+	if (set && bitmap[0]) {
+		struct dbm *b = conn_bitmap(c, bitmap);
+
+		if (!b || !dbm_use(b))
+			bitmap[0] = 0;
+	}
 	/* IDs: 0 in a list (the spec's SHOULD), ours in a selection. */
 	if (base)
 		meta_reply(c, set ? NBDS_META_BASE_ID : 0, "base:allocation", "");
@@ -1400,9 +1431,6 @@ static void opt_meta(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 		c->meta_base = base;
 		c->meta_depth = depth;
 		if (bitmap[0]) {
-			struct dbm *b = conn_bitmap(c, bitmap);
-
-			atomic_fetch_add(&b->users, 1);
 			strcpy(c->meta_bitmap, bitmap);
 			c->meta_dirty = true;
 		}
@@ -1503,7 +1531,8 @@ static void conn_option(struct nbds_conn *c, const uint8_t *d, uint32_t len)
 static bool conn_can_read(const struct nbds_conn *c)
 {
 	return (!c->tls || c->tls_up) && !c->closing && !c->broken && c->inflight < NBDS_MAX_INFLIGHT &&
-	       c->held < NBDS_MAX_HELD && !c->thr_head && !c->held_head && !disk_paused(c->disk);
+	       c->held < NBDS_MAX_HELD && c->noq < NBDS_MAX_QUEUED && !c->thr_head &&
+	       !c->held_head && !disk_paused(c->disk);
 }
 
 static void conn_fail(struct nbds_conn *c, const char *why)
@@ -2002,6 +2031,11 @@ static void conn_finish(struct nbds_conn *c)
 
 static void conn_maybe_finish(struct nbds_conn *c)
 {
+	/* A broken socket ends the connection as a close does: its
+	 * epoll handle is gone (conn_update_events), so nothing but this
+	 * would ever finish it (its fd, its max-conn slot, its claim). */
+	if (c->broken)
+		c->closing = true;
 	if (c->finished || !c->closing || c->inflight)
 		return;
 	if (c->oq && !c->broken)

@@ -25,6 +25,12 @@
  * not the server. */
 #define NBDS_MAX_INFLIGHT	128u
 #define NBDS_MAX_HELD		(64u << 20)
+/* Replies queued and not yet taken by the socket: past this many it
+ * stops reading too.  The held bound counts only the data of reads and
+ * writes; this one bounds the rest (errors, block status, option
+ * replies), each a few KiB at most, which a client that sends and never
+ * reads would otherwise pile up without end. */
+#define NBDS_MAX_QUEUED		256u
 #define NBDS_INBUF		(64u << 10)
 #define NBDS_OPT_MAX		(64u << 10)
 /* A client that has not finished its handshake by then is dropped

@@ -438,9 +438,24 @@ if start "$img" "$tmp/wb.log" --socket "$SV" && dst_start "$tmp/wbd.raw" "$tmp/w
         # more writes (a client connected before: EPERM; one connecting
         # after: a read-only export); reads go on.
         $PY - "nbd+unix:///?socket=$DS" "$BUILD/vblk-bench" "$DV" >"$tmp/inc.out" 2>&1 <<'PY'
-import nbd, subprocess, sys
+import nbd, socket, struct, subprocess, sys
 h = nbd.NBD(); h.connect_uri(sys.argv[1])
 h.pwrite(b"\x55" * 65536, 1 << 20)          # before: taken
+# A raw client's 1 MiB write at 32 MiB: its header and half its payload
+# before the rings start, the rest after (EPERM, nothing written).
+def recvn(s, n):
+    b = b""
+    while len(b) < n:
+        d = s.recv(n - len(b)); assert d; b += d
+    return b
+raw = socket.socket(socket.AF_UNIX); raw.connect(sys.argv[1].split("socket=")[1])
+recvn(raw, 18); raw.sendall(struct.pack(">I", 1))
+raw.sendall(struct.pack(">QIIIH", 0x49484156454F5054, 7, 6, 0, 0))
+while True:
+    _, _, typ, ln = struct.unpack(">QIII", recvn(raw, 20)); recvn(raw, ln)
+    if typ == 1:
+        break
+raw.sendall(struct.pack(">IHHQQI", 0x25609513, 0, 1, 7, 32 << 20, 1 << 20) + b"\x77" * (512 << 10))
 subprocess.run([sys.argv[2], "--socket", sys.argv[3], "--rw", "randread", "--runtime", "1",
                 "--ramp", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
 try:
@@ -448,13 +463,16 @@ try:
     print("write taken after the rings started")
 except nbd.Error as e:
     print("refused", "Operation not permitted" in e.string)
+raw.sendall(b"\x77" * (512 << 10))
+_, err, _ = struct.unpack(">IIQ", recvn(raw, 16))
+print("split write", err, h.pread(4096, 32 << 20) != b"\x77" * 4096)
 assert h.pread(65536, 1 << 20) == b"\x55" * 65536
 h2 = nbd.NBD(); h2.connect_uri(sys.argv[1])
 print("new read-only", h2.is_read_only() == 1)
 PY
-        if [[ $(cat "$tmp/inc.out") == $'refused True\nnew read-only True' ]] &&
+        if [[ $(cat "$tmp/inc.out") == $'refused True\nsplit write 1 True\nnew read-only True' ]] &&
             grep -q "(incoming): the guest's rings started here: writes refused" "$tmp/wbd.log"; then
-            pass "the destination's rings started: its incoming export refuses writes (EPERM to a client already there, read-only to a new one, one log line), reads go on"
+            pass "the destination's rings started: its incoming export refuses writes (EPERM to a client already there, also to a write whose payload was still coming, read-only to a new one, one log line), reads go on"
         else
             fail "incoming export after the rings started" "$(cat "$tmp/inc.out"); $(grep incoming "$tmp/wbd.log" | tail -1)"
         fi

@@ -502,6 +502,83 @@ def never_reads_replies():
         "RSS grew %d KiB, %d of %d request bytes taken" % (grown, sent, len(req))
 
 
+def flood_unread(s, req, seconds=3):
+    """Send req's bytes for a few seconds without reading a reply: (RSS
+    growth in KiB, bytes the server took)."""
+    before = rss_kib()
+    s.setblocking(False)
+    sent, deadline = 0, time.time() + seconds
+    while sent < len(req) and time.time() < deadline:
+        try:
+            sent += s.send(req[sent:])
+        except BlockingIOError:
+            time.sleep(0.05)
+    time.sleep(0.3)
+    return rss_kib() - before, sent
+
+
+def never_reads_small_replies():
+    # Replies with no data (errors, block status) and option replies,
+    # never read: the server stops taking requests, not piles them up.
+    out = []
+    s = connect()
+    go(s)
+    bad = b"".join(struct.pack(">IHHQQI", REQ_MAGIC, 0, 42, i, 0, 4096) for i in range(400000))
+    out.append(("unknown command",) + flood_unread(s, bad) + (len(bad),))
+    s.close()
+    s = connect()
+    option(s, OPT_STRUCTURED)
+    assert opt_reply(s)[1] == REP_ACK
+    set_meta(s, b"base:allocation", b"qemu:allocation-depth")
+    option(s, OPT_GO, struct.pack(">I", 0) + struct.pack(">H", 0))
+    while opt_reply(s)[1] != REP_ACK:
+        pass
+    bs = b"".join(struct.pack(">IHHQQI", REQ_MAGIC, 0, CMD_BLOCK_STATUS, i, 0, 1 << 20)
+                  for i in range(200000))
+    out.append(("block status",) + flood_unread(s, bs) + (len(bs),))
+    s.close()
+    s = connect()
+    lst = struct.pack(">QII", IHAVEOPT, OPT_LIST, 0) * 400000
+    out.append(("NBD_OPT_LIST",) + flood_unread(s, lst) + (len(lst),))
+    s.close()
+    good = all(g < 64 * 1024 and sent < n for _, g, sent, n in out)
+    return good, "; ".join("%s: RSS grew %d KiB, %d of %d bytes taken" % x for x in out)
+
+
+def hang_up_while_replies_go():
+    # A client that closes while its replies are being written: the
+    # server's send fails (EPIPE); the connection must still end (this
+    # export allows 4: eight such, then the good client is served).
+    # Reads complete from the disk (their replies go out from the
+    # completion's pass, not from a socket event) and unknown commands
+    # are answered at once: the close meets both kinds of send.
+    mix = b"".join(struct.pack(">IHHQQI", REQ_MAGIC, 0, CMD_READ if i % 2 else 42, i,
+                               (i % 60) << 16, 65536) for i in range(20000))
+    for k in range(8):
+        s = connect()
+        go(s)
+        s.setblocking(False)
+        sent, deadline = 0, time.time() + 0.05 * (1 + k % 4)
+        while sent < len(mix) and time.time() < deadline:
+            try:
+                sent += s.send(mix[sent:])
+            except BlockingIOError:
+                time.sleep(0.005)
+        s.close()
+    time.sleep(0.5)
+    return True, ""
+
+
+def meta_query_with_nul():
+    s = connect()
+    option(s, OPT_STRUCTURED)
+    assert opt_reply(s)[1] == REP_ACK
+    q = b"base:allocation\0junk"
+    option(s, OPT_SET_META, struct.pack(">II", 0, 1) + struct.pack(">I", len(q)) + q)
+    _, typ, _ = opt_reply(s)
+    return typ == REP_ERR_INVALID, "reply %x" % typ
+
+
 def max_conn_refused():
     held = [connect() for _ in range(3)]
     for h in held:
@@ -598,6 +675,9 @@ scenario("nbd-fast-zero-enotsup-nothing-written", tx(fast_zero))
 scenario("nbd-zero-length-read-write-ok", tx(zero_length))
 scenario("nbd-half-close-answered-then-closed", tx(half_close))
 scenario("nbd-client-never-reads-memory-bounded", never_reads_replies)
+scenario("nbd-client-never-reads-small-replies-memory-bounded", never_reads_small_replies)
+scenario("nbd-client-hangs-up-while-replies-go-connection-ends", hang_up_while_replies_go)
+scenario("nbd-meta-query-with-nul-invalid", meta_query_with_nul)
 
 time.sleep(max(0, 11 - (time.time() - t_stall)))
 ok("nbd-handshake-stall-dropped-after-10s", closed(stall, within=3), "still connected")

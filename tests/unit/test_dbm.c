@@ -112,6 +112,12 @@ static void test_extents(void)
 	ASSERT_EQ(len, 64 * K);			/* capped by max */
 	ASSERT_TRUE(!dbm_extent(b, 10 * K, UINT64_MAX, &len));
 	ASSERT_EQ(len, 1 * M - 10 * K);	/* from mid-chunk to the next run */
+	/* Past the size (a disk grown before its bitmaps): dirty, never a
+	 * read past the words or a run of 0 bytes. */
+	ASSERT_TRUE(dbm_extent(b, 8 * M, 64 * K, &len));
+	ASSERT_EQ(len, 64 * K);
+	ASSERT_TRUE(dbm_extent(b, 1ull << 50, 4 * K, &len));
+	ASSERT_EQ(len, 4 * K);
 	dbm_free(b);
 }
 

@@ -296,6 +296,22 @@ static void blk_dwz_done(struct bdev_io *io, int res)
 	blk_dwz_next(r);
 }
 
+/* A write sent later than it was taken (parked by QoS, held by the
+ * error policy) is marked again as it goes: a backup that started and
+ * finished meanwhile cleared its bitmap and kept only the marks made
+ * since its instant (backup/bkp.h), and this write reaches the disk
+ * after that instant.  A discard or write zeroes is marked segment by
+ * segment as it goes (blk_dwz_next).  False: it was failed (the marks
+ * could not be written ahead). */
+bool blk__remark(struct blk_queue *q, struct blk_req *r)
+{
+	if (r->io.op != BDEV_WRITE ||
+	    likely(disk_dirty(q->dev->disk, r->io.offset, r->bytes) == 0))
+		return true;
+	r->io.cb(&r->io, -EIO);
+	return false;
+}
+
 void blk__resubmit(struct blk_queue *q, struct blk_req *r)
 {
 	if (r->io.op == BDEV_DISCARD || r->io.op == BDEV_WRITE_ZEROES) {
@@ -304,7 +320,8 @@ void blk__resubmit(struct blk_queue *q, struct blk_req *r)
 		return;
 	}
 	/* bdev_complete left io as it was submitted (offset, iovecs, op). */
-	disk_submit(q->dev->disk, q->t->dt, &r->io);
+	if (blk__remark(q, r))
+		disk_submit(q->dev->disk, q->t->dt, &r->io);
 }
 
 static void blk_dwz_next(struct blk_req *r)

@@ -206,6 +206,7 @@ extern const struct loop_poll_ops blk__poll_ops;
 void blk__queue_process(struct blk_queue *q);
 /* Submit a held request again, as it was first submitted. */
 void blk__resubmit(struct blk_queue *q, struct blk_req *r);
+bool blk__remark(struct blk_queue *q, struct blk_req *r);
 /* Complete a request with a status byte (and account for it). */
 void blk__req_complete(struct blk_req *r, uint8_t status);
 /* Let a request go without completing it (it stays in flight in the

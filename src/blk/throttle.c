@@ -40,7 +40,7 @@ static void go(struct blk_queue *q, struct blk_req *r)
 {
 	if (r->io.op == BDEV_DISCARD || r->io.op == BDEV_WRITE_ZEROES)
 		blk__dwz_next(r);
-	else
+	else if (blk__remark(q, r))
 		disk_submit(q->dev->disk, q->t->dt, &r->io);
 }
 

@@ -701,6 +701,15 @@ static void conn_unthrottle(struct nbds_conn *c, bool over)
 		c->thr_head = r->thr_next;
 		if (!c->thr_head)
 			c->thr_tail = &c->thr_head;
+		/* Marked again as it goes, as blk__remark says why (a held
+		 * request is, by req_submit). */
+		if (r->io.op != BDEV_READ && r->io.op != BDEV_FLUSH &&
+		    unlikely(disk_dirty(c->disk, r->offset, r->length) < 0)) {
+			if (c->ys)
+				c->ys->out++;	/* req_done counts it back */
+			r->io.cb(&r->io, -EIO);
+			continue;
+		}
 		conn_submit(c, r);
 	}
 	if (over) {

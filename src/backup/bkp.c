@@ -800,10 +800,32 @@ static void job_progress(void *priv, uint64_t *done, uint64_t *total)
 	*total = k->size;
 }
 
+static void teardown(struct bkp *k, bool finish);
+
+/* k's job concluded without backup finish/abort (job cancel, a failure):
+ * torn down as an abort.  Main thread. */
+static void reap_one(struct bkp *k)
+{
+	teardown(k, false);
+	log_info("backup %s ended (its job concluded): aborted, its bitmap as it was", k->name);
+}
+
+/* The job's free op (job dismiss, the job list's trim, vblkd's exit):
+ * main thread.  A backup whose job concluded without main (job cancel, a
+ * failure) and was dismissed before set_reap saw it is torn down first;
+ * then it leaves its set's list, which find, set_reap, bkp_list and
+ * bkp_set_free walk (k->set NULL: the set is gone, vblkd exits). */
 static void bkp_free(void *priv)
 {
 	struct bkp *k = priv;
 
+	if (!k->done)
+		reap_one(k);
+	for (struct bkp **p = k->set ? &k->set->list : NULL; p && *p; p = &(*p)->next)
+		if (*p == k) {
+			*p = k->next;
+			break;
+		}
 	pthread_mutex_destroy(&k->lock);
 	free(k);
 }
@@ -1181,11 +1203,8 @@ static void set_reap(void *opaque, uint32_t events)
 
 	sys_eventfd_drain(s->efd);
 	for (struct bkp *k = s->list; k; k = k->next)
-		if (!k->done && atomic_load(&k->ended) && !k->by_main) {
-			teardown(k, false);
-			log_info("backup %s ended (its job concluded): aborted, its bitmap as "
-				 "it was", k->name);
-		}
+		if (!k->done && atomic_load(&k->ended) && !k->by_main)
+			reap_one(k);
 }
 
 unsigned bkp_list(struct bkp_set *s, struct bkp_info *out, unsigned max)
@@ -1260,7 +1279,10 @@ void bkp_set_free(struct bkp_set *s)
 
 			(void)bkp_finish(s, k->name, true, err, sizeof(err));
 		}
-	/* The structs are the jobs' (freed with them, job_free_all). */
+	/* The structs are the jobs' (freed with them, job_free_all): they
+	 * outlive the set. */
+	for (struct bkp *k = s->list; k; k = k->next)
+		k->set = NULL;
 	loop_fd_del(s->main_loop, s->h);
 	close(s->efd);
 	free(s);

@@ -227,6 +227,44 @@ else
     fail "vblkd starts" "$(tail -3 "$tmp/r.log")"
 fi
 
+# ---- The backup's job: dismissed, cancelled, completed ------------------------------
+# A backup's struct is its job's: job dismiss (or the job list's trim of
+# old concluded jobs) frees it, and it leaves backup list with it (before,
+# it stayed listed, freed: a use-after-free at the next backup list or
+# start).  A job cancelled and dismissed at once is torn down (view,
+# bitmap use, claim) whether main reaped it first or not.
+img=$tmp/life.raw
+truncate -s 64M "$img"
+qemu-io -f raw -c 'write -P 0x51 0 8M' "$img" >/dev/null
+if start "$img" "$tmp/life.log"; then
+    ok=1 why=""
+    ctl bitmap add B >/dev/null
+    nbackups() { ctl backup list | jget 'len(d["backups"])'; }
+    job=$(ctl backup start b --nbd "unix:$VIEW" | jget 'd["job"]') &&
+        ctl backup finish b >/dev/null && ctl job dismiss "$job" >/dev/null &&
+        [[ $(nbackups) == 0 ]] && ctl backup start b --nbd "unix:$VIEW" >/dev/null &&
+        ctl backup finish b >/dev/null || { ok=0; why="dismiss after finish"; }
+    for i in $(seq 10); do
+        ctl backup start "c$i" --nbd "unix:$VIEW" --bitmap B >/dev/null &&
+            ctl backup finish "c$i" >/dev/null || { ok=0; why="cycle $i"; }
+    done
+    [[ $(nbackups) == 0 ]] || { ok=0; why="$why; listed after 10 cycles"; }
+    job=$(ctl backup start d --nbd "unix:$VIEW" --bitmap B | jget 'd["job"]') &&
+        ctl job cancel "$job" >/dev/null && ctl job dismiss "$job" >/dev/null &&
+        [[ $(nbackups) == 0 && ! -e $VIEW ]] &&
+        [[ $(ctl bitmap list | jget 'd["bitmaps"][0]["in_use"]') == False ]] &&
+        ctl backup start e --nbd "unix:$VIEW" >/dev/null && ctl backup abort e >/dev/null ||
+        { ok=0; why="$why; cancel and dismiss"; }
+    if ((ok)) && kill -0 "$dpid" 2>/dev/null; then
+        pass "a dismissed backup job leaves backup list: dismiss after finish, 10 start/finish cycles (the job list's trim), cancel and dismiss at once; backups start again"
+    else
+        fail "a dismissed backup job" "$why"
+    fi
+    stop || fail "vblkd exits cleanly after the dismissed jobs" "$(tail -2 "$tmp/life.log")"
+else
+    fail "vblkd starts (life)" "$(tail -3 "$tmp/life.log")"
+fi
+
 # ---- Two iothreads, writers racing for the same chunks ----------------------------
 # Writes from two connections (two iothreads) land on the same 64 KiB chunks
 # at once: one copies, the other waits for it (write_waits), woken from the

@@ -1070,6 +1070,14 @@ int bkp_start(struct bkp_set *s, const struct bkp_start_opts *o, char *id, size_
 	}
 	for (unsigned i = 0; i < k->niot; i++)
 		k->iot[i] = (struct bkp_iot){ .k = k, .t = &d->iot[i], .efd = -1 };
+	/* The view reads the disk: it is held for the backup's life.  Before
+	 * the bitmap is looked up: the disk's first claim may load the
+	 * image's bitmaps again (disk__bitmaps_claimed: another process
+	 * stored some since), which replaces or drops ours of the same name. */
+	r = disk_claim(d, BDEV_LOCK_WAIT_MS, err, errlen);
+	if (r < 0)
+		goto fail;
+	k->claimed = true;
 	if (o->bitmap && !(k->live = disk_bitmap_find(d, o->bitmap))) {
 		snprintf(err, errlen, "no bitmap '%.80s' (vblkctl bitmap list shows them)",
 			 o->bitmap);
@@ -1095,11 +1103,6 @@ int bkp_start(struct bkp_set *s, const struct bkp_start_opts *o, char *id, size_
 			goto fail;
 		}
 	}
-	/* The view reads the disk: it is held for the backup's life. */
-	r = disk_claim(d, BDEV_LOCK_WAIT_MS, err, errlen);
-	if (r < 0)
-		goto fail;
-	k->claimed = true;
 	atomic_store(&k->rate, o->rate);
 	atomic_store(&k->yield, !o->no_yield);
 	r = job_new(&bkp_job_ops, d, d->iot[0].loop, o->rate, JOB_ERR_REPORT, k, &k->job, err,

@@ -265,6 +265,35 @@ else
     fail "vblkd starts (life)" "$(tail -3 "$tmp/life.log")"
 fi
 
+# ---- The bitmap looked up after the claim ----------------------------------------
+# With no client, the disk is not claimed; backup start's claim is then
+# the first, and another process's bitmaps stored in the image since are
+# loaded again (ours of the same name replaced).  The backup takes the
+# bitmap after that (before, it held the replaced one, freed: ASan's
+# heap-use-after-free).
+img=$tmp/reload.qcow2
+qemu-img create -q -f qcow2 "$img" 64M
+if start "$img" "$tmp/reload.log"; then
+    ok=1
+    ctl bitmap add B --persistent >/dev/null || ok=0
+    # A client's write: B marked, stored at the release.
+    qemu-io -f raw -c 'write -P 0x61 4M 64k' "$(rw)" >/dev/null || ok=0
+    qemu-img bitmap --add "$img" C || ok=0
+    ctl backup start x --nbd "unix:$VIEW" --bitmap B >/dev/null || ok=0
+    dirty=$(nbdinfo --map=qemu:dirty-bitmap:B "$(view x)" 2>/dev/null |
+        awk '$3 == 1 { s += $2 } END { print s + 0 }')
+    ctl backup finish x >/dev/null || ok=0
+    names=$(ctl bitmap list | jget '" ".join(sorted(b["name"] for b in d["bitmaps"]))')
+    stop || ok=0
+    if ((ok)) && [[ $dirty == 65536 && $names == "B C" ]]; then
+        pass "backup start's claim loads the image's bitmaps again (another process added one): the backup takes B as loaded (its 64 KiB dirty in the view), nothing freed under it"
+    else
+        fail "the bitmap after the claim" "ok $ok, view's B $dirty dirty, bitmaps '$names', $(grep -m1 ERROR "$tmp/reload.log")"
+    fi
+else
+    fail "vblkd starts (reload)" "$(tail -3 "$tmp/reload.log")"
+fi
+
 # ---- Two iothreads, writers racing for the same chunks ----------------------------
 # Writes from two connections (two iothreads) land on the same 64 KiB chunks
 # at once: one copies, the other waits for it (write_waits), woken from the

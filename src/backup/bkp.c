@@ -117,6 +117,7 @@ struct bkp {
 	struct disk *d;
 	char name[BKP_NAME_MAX + 1];
 	char addr[200];
+	char owner[2 * BKP_NAME_MAX + 64];	/* src.owner: nbd remove's refusal */
 	struct job *job;
 	char job_id[32];
 	uint64_t size, nchunks;
@@ -1137,7 +1138,9 @@ int bkp_start(struct bkp_set *s, const struct bkp_start_opts *o, char *id, size_
 
 	k->src = (struct nbds_source){ .read = view_read, .block_status = view_status,
 				       .served = view_served, .busy = view_busy,
-				       .bitmap = k->frozen, .opaque = k };
+				       .bitmap = k->frozen, .owner = k->owner, .opaque = k };
+	snprintf(k->owner, sizeof(k->owner), "backup %s's view: use vblkctl backup finish/abort %s",
+		 k->name, k->name);
 	eo.src = &k->src;
 	eo.read_only = true;
 	r = nbds_add(s->srv, &eo, err, errlen);

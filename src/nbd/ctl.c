@@ -35,16 +35,23 @@ int nbds_ctl_add(void *opaque, struct json_object *req, struct json_object *repl
 	return 0;
 }
 
-/* {"cmd": "nbd-remove", "name": NAME} */
+/* {"cmd": "nbd-remove", "name": NAME}; an export with an owner (a
+ * backup's view) is refused: its owner removes it. */
 int nbds_ctl_remove(void *opaque, struct json_object *req, struct json_object *reply, char *err,
 		    size_t errlen)
 {
 	struct json_object *v;
+	const char *owner;
 
 	if (!json_object_object_get_ex(req, "name", &v) || !json_object_is_type(v, json_type_string)) {
 		snprintf(err, errlen, "nbd-remove needs \"name\": the export's name (\"\" for the "
 			 "default one)");
 		return -EINVAL;
+	}
+	owner = nbds_export_owner(opaque, json_object_get_string(v));
+	if (owner) {
+		snprintf(err, errlen, "NBD export '%s' is %s", json_object_get_string(v), owner);
+		return -EBUSY;
 	}
 	if (nbds_remove(opaque, json_object_get_string(v)) < 0) {
 		snprintf(err, errlen, "no NBD export named '%s' (vblkctl nbd list shows them)",

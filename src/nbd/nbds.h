@@ -53,6 +53,12 @@ struct nbds_source {
 	 * so, the source's connections on t yield: each takes at most a
 	 * quarter of t's time (conn.c, "Yielding"). */
 	bool (*busy)(void *opaque, struct disk_iothread *t);
+	/* What made the export, and how it goes: vblkctl nbd remove refuses
+	 * it with this ("backup X's view: use vblkctl backup finish/abort
+	 * X").  Only its maker removes it: a source may hold reads the
+	 * server does not see (a backup's rate), which must go before the
+	 * connections are freed.  Lives as long as the source. */
+	const char *owner;
 	void *opaque;
 };
 
@@ -97,6 +103,9 @@ int nbds_add(struct nbds *s, const struct nbds_export_opts *o, char *err, size_t
 /* Stop the export named name: its listener closes, its clients are
  * disconnected after their requests complete.  0, or -ENOENT. */
 int nbds_remove(struct nbds *s, const char *name);
+/* The owner of the export named name's source (nbds_source.owner), or
+ * NULL: no such export, or one anyone may remove. */
+const char *nbds_export_owner(struct nbds *s, const char *name);
 
 struct nbds_export_info {
 	const char *name, *addr;

@@ -404,6 +404,14 @@ int nbds_remove(struct nbds *s, const char *name)
 	return 0;
 }
 
+const char *nbds_export_owner(struct nbds *s, const char *name)
+{
+	for (struct nbds_export *ex = s->exports; ex; ex = ex->next)
+		if (!strcmp(ex->o.name, name))
+			return ex->o.src ? ex->o.src->owner : NULL;
+	return NULL;
+}
+
 unsigned nbds_list(struct nbds *s, struct nbds_export_info *out, unsigned max)
 {
 	unsigned n = 0;

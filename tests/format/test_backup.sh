@@ -188,12 +188,16 @@ if start "$img" "$tmp/r.log"; then
     ctl backup start one --nbd "unix:$VIEW" >/dev/null || ok=0
     check_refused "a second backup" "runs already" -- backup start two --nbd "unix:$tmp/v2.sock"
     check_refused "resize during a backup" "backup" -- resize 128M
+    # Its view's reads may be held by the backup's rate, which the NBD
+    # server does not see: only the backup removes its export.
+    check_refused "nbd remove of the view" \
+        "NBD export 'one' is backup one's view: use vblkctl backup finish/abort one" -- nbd remove one
     ctl backup abort one >/dev/null || ok=0
     left=$(ctl nbd list | jget 'len(d["exports"])')
     if ((ok)) && [[ $left == 1 && ! -e $VIEW && ! -e $tmp/v2.sock ]] &&
         [[ -z $(ls -A "$tmp" | grep -i vblkd-backup) ]] &&
         [[ $(ctl bitmap list | jget 'd["bitmaps"][0]["in_use"]') == False ]]; then
-        pass "backup start refuses no --nbd, an unknown bitmap, a scratch that is not a directory, a bad name or address, a second backup, a resize: one line each, nothing left behind"
+        pass "backup start refuses no --nbd, an unknown bitmap, a scratch that is not a directory, a bad name or address, a second backup, a resize, nbd remove of the view: one line each, nothing left behind"
     else
         fail "backup refusals" "exports $left"
     fi
@@ -363,15 +367,19 @@ if start "$img" "$tmp/rate.log" --iothreads 2 --queues 2; then
     # go, the export closes, nothing hangs.
     ( nbdcopy "$(view paced)" "$tmp/rate-view2" 2>/dev/null ) & cp=$!
     sleep 0.5
+    # nbd remove of the view while reads are held: refused (it freed the
+    # connections under the held reads before).
+    rmo=$(ctl nbd remove paced 2>&1) && rmo="accepted"
     t1=$SECONDS
     ctl backup finish paced >/dev/null; frc=$?
     wait $cp
     if ((rc == 0 && frc == 0 && paced > 0 && jrate == 33554432 && nrate == 1048576)) &&
+        [[ $rmo == *"is backup paced's view: use vblkctl backup finish/abort paced"* ]] &&
         $PY -c "import sys; sys.exit(float(sys.argv[1]) < 1.0)" "$el" && ((SECONDS - t1 < 10)) &&
         cmp -s "$tmp/rate-view" "$tmp/rate-ref"; then
-        pass "backup --rate 32M: the 64 MiB view pulled in ${el} s by nbdcopy's connections ($paced reads held), still the instant; job set-rate changes it; finish with reads held returns"
+        pass "backup --rate 32M: the 64 MiB view pulled in ${el} s by nbdcopy's connections ($paced reads held), still the instant; job set-rate changes it; nbd remove of the view refused, finish with reads held returns"
     else
-        fail "the view's rate" "rc $rc/$frc, ${el} s, paced $paced, job rate $jrate, new rate $nrate, $(cmp "$tmp/rate-view" "$tmp/rate-ref" | head -1)"
+        fail "the view's rate" "rc $rc/$frc, ${el} s, paced $paced, job rate $jrate, new rate $nrate, nbd remove '$rmo', $(cmp "$tmp/rate-view" "$tmp/rate-ref" | head -1)"
     fi
     stop || fail "vblkd exits cleanly after the paced backup" "$(tail -2 "$tmp/rate.log")"
 else

@@ -62,6 +62,11 @@ enum { CH_LIVE, CH_COPYING, CH_SAVED, CH_SAVED_ZERO };
 #define CH_HOLE		(1u << 2)
 #define CH_ZERO		(1u << 3)
 #define CH_DEPTH_SHIFT	4	/* 0..15 */
+/* A run whose status is not known (not asked: not cheap; or the format
+ * failed to say): data in the image itself, depth 1, as a raw or LUKS
+ * disk's data always is.  Not depth 0, which says no layer has it and it
+ * reads as zeroes (format.h), nor a hole. */
+#define CH_DATA		(1u << CH_DEPTH_SHIFT)
 
 struct bkp;
 
@@ -269,7 +274,7 @@ static unsigned run_status(struct bkp *k, uint64_t off, uint64_t len)
 		struct fmt_extent e;
 
 		if (fmt_block_status(k->d->b, off, len, &e) < 0)
-			return 0;	/* data, depth unknown: the safe answer */
+			return CH_DATA;	/* unknown: data, what loses nothing */
 		if (!(e.flags & FMT_EXT_HOLE))
 			hole = 0;
 		if (!(e.flags & FMT_EXT_ZERO))
@@ -347,7 +352,7 @@ static void run_copy(struct cbw_op *op)
 	 * all data: 7 ms for 1 GiB, per copy).  Only where it costs nothing
 	 * (qcow2); else the data is read, and a run of zeroes is still
 	 * kept as zeroes (run_saved). */
-	op->ext_bits = fmt_block_status_cheap(k->d->b) ? run_status(k, off, len) : 0;
+	op->ext_bits = fmt_block_status_cheap(k->d->b) ? run_status(k, off, len) : CH_DATA;
 	if (op->ext_bits & CH_ZERO) {
 		/* Zeroes at the instant: nothing to keep but that. */
 		op->zero_run = true;

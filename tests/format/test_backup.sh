@@ -298,6 +298,33 @@ else
     fail "vblkd starts (reload)" "$(tail -3 "$tmp/reload.log")"
 fi
 
+# ---- The status of chunks kept on a raw disk --------------------------------------
+# A raw disk's status is not asked before a copy (not cheap: lseek); a
+# chunk kept then is data of the image itself, depth 1, as it was (before,
+# depth 0: "no layer has it, reads as zeroes").
+img=$tmp/depth.raw
+truncate -s 64M "$img"
+qemu-io -f raw -c 'write -P 0x71 0 16M' "$img" >/dev/null
+if start "$img" "$tmp/depth.log"; then
+    ctl backup start dv --nbd "unix:$VIEW" >/dev/null
+    nbdinfo --map=qemu:allocation-depth "$(view dv)" >"$tmp/depth0.map"
+    nbdinfo --map "$(view dv)" >"$tmp/base0.map"
+    qemu-io -f raw -c 'write -P 0x72 1M 64k' -c 'write -P 0x73 8M 64k' "$(rw)" >/dev/null
+    nbdinfo --map=qemu:allocation-depth "$(view dv)" >"$tmp/depth1.map"
+    nbdinfo --map "$(view dv)" >"$tmp/base1.map"
+    saved=$(ctl backup list | jget 'd["backups"][0]["saved_chunks"]')
+    ctl backup finish dv >/dev/null
+    if ((saved == 2)) && [[ -s $tmp/depth0.map ]] && cmp -s "$tmp/depth0.map" "$tmp/depth1.map" &&
+        cmp -s "$tmp/base0.map" "$tmp/base1.map"; then
+        pass "raw: chunks kept by writes at 1M and 8M keep the view's qemu:allocation-depth (1) and base:allocation (data) as they were"
+    else
+        fail "raw: status of kept chunks" "saved $saved; depth $(diff "$tmp/depth0.map" "$tmp/depth1.map" | tr '\n' ' '); base $(diff "$tmp/base0.map" "$tmp/base1.map" | tr '\n' ' ')"
+    fi
+    stop || fail "vblkd exits cleanly (depth)" "$(tail -2 "$tmp/depth.log")"
+else
+    fail "vblkd starts (depth)" "$(tail -3 "$tmp/depth.log")"
+fi
+
 # ---- Two iothreads, writers racing for the same chunks ----------------------------
 # Writes from two connections (two iothreads) land on the same 64 KiB chunks
 # at once: one copies, the other waits for it (write_waits), woken from the

@@ -884,6 +884,18 @@ static void do_iot_drain(void *opaque)
 		w->k->d->b->engine->drain(w->t->bctx);
 }
 
+static void do_noop(void *opaque)
+{
+}
+
+/* Every bitmap mark begun before now has ended: marks run on the disk's
+ * iothreads, each inside one loop iteration (dirty.c's grace). */
+static void marks_grace(struct disk *d)
+{
+	for (unsigned i = 0; i < d->num_iothreads; i++)
+		loop_call_sync(d->iot[i].loop, do_noop, NULL);
+}
+
 static void do_iot_del(void *opaque)
 {
 	struct iot_call *c = opaque;
@@ -930,8 +942,14 @@ static void teardown(struct bkp *k, bool finish)
 	if (k->live) {
 		if (finish && k->since) {
 			/* From now on the bitmap says what was written since
-			 * the instant (every such write marked both). */
+			 * the instant (every such write marked both).  A write
+			 * marks the bitmaps in list order, since last (added
+			 * last): one may have marked B before the clear and
+			 * not since yet.  The grace lets every mark begun
+			 * before the clear end, so since has it when merged;
+			 * a write after the clear marks B itself. */
 			dbm_clear(k->live);
+			marks_grace(d);
 			dbm_merge(k->live, k->since);
 			if (k->live->persistent)
 				d->bm_unsaved = true;

@@ -142,6 +142,7 @@ struct bkp {
 	bool done;
 	bool by_main;		/* main concludes the job itself (finish, abort) */
 	_Atomic bool ended;	/* the job concluded (its end op ran) */
+	_Atomic bool completed;	/* by job complete: torn down as a finish */
 	_Atomic int failed;	/* errno: the view is broken */
 	_Atomic bool fail_told;
 	char error[200];	/* under lock */
@@ -775,6 +776,8 @@ static int job_complete_op(struct job *j, void *priv, char *msg, size_t len)
 	}
 	snprintf(msg, len, "%" PRIu64 " bytes read by its clients, %" PRIu64
 		 " chunks kept before writes", atomic_load(&k->read_bytes), atomic_load(&k->saved));
+	/* Before the end op tells main (job complete = backup finish). */
+	atomic_store(&k->completed, true);
 	return 0;
 }
 
@@ -783,8 +786,8 @@ static void job_end_op(struct job *j, void *priv)
 	struct bkp *k = priv;
 
 	atomic_store(&k->ended, true);
-	/* Cancelled or failed, not by backup finish/abort: main tears the
-	 * view down. */
+	/* Completed, cancelled or failed, not by backup finish/abort: main
+	 * tears the view down. */
 	if (!k->by_main)
 		sys_eventfd_signal(k->set->efd);
 }
@@ -808,17 +811,25 @@ static void job_progress(void *priv, uint64_t *done, uint64_t *total)
 
 static void teardown(struct bkp *k, bool finish);
 
-/* k's job concluded without backup finish/abort (job cancel, a failure):
- * torn down as an abort.  Main thread. */
+/* k's job concluded without backup finish/abort: job complete is a
+ * finish; job cancel or a failure an abort.  Main thread. */
 static void reap_one(struct bkp *k)
 {
-	teardown(k, false);
-	log_info("backup %s ended (its job concluded): aborted, its bitmap as it was", k->name);
+	bool finish = atomic_load(&k->completed);
+
+	teardown(k, finish);
+	if (finish)
+		log_info("backup %s finished (its job completed); its bitmap tracks from its "
+			 "instant on", k->name);
+	else
+		log_info("backup %s ended (its job concluded): aborted, its bitmap as it was",
+			 k->name);
 }
 
 /* The job's free op (job dismiss, the job list's trim, vblkd's exit):
- * main thread.  A backup whose job concluded without main (job cancel, a
- * failure) and was dismissed before set_reap saw it is torn down first;
+ * main thread.  A backup whose job concluded without main (job complete
+ * or cancel, a failure) and was dismissed before set_reap saw it is torn
+ * down first;
  * then it leaves its set's list, which find, set_reap, bkp_list and
  * bkp_set_free walk (k->set NULL: the set is gone, vblkd exits). */
 static void bkp_free(void *priv)
@@ -1224,8 +1235,8 @@ int bkp_finish(struct bkp_set *s, const char *name, bool abort, char *err, size_
 	return 0;
 }
 
-/* A job concluded without backup finish/abort (job cancel, a failure):
- * torn down as an abort. */
+/* A job concluded without backup finish/abort (job complete: a finish;
+ * job cancel, a failure: an abort). */
 static void set_reap(void *opaque, uint32_t events)
 {
 	struct bkp_set *s = opaque;

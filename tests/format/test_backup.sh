@@ -264,6 +264,21 @@ if start "$img" "$tmp/life.log"; then
     else
         fail "a dismissed backup job" "$why"
     fi
+    # job complete is backup finish: B then holds only what was written
+    # since the instant (before: torn down as an abort, B as it was).
+    bdirty() { ctl bitmap list | jget '[b for b in d["bitmaps"] if b["name"]=="B"][0]["dirty_bytes"]'; }
+    qemu-io -f raw -c 'write -P 0x52 0 1M' "$(rw)" >/dev/null
+    job=$(ctl backup start f --nbd "unix:$VIEW" --bitmap B | jget 'd["job"]')
+    qemu-io -f raw -c 'write -P 0x53 20M 64k' "$(rw)" >/dev/null
+    ctl job complete "$job" >/dev/null; rc=$?
+    for _ in $(seq 100); do [[ $(nbackups) == 0 ]] && break; sleep 0.01; done
+    cd_=$(bdirty)
+    if ((rc == 0)) && [[ $cd_ == 65536 && $(nbackups) == 0 && ! -e $VIEW ]] &&
+        grep -q "backup f finished (its job completed)" "$tmp/life.log"; then
+        pass "job complete of a backup is its finish: B holds the 64 KiB written after the instant alone"
+    else
+        fail "job complete of a backup" "rc $rc, B has $cd_ dirty bytes (want 65536)"
+    fi
     stop || fail "vblkd exits cleanly after the dismissed jobs" "$(tail -2 "$tmp/life.log")"
 else
     fail "vblkd starts (life)" "$(tail -3 "$tmp/life.log")"

@@ -709,13 +709,16 @@ static bool view_busy(void *opaque, struct disk_iothread *t)
 
 /* fmt_block_status of the view: a saved chunk's status as kept; a run of
  * unsaved ones as the disk says now, checked again after (no write went
- * to a chunk still unsaved). */
+ * to a chunk still unsaved).  A failed view: -EIO, as its reads (writes
+ * pass straight then: the disk's status is no longer the instant's). */
 static int view_status(void *opaque, uint64_t off, uint64_t len, struct fmt_extent *e)
 {
 	struct bkp *k = opaque;
 	uint64_t c = off >> BKP_CHUNK_BITS, end;
 	unsigned st;
 
+	if (atomic_load(&k->failed))
+		return -EIO;
 	for (;;) {
 		pthread_mutex_lock(&k->lock);
 		st = k->st[c];

@@ -512,39 +512,14 @@ static void iot_wake(void *opaque, uint32_t events)
 
 /* ---- The view (the NBD connection's iothread) --------------------------- */
 
-/* Bytes [s, e) of the view from the scratch into orig's buffer at s - off:
- * one pread per contiguous piece of the buffer (an NBD read's is one). */
+/* Bytes [s, e) of the view from the scratch into orig's buffer at s - off
+ * (one pread per piece of it: an NBD read's is one).  The scratch holds
+ * every saved byte at the disk's offset. */
 static int scratch_read(struct bkp *k, struct bdev_io *orig, uint64_t off, uint64_t s,
 			uint64_t e)
 {
-	struct iovec sl[8];
-	unsigned n = iov_slice(orig->iov, orig->iovcnt, s - off, e - s, sl, ARRAY_SIZE(sl));
-	uint64_t p = s;
-
-	if (!n) {
-		/* A buffer in many pieces: through a bounce, 16 KiB at a time. */
-		uint8_t tmp[16384];
-
-		for (; p < e;) {
-			size_t len = MIN(sizeof(tmp), e - p);
-
-			if (pread(k->scratch_fd, tmp, len, (off_t)p) != (ssize_t)len)
-				return -EIO;
-			iov_from_buf(orig->iov, orig->iovcnt, p - off, tmp, len);
-			p += len;
-		}
-		return 0;
-	}
-	for (unsigned i = 0; i < n; i++)
-		for (size_t done = 0; done < sl[i].iov_len;) {
-			ssize_t r = pread(k->scratch_fd, (uint8_t *)sl[i].iov_base + done,
-					  sl[i].iov_len - done, (off_t)(p + done));
-
-			if (r <= 0)
-				return -EIO;	/* the scratch holds every saved byte */
-			done += (size_t)r;
-		}
-	return 0;
+	return sys_pread_iov(k->scratch_fd, orig->iov, orig->iovcnt, s - off, e - s, s) < 0 ?
+		-EIO : 0;
 }
 
 static void view_read_done(struct bdev_io *io, int res)

@@ -173,6 +173,36 @@ int sys_pread_full(int fd, void *buf, size_t len, uint64_t off)
 	return 0;
 }
 
+int sys_pread_iov(int fd, const struct iovec *iov, unsigned cnt, size_t off, size_t len,
+		  uint64_t pos)
+{
+	size_t total = 0;
+
+	for (unsigned i = 0; i < cnt; i++)
+		total += iov[i].iov_len;
+	if (off > total || len > total - off)
+		return -EINVAL;
+	for (unsigned i = 0; i < cnt && len; i++) {
+		size_t l = iov[i].iov_len, take;
+		int r;
+
+		if (off >= l) {
+			off -= l;
+			continue;
+		}
+		take = l - off < len ? l - off : len;
+		r = sys_pread_full(fd, (uint8_t *)iov[i].iov_base + off, take, pos);
+		if (r < 0)
+			return r;
+		/* The next piece goes on where this one ended, in the file
+		 * as in the buffer. */
+		pos += take;
+		len -= take;
+		off = 0;
+	}
+	return 0;
+}
+
 int sys_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
 {
 	const uint8_t *p = buf;

@@ -40,6 +40,13 @@ int64_t sys_eventfd_wait(int fd, int timeout_ms);
 /* pread(2) until len bytes are in buf; what lies past the end of the
  * file reads as zeroes.  0 or -errno. */
 int sys_pread_full(int fd, void *buf, size_t len, uint64_t off);
+/* Bytes [pos, pos + len) of the file into bytes [off, off + len) of
+ * iov[0..cnt), each piece from its own place in the file
+ * (sys_pread_full).  0, or -errno: -EINVAL if the range passes the
+ * iovecs' end (nothing read then). */
+struct iovec;
+int sys_pread_iov(int fd, const struct iovec *iov, unsigned cnt, size_t off, size_t len,
+		  uint64_t pos);
 /* pwrite(2) until all of buf is written.  0 or -errno. */
 int sys_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 /* close() that ignores fd < 0 and sets *fd to -1. */

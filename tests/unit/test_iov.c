@@ -1,9 +1,14 @@
 /* Description: util/iov.h scatter-gather helpers: sizes, copies at offsets
- * across segment boundaries, and discarding from either end. */
+ * across segment boundaries, and discarding from either end; and
+ * sys_pread_iov, a file range into part of an iovec array. */
+#include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <unistd.h>
 
 #include "test.h"
 #include "util/iov.h"
+#include "util/sys.h"
 
 /* Three segments of 3, 5 and 4 bytes (12 in all) over separate buffers. */
 struct seg3 {
@@ -253,6 +258,66 @@ static void test_discard_zero(void)
 	ASSERT_EQ(iov_size(iov, cnt), 12);
 }
 
+/* A file of 64 bytes, byte i = 0x40 + i. */
+static int pattern_file(void)
+{
+	FILE *f = tmpfile();
+	uint8_t b[64];
+	int fd;
+
+	ASSERT_TRUE(f != NULL);
+	fd = dup(fileno(f));
+	fclose(f);
+	for (unsigned i = 0; i < sizeof(b); i++)
+		b[i] = (uint8_t)(0x40 + i);
+	ASSERT_EQ(pwrite(fd, b, sizeof(b), 0), sizeof(b));
+	return fd;
+}
+
+/* The backup view's scratch read (bkp.c scratch_read) read every piece
+ * after the first from the first's place in the file: each piece comes
+ * from where the one before it ended. */
+static void test_pread_iov_each_piece_from_its_own_offset(void)
+{
+	struct seg3 s;
+	int fd = pattern_file();
+
+	seg3_init(&s);
+	/* Iovec bytes [1, 11) from file bytes [20, 30): "bc" "defgh" "ijk". */
+	ASSERT_EQ(sys_pread_iov(fd, s.iov, 3, 1, 10, 20), 0);
+	ASSERT_EQ(s.a[0], 'a');
+	ASSERT_EQ(s.a[1], 0x40 + 20);
+	ASSERT_EQ(s.a[2], 0x40 + 21);
+	for (unsigned i = 0; i < 5; i++)
+		ASSERT_EQ(s.b[i], 0x40 + 22 + i);
+	ASSERT_EQ(s.c[0], 0x40 + 27);
+	ASSERT_EQ(s.c[2], 0x40 + 29);
+	ASSERT_EQ(s.c[3], 'l');
+	close(fd);
+}
+
+/* Many one-byte pieces (more than the 8 bkp.c took before going through
+ * a bounce buffer), and a range past the iovecs' end: -EINVAL, nothing
+ * read. */
+static void test_pread_iov_many_pieces_and_bounds(void)
+{
+	uint8_t one[12];
+	struct iovec iov[12];
+	int fd = pattern_file();
+
+	for (unsigned i = 0; i < 12; i++) {
+		one[i] = 0;
+		iov[i] = (struct iovec){ &one[i], 1 };
+	}
+	ASSERT_EQ(sys_pread_iov(fd, iov, 12, 0, 12, 40), 0);
+	for (unsigned i = 0; i < 12; i++)
+		ASSERT_EQ(one[i], 0x40 + 40 + i);
+	memset(one, 0, sizeof(one));
+	ASSERT_EQ(sys_pread_iov(fd, iov, 12, 4, 9, 0), -EINVAL);
+	ASSERT_EQ(one[4], 0);
+	close(fd);
+}
+
 int main(void)
 {
 	RUN(test_size);
@@ -272,5 +337,7 @@ int main(void)
 	RUN(test_discard_back_whole_segments);
 	RUN(test_discard_back_more_than_total);
 	RUN(test_discard_zero);
+	RUN(test_pread_iov_each_piece_from_its_own_offset);
+	RUN(test_pread_iov_many_pieces_and_bounds);
 	return T_EXIT_PASS;
 }

@@ -942,6 +942,19 @@ static void teardown(struct bkp *k, bool finish)
 			dbm_merge(k->live, k->since);
 			if (k->live->persistent)
 				d->bm_unsaved = true;
+		} else if (!finish && k->frozen) {
+			/* Abort loses nothing: B gets back the bits the
+			 * backup did not deliver, B as of the instant (the
+			 * frozen copy) and every write since (since), which a
+			 * bitmap clear during the backup took from it.  The
+			 * grace first, as above: a write that marked B before
+			 * that clear may not have marked since yet. */
+			marks_grace(d);
+			dbm_merge(k->live, k->frozen);
+			if (k->since)
+				dbm_merge(k->live, k->since);
+			if (k->live->persistent)
+				d->bm_unsaved = true;
 		}
 		atomic_fetch_sub(&k->live->users, 1);
 	}

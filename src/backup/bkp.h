@@ -23,8 +23,10 @@
  * on tracking every write.  A hidden bitmap tracks every write from the
  * instant on.  backup finish: B becomes that one (exactly what was
  * written since the instant, the writes made during the pull included:
- * the next incremental's); backup abort: B is left as it is (it still
- * covers everything since its last finish: nothing lost).  A crash
+ * the next incremental's); backup abort: B keeps what it has and gets
+ * the frozen copy and the hidden one merged back (it covers everything
+ * since its last finish, a bitmap clear during the backup or not:
+ * nothing lost).  A crash
  * during a backup leaves B's persistent copy covering everything too.
  *
  * A backup is a job of the framework (job.h: type "backup", ready as
@@ -76,7 +78,8 @@ void bkp_set_free(struct bkp_set *s);
 int bkp_start(struct bkp_set *s, const struct bkp_start_opts *o, char *id, size_t idlen,
 	      char *err, size_t errlen);
 /* finish (the client has it all: the bitmap now tracks from the instant)
- * or abort (nothing changed in the bitmap).  0, or -errno with one line. */
+ * or abort (nothing lost: the bitmap gets the instant's bits and the
+ * writes since back).  0, or -errno with one line. */
 int bkp_finish(struct bkp_set *s, const char *name, bool abort, char *err, size_t errlen);
 
 /* What vblkctl backup list shows of one backup. */

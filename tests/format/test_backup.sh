@@ -279,6 +279,21 @@ if start "$img" "$tmp/life.log"; then
     else
         fail "job complete of a backup" "rc $rc, B has $cd_ dirty bytes (want 65536)"
     fi
+    # Abort loses nothing, a bitmap clear during the backup included: the
+    # frozen bits (B at the instant) and the writes since go back into B
+    # (before: B kept only what was written after the clear).
+    qemu-io -f raw -c 'write -P 0x54 30M 1M' "$(rw)" >/dev/null
+    ctl backup start g --nbd "unix:$VIEW" --bitmap B >/dev/null
+    frozen=$(nbdinfo --map=qemu:dirty-bitmap:B "$(view g)" | awk '$3 == 1 { s += $2 } END { print s + 0 }')
+    qemu-io -f raw -c 'write -P 0x55 40M 64k' "$(rw)" >/dev/null
+    ctl bitmap clear B >/dev/null
+    ctl backup abort g >/dev/null; rc=$?
+    ad=$(bdirty)
+    if ((rc == 0 && frozen == 65536 + 1048576 && ad == frozen + 65536)); then
+        pass "backup abort after a bitmap clear during the backup: B has the $frozen frozen bytes and the 64 KiB written since back (nothing lost)"
+    else
+        fail "abort after a bitmap clear" "rc $rc, frozen $frozen, B has $ad dirty bytes (want $((frozen + 65536)))"
+    fi
     stop || fail "vblkd exits cleanly after the dismissed jobs" "$(tail -2 "$tmp/life.log")"
 else
     fail "vblkd starts (life)" "$(tail -3 "$tmp/life.log")"

@@ -14,7 +14,12 @@
 #  - an aborted backup loses nothing: the next incremental still restores;
 #  - a full scratch fails the backup, never the writes; kill -9 during a
 #    backup leaves a persistent bitmap covering everything;
-#  - bad requests are refused in one line with nothing left behind.
+#  - bad requests are refused in one line with nothing left behind, nbd
+#    remove of the view among them (reads the rate holds are the backup's);
+#  - the backup's job: dismissed, it leaves backup list; job complete is
+#    finish; abort gives B the frozen bits back after a bitmap clear;
+#  - backup start's claim may load the image's bitmaps again: the bitmap
+#    is taken after it; a raw disk's kept chunks keep their depth (1).
 # Usage: test_backup.sh BUILD_DIR.  Prints PASS:/FAIL:/SKIP: lines.
 set -uo pipefail
 BUILD=${1:?usage: test_backup.sh BUILD_DIR}

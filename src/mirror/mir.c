@@ -805,10 +805,24 @@ static void progress(void *priv, uint64_t *done, uint64_t *total)
 	*done = m->size - MIN(m->size, m->gone ? m->final_dirty : dbm_dirty_bytes(m->dirty));
 }
 
+static void teardown(struct mir *m, bool remove_target);
+
+/* The job is dismissed (vblkctl job dismiss, or the job list's trim of
+ * old ones; main thread): off the set's list before it is freed (the
+ * list is walked by mirror list, set_reap and mir_set_free), torn down
+ * first if set_reap has not seen its end yet.  At exit the set goes
+ * first (m->set NULL). */
 static void mir_free(void *priv)
 {
 	struct mir *m = priv;
 
+	if (!m->done && m->set)
+		teardown(m, false);
+	for (struct mir **p = m->set ? &m->set->list : NULL; p && *p; p = &(*p)->next)
+		if (*p == m) {
+			*p = m->next;
+			break;
+		}
 	if (m->lk_init)
 		pthread_mutex_destroy(&m->lk);
 	free(m);
@@ -1562,6 +1576,8 @@ void mir_set_free(struct mir_set *s)
 				usleep(1000);
 			teardown(m, false);
 		}
+	for (struct mir *m = s->list; m; m = m->next)
+		m->set = NULL;
 	loop_fd_del(s->main_loop, s->h);
 	close(s->efd);
 	free(s);

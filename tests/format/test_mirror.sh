@@ -217,6 +217,21 @@ if start "$img" "$tmp/a.log" && target_up "$tmp/dst.raw"; then
     else
         fail "mirror refusals"
     fi
+    # Concluded mirror jobs dismissed: off the mirror set's list before
+    # they are freed (mirror list and a new start walk it; ASan saw the
+    # freed ones before).
+    for j in $(ctl job list | jget '" ".join(j["id"] for j in d["jobs"] if j["type"] == "mirror" and j["state"] == "concluded")'); do
+        ctl job dismiss "$j" >/dev/null || fail "job dismiss $j"
+    done
+    if [[ $(ctl mirror list | jget 'len(d["mirrors"])') == 0 ]] &&
+        [[ $(ctl job list | jget 'len([j for j in d["jobs"] if j["type"] == "mirror"])') == 0 ]] &&
+        job=$(ctl mirror start m8 --target "$tmp/dst5.raw" | jget 'd["job"]') &&
+        wait_ready 30 && ctl job cancel "$job" >/dev/null && sleep 0.2 &&
+        ctl job dismiss "$job" >/dev/null && [[ $(ctl mirror list | jget 'len(d["mirrors"])') == 0 ]]; then
+        pass "concluded mirror jobs dismissed: mirror list empty, a new mirror runs, is cancelled and dismissed"
+    else
+        fail "mirror jobs dismissed" "$(ctl job list) $(ctl mirror list)"
+    fi
     stop || fail "vblkd exits cleanly after the mirrors" "$(tail -2 "$tmp/a.log")"
 else
     fail "raw: vblkd and qemu-nbd start" "$(tail -3 "$tmp/a.log")"

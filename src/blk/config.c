@@ -269,6 +269,13 @@ int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
 	 * serves the disk. */
 	if (hold && (r = disk_claim(d->disk, 0, err, errlen)) < 0)
 		return r;
+	/* The persistent bitmaps could not follow (they would break QEMU's
+	 * limits, or the image has one we do not track): nothing changes. */
+	if (size > old && (r = disk_bitmaps_can_grow(d->disk, size, err, errlen)) < 0) {
+		if (hold)
+			disk_release(d->disk);
+		return r;
+	}
 	r = bdev_resize(d->b, size, err, errlen);
 	if (hold)
 		disk_release(d->disk);

@@ -110,14 +110,19 @@ static int hold(struct disk *d, bool force, char *err, size_t errlen);
 
 /* Where a persistent bitmap can go: the image (qcow2), or a raw disk's
  * bitmap file, made now if it is not there yet. */
-static int persistent_ok(struct disk *d, char *err, size_t errlen)
+static int persistent_ok(struct disk *d, const char *name, uint32_t gran, char *err,
+			 size_t errlen)
 {
 	int r;
 
 	if (!atomic_load(&d->bm) && d->bm_path &&
 	    (r = disk__bmfile_open(d, true, false, err, errlen)) < 0)
 		return r;
-	return BM_CALL(d, fmt_bitmaps_can(bmt, err, errlen));
+	if ((r = BM_CALL(d, fmt_bitmaps_can(bmt, err, errlen))) < 0)
+		return r;
+	/* One the image could not keep (QEMU's limits): refused now, not
+	 * found at the store. */
+	return BM_CALL(d, fmt_bitmaps_fit(bmt, name, gran, READ_ONCE(d->b->size), err, errlen));
 }
 
 int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabled,
@@ -141,7 +146,7 @@ int disk_bitmap_add(struct disk *d, const char *name, uint32_t gran, bool disabl
 		snprintf(err, errlen, "a bitmap named '%s' exists already", name);
 		return -EEXIST;
 	}
-	if (persistent && (r = persistent_ok(d, err, errlen)) < 0)
+	if (persistent && (r = persistent_ok(d, name, gran, err, errlen)) < 0)
 		return r;
 	r = dbm_new(name, READ_ONCE(d->b->size), gran, &b);
 	if (r < 0) {
@@ -303,6 +308,11 @@ unsigned disk_bitmap_list(struct disk *d, struct disk_bitmap_info *out, unsigned
 		snprintf(out[i].name, sizeof(out[i].name), "%s", b->name);
 	}
 	return n;
+}
+
+int disk_bitmaps_can_grow(struct disk *d, uint64_t size, char *err, size_t errlen)
+{
+	return BM_CALL(d, fmt_bitmaps_fit(bmt, NULL, 0, size, err, errlen));
 }
 
 int disk_bitmaps_grow(struct disk *d, uint64_t size)

@@ -477,6 +477,10 @@ struct dbm *disk_bitmap_find(struct disk *d, const char *name);
  * 0 or -ENOMEM (the bitmaps keep the old size: writes past it are not
  * marked, logged).  Main thread. */
 int disk_bitmaps_grow(struct disk *d, uint64_t size);
+/* Whether the persistent bitmaps can follow the disk to size (QEMU's
+ * limits; no bitmap of the image left unresized): 0, or -errno with one
+ * line in err, the resize then refused.  Main thread. */
+int disk_bitmaps_can_grow(struct disk *d, uint64_t size, char *err, size_t errlen);
 /* A bitmap no command sees or finds (its name is ""), marked by every
  * write as the named ones are: a backup's record of what was written
  * since its instant (backup/bkp.h).  hidden_add: 0 and *out, or -ENOMEM;

@@ -512,6 +512,14 @@ int fmt_bitmaps_can(struct bdev *disk, char *err, size_t errlen)
 	return 0;
 }
 
+int fmt_bitmaps_fit(struct bdev *disk, const char *name, uint32_t gran, uint64_t size,
+		    char *err, size_t errlen)
+{
+	struct qcow2 *q = qcow2_of(disk);
+
+	return q ? qcow2_io_bitmaps_fit(q, name, gran, size, err, errlen) : 0;
+}
+
 int fmt_bitmaps_load(struct bdev *disk, struct dbm ***out, unsigned *n, char *err,
 		     size_t errlen)
 {

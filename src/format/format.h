@@ -191,6 +191,12 @@ void fmt_release(struct bdev *disk);
  */
 struct dbm;
 int fmt_bitmaps_can(struct bdev *disk, char *err, size_t errlen);
+/* fmt_bitmaps_fit: the disk's persistent bitmaps, with one more (name at
+ * gran bytes) when name is not NULL, fit the image's limits (QEMU's) at a
+ * disk of size bytes, and with no name a resize to size keeps the image's
+ * bitmaps valid: 0, or -errno with one line in err.  Main thread. */
+int fmt_bitmaps_fit(struct bdev *disk, const char *name, uint32_t gran, uint64_t size,
+		    char *err, size_t errlen);
 int fmt_bitmaps_load(struct bdev *disk, struct dbm ***out, unsigned *n, char *err,
 		     size_t errlen);
 bool fmt_bitmaps_changed(struct bdev *disk);

@@ -917,6 +917,10 @@ int qcow2_grow(struct qcow2 *q, uint64_t size, char *err, size_t errlen)
 			 "broken (a metadata write failed)");
 		return q->rw ? -EIO : -EROFS;
 	}
+	/* The bitmaps fit the new size, or nothing changes (QEMU's
+	 * qcow2_truncate_bitmaps_check). */
+	if (q->version >= 3 && (r = qcow2_bm_fit(q, NULL, 0, size, err, errlen)) < 0)
+		return r;
 	if (need * 8 > QCOW2_MAX_L1_BYTES) {
 		snprintf(err, errlen, "%llu bytes needs an L1 table over %u MiB (the limit QEMU "
 			 "has too): give a smaller size", (unsigned long long)size,

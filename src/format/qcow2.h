@@ -371,6 +371,12 @@ void qcow2_bm_taken(struct qcow2 *q, const char *name);
 int qcow2_bm_mark_in_use(struct qcow2 *q);
 int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed, bool wal,
 		   char *err, size_t errlen);
+/* fit: the held bitmaps (and one more, name at gran bytes, when name is
+ * not NULL) for a disk of size bytes stay inside QEMU's limits and ours;
+ * with no name and another size (a resize), every bitmap of the image is
+ * one vblkd holds.  0 or -errno with one line in err.  Iothread. */
+int qcow2_bm_fit(struct qcow2 *q, const char *name, uint32_t gran, uint64_t size, char *err,
+		 size_t errlen);
 /* hold: the disk's persistent bitmaps are b[0..n) (copied); force: the
  * image is to reflect them now if it is ours (write-ahead started again).
  * wal_cover: before a write to [off, off + len) while write-ahead is on:
@@ -509,6 +515,8 @@ void qcow2_io_release(struct qcow2 *q);
 int qcow2_io_bitmaps_load(struct qcow2 *q, struct dbm ***out, unsigned *n, char *err,
 			  size_t errlen);
 int qcow2_io_bitmaps_hold(struct qcow2 *q, struct dbm *const *b, unsigned n, bool force);
+int qcow2_io_bitmaps_fit(struct qcow2 *q, const char *name, uint32_t gran, uint64_t size,
+			 char *err, size_t errlen);
 struct fmt_bitmap_kept;
 unsigned qcow2_io_bitmaps_kept(struct qcow2 *q, struct fmt_bitmap_kept *out, unsigned max);
 unsigned qcow2_bm_kept(struct qcow2 *q, struct fmt_bitmap_kept *out, unsigned max);

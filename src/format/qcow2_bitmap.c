@@ -788,6 +788,87 @@ static uint8_t *wal_ext(struct dbm *const *b, unsigned n, uint32_t bits, uint32_
 	return p;
 }
 
+/* What a store of b[0..n) (with one more, name at 2^gran_bits, when name
+ * is not NULL) for a disk of size bytes would write, against the limits
+ * QEMU checks when it adds or loads a bitmap (check_constraints_on_bitmap,
+ * qcow2_co_can_store_new_dirty_bitmap) and parse_entry and qcow2_bm_read
+ * check when we read it back: a directory past them is refused by both.
+ * Nothing allocated.  0, or -EINVAL / -EFBIG with one line in err. */
+static int check_limits(const struct qcow2 *q, struct dbm *const *b, unsigned n,
+			const char *name, unsigned gran_bits, uint64_t size, char *err,
+			size_t errlen)
+{
+	uint64_t count = 0, dlen = 0, tables = 0, all = 0;
+
+	for (uint32_t i = 0; i < q->nbm; i++) {
+		const struct qcow2_bm *e = &q->bm[i];
+
+		if (e->ours || in_list(b, n, e->name) || (name && !strcmp(name, e->name)))
+			continue;	/* not carried on */
+		count++;
+		dlen += e->ent_len;
+		tables += e->table_size;
+		if (e->usable)
+			all += data_bytes(q->size, e->gran_bits);
+	}
+	for (unsigned i = 0; i < n + (name != NULL); i++) {
+		const char *nm = i < n ? b[i]->name : name;
+		unsigned gb = i < n ? b[i]->gran_bits : gran_bits;
+		uint64_t db = data_bytes(size, gb), nt = div_up(db, q->cs);
+
+		if (db > BM_MAX_PHYS || nt > BM_MAX_TABLE) {
+			snprintf(err, errlen, "bitmap '%s' at %u-byte granularity would take %llu MiB "
+				 "for a %llu-byte disk, more than the %llu MiB QEMU allows one "
+				 "persistent bitmap: use a larger granularity", nm, 1u << gb,
+				 (unsigned long long)(db >> 20), (unsigned long long)size,
+				 BM_MAX_PHYS >> 20);
+			return -EFBIG;
+		}
+		count++;
+		dlen += (BM_ENT_FIXED + strlen(nm) + 7) & ~7ull;
+		tables += nt;
+		all += db;
+	}
+	if (count > BM_MAX_COUNT || dlen > QCOW2_MAX_BITMAP_DIR_BYTES) {
+		snprintf(err, errlen, "qcow2 image %s: %s (%u bitmaps, %u MiB of directory at "
+			 "most, as QEMU allows)", q->path, count > BM_MAX_COUNT ?
+			 "the maximum number of persistent bitmaps is reached" :
+			 "not enough space in the bitmap directory", BM_MAX_COUNT,
+			 QCOW2_MAX_BITMAP_DIR_BYTES >> 20);
+		return -EINVAL;
+	}
+	if (tables > BM_MAX_TABLES_ALL || all > BM_MAX_PHYS_ALL) {
+		snprintf(err, errlen, "qcow2 image %s: its persistent bitmaps would take %s in "
+			 "all, more than vblkd reads back (%u, %llu MiB): use a larger granularity",
+			 q->path, tables > BM_MAX_TABLES_ALL ? "too many table entries" :
+			 "too much memory", BM_MAX_TABLES_ALL, BM_MAX_PHYS_ALL >> 20);
+		return -EFBIG;
+	}
+	return 0;
+}
+
+int qcow2_bm_fit(struct qcow2 *q, const char *name, uint32_t gran, uint64_t size, char *err,
+		 size_t errlen)
+{
+	/* A resize: a bitmap we do not hold keeps a table sized for the old
+	 * disk, and QEMU then refuses the image.  QEMU refuses such a resize
+	 * too (qcow2_truncate_bitmaps_check: "Cannot resize qcow2 with
+	 * persistent bitmaps that were not loaded into memory"). */
+	for (uint32_t i = 0; !name && size != q->size && i < q->nbm; i++) {
+		const struct qcow2_bm *e = &q->bm[i];
+
+		if (e->ours || in_list(q->held, q->nheld, e->name))
+			continue;
+		snprintf(err, errlen, "qcow2 image %s cannot be resized: its bitmap '%.80s' is "
+			 "kept but not tracked by vblkd (vblkctl bitmap list says why), and would "
+			 "not fit the new size, as QEMU refuses too: remove it with qemu-img "
+			 "bitmap --remove first", q->path, e->shown);
+		return -EOPNOTSUPP;
+	}
+	return check_limits(q, q->held, q->nheld, name, name ? (unsigned)__builtin_ctz(gran) : 0,
+			    size, err, errlen);
+}
+
 int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool changed, bool wal,
 		   char *err, size_t errlen)
 {
@@ -840,6 +921,11 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 			free(v);
 			return r;
 		}
+	/* Past QEMU's limits (or ours at read-back) the new directory would
+	 * refuse the image: found here, before anything is allocated, the
+	 * image as it was (bitmap add and resize refuse it first). */
+	if ((r = check_limits(q, b, n, NULL, 0, q->size, err, errlen)) < 0)
+		return r;
 	keep = calloc(q->nbm ? q->nbm : 1, sizeof(*keep));
 	buf = malloc(q->cs);
 	wbm = calloc(n ? n : 1, sizeof(*wbm));
@@ -973,15 +1059,23 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 			if (e->table[j] & QCOW2_OFFSET_MASK)
 				free_clusters(q, e->table[j] & QCOW2_OFFSET_MASK, q->cs);
 	}
-	/* What the file says now; ours are what was just stored. */
-	dir_free(q);
+	/* What the file says now; ours are what was just stored.  The old
+	 * directory stays in q->bm until the new one is read (qcow2_bm_read
+	 * replaces it): a failure from here leaves the image broken (a failed
+	 * flush makes it so), never a store retried against a directory the
+	 * header no longer names (it would free the old clusters again and
+	 * drop the bitmaps carried on). */
 	wal_off(q);
 	if ((r = qcow2_flush(q)) < 0) {
 		doing = "freeing the old bitmaps";
+		q->broken = true;
 		goto out;
 	}
 	if ((r = qcow2_bm_read(q, err, errlen)) < 0) {
 		said = true;
+		q->broken = true;
+		log_err("qcow2 image %s: its new bitmap directory could not be read back: no "
+			"more writes to this image", q->path);
 		goto out;
 	}
 	for (unsigned i = 0; i < n; i++)

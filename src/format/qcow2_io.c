@@ -1187,6 +1187,28 @@ int qcow2_io_bitmaps_hold(struct qcow2 *q, struct dbm *const *b, unsigned n, boo
 			   bm_hold_fn);
 }
 
+struct bm_fit_call {
+	struct q2_call c;
+	const char *name;
+	uint32_t gran;
+};
+
+static void bm_fit_fn(void *opaque)
+{
+	struct bm_fit_call *f = opaque;
+
+	f->c.res = qcow2_bm_fit(f->c.q, f->name, f->gran, f->c.size, f->c.err, f->c.errlen);
+}
+
+int qcow2_io_bitmaps_fit(struct qcow2 *q, const char *name, uint32_t gran, uint64_t size,
+			 char *err, size_t errlen)
+{
+	struct bm_fit_call f = { .c = { .q = q, .size = size, .err = err, .errlen = errlen },
+				 .name = name, .gran = gran };
+
+	return on_iothread(&f.c, bm_fit_fn);
+}
+
 static void bm_store_fn(void *opaque)
 {
 	struct q2_call *c = opaque;

@@ -302,6 +302,66 @@ NBDRO=
 ((${#rbad[@]} == 0)) && pass persistent-refused-where-it-cannot-be-kept ||
     fail persistent-refused-where-it-cannot-be-kept "${rbad[*]}"
 
+# ---- QEMU's limits: refused at the command, not found at the store -------------
+# A 17 TiB disk at 4 KiB granularity is 544 MiB of bitmap data, QEMU allows
+# 512 MiB (BME_MAX_PHYS_SIZE): bitmap add --persistent is refused with one
+# line, and so is a resize that would take a held bitmap past it.  Before,
+# both were taken; the store wrote a directory that neither QEMU nor vblkd
+# opened again.
+IMG=$tmp/big.qcow2
+qemu-img create -q -f qcow2 "$IMG" 17T
+if start "$tmp/big.log"; then
+    out=$(ctl bitmap add big --persistent --granularity 4096 2>&1); rc=$?
+    ctl bitmap add ok --persistent --granularity 1M >/dev/null
+    qemu-io -f raw -c 'write 0 4k' "$(uri)" >/dev/null
+    stop
+    if ((rc != 0)) && (($(wc -l <<<"$out") == 1)) && [[ $out == *"larger granularity"* &&
+          $(info "$IMG") == "ok:1048576:auto" ]] && qemu-img check -q "$IMG" &&
+       start "$tmp/big2.log"; then
+        stop
+        pass persistent-bitmap-past-qemu-limits-refused-at-add
+    else
+        fail persistent-bitmap-past-qemu-limits-refused-at-add "rc=$rc $out; info: $(info "$IMG"); $(qemu-img check "$IMG" 2>&1 | head -2)"
+    fi
+else
+    fail persistent-bitmap-past-qemu-limits-refused-at-add "$(tail -2 "$tmp/big.log")"
+fi
+qemu-img create -q -f qcow2 "$IMG" 64M
+if start "$tmp/big3.log"; then
+    ctl bitmap add small --persistent --granularity 4096 >/dev/null
+    out=$(ctl resize 17T 2>&1); rc=$?
+    qemu-io -f raw -c 'write 0 4k' "$(uri)" >/dev/null
+    stop
+    if ((rc != 0)) && (($(wc -l <<<"$out") == 1)) && [[ $out == *"larger granularity"* &&
+          $(info "$IMG") == "small:4096:auto" ]] && qemu-img check -q "$IMG" &&
+       [[ $(qemu-img info --output=json "$IMG" | grep -o '"virtual-size": [0-9]*') == '"virtual-size": 67108864' ]]; then
+        pass resize-past-qemu-bitmap-limits-refused
+    else
+        fail resize-past-qemu-bitmap-limits-refused "rc=$rc $out; info: $(info "$IMG")"
+    fi
+else
+    fail resize-past-qemu-bitmap-limits-refused "$(tail -2 "$tmp/big3.log")"
+fi
+# A bitmap vblkd keeps but does not track (a name it does not take): a
+# resize would leave its table sized for the old disk, and QEMU then
+# refuses the image; refused with one line, as QEMU refuses a resize with
+# bitmaps it did not load (qcow2_truncate_bitmaps_check).
+qemu-img create -q -f qcow2 "$IMG" 64M
+qemu-img bitmap --add --disable -g 512 "$IMG" "nightly backup"
+if start "$tmp/big4.log"; then
+    out=$(ctl resize 128M 2>&1); rc=$?
+    stop
+    if ((rc != 0)) && (($(wc -l <<<"$out") == 1)) && [[ $out == *"nightly backup"*"not tracked"* ]] &&
+       qemu-img check -q "$IMG" && [[ $(info "$IMG") == "nightly backup:512:" ]] &&
+       [[ $(qemu-img info --output=json "$IMG" | grep -o '"virtual-size": [0-9]*') == '"virtual-size": 67108864' ]]; then
+        pass resize-with-an-untracked-bitmap-refused
+    else
+        fail resize-with-an-untracked-bitmap-refused "rc=$rc $out; info: $(info "$IMG"); $(qemu-img check "$IMG" 2>&1 | head -2)"
+    fi
+else
+    fail resize-with-an-untracked-bitmap-refused "$(tail -2 "$tmp/big4.log")"
+fi
+
 # ---- Differential: QSD's bitmap of the same writes ---------------------------
 # The same writes (the guest's path: vblk-bench sequential 4 KiB writes of
 # 1 MiB at 5 MiB; an NBD client: an unaligned write, a discard, write

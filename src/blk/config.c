@@ -277,15 +277,18 @@ int blk_dev_resize(struct blk_dev *d, uint64_t size, char *err, size_t errlen)
 		return r;
 	}
 	r = bdev_resize(d->b, size, err, errlen);
+	/* The dirty bitmaps cover the new end too, grown while the disk is
+	 * still ours: the release stores them (before, it stored without the
+	 * not yet grown ones and dropped their entries; a crash before the
+	 * next store lost them). */
+	if (r == 0 && size != old && disk_bitmaps_grow(d->disk, size) < 0)
+		log_err("disk grown to %llu bytes, but its dirty bitmaps could not be: writes "
+			"past %llu are not marked in them", (unsigned long long)size,
+			(unsigned long long)old);
 	if (hold)
 		disk_release(d->disk);
 	if (r < 0 || size == old)
 		return r < 0 ? r : 0;
-	/* The dirty bitmaps cover the new end too. */
-	if (disk_bitmaps_grow(d->disk, size) < 0)
-		log_err("disk grown to %llu bytes, but its dirty bitmaps could not be: writes "
-			"past %llu are not marked in them", (unsigned long long)size,
-			(unsigned long long)old);
 	/* The capacity in the config space is read from b->size
 	 * (blk__get_config): from here on GET_CONFIG answers the new one. */
 	r = d->config_changed ? d->config_changed(d->config_opaque) : 0;

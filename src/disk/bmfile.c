@@ -118,6 +118,22 @@ int disk__bmfile_quiesce(struct disk *d, char *err, size_t errlen)
 	return r;
 }
 
+int disk__bmfile_grow(struct disk *d, uint64_t size)
+{
+	struct bdev *bm = atomic_load(&d->bm);
+	char err[256];
+	int r;
+
+	if (!bm || bm->size >= size)
+		return 0;
+	pthread_mutex_lock(&d->bm_lock);
+	r = bdev_resize(bm, size, err, sizeof(err));
+	pthread_mutex_unlock(&d->bm_lock);
+	if (r < 0)
+		log_err("bitmap file %s: not grown with the disk: %s", d->bm_path, err);
+	return r;
+}
+
 /* The write-ahead of a raw disk's write (disk_dirty). */
 int disk__bmfile_write(struct disk *d, uint64_t off, uint64_t len)
 {

@@ -319,7 +319,15 @@ int disk_bitmaps_grow(struct disk *d, uint64_t size)
 {
 	struct disk_bitmaps *old = list_of(d), *l;
 	unsigned n = old ? old->n : 0, *copied;
+	int r;
 
+	/* A raw disk's bitmap file is a qcow2 of the disk's size (its
+	 * bitmaps' tables are sized by it): it grows first, the held
+	 * bitmaps stored at the old size by its grow (qcow2_grow), then
+	 * at the new one by the hold below.  Not grown, the next start
+	 * refused the disk. */
+	if ((r = disk__bmfile_grow(d, size)) < 0)
+		return r;
 	if (!n)
 		return 0;
 	l = malloc(sizeof(*l) + n * sizeof(l->b[0]));
@@ -459,6 +467,29 @@ int disk_bitmaps_open(struct disk *d, bool handover, char *err, size_t errlen)
 	return r;
 }
 
+/* A raw disk grown while no vblkd served it (a truncate): its bitmap
+ * file, and the bitmaps loaded from it at its size, grow to the disk's
+ * now that both are ours.  Not grown (a bitmap of the file we do not
+ * track: QEMU would not resize it either), the disk is served, its
+ * bitmaps kept as they are in the file (logged). */
+static int grow_to_disk(struct disk *d)
+{
+	struct bdev *bm = atomic_load(&d->bm);
+	uint64_t size = READ_ONCE(d->b->size);
+	char err[256];
+
+	if (!bm || bm->size >= size)
+		return 0;
+	if (disk_bitmaps_can_grow(d, size, err, sizeof(err)) < 0) {
+		log_err("bitmap file %s is not grown with its disk: %s", d->bm_path, err);
+		return 0;
+	}
+	if (disk_bitmaps_grow(d, size) == 0)
+		log_info("bitmap file %s grown with its disk to %llu bytes", d->bm_path,
+			 (unsigned long long)size);
+	return 0;
+}
+
 /* The image just became ours (disk_claim): if another process stored
  * bitmaps in it since we read or stored them, those are the truth: ours
  * of other names missed its writes and go. */
@@ -477,7 +508,9 @@ int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen)
 		for (unsigned i = 0; l && i < l->n; i++)
 			if (l->b[i]->persistent)
 				BM_CALL(d, (fmt_bitmaps_taken(bmt, l->b[i]->name), 0));
-		return hold(d, false, err, errlen);
+		if ((r = hold(d, false, err, errlen)) < 0)
+			return r;
+		return grow_to_disk(d);
 	}
 	if ((r = BM_CALL(d, fmt_bitmaps_load(bmt, &v, &n, err, errlen))) < 0)
 		return r;
@@ -510,7 +543,7 @@ int disk__bitmaps_claimed(struct disk *d, char *err, size_t errlen)
 	if (r < 0)
 		snprintf(err, errlen, "out of memory for the image's bitmaps");
 	d->bm_unsaved = false;
-	return r;
+	return r < 0 ? r : grow_to_disk(d);
 }
 
 int disk_bitmaps_store(struct disk *d)

@@ -519,6 +519,9 @@ int disk__bmfile_write(struct disk *d, uint64_t off, uint64_t len);
 int disk__bmfile_claim(struct disk *d, char *err, size_t errlen);
 void disk__bmfile_release(struct disk *d);
 int disk__bmfile_quiesce(struct disk *d, char *err, size_t errlen);
+/* The bitmap file grown to the disk's new size (disk_bitmaps_grow): 0 or
+ * -errno (logged). */
+int disk__bmfile_grow(struct disk *d, uint64_t size);
 void disk__bitmaps_free(struct disk *d);
 
 /* Push what was submitted on t to the kernel (the engine's kick). */

@@ -632,7 +632,9 @@ int fmt_bitmap_file_open(const char *path, const char *disk_path, uint64_t disk_
 		if (!realpath(rel, other))
 			snprintf(other, sizeof(other), "%s", q->backing_name);
 	}
-	if (strcmp(other, real) || q->size != disk_size) {
+	/* Smaller: the disk grew while no vblkd served it (a truncate); the
+	 * file grows with it at the claim (disk__bitmaps_claimed). */
+	if (strcmp(other, real) || q->size > disk_size) {
 		snprintf(err, errlen, "%s is not the bitmap file of %s (%s): move it away, or "
 			 "give --bitmap-file another path", path, disk_path,
 			 strcmp(other, real) ? "its backing file is another" :

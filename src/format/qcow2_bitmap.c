@@ -934,9 +934,17 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 		goto out;
 	}
 	/* Carried on as they are: what is not ours, unless one of ours took
-	 * its name (made again here). */
+	 * its name (made again here); and one we hold but do not store now
+	 * (not yet grown with the disk): its entry stays, in use, never
+	 * dropped in silence. */
 	for (uint32_t i = 0; i < q->nbm; i++) {
-		keep[i] = !q->bm[i].ours && !in_list(b, n, q->bm[i].name);
+		bool unstored = q->bm[i].ours && in_list(q->held, q->nheld, q->bm[i].name);
+
+		keep[i] = (!q->bm[i].ours || unstored) && !in_list(b, n, q->bm[i].name);
+		if (keep[i] && unstored)
+			log_warn("qcow2 image %s: bitmap '%s' is not stored (it does not cover the "
+				 "disk's size): kept in the image, marked in use", q->path,
+				 q->bm[i].shown);
 		if (!q->bm[i].ours && !keep[i])
 			log_warn("qcow2 image %s: bitmap '%s' of the image is replaced by vblkd's "
 				 "bitmap of that name", q->path, q->bm[i].name);
@@ -963,7 +971,7 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 		for (uint32_t i = 0; i < q->nbm; i++)
 			if (keep[i]) {
 				memcpy(d + w, q->bm_dir + q->bm[i].dir_pos, q->bm[i].ent_len);
-				if (wal && (q->bm[i].flags & BM_FLAG_AUTO) &&
+				if ((q->bm[i].ours || (wal && (q->bm[i].flags & BM_FLAG_AUTO))) &&
 				    !(q->bm[i].flags & BM_FLAG_IN_USE))
 					be32_put(d + w + 12, q->bm[i].flags | BM_FLAG_IN_USE);
 				w += q->bm[i].ent_len;

@@ -475,6 +475,59 @@ else
     fail raw-bitmap-file-of-another-disk-refused-one-line "rc=$rc: $out"
 fi
 
+# ---- A resize with no client: the bitmaps grown before the release -------------
+# The release stores the bitmaps: grown first, they are stored at the new
+# size.  Before, the release stored without the not yet grown bitmap and
+# dropped its entry: a kill -9 then lost it.
+IMG=$tmp/rs.qcow2
+qemu-img create -q -f qcow2 "$IMG" 64M
+if start "$tmp/rs.log"; then
+    ctl bitmap add rs --persistent >/dev/null
+    ctl resize 128M >/dev/null
+    kill -9 "$dpid"; wait "$dpid" 2>/dev/null; dpid=""
+    if [[ $(info "$IMG") == "rs:65536:auto" ]] && qemu-img check -q "$IMG"; then
+        pass resize-without-a-client-stores-the-grown-bitmaps
+    else
+        fail resize-without-a-client-stores-the-grown-bitmaps "info: $(info "$IMG")"
+    fi
+else
+    fail resize-without-a-client-stores-the-grown-bitmaps "$(tail -2 "$tmp/rs.log")"
+fi
+
+# ---- A raw disk's bitmap file grows with the disk -------------------------------
+# vblkctl resize grows the bitmap file's qcow2 too, and a disk grown while
+# vblkd was down (truncate) grows it at the next claim: the bitmap keeps
+# every write and qemu-img finds the file clean.  Before, the store left
+# the bitmap out, and the next start refused the disk ("it is for a disk
+# of another size").
+IMG=$tmp/gr.raw BMF=$tmp/gr.raw.bitmaps.qcow2
+truncate -s 64M "$IMG"
+if start "$tmp/gr1.log"; then
+    ctl bitmap add rb --persistent >/dev/null
+    qemu-io -f raw -c 'write 1M 64k' "$(uri)" >/dev/null
+    ctl resize 128M >/dev/null
+    qemu-io -f raw -c 'write 100M 64k' "$(uri)" >/dev/null
+    stop
+fi
+truncate -s 192M "$IMG"
+if start "$tmp/gr2.log"; then
+    qemu-io -f raw -c 'write 150M 64k' "$(uri)" >/dev/null
+    nbdinfo --map="qemu:dirty-bitmap:rb" "$(uri)" >"$tmp/gr.map"
+    stop
+    vs=$(qemu-img info --output=json "$BMF" | grep -o '"virtual-size": [0-9]*')
+    if [[ $(dirty "$tmp/gr.map") == $'1048576 65536
+104857600 65536
+157286400 65536' &&
+          $(info "$BMF") == "rb:65536:auto" && $vs == '"virtual-size": 201326592' ]] &&
+       qemu-img check -q "$BMF"; then
+        pass raw-bitmap-file-grows-with-the-disk
+    else
+        fail raw-bitmap-file-grows-with-the-disk "map: $(dirty "$tmp/gr.map" | tr '\n' ' '); info: $(info "$BMF"); $vs"
+    fi
+else
+    fail raw-bitmap-file-grows-with-the-disk "$(tail -2 "$tmp/gr2.log")"
+fi
+
 # ---- A raw disk's bitmap through a hand-over A -> B -> A ----------------------
 # Two vblkds on one raw disk, as the two hosts of a migration on shared
 # storage: the disk goes where a client (a guest's rings, here an NBD

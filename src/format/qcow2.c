@@ -509,7 +509,8 @@ static int refcount_add(struct qcow2 *q, uint64_t off, int delta)
 	}
 	if (!q->rt[ti]) {
 		if (delta < 0) {
-			qcow2_corrupt(q, "a cluster in use has no refcount block", 0, off);
+			qcow2_corrupt(q, "a cluster in use has no refcount block", QCOW2_NO_GUEST,
+				      off);
 			return -EIO;
 		}
 		if ((r = rb_new(q, ti)) < 0)
@@ -521,7 +522,7 @@ static int refcount_add(struct qcow2 *q, uint64_t off, int delta)
 	v = rb_get(q, t->buf, bi);
 	if ((delta < 0 && v == 0) || (delta > 0 && v == refcount_max(q))) {
 		qcow2_corrupt(q, delta < 0 ? "a refcount would drop below zero" :
-			"a refcount would overflow", 0, off);
+			"a refcount would overflow", QCOW2_NO_GUEST, off);
 		return -EIO;
 	}
 	rb_set(q, t->buf, bi, delta < 0 ? v - 1 : v + 1);

@@ -268,6 +268,9 @@ struct qcow2 {
 	 * qcow2_bitmap.c): as the header says (qcow2_bm_scan), ... */
 	uint64_t bitmaps_dir_off, bitmaps_dir_size;
 	uint32_t bm_ext_pos;	/* where in cluster 0; 0: no extension */
+	/* Not 24 bytes long (always refused), or its reserved field not zero
+	 * (refused while autoclear bit 0 is set), as QEMU refuses them. */
+	bool bm_ext_bad_len, bm_ext_bad_reserved;
 	uint32_t bm_count;
 	/* ... and the directory as read and checked (qcow2_bm_read): valid
 	 * (autoclear bit 0 set, well formed), its bytes, its bitmaps. */

@@ -138,6 +138,7 @@ void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h)
 	uint64_t p = q->version >= 3 ? q->header_len : 72;
 
 	q->bm_ext_pos = 0;
+	q->bm_ext_bad_len = q->bm_ext_bad_reserved = false;
 	q->bm_count = 0;
 	q->bitmaps_dir_off = q->bitmaps_dir_size = 0;
 	wal_names_free(q);
@@ -146,7 +147,10 @@ void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h)
 
 		if (type == 0 || len > q->cs - p - 8)
 			return;
+		if (type == BM_EXT_TYPE && len != BM_EXT_LEN)
+			q->bm_ext_bad_len = true;
 		if (type == BM_EXT_TYPE && len >= BM_EXT_LEN) {
+			q->bm_ext_bad_reserved = be32_at(h + p + 12) != 0;
 			q->bm_ext_pos = (uint32_t)p;
 			q->bm_count = be32_at(h + p + 8);
 			q->bitmaps_dir_size = be64_at(h + p + 8 + 8);
@@ -361,6 +365,14 @@ int qcow2_bm_read(struct qcow2 *q, char *err, size_t errlen)
 	char why[256] = "";
 	int r = 0;
 
+	/* QEMU's qcow2_read_extensions: the length always, the reserved
+	 * field while the extension is valid. */
+	if (q->bm_ext_bad_len || ((q->autoclear & 1) && q->bm_ext_bad_reserved)) {
+		snprintf(why, sizeof(why), "its bitmaps extension %s", q->bm_ext_bad_len ?
+			 "is not 24 bytes long" : "has a reserved field that is not zero");
+		r = -EINVAL;
+		goto fail;
+	}
 	/* qcow2.txt, "autoclear_features" bit 0: the extension is valid only
 	 * while it is set (a writer that did not know it cleared it). */
 	if (!(q->autoclear & 1) || !q->bm_ext_pos) {

@@ -212,7 +212,8 @@ fi
 # Each damage on a fresh image with two bitmaps (QEMU refuses all of them
 # too): a table offset out of the file, a table of the wrong size, a
 # name length past the directory, unknown flags, two bitmaps of one name,
-# a data cluster over the L1 table.
+# a data cluster over the L1 table, a bitmaps extension not 24 bytes long
+# or with a reserved field not zero (both served before).
 qemu-img create -q -f qcow2 "$tmp/h0.qcow2" 16M
 qemu-img bitmap --add "$tmp/h0.qcow2" b1
 qemu-img bitmap --add "$tmp/h0.qcow2" b2
@@ -238,6 +239,10 @@ if kind == "name-past-end": d[e2 + 18:e2 + 20] = struct.pack(">H", 1000)
 if kind == "unknown-flags": d[12:16] = struct.pack(">I", 0x80 | 2)
 if kind == "same-names": d[e2 + 24:e2 + 26] = d[24:26]
 if kind == "name-newline": d[e2 + 25] = 0x0a
+if kind == "ext-length":
+    f.seek(p + 4); f.write(struct.pack(">I", 32))
+if kind == "ext-reserved":
+    f.seek(p + 12); f.write(struct.pack(">I", 1))
 if kind == "data-over-l1":
     # b1's table entry 0 points at the L1 table's cluster.
     toff = struct.unpack(">Q", d[0:8])[0]
@@ -246,7 +251,8 @@ f.seek(doff); f.write(d); f.close()
 PYEOF
 }
 hbad=()
-for k in table-outside table-size name-past-end unknown-flags same-names data-over-l1; do
+for k in table-outside table-size name-past-end unknown-flags same-names data-over-l1 \
+         ext-length ext-reserved; do
     cp "$tmp/h0.qcow2" "$tmp/h.qcow2"
     damage "$k" "$tmp/h.qcow2"
     s0=$(sha256sum "$tmp/h.qcow2" | cut -d' ' -f1)

@@ -271,6 +271,11 @@ struct qcow2 {
 	/* Not 24 bytes long (always refused), or its reserved field not zero
 	 * (refused while autoclear bit 0 is set), as QEMU refuses them. */
 	bool bm_ext_bad_len, bm_ext_bad_reserved;
+	/* Bytes of cluster 0 that are not the bitmaps extension, ours or the
+	 * end marker (header, other extensions, backing file name): what
+	 * qcow2_header_rewrite keeps. */
+	uint64_t hdr_other;
+	bool wal_warned;	/* the write-ahead extension did not fit: said once */
 	uint32_t bm_count;
 	/* ... and the directory as read and checked (qcow2_bm_read): valid
 	 * (autoclear bit 0 set, well formed), its bytes, its bitmaps. */

@@ -139,6 +139,7 @@ void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h)
 
 	q->bm_ext_pos = 0;
 	q->bm_ext_bad_len = q->bm_ext_bad_reserved = false;
+	q->hdr_other = p + (be64_at(h + 8) ? be32_at(h + 16) : 0);
 	q->bm_count = 0;
 	q->bitmaps_dir_off = q->bitmaps_dir_size = 0;
 	wal_names_free(q);
@@ -158,6 +159,8 @@ void qcow2_bm_scan(struct qcow2 *q, const uint8_t *h)
 		}
 		if (type == WAL_EXT_TYPE)
 			wal_scan(q, h + p + 8, len);
+		else if (type != BM_EXT_TYPE)
+			q->hdr_other += 8 + (((uint64_t)len + 7) & ~7ull);
 		p += 8 + (((uint64_t)len + 7) & ~7ull);
 	}
 }
@@ -779,6 +782,19 @@ static uint32_t wal_region_bits(const struct qcow2 *q, struct dbm *const *b, uns
 	return bits;
 }
 
+/* Whether cluster 0 has room for the bitmaps extension and, with wal,
+ * ours naming b[0..n) (wal_ext), as qcow2_header_rewrite lays them out. */
+static bool header_room(const struct qcow2 *q, struct dbm *const *b, unsigned n, bool wal)
+{
+	uint64_t wlen = 8, need = q->hdr_other + 8 + BM_EXT_LEN + 8;
+
+	for (unsigned i = 0; wal && i < n; i++)
+		wlen += 1 + strlen(b[i]->name);
+	if (wal)
+		need += 8 + ((wlen + 7) & ~7ull);
+	return need <= q->cs;
+}
+
 /* Our extension's body for the held bitmaps (wal_scan reads it). */
 static uint8_t *wal_ext(struct dbm *const *b, unsigned n, uint32_t bits, uint32_t *len)
 {
@@ -887,7 +903,7 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 	uint64_t dlen = 0, doff = 0, dc = 0;
 	uint32_t count = 0, wlen = 0, wbits = 0;
 	uint8_t *d = NULL, *buf = NULL, *wext = NULL, ext[BM_EXT_LEN] = { 0 };
-	bool *keep = NULL, said = false;
+	bool *keep = NULL, said = false, wal_fits = true;
 	struct qcow2_wal_bm *wbm = NULL;
 	unsigned nwbm = 0;
 	const char *doing = "storing its bitmaps";
@@ -938,6 +954,27 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 	 * image as it was (bitmap add and resize refuse it first). */
 	if ((r = check_limits(q, b, n, NULL, 0, q->size, err, errlen)) < 0)
 		return r;
+	/* Cluster 0 full: found before anything is allocated (a store
+	 * failing after its allocations leaked them at every retry). */
+	if (!header_room(q, b, n, false)) {
+		snprintf(err, errlen, "qcow2 image %s: its first cluster has no room for the "
+			 "bitmaps extension: its persistent bitmaps were not stored", q->path);
+		return -ENOSPC;
+	}
+	/* Ours does not fit (many long names in a small cluster; or more
+	 * than wal_scan takes): the held bitmaps are stored in use without
+	 * it, as QEMU keeps its own (a crash loses them: the next backup is
+	 * a full one), rather than every write failing on a header that
+	 * cannot be written. */
+	if (wal && n && (n > WAL_MAX_NAMES || !header_room(q, b, n, true))) {
+		if (!q->wal_warned)
+			log_warn("qcow2 image %s: the names of its %u persistent bitmaps do not fit "
+				 "its first cluster for vblkd's write-ahead: they are kept in use, "
+				 "and a crash loses them, as QEMU's (fewer or shorter names, or "
+				 "larger clusters, keep them across a crash)", q->path, n);
+		q->wal_warned = true;
+		wal_fits = false;
+	}
 	keep = calloc(q->nbm ? q->nbm : 1, sizeof(*keep));
 	buf = malloc(q->cs);
 	wbm = calloc(n ? n : 1, sizeof(*wbm));
@@ -1052,7 +1089,7 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 		be64_put(ext + 8, dlen);
 		be64_put(ext + 16, doff);
 	}
-	if (wal && n) {
+	if (wal && n && wal_fits) {
 		wbits = wal_region_bits(q, b, n);
 		if (!(wext = wal_ext(b, n, wbits, &wlen))) {
 			r = -ENOMEM;
@@ -1101,7 +1138,7 @@ int qcow2_bm_store(struct qcow2 *q, struct dbm *const *b, unsigned n, bool chang
 	for (unsigned i = 0; i < n; i++)
 		qcow2_bm_taken(q, b[i]->name);
 	q->bm_changed = false;
-	if (wal && n) {
+	if (wext) {
 		/* From here each region's first write sets its bits ahead. */
 		q->wal_bits = wbits;
 		q->wal_nregions = div_up(q->size, 1ull << wbits);

@@ -1740,6 +1740,17 @@ static int table_refcount_ok(struct qcow2 *q, uint64_t off, bool exact, const ch
 	return 0;
 }
 
+/* A bitmap's table or data clusters (qcow2_bm_meta): each referenced
+ * once, as qemu-img check wants them. */
+static int bitmap_refcounts_ok(struct qcow2 *q, uint64_t off, uint64_t len)
+{
+	int r = 0;
+
+	for (uint64_t c = off; c < off + len && !r && !q->corrupt; c += q->cs)
+		r = table_refcount_ok(q, c, true, "a bitmap's table or data cluster");
+	return r;
+}
+
 static int check_table_refcounts(struct qcow2 *q)
 {
 	uint64_t l1_clusters = ((uint64_t)q->l1_size * 8 + q->cs - 1) >> q->cluster_bits;
@@ -1757,6 +1768,15 @@ static int check_table_refcounts(struct qcow2 *q)
 		if (q->l1[i] & QCOW2_OFFSET_MASK)
 			r = table_refcount_ok(q, q->l1[i] & QCOW2_OFFSET_MASK,
 					      q->l1[i] & QCOW2_OFLAG_COPIED, "an L2 table");
+	/* The bitmaps' clusters too: one with refcount 0 would be allocated
+	 * again, or its free at the next store drive a refcount below zero
+	 * (found at the first write, before). */
+	if (q->bm_valid && q->bm_dir_len)
+		for (uint64_t c = 0; c < q->bm_dir_len && !r && !q->corrupt; c += q->cs)
+			r = table_refcount_ok(q, q->bm_dir_off + c, true,
+					      "the bitmap directory");
+	if (!r && !q->corrupt && q->bm_valid)
+		r = qcow2_bm_meta(q, bitmap_refcounts_ok);
 	return r;
 }
 

@@ -239,6 +239,13 @@ if kind == "name-past-end": d[e2 + 18:e2 + 20] = struct.pack(">H", 1000)
 if kind == "unknown-flags": d[12:16] = struct.pack(">I", 0x80 | 2)
 if kind == "same-names": d[e2 + 24:e2 + 26] = d[24:26]
 if kind == "name-newline": d[e2 + 25] = 0x0a
+if kind == "dir-refcount-0":
+    order = struct.unpack(">I", h[96:100])[0]
+    rt = struct.unpack(">Q", h[48:56])[0]
+    per = cs * 8 >> order
+    idx = doff // cs
+    f.seek(rt + 8 * (idx // per)); blk = struct.unpack(">Q", f.read(8))[0]
+    f.seek(blk + (idx % per) * (1 << order) // 8); f.write(bytes((1 << order) // 8))
 if kind == "ext-length":
     f.seek(p + 4); f.write(struct.pack(">I", 32))
 if kind == "ext-reserved":
@@ -265,6 +272,23 @@ for k in table-outside table-size name-past-end unknown-flags same-names data-ov
 done
 ((${#hbad[@]} == 0)) && pass hostile-bitmap-directories-refused-one-line-unchanged ||
     fail hostile-bitmap-directories-refused-one-line-unchanged "${hbad[*]}"
+# The bitmap directory's cluster with refcount 0: marked corrupt when the
+# image becomes ours, naming it, before any write (before: found by the
+# first write's store, "a refcount would drop below zero").
+cp "$tmp/h0.qcow2" "$tmp/h.qcow2"
+damage dir-refcount-0 "$tmp/h.qcow2"
+IMG=$tmp/h.qcow2
+if start "$tmp/rc0.log"; then
+    qemu-io -f raw -c 'write 1M 4k' "$(uri)" >/dev/null 2>&1; wrc=$?
+    stop
+    if ((wrc != 0)) && grep -q "is corrupt: the bitmap directory has refcount 0, not 1" "$tmp/rc0.log"; then
+        pass bitmap-directory-refcount-0-marked-corrupt-before-writes
+    else
+        fail bitmap-directory-refcount-0-marked-corrupt-before-writes "rc=$wrc $(grep -i corrupt "$tmp/rc0.log" | head -2)"
+    fi
+else
+    fail bitmap-directory-refcount-0-marked-corrupt-before-writes "$(tail -2 "$tmp/rc0.log")"
+fi
 # A name QEMU allows and vblkd does not take (a newline in it): served,
 # that bitmap kept but not used, every log line one line.
 cp "$tmp/h0.qcow2" "$tmp/h.qcow2"

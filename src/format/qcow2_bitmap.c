@@ -830,8 +830,11 @@ static int check_limits(const struct qcow2 *q, struct dbm *const *b, unsigned n,
 
 	for (uint32_t i = 0; i < q->nbm; i++) {
 		const struct qcow2_bm *e = &q->bm[i];
+		/* Held but not stored now (not grown yet): carried on too. */
+		bool unstored = e->ours && in_list(q->held, q->nheld, e->name);
 
-		if (e->ours || in_list(b, n, e->name) || (name && !strcmp(name, e->name)))
+		if ((e->ours && !unstored) || in_list(b, n, e->name) ||
+		    (name && !strcmp(name, e->name)))
 			continue;	/* not carried on */
 		count++;
 		dlen += e->ent_len;

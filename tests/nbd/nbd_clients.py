@@ -502,17 +502,23 @@ def never_reads_replies():
         "RSS grew %d KiB, %d of %d request bytes taken" % (grown, sent, len(req))
 
 
+def send_for(s, data, seconds, nap):
+    """As much of data as s takes in seconds, reading nothing: bytes sent."""
+    s.setblocking(False)
+    sent, deadline = 0, time.time() + seconds
+    while sent < len(data) and time.time() < deadline:
+        try:
+            sent += s.send(data[sent:])
+        except BlockingIOError:
+            time.sleep(nap)
+    return sent
+
+
 def flood_unread(s, req, seconds=3):
     """Send req's bytes for a few seconds without reading a reply: (RSS
     growth in KiB, bytes the server took)."""
     before = rss_kib()
-    s.setblocking(False)
-    sent, deadline = 0, time.time() + seconds
-    while sent < len(req) and time.time() < deadline:
-        try:
-            sent += s.send(req[sent:])
-        except BlockingIOError:
-            time.sleep(0.05)
+    sent = send_for(s, req, seconds, 0.05)
     time.sleep(0.3)
     return rss_kib() - before, sent
 
@@ -557,13 +563,7 @@ def hang_up_while_replies_go():
     for k in range(8):
         s = connect()
         go(s)
-        s.setblocking(False)
-        sent, deadline = 0, time.time() + 0.05 * (1 + k % 4)
-        while sent < len(mix) and time.time() < deadline:
-            try:
-                sent += s.send(mix[sent:])
-            except BlockingIOError:
-                time.sleep(0.005)
+        send_for(s, mix, 0.05 * (1 + k % 4), 0.005)
         s.close()
     time.sleep(0.5)
     return True, ""

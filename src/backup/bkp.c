@@ -873,18 +873,6 @@ static void do_iot_drain(void *opaque)
 		w->k->d->b->engine->drain(w->t->bctx);
 }
 
-static void do_noop(void *opaque)
-{
-}
-
-/* Every bitmap mark begun before now has ended: marks run on the disk's
- * iothreads, each inside one loop iteration (dirty.c's grace). */
-static void marks_grace(struct disk *d)
-{
-	for (unsigned i = 0; i < d->num_iothreads; i++)
-		loop_call_sync(d->iot[i].loop, do_noop, NULL);
-}
-
 static void do_iot_del(void *opaque)
 {
 	struct iot_call *c = opaque;
@@ -938,7 +926,7 @@ static void teardown(struct bkp *k, bool finish)
 			 * before the clear end, so since has it when merged;
 			 * a write after the clear marks B itself. */
 			dbm_clear(k->live);
-			marks_grace(d);
+			disk_grace(d);
 			dbm_merge(k->live, k->since);
 			if (k->live->persistent)
 				d->bm_unsaved = true;
@@ -949,7 +937,7 @@ static void teardown(struct bkp *k, bool finish)
 			 * bitmap clear during the backup took from it.  The
 			 * grace first, as above: a write that marked B before
 			 * that clear may not have marked since yet. */
-			marks_grace(d);
+			disk_grace(d);
 			dbm_merge(k->live, k->frozen);
 			if (k->since)
 				dbm_merge(k->live, k->since);

@@ -43,17 +43,6 @@ int disk__dirty_slow(struct disk *d, struct disk_bitmaps *l, uint64_t off, uint6
 		bm_res_;                                                       \
 	})
 
-static void noop(void *opaque)
-{
-}
-
-/* Every mark begun before now has ended. */
-static void grace(struct disk *d)
-{
-	for (unsigned i = 0; i < d->num_iothreads; i++)
-		loop_call_sync(d->iot[i].loop, noop, NULL);
-}
-
 /* nb replaced ob in the list, the grace passed: the uses taken or given
  * back on ob since nb was given its count (copied, ob's then) go to nb
  * too (unsigned: a net give-back wraps to a subtraction). */
@@ -101,7 +90,7 @@ static int publish(struct disk *d, struct dbm *add, const struct dbm *drop)
 	atomic_store_explicit(&d->bitmaps, n ? l : NULL, memory_order_release);
 	if (!n)
 		free(l);
-	grace(d);
+	disk_grace(d);
 	free(old);
 	return 0;
 }
@@ -261,7 +250,7 @@ int disk_bitmap_enable(struct disk *d, const char *name, bool on, char *err, siz
 	atomic_store(&b->enabled, on);
 	/* A write begun before a disable may still mark it; none begun
 	 * after an enable is missed once this returns. */
-	grace(d);
+	disk_grace(d);
 	if (b->persistent && (r = hold(d, true, err, errlen)) < 0)
 		return r;
 	log_info("bitmap %s %s", name, on ? "enabled" : "disabled");
@@ -354,7 +343,7 @@ int disk_bitmaps_grow(struct disk *d, uint64_t size)
 	}
 	l->n = n;
 	atomic_store_explicit(&d->bitmaps, l, memory_order_release);
-	grace(d);
+	disk_grace(d);
 	/* What was marked on the old ones before the grace, carried over;
 	 * so are the uses taken or given back on them meanwhile (none
 	 * after the grace: every lookup finds the new ones). */

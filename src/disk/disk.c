@@ -358,8 +358,14 @@ static void do_wfilter_drain(void *opaque)
 	d->b->engine->drain(t->bctx);
 }
 
-static void do_wfilter_grace(void *opaque)
+static void do_grace(void *opaque)
 {
+}
+
+void disk_grace(struct disk *d)
+{
+	for (unsigned i = 0; i < d->num_iothreads; i++)
+		loop_call_sync(d->iot[i].loop, do_grace, NULL);
 }
 
 int disk_switchover(struct disk *d)
@@ -374,9 +380,13 @@ int disk_wfilter_set(struct disk *d, const struct disk_wfilter *f)
 	if (f && atomic_load(&d->wfilter))
 		return -EBUSY;
 	atomic_store_explicit(&d->wfilter, f, memory_order_release);
+	if (!f) {
+		disk_grace(d);
+		return 0;
+	}
 	for (unsigned i = 0; i < d->num_iothreads; i++) {
 		d->iot[i].drain_disk = d;
-		loop_call_sync(d->iot[i].loop, f ? do_wfilter_drain : do_wfilter_grace, &d->iot[i]);
+		loop_call_sync(d->iot[i].loop, do_wfilter_drain, &d->iot[i]);
 	}
 	return 0;
 }

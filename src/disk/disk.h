@@ -333,6 +333,11 @@ static inline void disk_submit(struct disk *d, struct disk_iothread *t, struct b
  * -EBUSY: a filter is set already (one at a time).  Main thread.
  */
 int disk_wfilter_set(struct disk *d, const struct disk_wfilter *f);
+/* A grace period: a no-op call on every iothread of the disk, so that
+ * every callback begun there before this call (a request's submit, a
+ * bitmap mark: each runs inside one loop iteration) has ended when it
+ * returns.  Main thread. */
+void disk_grace(struct disk *d);
 /* On iothread t: every write t submitted has completed, the write
  * filter's held ones too (a front's drain before its ring stops). */
 static inline void disk_drain(struct disk *d, struct disk_iothread *t)

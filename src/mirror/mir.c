@@ -1197,11 +1197,6 @@ static int tctxs_new(struct mir *m)
 	return 0;
 }
 
-static void do_grace(void *opaque)
-{
-	(void)opaque;
-}
-
 /* Everything start took, let go (the struct stays for the job). */
 static void teardown(struct mir *m, bool remove_target)
 {
@@ -1212,8 +1207,7 @@ static void teardown(struct mir *m, bool remove_target)
 		 * not once the filter is gone. */
 		set_mode(m, MIR_BACKGROUND);
 		/* No iothread still inside wsubmit under the old mode. */
-		for (unsigned i = 0; i < m->d->num_iothreads; i++)
-			loop_call_sync(m->d->iot[i].loop, do_grace, NULL);
+		disk_grace(m->d);
 		while (atomic_load_explicit(&m->wb_inflight, memory_order_acquire))
 			usleep(100);
 		(void)disk_wfilter_set(m->d, NULL);
